@@ -1,0 +1,127 @@
+"""What every processor shares: producing events to the right partition, reconciling against a
+caught-up projection, and the claim of a work item.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import psycopg
+import structlog
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+from projections.projector import wait_caught_up
+from projections.sql import connect, q
+from schemas import models as ev
+from schemas.codec import default_codec
+from tapeline import kafka
+from tapeline.errors import Fenced
+from tapeline.settings import Settings
+
+log = structlog.get_logger("tapeline.processors")
+
+Outgoing = tuple[str, ev.Event]
+"""(topic, event): one record a decision wants produced."""
+
+
+def new_claim_token() -> str:
+    """A fresh unguessable claim token (128 random bits, URL-safe)."""
+    return secrets.token_urlsafe(16)
+
+
+class Runtime:
+    """Adapters one processor process holds: settings, a PostgreSQL connection for reads, a
+    read_committed client for last stable offsets, and partition counts."""
+
+    def __init__(self, settings: Settings, role: str) -> None:
+        self.settings, self.role = settings, role
+        self.recorded_by = f"{role}@{settings.instance_id}"
+        self.codec = default_codec()
+        self.db = connect(settings.database_url, autocommit=True)  # every read sees the latest projection
+        self.db.row_factory = psycopg.rows.dict_row
+        self.lso_reader: Consumer = kafka.consumer(settings, f"{settings.app_name}.{role}.lso")
+        self._partitions: dict[str, int] = {}
+
+    def partitions(self, topic: str) -> int:
+        if topic not in self._partitions:
+            self._partitions[topic] = kafka.partition_count(self.lso_reader, topic)
+        return self._partitions[topic]
+
+    def produce(self, producer: Producer, outgoing: Iterable[Outgoing]) -> None:
+        """Produce each event keyed by job id to its partition (within the caller's transaction)."""
+        for topic, event in outgoing:
+            producer.produce(topic, key=event.job_id.encode(), value=self.codec.encode(event.to_record()),
+                             partition=kafka.partition_for(event.job_id, self.partitions(topic)))
+
+    def job_row(self, job_id: str) -> dict[str, Any] | None:
+        """The job's projected row, read only after the projector caught up with the job's partition
+        of the lifecycle log (DESIGN.md: reconcile against a caught-up view)."""
+        jobs = self.settings.jobs_topic
+        wait_caught_up(self.db, self.lso_reader, jobs, kafka.partition_for(job_id, self.partitions(jobs)),
+                       self.settings.caught_up_timeout_s)
+        return self.db.execute(q("job_status"), {"job_id": job_id}).fetchone()
+
+    def close(self) -> None:
+        self.lso_reader.close()
+        self.db.close()
+
+
+@dataclass(frozen=True)
+class AttemptIdentity:
+    """Who owns an attempt: fills the envelope of every event the attempt writes."""
+
+    job_id: str
+    stage: str
+    attempt: int
+    claim_token: str
+    recorded_by: str
+    correlation_id: str
+    causation_id: str | None
+
+    def event(self, cls: type[ev.Event], sequence: int | None = None, **fields: Any) -> ev.Event:
+        return cls.new(job_id=self.job_id, stage=self.stage, attempt=self.attempt, claim_token=self.claim_token,
+                       recorded_by=self.recorded_by, correlation_id=self.correlation_id,
+                       causation_id=self.causation_id, sequence=sequence, **fields)
+
+
+def transact(producer: Producer, produce: Callable[[], None], *, consumer: Consumer | None = None,
+             offsets: list[TopicPartition] | None = None, timeout_s: float = 30.0) -> None:
+    """Run one Kafka transaction.
+
+    Step 1. begin; Step 2. `produce()` the records; Step 3. when `offsets` are given, add them with
+    the consumer's group metadata (`send_offsets_to_transaction`); Step 4. commit. A retriable
+    commit error is retried; an abortable one aborts and re-raises; a fenced or fatal one re-raises
+    as `Fenced` (a newer owner exists: the caller must stop, never retry).
+    """
+    # Step 1
+    producer.begin_transaction()
+    try:
+        # Step 2
+        produce()
+        # Step 3
+        if offsets:
+            assert consumer is not None
+            producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), timeout_s)
+        # Step 4
+        while True:
+            try:
+                producer.commit_transaction(timeout_s)
+                return
+            except KafkaException as exc:
+                if exc.args and exc.args[0].retriable():
+                    continue
+                raise
+    except KafkaException as exc:
+        if kafka.is_fenced(exc):
+            raise Fenced(f"producer fenced: {exc}") from exc
+        if exc.args and exc.args[0].txn_requires_abort():
+            producer.abort_transaction(timeout_s)
+        raise
+    except BaseException:
+        try:
+            producer.abort_transaction(timeout_s)
+        except KafkaException:
+            pass
+        raise

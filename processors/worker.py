@@ -1,0 +1,211 @@
+"""The stage worker loop shared by transcode and publish: reconcile, claim, work, complete.
+
+Claim protocol for one work item (DESIGN.md "The lease protocol"):
+  Step 1. reconcile: wait until the projection has caught up with the job's partition of the
+          lifecycle log, then skip an item whose job ended, whose stage passed, whose attempt is
+          stale or already claimed (`should_skip`, pure);
+  Step 2. fence: the attempt's transactional producer (`<app>.<stage>.<job_id>`) calls
+          `init_transactions`, which aborts and fences any older producer of the same job;
+  Step 3. check once more after fencing (a zombie may have committed just before);
+  Step 4. claim: one transaction with `AttemptStarted` (fresh claim token, lease) and the work
+          item's offset;
+  Step 5. leave the consumer group while busy (no head-of-line blocking, no max.poll.interval),
+          do the work outside any transaction, heartbeating in small transactions;
+  Step 6. complete: one transaction with the outcome events (no offsets), then rejoin the group.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import structlog
+from confluent_kafka import KafkaError, Message, TopicPartition
+
+from processors.retry import Action, retry_decision
+from processors.runtime import AttemptIdentity, Outgoing, Runtime, new_claim_token, transact
+from projections.fold import STAGE_ORDER, TERMINAL_STATES
+from schemas import models as ev
+from tapeline import kafka
+from tapeline.errors import DecodeError, Fenced, SchemaError, TapelineError
+from tapeline.objectstore import ObjectStore
+from tapeline.settings import Settings
+
+log = structlog.get_logger("tapeline.worker")
+
+
+def should_skip(row: dict[str, Any] | None, item: ev.WorkItem) -> str | None:
+    """Why a work item must not be claimed, or None when it may. Pure."""
+    if row is None:
+        return "unknown job"
+    if row["state"] in TERMINAL_STATES:
+        return f"job already ended ({row['state']})"
+    current = (STAGE_ORDER.get(row["stage"], 0), row["attempt"])
+    wanted = (STAGE_ORDER.get(item.stage, 0), item.attempt)
+    if wanted < current:
+        return f"stale work item: job is at {row['stage']} attempt {row['attempt']}"
+    if wanted == current and row["state"] == "running" and row.get("claim_token"):
+        return "attempt already claimed"
+    return None
+
+
+class Attempt:
+    """One claimed attempt: its identity, its fenced producer and a heartbeat sequence."""
+
+    def __init__(self, runtime: Runtime, identity: AttemptIdentity, producer, item: ev.WorkItem) -> None:
+        self.runtime, self.identity, self.producer, self.item = runtime, identity, producer, item
+        self.heartbeats = 0
+        self.last_heartbeat = time.monotonic()
+
+    def send(self, outgoing: list[Outgoing]) -> None:
+        """Commit `outgoing` in one transaction on the attempt's producer. Raises `Fenced`."""
+        transact(self.producer, lambda: self.runtime.produce(self.producer, outgoing))
+
+    def event(self, cls: type[ev.Event], **fields: Any) -> ev.Event:
+        return self.identity.event(cls, **fields)
+
+    def heartbeat(self, frames_done: int, out_time_s: float, speed: float | None, frames_total: int | None) -> None:
+        """Emit a `Heartbeat` if the heartbeat interval has passed (monotonic clock)."""
+        if time.monotonic() - self.last_heartbeat < self.runtime.settings.heartbeat_s:
+            return
+        self.heartbeats += 1
+        self.last_heartbeat = time.monotonic()
+        self.send([(self.runtime.settings.jobs_topic, self.identity.event(
+            ev.Heartbeat, sequence=self.heartbeats, frames_done=frames_done, frames_total=frames_total,
+            out_time_s=out_time_s, speed=speed))])
+
+
+class StageWorker:
+    """Base of the transcode and publish workers. Subclasses set `stage` and implement `work`."""
+
+    stage = ""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.processed = 0
+        self.current: Attempt | None = None
+
+    def work(self, attempt: Attempt, store: ObjectStore) -> list[Outgoing]:
+        """Do the stage's work for a claimed attempt; return the completion events."""
+        raise NotImplementedError
+
+    def run(self, stop: threading.Event) -> None:
+        settings = self.settings
+        runtime = Runtime(settings, self.stage)
+        store = ObjectStore(settings)
+        topics = settings.work_topics(self.stage)
+        consumer = kafka.consumer(settings, f"{settings.app_name}.{self.stage}")
+        consumer.subscribe(topics)
+        try:
+            while not stop.is_set():
+                message = consumer.poll(0.5)
+                if message is None:
+                    continue
+                if message.error():
+                    if message.error().code() != KafkaError._PARTITION_EOF:
+                        log.warning("consumer error", error=str(message.error()))
+                    continue
+                attempt = self.claim(runtime, consumer, message)
+                if attempt is None:
+                    continue
+                consumer.unsubscribe()  # Step 5: leave the group while busy
+                try:
+                    self.execute(attempt, store)
+                finally:
+                    self.current = None
+                    consumer.subscribe(topics)  # Step 6 done: free again
+        finally:
+            consumer.close()
+            runtime.close()
+
+    def claim(self, runtime: Runtime, consumer, message: Message) -> Attempt | None:
+        """Steps 1-4 for one work-topic record; returns the claimed attempt or None (skipped)."""
+        offsets = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
+        try:
+            item = ev.Event.from_record(runtime.codec.decode(
+                message.value(), topic=message.topic(), partition=message.partition(), offset=message.offset()))
+            if not isinstance(item, ev.WorkItem) or item.stage != self.stage:
+                raise SchemaError(f"{item.event_type} for stage {item.stage} on {message.topic()}")
+        except (DecodeError, SchemaError) as exc:
+            log.error("undecodable work item skipped", error=str(exc))
+            consumer.commit(offsets=offsets, asynchronous=False)
+            return None
+        # Step 1
+        reason = should_skip(runtime.job_row(item.job_id), item)
+        if reason is not None:
+            log.info("work item skipped", job_id=item.job_id, stage=self.stage, attempt=item.attempt, reason=reason)
+            consumer.commit(offsets=offsets, asynchronous=False)
+            return None
+        # Step 2
+        producer = kafka.transactional_producer(self.settings, f"{self.settings.app_name}.{self.stage}.{item.job_id}")
+        # Step 3
+        reason = should_skip(runtime.job_row(item.job_id), item)
+        if reason is not None:
+            log.info("work item skipped after fencing", job_id=item.job_id, reason=reason)
+            consumer.commit(offsets=offsets, asynchronous=False)
+            return None
+        identity = AttemptIdentity(job_id=item.job_id, stage=self.stage, attempt=item.attempt,
+                                   claim_token=new_claim_token(), recorded_by=runtime.recorded_by,
+                                   correlation_id=item.correlation_id, causation_id=item.event_id)
+        started = identity.event(ev.AttemptStarted, lease_s=self.settings.lease_s, worker=runtime.recorded_by,
+                                 work_topic=message.topic(), work_partition=message.partition(),
+                                 work_offset=message.offset())
+        # Step 4
+        transact(producer, lambda: runtime.produce(producer, [(self.settings.jobs_topic, started)]),
+                 consumer=consumer, offsets=offsets)
+        log.info("attempt claimed", job_id=item.job_id, stage=self.stage, attempt=item.attempt,
+                 claim_token=identity.claim_token)
+        self.current = Attempt(runtime, identity, producer, item)
+        return self.current
+
+    def execute(self, attempt: Attempt, store: ObjectStore) -> None:
+        """Step 5-6: run `work` and commit its outcome; a failure becomes classified events."""
+        jobs = self.settings.jobs_topic
+        try:
+            outgoing = self.work(attempt, store)
+        except Fenced:
+            log.warning("fenced: a newer attempt owns the job; stopping", job_id=attempt.identity.job_id)
+            return
+        except TapelineError as exc:
+            outgoing = self.failure_events(attempt, exc.error_class, str(exc))
+        except Exception as exc:  # an unclassified bug still ends in a recorded, classified failure
+            log.exception("attempt failed with an unexpected error", job_id=attempt.identity.job_id)
+            outgoing = self.failure_events(attempt, "unknown", f"{type(exc).__name__}: {exc}")
+        try:
+            attempt.send(outgoing)
+        except Fenced:
+            log.warning("fenced at completion; nothing committed", job_id=attempt.identity.job_id)
+            return
+        self.processed += 1
+        log.info("attempt finished", job_id=attempt.identity.job_id, stage=self.stage,
+                 events=[e.event_type for t, e in outgoing if t == jobs])
+
+    def failure_events(self, attempt: Attempt, error_class: str, reason: str) -> list[Outgoing]:
+        """`AttemptFailed` and what follows from the retry decision (retry, fail, dead-letter)."""
+        jobs, item = self.settings.jobs_topic, attempt.item
+        decision = retry_decision(error_class, item.attempt, self.settings.max_attempts)
+        out: list[Outgoing] = [(jobs, attempt.event(ev.AttemptFailed, error_class=error_class,
+                                                    retryable=decision.action is not Action.FAIL, reason=reason))]
+        common = dict(job_id=item.job_id, recorded_by=attempt.identity.recorded_by, correlation_id=item.correlation_id,
+                      causation_id=item.event_id, claim_token=attempt.identity.claim_token)
+        if decision.action is Action.FAIL:
+            out.append((jobs, ev.JobFailed.new(stage=self.stage, attempt=item.attempt, error_class=error_class,
+                                               reason=reason, **common)))
+        elif decision.action is Action.DEAD_LETTER:
+            out.append((jobs, ev.JobDeadLettered.new(stage=self.stage, attempt=item.attempt, error_class=error_class,
+                                                     reason=reason, attempts=item.attempt,
+                                                     evidence=f"{jobs} job {item.job_id}", **common)))
+        else:
+            nxt = decision.next_attempt
+            work_topic = self.settings.work_topic(self.stage, item.tier)
+            out += [
+                (jobs, ev.RetryScheduled.new(stage=self.stage, attempt=item.attempt, next_attempt=nxt,
+                                             not_before=ev.utc_now(), error_class=error_class, **common)),
+                (jobs, ev.StageQueued.new(stage=self.stage, attempt=nxt, tier=item.tier, work_topic=work_topic, **common)),
+                (work_topic, ev.WorkItem.new(
+                    stage=self.stage, attempt=nxt, tier=item.tier, source_key=item.source_key, inputs=item.inputs,
+                    renditions=item.renditions, audio_playlist_key=item.audio_playlist_key,
+                    media_duration_s=item.media_duration_s, checkpoint_refs=item.checkpoint_refs, **common)),
+            ]
+        return out

@@ -1,0 +1,1 @@
+"""Intake producers: `tapeline submit` (and, later, the HTTP upload API)."""

@@ -1,0 +1,81 @@
+"""`tapeline submit`: stream a file to object storage and publish `UploadCompleted`.
+
+The source goes to `uploads/{upload_id}/{filename}` (multipart above the chunk size, sha256 computed
+while streaming); the event goes to `<prefix>.uploads` keyed by `upload_id` through an idempotent
+producer. The job id is known before intake runs: `uuid5(namespace, upload_id)`.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from schemas import models as ev
+from schemas.codec import default_codec
+from tapeline import kafka
+from tapeline.errors import ServiceUnavailable, SubmitError
+from tapeline.objectstore import ObjectStore
+from tapeline.settings import TIERS, Settings
+
+
+@dataclass(frozen=True)
+class Submission:
+    upload_id: str
+    job_id: str
+    object_key: str
+    size_bytes: int
+    sha256: str
+    event: ev.UploadCompleted
+
+
+def check_file(path: Path) -> int:
+    """Size in bytes of a submittable file. Raises `SubmitError` with a clear message otherwise."""
+    if not path.exists():
+        raise SubmitError(f"{path}: no such file")
+    if path.is_dir():
+        raise SubmitError(f"{path}: is a directory; submit a video file")
+    if not path.is_file():
+        raise SubmitError(f"{path}: not a regular file")
+    size = path.stat().st_size
+    if size == 0:
+        raise SubmitError(f"{path}: the file is empty (0 bytes)")
+    return size
+
+
+def upload(settings: Settings, path: Path, priority: str = "standard", submitter: str = "cli",
+           on_bytes: Callable[[int], None] | None = None, upload_id: str | None = None) -> Submission:
+    """Store `path` and build its `UploadCompleted` (not yet published). Raises `SubmitError`."""
+    if priority not in TIERS:
+        raise SubmitError(f"unknown priority {priority!r}; choose one of {', '.join(TIERS)}")
+    check_file(path)
+    upload_id = upload_id or str(uuid.uuid4())
+    key = f"uploads/{upload_id}/{path.name}"
+    content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    with open(path, "rb") as fh:
+        sha, size = ObjectStore(settings).upload_stream(fh, key, content_type, on_bytes=on_bytes)
+    job_id = ev.job_id_for(upload_id)
+    event = ev.UploadCompleted.new(job_id=job_id, stage="intake", attempt=0, recorded_by=f"submit@{settings.instance_id}",
+                                   correlation_id=upload_id, upload_id=upload_id, bucket=settings.s3_bucket,
+                                   object_key=key, size_bytes=size, sha256=sha, filename=path.name,
+                                   priority=priority, submitter=submitter)
+    return Submission(upload_id, job_id, key, size, sha, event)
+
+
+def publish(settings: Settings, event: ev.UploadCompleted, copies: int = 1, timeout_s: float = 30.0) -> None:
+    """Publish `event` to the uploads topic (`copies` > 1 only in tests of duplicate delivery).
+
+    Raises `ServiceUnavailable` when Kafka does not acknowledge within `timeout_s` seconds.
+    """
+    producer = kafka.idempotent_producer(settings)
+    errors: list[str] = []
+    value = default_codec().encode(event.to_record())
+    partitions = kafka.partition_count(producer, settings.uploads_topic)
+    for _ in range(copies):
+        producer.produce(settings.uploads_topic, key=event.upload_id.encode(), value=value,
+                         partition=kafka.partition_for(event.upload_id, partitions),
+                         on_delivery=lambda err, msg: errors.append(str(err)) if err else None)
+    if producer.flush(timeout_s) > 0 or errors:
+        raise ServiceUnavailable(f"Kafka at {settings.kafka_bootstrap} did not acknowledge the upload: {errors or 'timeout'}")

@@ -1,0 +1,1 @@
+"""Projections: the lifecycle log folded into PostgreSQL (state, evidence, stall views), and reads."""

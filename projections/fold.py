@@ -1,0 +1,141 @@
+"""The pure core of the job projection: `evolve(row, event, broker_ts) -> Outcome`.
+
+A row is a plain dict with the columns of `job_state`. Rules (DESIGN.md "Job states"):
+- a terminal job (completed, rejected, failed, cancelled) never changes again;
+- dead_lettered and needs_review are reopened only by `JobReplayed`;
+- an event written by an attempt carries its claim token; one whose token is not the job's
+  current one is superseded: kept as evidence, never applied (fencing in the projection);
+- an `AttemptStarted` older than the current attempt of its stage is superseded too.
+The projector checks dedup keys before calling this: a repeated dedup key is never evolved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from schemas import models as ev
+
+FINAL_STATES = frozenset({"completed", "rejected", "failed", "cancelled"})
+REOPENABLE_STATES = frozenset({"dead_lettered", "needs_review"})
+TERMINAL_STATES = FINAL_STATES | REOPENABLE_STATES
+STAGE_ORDER = {"intake": 0, "transcode": 1, "publish": 2}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one event did: the new row (None when the job has no row), and the evidence flags."""
+
+    row: dict[str, Any] | None
+    applied: bool
+    superseded: bool
+
+
+def _dump(items: list) -> list[dict]:
+    return [item.model_dump() for item in items]
+
+
+def evolve(row: dict[str, Any] | None, event: ev.Event, broker_ts: datetime) -> Outcome:
+    """Fold one event onto a job row. Pure: `row` is not modified; a new dict is returned."""
+    kind = event.event_type
+    if row is None:
+        if isinstance(event, ev.JobAccepted):
+            return Outcome(_accepted(event, broker_ts), True, False)
+        if isinstance(event, ev.JobRejected):
+            return Outcome(_new_row(event, broker_ts, upload_id=event.upload_id, state="rejected", stage="intake",
+                                    error_class=event.error_class, reason=event.reason, completed_at=broker_ts),
+                           True, False)
+        return Outcome(None, False, False)  # an event of an unknown job: evidence only
+
+    state = row["state"]
+    if state in FINAL_STATES:
+        return Outcome(row, False, False)
+    if state in REOPENABLE_STATES and not isinstance(event, ev.JobReplayed):
+        return Outcome(row, False, False)
+    if kind != "AttemptStarted" and event.claim_token is not None and event.claim_token != row.get("claim_token"):
+        return Outcome(row, False, True)
+    if isinstance(event, ev.AttemptStarted) and _older_attempt(row, event):
+        return Outcome(row, False, True)
+
+    new = dict(row, events=row["events"] + 1, last_event_type=kind, updated_at=broker_ts)
+    if isinstance(event, ev.StageQueued):
+        new.update(state="queued", stage=event.stage, attempt=event.attempt, claim_token=None, worker=None,
+                   leased_until=None, progress_frames=None, progress_out_time_s=None, progress_speed=None,
+                   progress_at=None)
+    elif isinstance(event, ev.AttemptStarted):
+        new.update(state="running", stage=event.stage, attempt=event.attempt, claim_token=event.claim_token,
+                   worker=event.worker, lease_s=event.lease_s,
+                   leased_until=broker_ts + timedelta(seconds=event.lease_s),
+                   attempts=max(row["attempts"], event.attempt), progress_frames=0, progress_out_time_s=0.0,
+                   progress_speed=None, progress_at=broker_ts)
+    elif isinstance(event, ev.Heartbeat):
+        advanced = event.frames_done > (row.get("progress_frames") or 0) or \
+            event.out_time_s > (row.get("progress_out_time_s") or 0.0)
+        new.update(leased_until=broker_ts + timedelta(seconds=row.get("lease_s") or 0.0),
+                   progress_frames=event.frames_done, progress_out_time_s=event.out_time_s,
+                   progress_speed=event.speed, progress_at=broker_ts if advanced else row.get("progress_at"))
+    elif isinstance(event, ev.AttemptSucceeded):
+        if event.stage == "transcode":
+            new.update(outputs=_dump(event.outputs), ladder=_dump(event.renditions))
+        new.update(leased_until=None)
+    elif isinstance(event, (ev.AttemptFailed,)):
+        new.update(error_class=event.error_class, reason=event.reason, leased_until=None)
+    elif isinstance(event, ev.AttemptYielded):
+        new.update(leased_until=None, reason=event.reason)
+    elif isinstance(event, ev.RetryScheduled):
+        new.update(state="retry_scheduled", error_class=event.error_class)
+    elif isinstance(event, ev.Published):
+        new.update(master_url=event.master_url, renditions=_dump(event.renditions))
+    elif isinstance(event, ev.JobCompleted):
+        new.update(state="completed", master_url=event.master_url, completed_at=broker_ts, leased_until=None,
+                   error_class=None, reason=None)
+    elif isinstance(event, ev.JobFailed):
+        new.update(state="failed", error_class=event.error_class, reason=event.reason, completed_at=broker_ts,
+                   leased_until=None)
+    elif isinstance(event, ev.JobDeadLettered):
+        new.update(state="dead_lettered", error_class=event.error_class, reason=event.reason,
+                   completed_at=broker_ts, leased_until=None)
+    elif isinstance(event, ev.NeedsReview):
+        new.update(state="needs_review", reason=event.reason, completed_at=broker_ts, leased_until=None)
+    elif isinstance(event, ev.JobCancelled):
+        new.update(state="cancelled", reason=event.reason, completed_at=broker_ts, leased_until=None)
+    elif isinstance(event, ev.JobReplayed):
+        if state not in REOPENABLE_STATES:
+            return Outcome(row, False, False)
+        new.update(state="queued", completed_at=None, error_class=None, reason=f"replayed by {event.operator}: {event.reason}")
+    elif isinstance(event, (ev.JobAccepted, ev.JobRejected)):
+        return Outcome(row, False, False)  # the job already exists: a second intake decision is evidence only
+    # PublishIntended, CheckpointRecorded, StallDetected: evidence with no state change beyond bookkeeping.
+    return Outcome(new, True, False)
+
+
+def _older_attempt(row: dict[str, Any], event: ev.AttemptStarted) -> bool:
+    current = (STAGE_ORDER.get(row["stage"], 0), row["attempt"])
+    return (STAGE_ORDER.get(event.stage, 0), event.attempt) < current
+
+
+def _new_row(event: ev.Event, broker_ts: datetime, **values: Any) -> dict[str, Any]:
+    row = {column: None for column in JOB_STATE_COLUMNS}
+    row.update(job_id=event.job_id, attempt=0, attempts=0, events=1, last_event_type=event.event_type,
+               created_at=broker_ts, updated_at=broker_ts)
+    row.update(values)
+    return row
+
+
+def _accepted(event: ev.JobAccepted, broker_ts: datetime) -> dict[str, Any]:
+    media = event.media
+    return _new_row(event, broker_ts, upload_id=event.upload_id, state="accepted", stage="intake",
+                    priority=event.priority, profile=event.profile, source_key=event.source_key,
+                    source_sha256=event.source_sha256, source_size_bytes=event.source_size_bytes,
+                    source_duration_s=media.duration_s, source_width=media.display_width,
+                    source_height=media.display_height, ladder=_dump(event.ladder))
+
+
+JOB_STATE_COLUMNS: tuple[str, ...] = (
+    "job_id", "upload_id", "state", "stage", "attempt", "attempts", "claim_token", "worker", "priority", "profile",
+    "source_key", "source_sha256", "source_size_bytes", "source_duration_s", "source_width", "source_height",
+    "ladder", "outputs", "renditions", "master_url", "error_class", "reason", "lease_s", "leased_until",
+    "progress_frames", "progress_out_time_s", "progress_speed", "progress_at", "events", "last_event_type",
+    "created_at", "updated_at", "completed_at")
+"""Columns of `job_state`, in table order (a test checks them against the migration)."""

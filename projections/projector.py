@@ -1,0 +1,232 @@
+"""The projector: `<prefix>.jobs` and `<prefix>.uploads` -> PostgreSQL, exactly once.
+
+Commit protocol, per batch of records (one PostgreSQL transaction):
+  Step 1. decode every record; an undecodable one becomes a `dead_letters` row, never a crash;
+  Step 2. load the rows of the batch's jobs and which of its dedup keys were already applied;
+  Step 3. fold each event onto its job in log order (`fold.evolve`), a repeated dedup key only
+          as evidence;
+  Step 4. write evidence, uploads, job rows and applied dedup keys;
+  Step 5. advance `projector_offsets` for each partition to the next offset;
+  Step 6. commit. A crash before step 6 leaves nothing; the restart resumes at the stored offsets.
+The consumer is assigned its partitions at the stored offsets (no consumer-group commits), reads
+committed records only, and on reaching a partition's end stores that position too, so "caught up"
+can be judged against the last stable offset even after transaction markers.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import psycopg
+import structlog
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
+from psycopg.types.json import Jsonb
+
+from projections import fold
+from projections.sql import connect, migrate, q
+from schemas import models as ev
+from schemas.codec import default_codec
+from tapeline import kafka
+from tapeline.errors import DecodeError, SchemaError
+from tapeline.settings import Settings
+
+log = structlog.get_logger("tapeline.projector")
+JSON_COLUMNS = frozenset({"ladder", "outputs", "renditions"})
+
+
+def broker_time(message: Message) -> datetime:
+    """The record's timestamp (LogAppendTime on the lifecycle topic) as an aware UTC datetime."""
+    _, millis = message.timestamp()
+    return datetime.fromtimestamp(millis / 1000.0, tz=timezone.utc)
+
+
+def _upsert_job_sql() -> str:
+    columns = fold.JOB_STATE_COLUMNS
+    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns if c != "job_id")
+    return (f"INSERT INTO job_state ({', '.join(columns)}) VALUES ({', '.join('%(' + c + ')s' for c in columns)}) "
+            f"ON CONFLICT (job_id) DO UPDATE SET {updates}")
+
+
+UPSERT_JOB = _upsert_job_sql()
+
+
+@dataclass
+class BatchResult:
+    """Counts of one applied batch."""
+
+    records: int = 0
+    applied: int = 0
+    duplicates: int = 0
+    superseded: int = 0
+    dead_letters: int = 0
+    positions: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: str = "main",
+                end_positions: dict[tuple[str, int], int] | None = None) -> BatchResult:
+    """Apply `messages` (in consumption order) and advance offsets, in one transaction on `conn`.
+
+    `conn` must be in autocommit mode so that `conn.transaction()` is a real BEGIN/COMMIT.
+    """
+    result = BatchResult(records=len(messages))
+    codec = default_codec()
+    decoded: list[tuple[Message, ev.Event | None, str | None]] = []
+    # Step 1: decode.
+    for message in messages:
+        try:
+            record = codec.decode(message.value(), topic=message.topic(), partition=message.partition(),
+                                  offset=message.offset())
+            decoded.append((message, ev.Event.from_record(record), None))
+        except (DecodeError, SchemaError) as exc:
+            decoded.append((message, None, str(exc)))
+        result.positions[(message.topic(), message.partition())] = message.offset() + 1
+    for position, offset in (end_positions or {}).items():
+        result.positions[position] = max(result.positions.get(position, 0), offset)
+
+    with conn.transaction():
+        # Step 2: load current rows and applied dedup keys.
+        job_ids = list({event.job_id for _, event, _ in decoded if event is not None})
+        rows = {row["job_id"]: row for row in conn.execute(q("job_state_by_ids"), {"job_ids": job_ids}).fetchall()} \
+            if job_ids else {}
+        keys = list({event.dedup_key for _, event, _ in decoded if event is not None})
+        seen = {r["dedup_key"] for r in conn.execute(q("applied_dedup_keys_among"), {"keys": keys}).fetchall()} \
+            if keys else set()
+        evidence, uploads, dead, new_keys, changed = [], [], [], [], set()
+        # Step 3: fold in log order.
+        for message, event, error in decoded:
+            ts = broker_time(message)
+            if event is None:
+                dead.append({"topic": message.topic(), "partition": message.partition(), "offset": message.offset(),
+                             "broker_ts": ts, "key": message.key(), "value": message.value(), "error": error})
+                result.dead_letters += 1
+                continue
+            if isinstance(event, ev.UploadCompleted):
+                uploads.append({"upload_id": event.upload_id, "job_id": event.job_id, "filename": event.filename,
+                                "size_bytes": event.size_bytes, "sha256": event.sha256, "priority": event.priority,
+                                "broker_ts": ts})
+                continue
+            duplicate = event.dedup_key in seen
+            applied = superseded = False
+            if not duplicate:
+                outcome = fold.evolve(rows.get(event.job_id), event, ts)
+                applied, superseded = outcome.applied, outcome.superseded
+                if outcome.applied and outcome.row is not None:
+                    rows[event.job_id] = outcome.row
+                    changed.add(event.job_id)
+                    seen.add(event.dedup_key)
+                    new_keys.append({"dedup_key": event.dedup_key})
+            result.applied += applied
+            result.duplicates += duplicate
+            result.superseded += superseded
+            evidence.append({
+                "topic": message.topic(), "partition": message.partition(), "offset": message.offset(),
+                "broker_ts": ts, "event_id": event.event_id, "event_type": event.event_type, "job_id": event.job_id,
+                "stage": event.stage, "attempt": event.attempt, "claim_token": event.claim_token,
+                "dedup_key": event.dedup_key, "occurred_at": event.occurred_at, "recorded_by": event.recorded_by,
+                "causation_id": event.causation_id, "applied": applied, "superseded": superseded,
+                "duplicate": duplicate, "payload": Jsonb(json.loads(event.model_dump_json()))})
+        # Step 4: write.
+        with conn.cursor() as cur:
+            if evidence:
+                cur.executemany(q("insert_evidence"), evidence)
+            if uploads:
+                cur.executemany(q("upsert_upload"), uploads)
+            if dead:
+                cur.executemany(q("insert_dead_letter"), dead)
+            if changed:
+                cur.executemany(UPSERT_JOB, [_job_params(rows[job_id]) for job_id in changed])
+            if new_keys:
+                cur.executemany(q("insert_dedup_key"), new_keys)
+            # Step 5: offsets, in the same transaction.
+            if result.positions:
+                cur.executemany(q("upsert_offset"), [
+                    {"projection": projection, "topic": topic, "partition": partition, "next_offset": offset}
+                    for (topic, partition), offset in result.positions.items()])
+    # Step 6: the `with conn.transaction()` block committed.
+    return result
+
+
+def _job_params(row: dict[str, Any]) -> dict[str, Any]:
+    return {c: (Jsonb(row[c]) if c in JSON_COLUMNS and row.get(c) is not None else row.get(c))
+            for c in fold.JOB_STATE_COLUMNS}
+
+
+class Projector:
+    """Runs the projection loop until `stop` is set. Stateless apart from PostgreSQL and Kafka."""
+
+    def __init__(self, settings: Settings, projection: str = "main", batch_size: int = 1000) -> None:
+        self.settings, self.projection, self.batch_size = settings, projection, batch_size
+        self.topics = [settings.jobs_topic, settings.uploads_topic]
+        self.processed = 0
+
+    def run(self, stop: threading.Event, ready: threading.Event | None = None) -> None:
+        """Consume and apply batches until `stop` is set; sets `ready` once assigned and caught up once."""
+        migrate(self.settings.database_url)
+        conn = connect(self.settings.database_url, autocommit=True)  # each batch is one explicit transaction
+        conn.row_factory = psycopg.rows.dict_row
+        consumer = kafka.consumer(self.settings, f"{self.settings.app_name}.projector",
+                                  **{"enable.partition.eof": True,  # learn "caught up" at each partition's end
+                                     "fetch.wait.max.ms": 100})  # low latency: processors wait on the projection
+        try:
+            stored = {(r["topic"], r["partition"]): r["next_offset"]
+                      for r in conn.execute(q("offsets_of_projection"), {"projection": self.projection})}
+            assignment = []
+            for topic in self.topics:
+                for partition in range(kafka.partition_count(consumer, topic)):
+                    assignment.append(TopicPartition(topic, partition, stored.get((topic, partition), OFFSET_BEGINNING)))
+            consumer.assign(assignment)
+            log.info("projector assigned", partitions=len(assignment), projection=self.projection)
+            at_end: set[tuple[str, int]] = set()
+            while not stop.is_set():
+                messages = consumer.consume(self.batch_size, timeout=0.5)
+                records, ends = [], {}
+                for message in messages:
+                    error = message.error()
+                    if error is None:
+                        records.append(message)
+                    elif error.code() == KafkaError._PARTITION_EOF:
+                        ends[(message.topic(), message.partition())] = message.offset()
+                        at_end.add((message.topic(), message.partition()))
+                    else:
+                        log.warning("consumer error", error=str(error))
+                if records or ends:
+                    result = apply_batch(conn, records, self.projection, ends)
+                    self.processed += result.records
+                    if result.records:
+                        log.info("batch applied", records=result.records, applied=result.applied,
+                                 duplicates=result.duplicates, superseded=result.superseded,
+                                 dead_letters=result.dead_letters)
+                if ready is not None and not ready.is_set() and len(at_end) >= len(assignment):
+                    ready.set()
+        finally:
+            consumer.close()
+            conn.close()
+
+
+def wait_caught_up(conn: psycopg.Connection, lso_reader, topic: str, partition: int, timeout_s: float,
+                   projection: str = "main", poll_s: float = 0.05) -> None:
+    """Block until the projection has applied `topic[partition]` up to its last stable offset.
+
+    `conn` must be in autocommit mode (each read sees the latest commit). `lso_reader` is a
+    read_committed consumer (used only to ask the broker for the LSO). Raises
+    `ServiceUnavailable` after `timeout_s` seconds: a worker must not decide on a stale view.
+    """
+    from tapeline.errors import ServiceUnavailable
+
+    target = kafka.last_stable_offsets(lso_reader, topic, [partition])[partition]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        row = conn.execute("SELECT next_offset FROM projector_offsets WHERE projection = %s AND topic = %s"
+                           " AND partition = %s", (projection, topic, partition)).fetchone()
+        position = (row["next_offset"] if isinstance(row, dict) else row[0]) if row else 0
+        if position >= target:
+            return
+        if time.monotonic() > deadline:
+            raise ServiceUnavailable(f"projector is behind on {topic}[{partition}]: at {position}, log at "
+                                     f"{target} after {timeout_s:.0f} s (is `tapeline run --role projector` running?)")
+        time.sleep(poll_s)

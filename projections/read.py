@@ -1,0 +1,61 @@
+"""Reads over the projections for the CLI (and later the read API)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from projections.fold import TERMINAL_STATES
+from projections.sql import connect, q
+from tapeline.settings import Settings
+
+STAGE_SHARE = {"intake": (0.0, 0.05), "transcode": (0.05, 0.90), "publish": (0.90, 1.0)}
+"""Share of the whole job each stage represents in `percent_done`."""
+
+
+def open_reader(settings: Settings) -> psycopg.Connection:
+    conn = connect(settings.database_url, autocommit=True)
+    conn.row_factory = psycopg.rows.dict_row
+    return conn
+
+
+def job_row(conn: psycopg.Connection, job_id: str) -> dict[str, Any] | None:
+    return conn.execute(q("job_status"), {"job_id": job_id}).fetchone()
+
+
+def percent_done(row: dict[str, Any]) -> float:
+    """0-100: stages weighted by `STAGE_SHARE`, transcode progress from media seconds encoded."""
+    if row["state"] in TERMINAL_STATES:
+        return 100.0
+    low, high = STAGE_SHARE.get(row["stage"], (0.0, 0.05))
+    inside = 0.0
+    if row["state"] == "running" and row["stage"] == "transcode" and row.get("source_duration_s"):
+        inside = min(1.0, (row.get("progress_out_time_s") or 0.0) / row["source_duration_s"])
+    return round(100.0 * (low + (high - low) * inside), 1)
+
+
+def job_summary(row: dict[str, Any]) -> dict[str, Any]:
+    """The JSON object `tapeline submit --json` and `status --json` print for one job."""
+    summary: dict[str, Any] = {"job_id": row["job_id"], "state": row["state"], "stage": row["stage"],
+                               "attempts": row["attempts"], "source_duration_s": row["source_duration_s"]}
+    if row["state"] != "completed":
+        summary["error_class"] = row["error_class"]
+        summary["reason"] = row["reason"]
+    summary["master_url"] = row["master_url"]
+    summary["outputs"] = [{"name": r["name"], "width": r["width"], "height": r["height"], "url": r.get("url")}
+                          for r in (row["renditions"] or [])]
+    summary["percent"] = percent_done(row)
+    summary["leased_until"] = row["leased_until"].isoformat() if row["leased_until"] else None
+    summary["progress_frames"] = row["progress_frames"]
+    summary["updated_at"] = row["updated_at"].isoformat()
+    return summary
+
+
+def timeline(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
+    """Every event of a job in log order with its attempt, broker time and evidence flags."""
+    return conn.execute(q("job_timeline"), {"job_id": job_id}).fetchall()
+
+
+def recent_jobs(conn: psycopg.Connection, limit: int = 20) -> list[dict[str, Any]]:
+    return conn.execute(q("recent_jobs"), {"limit": limit}).fetchall()

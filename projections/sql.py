@@ -1,0 +1,81 @@
+"""SQL lives in `.sql` files: numbered migrations in `sql/migrations/`, named queries in `sql/queries.sql`.
+
+A named query is a block starting with `-- name: <name>` and a one-line description.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import psycopg
+
+from tapeline.errors import ConfigurationError, ServiceUnavailable
+
+SQL_DIR = Path(__file__).resolve().parent / "sql"
+MIGRATIONS_DIR = SQL_DIR / "migrations"
+MIGRATION_LOCK = 0x7A9E_0001  # advisory lock key: one migrator at a time
+
+
+@lru_cache(maxsize=1)
+def queries() -> dict[str, str]:
+    """`{name: sql}` of every named query in `sql/queries.sql`."""
+    text = (SQL_DIR / "queries.sql").read_text()
+    found = {}
+    for block in re.split(r"^-- name: ", text, flags=re.M)[1:]:
+        name, _, body = block.partition("\n")
+        lines = [line for line in body.splitlines() if not line.startswith("--")]
+        found[name.strip()] = "\n".join(lines).strip()
+    return found
+
+
+def q(name: str) -> str:
+    """The SQL of one named query. Raises `ConfigurationError` for an unknown name."""
+    try:
+        return queries()[name]
+    except KeyError as exc:
+        raise ConfigurationError(f"no query named {name!r} in sql/queries.sql") from exc
+
+
+def connect(database_url: str, **kwargs) -> psycopg.Connection:
+    """A PostgreSQL connection. Raises `ServiceUnavailable` with the address when it fails."""
+    try:
+        return psycopg.connect(database_url, connect_timeout=10, **kwargs)
+    except psycopg.OperationalError as exc:
+        safe = re.sub(r":[^:@/]+@", ":***@", database_url)
+        raise ServiceUnavailable(f"PostgreSQL at {safe} did not answer: {exc}".strip()) from exc
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(number, file name, sql) of every migration, in order."""
+    found = []
+    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+        number = int(path.name.split("_", 1)[0])
+        found.append((number, path.name, path.read_text()))
+    return found
+
+
+def migrate(database_url: str) -> list[str]:
+    """Apply every migration not yet applied, each in its own transaction; returns the names applied.
+
+    Safe to run from several processes at once (an advisory lock serialises them).
+    """
+    applied_now = []
+    with connect(database_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
+        try:
+            conn.execute("CREATE TABLE IF NOT EXISTS schema_migrations ("
+                         " version integer PRIMARY KEY, name text NOT NULL,"
+                         " applied_at timestamptz NOT NULL DEFAULT now())")
+            done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
+            for number, name, sql in migrations():
+                if number in done:
+                    continue
+                with conn.transaction():
+                    conn.execute(sql)
+                    conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (number, name))
+                applied_now.append(name)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
+    return applied_now

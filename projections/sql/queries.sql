@@ -1,0 +1,61 @@
+-- name: job_state_by_ids
+-- Current rows of the given jobs (the projector folds events onto them).
+SELECT * FROM job_state WHERE job_id = ANY(%(job_ids)s);
+
+-- name: applied_dedup_keys_among
+-- Which of the given dedup keys were already applied.
+SELECT dedup_key FROM applied_dedup_keys WHERE dedup_key = ANY(%(keys)s);
+
+-- name: insert_dedup_key
+-- Remember an applied dedup key.
+INSERT INTO applied_dedup_keys (dedup_key) VALUES (%(dedup_key)s) ON CONFLICT DO NOTHING;
+
+-- name: insert_evidence
+-- One lifecycle record as evidence.
+INSERT INTO lifecycle_evidence (topic, partition, "offset", broker_ts, event_id, event_type, job_id, stage,
+    attempt, claim_token, dedup_key, occurred_at, recorded_by, causation_id, applied, superseded, duplicate, payload)
+VALUES (%(topic)s, %(partition)s, %(offset)s, %(broker_ts)s, %(event_id)s, %(event_type)s, %(job_id)s, %(stage)s,
+    %(attempt)s, %(claim_token)s, %(dedup_key)s, %(occurred_at)s, %(recorded_by)s, %(causation_id)s, %(applied)s,
+    %(superseded)s, %(duplicate)s, %(payload)s)
+ON CONFLICT DO NOTHING;
+
+-- name: upsert_upload
+-- An upload record; a repeated copy only bumps the copy count.
+INSERT INTO uploads (upload_id, job_id, filename, size_bytes, sha256, priority, broker_ts)
+VALUES (%(upload_id)s, %(job_id)s, %(filename)s, %(size_bytes)s, %(sha256)s, %(priority)s, %(broker_ts)s)
+ON CONFLICT (upload_id) DO UPDATE SET copies = uploads.copies + 1;
+
+-- name: insert_dead_letter
+-- A record the projector could not decode.
+INSERT INTO dead_letters (topic, partition, "offset", broker_ts, key, value, error)
+VALUES (%(topic)s, %(partition)s, %(offset)s, %(broker_ts)s, %(key)s, %(value)s, %(error)s)
+ON CONFLICT DO NOTHING;
+
+-- name: upsert_offset
+-- Advance a projection's position in one partition (never backwards).
+INSERT INTO projector_offsets (projection, topic, partition, next_offset)
+VALUES (%(projection)s, %(topic)s, %(partition)s, %(next_offset)s)
+ON CONFLICT (projection, topic, partition) DO UPDATE
+SET next_offset = GREATEST(projector_offsets.next_offset, EXCLUDED.next_offset), updated_at = now();
+
+-- name: offsets_of_projection
+-- Stored positions of one projection.
+SELECT topic, partition, next_offset FROM projector_offsets WHERE projection = %(projection)s;
+
+-- name: job_status
+-- One job's current row.
+SELECT * FROM job_state WHERE job_id = %(job_id)s;
+
+-- name: recent_jobs
+-- The most recently updated jobs.
+SELECT * FROM job_state ORDER BY updated_at DESC LIMIT %(limit)s;
+
+-- name: job_timeline
+-- Every event of a job in log order (broker time), with its flags.
+SELECT topic, partition, "offset", broker_ts, event_type, stage, attempt, claim_token, recorded_by,
+       applied, superseded, duplicate, payload
+FROM lifecycle_evidence WHERE job_id = %(job_id)s ORDER BY broker_ts, partition, "offset";
+
+-- name: count_events_of_type
+-- How many committed events of one type a job has (evidence, duplicates included).
+SELECT count(*) AS n FROM lifecycle_evidence WHERE job_id = %(job_id)s AND event_type = %(event_type)s;

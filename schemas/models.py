@@ -1,0 +1,304 @@
+"""Pydantic models of every event, mirroring `avro/*.avsc` field for field.
+
+`tests/unit/test_schemas.py` checks that each model's fields equal its schema's, so the two cannot
+drift. Build events with `EventClass.new(job_id=..., stage=..., attempt=..., ...)`, which fills
+`event_id`, `occurred_at` and the deterministic `dedup_key`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tapeline.errors import SchemaError
+
+TAPELINE_NAMESPACE = uuid.UUID("6f1c7a52-2f4e-5a8e-9d1b-7c3e0b5a4d21")
+"""Namespace of `job_id = uuid5(TAPELINE_NAMESPACE, upload_id)`. Never change it: job ids depend on it."""
+
+
+def job_id_for(upload_id: str) -> str:
+    """The job id of an upload: `uuid5(TAPELINE_NAMESPACE, upload_id)`, so duplicates collapse."""
+    return str(uuid.uuid5(TAPELINE_NAMESPACE, upload_id))
+
+
+def dedup_key(job_id: str, stage: str, attempt: int, event_type: str, sequence: int | str | None = None) -> str:
+    """The dedup key of an event: `{job_id}:{stage}:{attempt}:{event_type}` plus `:{sequence}`
+    for events that repeat within an attempt (heartbeats, checkpoints, ticks)."""
+    key = f"{job_id}:{stage}:{attempt}:{event_type}"
+    return key if sequence is None else f"{key}:{sequence}"
+
+
+def utc_now() -> datetime:
+    """The writer's clock, UTC, microsecond precision (evidence only; leases use broker time)."""
+    return datetime.now(timezone.utc)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class OutputFile(_Frozen):
+    """One object an attempt wrote: key, hex sha256, size in bytes, content type."""
+
+    key: str
+    sha256: str
+    size_bytes: int
+    content_type: str
+
+
+class Rendition(_Frozen):
+    """One ladder rung: name (e.g. `720p`), even width and height in pixels, video bitrate in kbit/s."""
+
+    name: str
+    width: int
+    height: int
+    video_bitrate_kbps: int
+    playlist_key: str | None = None
+    url: str | None = None
+
+
+class SourceMedia(_Frozen):
+    """What ffprobe promised about a source: container, duration (s), sizes (px), rotation (deg)."""
+
+    format_name: str
+    duration_s: float
+    width: int
+    height: int
+    display_width: int
+    display_height: int
+    rotation: int
+    fps: float
+    frames: int | None = None
+    video_codec: str
+    audio_codec: str | None = None
+    bit_rate_bps: int | None = None
+
+
+class Event(_Frozen):
+    """The envelope every event starts with (see `avro/Envelope.avsc` for each field's meaning)."""
+
+    registry: ClassVar[dict[str, type["Event"]]] = {}
+
+    event_id: str
+    event_type: str
+    job_id: str
+    stage: str
+    attempt: int
+    claim_token: str | None = None
+    occurred_at: datetime
+    recorded_by: str
+    correlation_id: str
+    causation_id: str | None = None
+    dedup_key: str
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        Event.registry[cls.__name__] = cls
+
+    @classmethod
+    def new(cls, *, job_id: str, stage: str, attempt: int, recorded_by: str, correlation_id: str,
+            claim_token: str | None = None, causation_id: str | None = None,
+            sequence: int | str | None = None, occurred_at: datetime | None = None, **fields: Any) -> "Event":
+        """Build an event with a fresh `event_id`, `occurred_at = now` and its dedup key.
+
+        `sequence` (heartbeats, checkpoints, ticks) goes into the dedup key and, where the event
+        has a `sequence` field, into that field too.
+        """
+        if sequence is not None and "sequence" in cls.model_fields:
+            fields["sequence"] = sequence
+        return cls(event_id=str(uuid.uuid4()), event_type=cls.__name__, job_id=job_id, stage=stage,
+                   attempt=attempt, claim_token=claim_token, occurred_at=occurred_at or utc_now(),
+                   recorded_by=recorded_by, correlation_id=correlation_id, causation_id=causation_id,
+                   dedup_key=dedup_key(job_id, stage, attempt, cls.__name__, sequence), **fields)
+
+    def to_record(self) -> dict:
+        """The dict the codec encodes."""
+        return self.model_dump()
+
+    @staticmethod
+    def from_record(record: dict) -> "Event":
+        """The model of a decoded record. Raises `SchemaError` for an unknown or malformed event."""
+        cls = Event.registry.get(record.get("event_type", ""))
+        if cls is None:
+            raise SchemaError(f"unknown event_type {record.get('event_type')!r}")
+        try:
+            return cls.model_validate(record)
+        except ValueError as exc:
+            raise SchemaError(f"{cls.__name__}: {exc}") from exc
+
+
+class UploadCompleted(Event):
+    upload_id: str
+    bucket: str
+    object_key: str
+    size_bytes: int
+    sha256: str
+    filename: str
+    priority: str
+    profile: str = "default"
+    submitter: str = "anonymous"
+
+
+class JobAccepted(Event):
+    upload_id: str
+    source_key: str
+    source_sha256: str
+    source_size_bytes: int
+    priority: str
+    profile: str
+    media: SourceMedia
+    ladder: list[Rendition]
+
+
+class JobRejected(Event):
+    upload_id: str
+    error_class: str
+    reason: str
+
+
+class StageQueued(Event):
+    tier: str
+    work_topic: str
+
+
+class AttemptStarted(Event):
+    lease_s: float
+    worker: str
+    work_topic: str
+    work_partition: int
+    work_offset: int
+
+
+class Heartbeat(Event):
+    sequence: int
+    frames_done: int
+    frames_total: int | None = None
+    out_time_s: float
+    speed: float | None = None
+
+
+class CheckpointRecorded(Event):
+    sequence: int
+    segment_index: int
+    rendition: str
+    object_key: str
+    sha256: str
+    frames: int
+    media_start_s: float
+    media_duration_s: float
+
+
+class AttemptSucceeded(Event):
+    outputs: list[OutputFile]
+    renditions: list[Rendition]
+    audio_playlist_key: str | None = None
+    media_duration_s: float | None = None
+    elapsed_s: float
+
+
+class AttemptFailed(Event):
+    error_class: str
+    retryable: bool
+    reason: str
+
+
+class AttemptYielded(Event):
+    reason: str
+    resume_from_segment: int | None = None
+
+
+class StallDetected(Event):
+    kind: str
+    stalled_attempt: int
+    last_progress_at: datetime | None = None
+    since_s: float
+    detail: str = ""
+
+
+class RetryScheduled(Event):
+    next_attempt: int
+    not_before: datetime
+    error_class: str
+
+
+class JobFailed(Event):
+    error_class: str
+    reason: str
+
+
+class JobDeadLettered(Event):
+    error_class: str
+    reason: str
+    attempts: int
+    evidence: str
+
+
+class JobReplayed(Event):
+    operator: str
+    reason: str
+    dead_letter_id: str | None = None
+
+
+class PublishIntended(Event):
+    provider: str
+    idempotency_key: str
+
+
+class Published(Event):
+    provider: str
+    provider_ref: str
+    master_key: str
+    master_url: str
+    renditions: list[Rendition]
+
+
+class NeedsReview(Event):
+    reason: str
+
+
+class JobCompleted(Event):
+    master_url: str
+    media_duration_s: float | None = None
+
+
+class JobCancelled(Event):
+    operator: str
+    reason: str
+
+
+class WatchdogTick(Event):
+    partition: int
+    sequence: int
+
+
+class WorkItem(Event):
+    """A unit of stage work on `<prefix>.work.<stage>.<tier>`; `attempt` is the attempt it starts."""
+
+    tier: str
+    source_key: str
+    inputs: list[OutputFile]
+    renditions: list[Rendition]
+    audio_playlist_key: str | None = None
+    media_duration_s: float | None = None
+    checkpoint_refs: list[str] = Field(default_factory=list)
+
+
+class DeadLetter(Event):
+    """A record that could not be processed, kept raw with where it came from and why."""
+
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    key: bytes | None = None
+    value: bytes | None = None
+    headers: dict[str, bytes] = Field(default_factory=dict)
+    error_class: str
+    error: str
+    processor: str
+
+
+TERMINAL_EVENTS = frozenset({"JobRejected", "JobFailed", "JobDeadLettered", "NeedsReview", "JobCompleted", "JobCancelled"})
+"""Events that end a job (JobReplayed reopens only dead_lettered and needs_review)."""

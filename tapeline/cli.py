@@ -1,0 +1,273 @@
+"""The `tapeline` command line. Every setting is also a `TAPELINE_*` environment variable."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tapeline import logs
+from tapeline.errors import TapelineError
+from tapeline.settings import TIERS, Settings
+
+app = typer.Typer(help="Tapeline: event-sourced media jobs (upload -> transcode -> publish) on Kafka.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+console = Console(stderr=True)
+out = Console() if sys.stdout.isatty() else Console(width=160)  # pipes and CI logs get wide tables
+FINAL = ("completed", "rejected", "failed", "dead_lettered", "needs_review", "cancelled")
+ROLE_CHOICES = ("intake", "transcode", "publish", "projector", "all")
+
+
+def _settings() -> Settings:
+    return Settings()
+
+
+def _fail(exc: Exception, code: int = 1) -> None:
+    console.print(f"[red]error:[/red] {exc}")
+    raise typer.Exit(code)
+
+
+try:
+    from tapeline.stack import stack_app
+
+    app.add_typer(stack_app, name="stack", help="Start, inspect and stop the local real services (no Docker).")
+except ImportError:  # pragma: no cover - the stack module ships with the package
+    pass
+
+
+@app.command()
+def migrate() -> None:
+    """Apply the PostgreSQL migrations (projections/sql/migrations)."""
+    from projections.sql import migrate as run_migrations
+
+    try:
+        applied = run_migrations(_settings().database_url)
+    except TapelineError as exc:
+        _fail(exc)
+    console.print(f"applied: {', '.join(applied) if applied else 'nothing (up to date)'}")
+
+
+def run_role(settings: Settings, role: str) -> int:
+    """Run one processor role in this process until SIGTERM/SIGINT."""
+    from processors.intake import IntakeProcessor
+    from processors.publish import PublishWorker
+    from processors.transcode import TranscodeWorker
+    from projections.projector import Projector
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    processor = {"projector": Projector, "intake": IntakeProcessor, "transcode": TranscodeWorker,
+                 "publish": PublishWorker}[role](settings)
+    processor.run(stop)
+    return 0
+
+
+@app.command()
+def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f"One of {', '.join(ROLE_CHOICES)}"),
+        detach: bool = typer.Option(False, "--detach", help="Run in the background (logs in <home>/logs/run.log)"),
+        stop: bool = typer.Option(False, "--stop", help="Stop the background processors started with --detach"),
+        log_format: str = typer.Option("json", "--log-format", envvar="TAPELINE_LOG_FORMAT", help="json | console")) -> None:
+    """Run the processors: one role, or every role as supervised child processes."""
+    from tapeline import supervisor
+
+    settings = _settings()
+    logs.configure(log_format)
+    if stop:
+        stopped = supervisor.stop_detached(settings)
+        console.print("processors stopped" if stopped else "no background processors were running")
+        return
+    if role not in ROLE_CHOICES:
+        _fail(ValueError(f"unknown role {role!r}; choose one of {', '.join(ROLE_CHOICES)}"), 2)
+    if detach:
+        pid = supervisor.detach(settings, role)
+        console.print(f"processors running in the background (pid {pid}); logs: {settings.home / 'logs' / 'run.log'}")
+        return
+    try:
+        from projections.sql import migrate as run_migrations
+
+        run_migrations(settings.database_url)
+        if role == "all":
+            raise typer.Exit(supervisor.supervise(supervisor.ROLES))
+        raise typer.Exit(run_role(settings, role))
+    except TapelineError as exc:
+        _fail(exc)
+
+
+def _wait_for_job(settings: Settings, job_id: str, timeout_s: float, show_progress: bool) -> dict[str, Any]:
+    from projections import read
+
+    deadline = time.monotonic() + timeout_s
+    with read.open_reader(settings) as conn:
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
+                      TimeElapsedColumn(), console=console, disable=not show_progress, transient=False) as bar:
+            task = bar.add_task("waiting for intake", total=100)
+            while True:
+                row = read.job_row(conn, job_id)
+                if row is not None:
+                    bar.update(task, completed=read.percent_done(row),
+                               description=f"{row['stage']} attempt {row['attempt']}: {row['state']}")
+                    if row["state"] in FINAL:
+                        return read.job_summary(row)
+                if time.monotonic() > deadline:
+                    raise TapelineError(f"job {job_id} did not finish within {timeout_s:.0f} s "
+                                        f"(state: {row['state'] if row else 'not yet accepted'}); "
+                                        "are the processors running? `tapeline run --role all --detach`")
+                time.sleep(0.3)
+
+
+@app.command()
+def submit(file: Path = typer.Argument(..., help="Video file to upload"),
+           priority: str = typer.Option("standard", "--priority", envvar="TAPELINE_PRIORITY",
+                                        help=f"Priority tier: {', '.join(TIERS)}"),
+           wait: bool = typer.Option(False, "--wait", help="Show progress until the job ends"),
+           as_json: bool = typer.Option(False, "--json", help="Print one JSON object"),
+           timeout: float = typer.Option(1800.0, "--timeout", help="Seconds --wait waits at most")) -> None:
+    """Upload FILE to object storage and publish UploadCompleted; prints the job id."""
+    from producers.submit import publish, upload
+
+    settings = _settings()
+    try:
+        size = file.stat().st_size if file.is_file() else 0
+        with Progress(TextColumn("uploading {task.fields[name]}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
+                      console=console, disable=as_json or size < 8 * 1024**2, transient=True) as bar:
+            task = bar.add_task("upload", total=size or 1, name=file.name)
+            submission = upload(settings, file, priority=priority, on_bytes=lambda n: bar.advance(task, n))
+        publish(settings, submission.event)
+        if not wait:
+            if as_json:
+                out.print_json(json.dumps({"job_id": submission.job_id, "upload_id": submission.upload_id,
+                                           "state": "submitted"}))
+            else:
+                out.print(submission.job_id)
+            return
+        if not as_json:
+            console.print(f"job {submission.job_id} submitted ({submission.size_bytes} bytes)")
+        summary = _wait_for_job(settings, submission.job_id, timeout, show_progress=not as_json)
+    except TapelineError as exc:
+        _fail(exc)
+    if as_json:
+        out.print_json(json.dumps(summary))
+    else:
+        _print_summary(summary)
+    if summary["state"] != "completed":
+        raise typer.Exit(3)
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    out.print(f"job {summary['job_id']}: [bold]{summary['state']}[/bold] after {summary['attempts']} attempt(s)")
+    if summary["state"] != "completed":
+        out.print(f"  {summary.get('error_class')}: {summary.get('reason')}")
+    if summary.get("master_url"):
+        out.print(f"  master playlist: {summary['master_url']}")
+    for rendition in summary.get("outputs", []):
+        out.print(f"  {rendition['name']:>6} {rendition['width']}x{rendition['height']}  {rendition['url']}")
+
+
+@app.command()
+def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, the most recent jobs"),
+           as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+    """Show a job's current state (or the most recent jobs) from the projections."""
+    from projections import read
+
+    settings = _settings()
+    try:
+        with read.open_reader(settings) as conn:
+            if job:
+                row = read.job_row(conn, job)
+                if row is None:
+                    _fail(TapelineError(f"no job {job} in the projections (not submitted, or intake not caught up)"), 2)
+                summary = read.job_summary(row)
+                if as_json:
+                    out.print_json(json.dumps(summary))
+                    return
+                _print_summary(summary)
+                out.print(f"  stage {summary['stage']}, {summary['percent']}% done; lease until "
+                          f"{summary['leased_until'] or '-'}; frames {summary['progress_frames'] or 0}")
+                return
+            rows = [read.job_summary(r) for r in read.recent_jobs(conn)]
+    except TapelineError as exc:
+        _fail(exc)
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    table = Table("job", "state", "stage", "attempts", "%", "updated (UTC)")
+    for r in rows:
+        table.add_row(r["job_id"], r["state"], r["stage"], str(r["attempts"]), f"{r['percent']:.0f}", r["updated_at"][:19])
+    out.print(table)
+
+
+def _detail(row: dict[str, Any]) -> str:
+    payload = row["payload"]
+    for keys in (("error_class", "reason"), ("kind", "detail"), ("master_url",), ("frames_done", "out_time_s"),
+                 ("worker", "lease_s"), ("filename", "size_bytes"), ("tier", "work_topic"), ("reason",)):
+        if all(k in payload for k in keys):
+            return " ".join(f"{k}={payload[k]}" for k in keys)
+    if row["event_type"] == "AttemptSucceeded":
+        return f"objects={len(payload.get('outputs', []))} elapsed_s={payload.get('elapsed_s', 0):.2f}"
+    return ""
+
+
+@app.command()
+def timeline(job: str = typer.Argument(..., help="Job id"),
+             as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+    """Every event of a job in log order, with its attempt and broker timestamp."""
+    from projections import read
+
+    try:
+        with read.open_reader(_settings()) as conn:
+            rows = read.timeline(conn, job)
+    except TapelineError as exc:
+        _fail(exc)
+    if not rows:
+        _fail(TapelineError(f"no events for job {job}"), 2)
+    if as_json:
+        out.print_json(json.dumps([{**r, "broker_ts": r["broker_ts"].isoformat()} for r in rows], default=str))
+        return
+    table = Table("broker time (UTC)", "event", "stage", "attempt", "flags", "detail", title=f"job {job}")
+    for r in rows:
+        flags = ",".join(f for f in ("superseded", "duplicate") if r[f]) or ("" if r["applied"] else "evidence")
+        table.add_row(r["broker_ts"].strftime("%H:%M:%S.%f")[:-3], r["event_type"], r["stage"], str(r["attempt"]),
+                      flags, _detail(r))
+    out.print(table)
+
+
+@app.command()
+def demo(file: Optional[Path] = typer.Option(None, "--file", help="Video to submit (default: the real bigbuckbunny.mp4)"),
+         timeout: float = typer.Option(600.0, "--timeout", help="Seconds to wait for the job")) -> None:
+    """Submit the real sample video, wait with a progress bar, print its timeline and master URL."""
+    from producers.submit import publish, upload
+    from tapeline.samples import sample_video
+
+    settings = _settings()
+    try:
+        path = file or sample_video("bigbuckbunny.mp4")
+        console.print(f"submitting {path}")
+        submission = upload(settings, path)
+        publish(settings, submission.event)
+        console.print(f"job {submission.job_id}")
+        summary = _wait_for_job(settings, submission.job_id, timeout, show_progress=True)
+    except TapelineError as exc:
+        _fail(exc)
+    timeline(submission.job_id, as_json=False)
+    _print_summary(summary)
+    if summary["state"] != "completed":
+        raise typer.Exit(3)
+    out.print(f"\nplay it: ffplay {summary['master_url']}\nmore: tapeline submit FILE --wait | tapeline status | make down")
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(app())

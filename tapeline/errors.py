@@ -1,0 +1,89 @@
+"""The exception tree. Every error Tapeline raises on purpose is a `TapelineError`.
+
+Each subclass's docstring is its default message. `error_class` names the class from DESIGN.md's
+error table that a failure of this kind is recorded as.
+"""
+
+from __future__ import annotations
+
+
+class TapelineError(Exception):
+    """Tapeline failed."""
+
+    error_class = "unknown"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigurationError(TapelineError):
+    """A setting or a local service is missing or wrong."""
+
+
+class ServiceUnavailable(TapelineError):
+    """A service (Kafka, PostgreSQL, S3) did not answer."""
+
+    error_class = "broker_transient"
+
+
+class SchemaError(TapelineError):
+    """An event does not match its schema."""
+
+
+class DecodeError(TapelineError):
+    """A record could not be decoded.
+
+    Carries where the record came from (`topic`, `partition`, `offset`) so a dead letter can name it.
+    """
+
+    error_class = "invalid_input"
+
+    def __init__(self, message: str, *, topic: str | None = None, partition: int | None = None,
+                 offset: int | None = None) -> None:
+        where = f" at {topic}[{partition}]@{offset}" if topic is not None else ""
+        super().__init__(f"{message}{where}")
+        self.topic, self.partition, self.offset = topic, partition, offset
+
+
+class MediaError(TapelineError):
+    """The media could not be processed."""
+
+    error_class = "invalid_input"
+
+
+class InvalidInput(MediaError):
+    """The upload is not a readable video."""
+
+    error_class = "invalid_input"
+
+
+class UnsupportedMedia(MediaError):
+    """The upload is a media file Tapeline does not process."""
+
+    error_class = "unsupported_media"
+
+
+class LimitsExceeded(MediaError):
+    """The upload is larger than a configured limit."""
+
+    error_class = "limits_exceeded"
+
+
+class TranscodeFailed(MediaError):
+    """ffmpeg failed or produced output that does not match the source's probe."""
+
+    error_class = "unknown"
+
+
+class StorageError(TapelineError):
+    """Object storage failed."""
+
+    error_class = "storage_transient"
+
+
+class Fenced(TapelineError):
+    """A newer attempt owns this job: this worker's producer was fenced and must stop."""
+
+
+class SubmitError(TapelineError):
+    """The file cannot be submitted."""

@@ -1,0 +1,131 @@
+"""Kafka client factory: every non-default client setting in one place, each with its reason.
+
+Consumers read committed data only; producers of processors are transactional; the intake producer
+is idempotent. Records are produced to an explicit partition computed by `partition_for`, which is
+Kafka's default (murmur2) partitioner, so Java clients and our own lookups agree on a job's partition.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from tapeline.errors import ServiceUnavailable
+from tapeline.settings import Settings
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 hash (org.apache.kafka.common.utils.Utils.murmur2), as an unsigned 32-bit int."""
+    m, r = 0x5BD1E995, 24
+    length = len(data)
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    for i in range(0, length - length % 4, 4):
+        k = data[i] | (data[i + 1] << 8) | (data[i + 2] << 16) | (data[i + 3] << 24)
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    tail, index = length % 4, length & ~3
+    if tail == 3:
+        h ^= data[index + 2] << 16
+    if tail >= 2:
+        h ^= data[index + 1] << 8
+    if tail >= 1:
+        h ^= data[index]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h
+
+
+def partition_for(key: str, partitions: int) -> int:
+    """The partition Kafka's default partitioner picks for `key` among `partitions`."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+def consumer(settings: Settings, group_id: str, **overrides: Any) -> Consumer:
+    """A consumer that reads committed records only and never commits on its own."""
+    config = {
+        "bootstrap.servers": settings.kafka_bootstrap,
+        "group.id": group_id,
+        "isolation.level": "read_committed",  # never see aborted or open transactions (DESIGN.md guarantee 2)
+        "enable.auto.commit": False,  # offsets commit inside the processor's transaction
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",  # a new group starts from the beginning: nothing is skipped
+        "partition.assignment.strategy": "cooperative-sticky",  # cheap rebalances when workers leave while busy
+        "session.timeout.ms": 10_000,  # a dead worker's partitions move within seconds (broker minimum lowered locally)
+        "max.poll.interval.ms": 300_000,
+    }
+    config.update(overrides)
+    return Consumer(config)
+
+
+def transactional_producer(settings: Settings, transactional_id: str, *, init: bool = True,
+                           init_timeout_s: float = 30.0) -> Producer:
+    """A transactional producer; `init_transactions` fences any older producer with the same id.
+
+    Raises `ServiceUnavailable` when the broker cannot be reached within `init_timeout_s` seconds.
+    """
+    producer = Producer({
+        "bootstrap.servers": settings.kafka_bootstrap,
+        "transactional.id": transactional_id,
+        "transaction.timeout.ms": settings.transaction_timeout_ms,  # well below the lease: a dead writer blocks readers briefly
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 2,  # lifecycle events are few and small: latency over batching
+        "partitioner": "murmur2_random",  # same as Java clients and partition_for()
+    })
+    if init:
+        try:
+            producer.init_transactions(init_timeout_s)
+        except KafkaException as exc:
+            raise ServiceUnavailable(f"init_transactions({transactional_id}) failed: {exc}") from exc
+    return producer
+
+
+def idempotent_producer(settings: Settings) -> Producer:
+    """An idempotent (not transactional) producer for intake: no duplicates from its own retries."""
+    return Producer({
+        "bootstrap.servers": settings.kafka_bootstrap,
+        "enable.idempotence": True,  # retries never duplicate a record
+        "acks": "all",
+        "partitioner": "murmur2_random",
+    })
+
+
+def last_stable_offsets(client: Consumer, topic: str, partitions: list[int], timeout_s: float = 10.0) -> dict[int, int]:
+    """The high offset a read_committed reader can reach, per partition (the last stable offset).
+
+    `client` must be a read_committed consumer: the broker answers ListOffsets with the LSO then.
+    """
+    result = {}
+    for partition in partitions:
+        _, high = client.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s, cached=False)
+        result[partition] = high
+    return result
+
+
+def partition_count(client: Consumer | Producer, topic: str, timeout_s: float = 10.0) -> int:
+    """Number of partitions of `topic`. Raises `ServiceUnavailable` when the topic is missing."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metadata = client.list_topics(topic, timeout=timeout_s)
+        info = metadata.topics.get(topic)
+        if info is not None and info.error is None and info.partitions:
+            return len(info.partitions)
+        if time.monotonic() > deadline:
+            raise ServiceUnavailable(f"topic {topic} does not exist (run `tapeline stack up`)")
+        time.sleep(0.2)
+
+
+def is_fenced(exc: KafkaException) -> bool:
+    """Whether a Kafka error means a newer producer with our transactional.id took over."""
+    error = exc.args[0] if exc.args else None
+    if not isinstance(error, KafkaError):
+        return False
+    return error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                            KafkaError.INVALID_PRODUCER_EPOCH) or error.fatal()

@@ -1,0 +1,130 @@
+"""Object storage adapter (boto3 against any S3 endpoint: moto locally, MinIO or AWS elsewhere).
+
+Keys: sources at `uploads/{upload_id}/{filename}`, attempt outputs at
+`work/{job_id}/{stage}/{attempt}/...`, published outputs at `published/{job_id}/...` (the only
+publicly readable prefix).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from tapeline.errors import StorageError
+from tapeline.settings import Settings
+
+PUBLISHED_PREFIX = "published/"
+
+
+def client(settings: Settings):
+    """A boto3 S3 client for the configured endpoint (path-style addressing, bounded retries)."""
+    return boto3.client(
+        "s3", endpoint_url=settings.s3_endpoint, region_name=settings.s3_region,
+        aws_access_key_id=settings.s3_access_key, aws_secret_access_key=settings.s3_secret_key,
+        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 4, "mode": "standard"},
+                      connect_timeout=5, read_timeout=60))
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class _HashingReader:
+    """Wraps a binary file: counts bytes and updates a sha256 as boto3 reads it."""
+
+    def __init__(self, raw: BinaryIO, on_bytes: Callable[[int], None] | None = None) -> None:
+        self.raw, self.on_bytes = raw, on_bytes
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def read(self, size: int = -1) -> bytes:
+        block = self.raw.read(size)
+        self.digest.update(block)
+        self.size += len(block)
+        if self.on_bytes and block:
+            self.on_bytes(len(block))
+        return block
+
+
+class ObjectStore:
+    """The bucket Tapeline writes to. Every method raises `StorageError` on S3 failures."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.bucket = settings.s3_bucket
+        self.s3 = client(settings)
+
+    def public_url(self, key: str) -> str:
+        """Plain HTTP URL of a published object (readable anonymously)."""
+        return f"{self.settings.s3_endpoint.rstrip('/')}/{self.bucket}/{key}"
+
+    def upload_stream(self, fileobj: BinaryIO, key: str, content_type: str = "application/octet-stream",
+                      on_bytes: Callable[[int], None] | None = None) -> tuple[str, int]:
+        """Stream `fileobj` to `key` (multipart above the chunk size); returns (hex sha256, bytes).
+
+        The sha256 is computed while streaming: the file is read once.
+        """
+        reader = _HashingReader(fileobj, on_bytes)
+        chunk = self.settings.multipart_chunk_bytes
+        config = TransferConfig(multipart_threshold=chunk, multipart_chunksize=chunk, use_threads=False)
+        try:
+            self.s3.upload_fileobj(reader, self.bucket, key, ExtraArgs={"ContentType": content_type}, Config=config)
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageError(f"upload of {key} failed: {exc}") from exc
+        return reader.digest.hexdigest(), reader.size
+
+    def upload_file(self, path: Path, key: str, content_type: str) -> tuple[str, int]:
+        """Upload a local file; returns (hex sha256, bytes). The sha256 is kept as object metadata."""
+        sha = sha256_file(path)
+        try:
+            self.s3.upload_file(str(path), self.bucket, key,
+                                ExtraArgs={"ContentType": content_type, "Metadata": {"sha256": sha}})
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageError(f"upload of {key} failed: {exc}") from exc
+        return sha, path.stat().st_size
+
+    def download(self, key: str, path: Path) -> None:
+        try:
+            self.s3.download_file(self.bucket, key, str(path))
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageError(f"download of {key} failed: {exc}") from exc
+
+    def get_bytes(self, key: str) -> bytes:
+        try:
+            return self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageError(f"read of {key} failed: {exc}") from exc
+
+    def put_if_absent(self, key: str, body: bytes, content_type: str) -> bool:
+        """Create `key` only if it does not exist (`If-None-Match: *`).
+
+        Returns True when this call created it, False when an identical object (same sha256) was
+        already there. Raises `StorageError` when a different object exists: published bytes are
+        never overwritten.
+        """
+        sha = hashlib.sha256(body).hexdigest()
+        try:
+            self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType=content_type,
+                               Metadata={"sha256": sha}, IfNoneMatch="*")
+            return True
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code not in ("PreconditionFailed", "412"):
+                raise StorageError(f"conditional put of {key} failed: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StorageError(f"conditional put of {key} failed: {exc}") from exc
+        existing = hashlib.sha256(self.get_bytes(key)).hexdigest()
+        if existing != sha:
+            raise StorageError(f"{key} already exists with different content (sha256 {existing[:12]} != {sha[:12]})")
+        return False

@@ -1,0 +1,97 @@
+"""Settings: one frozen pydantic-settings model, read from `TAPELINE_*` environment variables.
+
+Defaults point at the local stack that `tapeline stack up` starts, so a fresh checkout works
+without configuration. Build one `Settings()` per process and pass it down; nothing reads the
+environment at import time.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+Stage = Literal["transcode", "publish"]
+Tier = Literal["archive", "standard", "index"]
+TIERS: tuple[str, ...] = ("archive", "standard", "index")
+"""Priority tiers, highest first (archive preservation before replaceable indexing)."""
+
+
+class Settings(BaseSettings):
+    """Every tunable of a Tapeline process. Each field is also `TAPELINE_<FIELD>` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="TAPELINE_", frozen=True, extra="ignore")
+
+    app_name: str = Field("tapeline", description="Deployment name; part of every transactional.id and group id")
+    home: Path = Field(PROJECT_ROOT / ".tapeline", description="Local stack state and logs directory")
+    instance_id: str = Field(default_factory=socket.gethostname, description="This process's name in events")
+
+    # Addresses (the local stack's defaults).
+    kafka_bootstrap: str = "127.0.0.1:19092"
+    kafka_controller_port: int = 19093
+    database_url: str = "postgresql://tapeline:tapeline@127.0.0.1:5432/tapeline"
+    s3_endpoint: str = "http://127.0.0.1:19000"
+    s3_bucket: str = "tapeline-media"
+    s3_region: str = "us-east-1"
+    s3_access_key: str = "tapeline"
+    s3_secret_key: str = "tapeline-secret"
+
+    # Topics.
+    topic_prefix: str = Field("tapeline", description="Topics are <prefix>.uploads, <prefix>.jobs, ...")
+    uploads_partitions: int = 6
+    jobs_partitions: int = 12
+    work_partitions: int = 12
+
+    # Lease protocol (seconds). DESIGN.md defaults: lease 120 s, heartbeat lease/4, no-progress 120 s.
+    lease_s: float = 120.0
+    heartbeat_interval_s: float | None = None
+    no_progress_timeout_s: float = 120.0
+    transaction_timeout_ms: int = Field(10_000, description="Producer transaction.timeout.ms: well below the lease")
+    caught_up_timeout_s: float = Field(60.0, description="How long a processor waits for the projector to catch up")
+
+    # Media.
+    segment_s: float = Field(4.0, description="HLS target segment length, seconds of media")
+    x264_preset: str = "veryfast"
+    ladder: tuple[int, ...] = Field((1080, 720, 480, 360, 240), description="Rendition heights, largest first")
+    max_upload_bytes: int = 20 * 1024**3
+    multipart_chunk_bytes: int = 8 * 1024**2
+
+    max_attempts: int = 3
+
+    @property
+    def heartbeat_s(self) -> float:
+        """Heartbeat interval in seconds (default: a quarter of the lease)."""
+        return self.heartbeat_interval_s if self.heartbeat_interval_s else self.lease_s / 4
+
+    @property
+    def uploads_topic(self) -> str:
+        return f"{self.topic_prefix}.uploads"
+
+    @property
+    def jobs_topic(self) -> str:
+        return f"{self.topic_prefix}.jobs"
+
+    @property
+    def dlq_topic(self) -> str:
+        return f"{self.topic_prefix}.dlq"
+
+    def work_topic(self, stage: str, tier: str) -> str:
+        """Work topic of one stage and priority tier, e.g. `tapeline.work.transcode.standard`."""
+        return f"{self.topic_prefix}.work.{stage}.{tier}"
+
+    def work_topics(self, stage: str) -> list[str]:
+        return [self.work_topic(stage, tier) for tier in TIERS]
+
+    def all_topics(self) -> dict[str, int]:
+        """Every topic name with its partition count."""
+        topics = {self.uploads_topic: self.uploads_partitions, self.jobs_topic: self.jobs_partitions,
+                  self.dlq_topic: self.jobs_partitions}
+        for stage in ("transcode", "publish"):
+            for topic in self.work_topics(stage):
+                topics[topic] = self.work_partitions
+        return topics

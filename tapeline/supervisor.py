@@ -1,0 +1,122 @@
+"""`tapeline run --role all`: each role as its own child process, restarted with backoff if it dies.
+
+`--detach` starts the supervisor in the background with its output in `<home>/logs/run.log` and its
+pid in `<home>/run/supervisor.pid`; `tapeline run --stop` sends it SIGTERM, which it passes to its
+children before exiting.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import structlog
+
+from tapeline.settings import Settings
+
+log = structlog.get_logger("tapeline.supervisor")
+ROLES = ("projector", "intake", "transcode", "publish")
+BACKOFF_S = (1, 2, 5, 10, 30)
+"""Restart delays after consecutive crashes, seconds; a child that ran 60 s resets the count."""
+
+
+def child_command(role: str, extra: list[str] | None = None) -> list[str]:
+    return [sys.executable, "-m", "tapeline.cli", "run", "--role", role, *(extra or [])]
+
+
+def supervise(roles: tuple[str, ...], stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
+              grace_s: float = 30.0) -> int:
+    """Run `roles` as children until a stop signal; restart any that exits. Returns 0."""
+    stopping = False
+
+    def on_signal(signum, _frame) -> None:
+        nonlocal stopping
+        stopping = True
+
+    for signum in stop_signals:
+        signal.signal(signum, on_signal)
+    children: dict[str, subprocess.Popen] = {}
+    crashes: dict[str, int] = {role: 0 for role in roles}
+    started_at: dict[str, float] = {}
+    restart_at: dict[str, float] = {role: 0.0 for role in roles}
+    while not stopping:
+        now = time.monotonic()
+        for role in roles:
+            child = children.get(role)
+            if child is not None and child.poll() is not None:
+                ran = now - started_at[role]
+                crashes[role] = 0 if ran > 60 else crashes[role] + 1
+                delay = BACKOFF_S[min(crashes[role], len(BACKOFF_S)) - 1] if crashes[role] else 0
+                log.warning("child exited; restarting", role=role, returncode=child.returncode, ran_s=round(ran, 1),
+                            restart_in_s=delay)
+                restart_at[role] = now + delay
+                del children[role]
+            if role not in children and now >= restart_at[role]:
+                children[role] = subprocess.Popen(child_command(role))
+                started_at[role] = now
+                log.info("child started", role=role, pid=children[role].pid)
+        time.sleep(0.2)
+    log.info("stopping children", roles=list(children))
+    for child in children.values():
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for child in children.values():
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    return 0
+
+
+def pid_file(settings: Settings) -> Path:
+    return settings.home / "run" / "supervisor.pid"
+
+
+def running_pid(settings: Settings) -> int | None:
+    """Pid of a detached supervisor that is still alive, else None."""
+    path = pid_file(settings)
+    try:
+        pid = int(path.read_text().strip())
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError):
+        return None
+
+
+def detach(settings: Settings, role: str) -> int:
+    """Start `tapeline run --role ROLE` in the background; returns its pid (an existing one is reused)."""
+    existing = running_pid(settings)
+    if existing:
+        return existing
+    (settings.home / "logs").mkdir(parents=True, exist_ok=True)
+    pid_file(settings).parent.mkdir(parents=True, exist_ok=True)
+    with open(settings.home / "logs" / "run.log", "ab") as out:
+        process = subprocess.Popen(child_command(role), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                   start_new_session=True)
+    pid_file(settings).write_text(str(process.pid))
+    return process.pid
+
+
+def stop_detached(settings: Settings, timeout_s: float = 40.0) -> bool:
+    """SIGTERM the detached supervisor and wait for it to exit; returns whether one was running."""
+    pid = running_pid(settings)
+    if pid is None:
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(pid, signal.SIGKILL)
+    pid_file(settings).unlink(missing_ok=True)
+    return True
