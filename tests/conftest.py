@@ -1,0 +1,131 @@
+"""Fixtures shared by every tier.
+
+Real services only: `TAPELINE_KAFKA_BOOTSTRAP`, `TAPELINE_DATABASE_URL` and `TAPELINE_S3_ENDPOINT`
+name services to use; without them the project's local stack is started (`tapeline stack up`).
+Isolation: every test module gets its own topic prefix, app name (consumer groups and transactional
+ids) and a fresh PostgreSQL database.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from projections.sql import migrate
+from tapeline.settings import Settings
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL_TOPICS = {"jobs_partitions": 3, "work_partitions": 2, "uploads_partitions": 2}
+
+
+def wait_for(condition: Callable[[], Any], timeout_s: float, message: str, interval_s: float = 0.2) -> Any:
+    """Poll `condition` until it returns something truthy; fail the test after `timeout_s` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f} s: {message}")
+        time.sleep(interval_s)
+
+
+@pytest.fixture(scope="session")
+def base_settings() -> Settings:
+    """Settings of the shared real services, started by the local stack unless given by environment."""
+    settings = Settings()
+    given = all(os.environ.get(v) for v in ("TAPELINE_KAFKA_BOOTSTRAP", "TAPELINE_DATABASE_URL", "TAPELINE_S3_ENDPOINT"))
+    if not given:
+        from tapeline import stack
+
+        stack.up(settings)
+    return settings
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """Environment variables that reproduce `settings` in a child process."""
+    env = dict(os.environ)
+    for name in ("app_name", "kafka_bootstrap", "database_url", "s3_endpoint", "s3_bucket", "topic_prefix",
+                 "uploads_partitions", "jobs_partitions", "work_partitions", "lease_s", "caught_up_timeout_s",
+                 "home", "x264_preset"):
+        env[f"TAPELINE_{name.upper()}"] = str(getattr(settings, name))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.fixture(scope="module")
+def isolated(base_settings: Settings) -> Iterator[Settings]:
+    """A module's own topics (small partition counts), app name and database on the shared services."""
+    from tapeline import stack
+
+    tag = uuid.uuid4().hex[:8]
+    dbname = f"tapeline_test_{tag}"
+    with psycopg.connect(base_settings.database_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    params = conninfo_to_dict(base_settings.database_url)
+    url = (f"postgresql://{params.get('user')}:{params.get('password')}@{params.get('host', '127.0.0.1')}:"
+           f"{params.get('port', 5432)}/{dbname}")
+    settings = base_settings.model_copy(update={"topic_prefix": f"t{tag}", "app_name": f"tapeline-test-{tag}",
+                                                "database_url": url, **SMALL_TOPICS})
+    stack.ensure_topics(settings)
+    migrate(settings.database_url)
+    yield settings
+    with psycopg.connect(base_settings.database_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+
+
+class Pipeline:
+    """`tapeline run --role all` as a real child process with the module's settings."""
+
+    def __init__(self, settings: Settings, log_path: Path) -> None:
+        self.settings, self.log_path = settings, log_path
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> "Pipeline":
+        self.log = open(self.log_path, "ab")
+        self.process = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "all"],
+                                        env=settings_env(self.settings), stdout=self.log, stderr=self.log,
+                                        start_new_session=True)
+        return self
+
+    def stop(self, timeout_s: float = 40.0) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.log.close()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def pipeline(isolated: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    """Every processor role running against the module's isolated settings."""
+    running = Pipeline(isolated, tmp_path_factory.mktemp("pipeline") / "run.log").start()
+    yield running
+    running.stop()
+    print(running.log_text()[-4000:])
+
+
+def tapeline_cli(settings: Settings, *args: str, timeout_s: float = 300.0) -> subprocess.CompletedProcess:
+    """Run the `tapeline` CLI as a user would, with the module's settings in the environment."""
+    return subprocess.run([sys.executable, "-m", "tapeline.cli", *args], env=settings_env(settings),
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def make_dsn(settings: Settings) -> str:
+    return make_conninfo(settings.database_url)

@@ -1,0 +1,136 @@
+"""One real video through upload -> transcode -> publish on real Kafka, PostgreSQL, S3 and ffmpeg,
+with every processor running as a real child process (`tapeline run --role all`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from producers.submit import publish, upload
+from tests.conftest import tapeline_cli, wait_for
+from tests.integration.helpers import committed_events, decodes, ffprobe_duration, keys_under, of_job
+from tapeline.samples import sample_video
+
+pytestmark = pytest.mark.integration
+
+
+def submit_json(settings, path: Path, timeout_s: float = 300) -> dict:
+    done = tapeline_cli(settings, "submit", str(path), "--wait", "--json", "--timeout", str(timeout_s))
+    assert done.stdout.strip(), f"no JSON from submit: {done.stderr}"
+    return json.loads(done.stdout)
+
+
+def db_row(settings, sql: str, *params):
+    with psycopg.connect(settings.database_url, row_factory=psycopg.rows.dict_row) as conn:
+        return conn.execute(sql, params).fetchone()
+
+
+def test_real_video_is_transcoded_and_published(isolated, pipeline):
+    source = sample_video("bigbuckbunny.mp4")
+    result = submit_json(isolated, source)
+    assert result["state"] == "completed", result
+    assert result["attempts"] == 1
+    job_id = result["job_id"]
+    source_video_s = ffprobe_duration(str(source), "v:0")
+    assert result["source_duration_s"] == pytest.approx(source_video_s, abs=0.05)
+
+    # At least three renditions, never upscaled, even sizes, 16:9 kept.
+    names = [o["name"] for o in result["outputs"]]
+    assert names == ["720p", "480p", "360p", "240p"]
+    for output in result["outputs"]:
+        assert output["height"] <= 720 and output["width"] % 2 == 0 and output["height"] % 2 == 0
+        assert output["width"] / output["height"] == pytest.approx(16 / 9, rel=0.01)
+
+    # Everything decodes over plain HTTP from the S3 endpoint; durations match the source.
+    assert result["master_url"].startswith(isolated.s3_endpoint)
+    master = decodes(result["master_url"])
+    assert master.returncode == 0 and master.stderr == "", master.stderr
+    for output in result["outputs"]:
+        assert abs(ffprobe_duration(output["url"]) - source_video_s) <= 0.1, output
+        clean = decodes(output["url"])
+        assert clean.returncode == 0 and clean.stderr == "", clean.stderr
+
+    # Exactly one committed JobCompleted; the lifecycle is complete and in order.
+    events = of_job(committed_events(isolated), job_id)
+    assert [e.event_type for e in events] == [
+        "JobAccepted", "StageQueued", "AttemptStarted", "AttemptSucceeded", "StageQueued", "AttemptStarted",
+        "PublishIntended", "AttemptSucceeded", "Published", "JobCompleted"]
+    completed = of_job(events, job_id, "JobCompleted")
+    assert len(completed) == 1 and completed[0].master_url == result["master_url"]
+
+    # job_state agrees with the log, and the published objects are exactly the named set.
+    row = db_row(isolated, "SELECT * FROM job_state WHERE job_id = %s", job_id)
+    assert row["state"] == "completed" and row["master_url"] == result["master_url"]
+    assert [(r["name"], r["url"]) for r in row["renditions"]] == [(o["name"], o["url"]) for o in result["outputs"]]
+    published = of_job(events, job_id, "AttemptSucceeded")[-1]
+    assert keys_under(isolated, f"published/{job_id}/") == {o.key for o in published.outputs}
+    transcoded = of_job(events, job_id, "AttemptSucceeded")[0]
+    assert all(o.key.startswith(f"work/{job_id}/transcode/1/") for o in transcoded.outputs)
+
+    # The timeline shows every event with its attempt and broker timestamp.
+    timeline = tapeline_cli(isolated, "timeline", job_id, "--json")
+    assert timeline.returncode == 0, timeline.stderr
+    rows = json.loads(timeline.stdout)
+    assert [r["event_type"] for r in rows] == [e.event_type for e in events]
+    assert all(r["broker_ts"] and r["attempt"] is not None for r in rows)
+
+
+def test_same_upload_event_three_times_yields_one_job(isolated, pipeline):
+    submission = upload(isolated, sample_video("carphone_pristine.mp4"))
+    publish(isolated, submission.event, copies=3)
+    job_id = submission.job_id
+
+    def finished():
+        row = db_row(isolated, "SELECT state FROM job_state WHERE job_id = %s", job_id)
+        return row and row["state"] == "completed"
+
+    wait_for(finished, 180, "the duplicated upload's job to complete")
+    publish(isolated, submission.event)  # a fourth copy, after the job completed
+    wait_for(lambda: (db_row(isolated, "SELECT copies FROM uploads WHERE upload_id = %s", submission.upload_id)
+                      or {}).get("copies") == 4, 60, "the projector to see all four copies")
+    # Intake reads each copy only after the projector caught up, so the fourth has been decided on
+    # once the next stage of the log is quiet; read the committed log.
+    events = of_job(committed_events(isolated), job_id)
+    assert len(of_job(events, job_id, "JobAccepted")) == 1
+    assert len(of_job(events, job_id, "JobCompleted")) == 1
+    assert [e.stage for e in of_job(events, job_id, "AttemptStarted")] == ["transcode", "publish"]
+    published = of_job(events, job_id, "AttemptSucceeded")[-1]
+    assert keys_under(isolated, f"published/{job_id}/") == {o.key for o in published.outputs}
+    assert keys_under(isolated, f"work/{job_id}/transcode/") == {
+        o.key for o in of_job(events, job_id, "AttemptSucceeded")[0].outputs}
+    # The small source (176x144 coded, sample aspect 128:117, so 192x144 displayed) gets one
+    # rendition at its own display size, with square pixels.
+    row = db_row(isolated, "SELECT renditions FROM job_state WHERE job_id = %s", job_id)
+    assert [(r["width"], r["height"]) for r in row["renditions"]] == [(192, 144)]
+
+
+@pytest.mark.parametrize("make_file,message", [
+    (lambda d: d / "missing.mp4", "no such file"),
+    (lambda d: d, "is a directory"),
+    (lambda d: (d / "empty.mp4").write_bytes(b"") or d / "empty.mp4", "empty"),
+])
+def test_submit_refuses_unusable_paths_with_a_clear_message(isolated, tmp_path, make_file, message):
+    done = tapeline_cli(isolated, "submit", str(make_file(tmp_path)))
+    assert done.returncode == 1
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("name,content,error_class,reason", [
+    ("notes.mp4", b"this is a text file, not a video\n" * 20, "invalid_input", "not a readable video"),
+    ("playlist.mp4", b"#EXTM3U\n#EXT-X-TARGETDURATION:4\n#EXTINF:4,\nfile:///etc/passwd\n#EXT-X-ENDLIST\n",
+     "invalid_input", "not a readable video"),
+])
+def test_bad_uploads_are_rejected_with_a_reason_and_crash_nothing(isolated, pipeline, tmp_path, name, content,
+                                                                  error_class, reason):
+    path = tmp_path / name
+    path.write_bytes(content)
+    result = submit_json(isolated, path, timeout_s=120)
+    assert result["state"] == "rejected" and result["error_class"] == error_class
+    assert reason in result["reason"] and result["attempts"] == 0
+    timeline = json.loads(tapeline_cli(isolated, "timeline", result["job_id"], "--json").stdout)
+    assert [r["event_type"] for r in timeline] == ["JobRejected"]
+    assert reason in timeline[0]["payload"]["reason"]
+    assert "child exited" not in pipeline.log_text()

@@ -1,0 +1,184 @@
+"""The local stack against the real services: Kafka (KRaft), PostgreSQL, moto's S3 and ffmpeg.
+
+No mocks. conftest's `base_settings` brings the local stack up (unless TAPELINE_* variables name
+the services); `up()` is idempotent, so calling it again is cheap. Nothing here calls `down()` on
+the shared stack: `down()` is exercised on a throwaway home directory that started nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from typer.testing import CliRunner
+
+from tapeline.settings import Settings
+from tapeline.stack import (
+    StackError,
+    StackPaths,
+    _s3_client,
+    check_ffmpeg,
+    down,
+    ensure_topics,
+    masked_dsn,
+    stack_app,
+    status,
+    up,
+)
+
+pytestmark = pytest.mark.integration
+
+
+SERVICES_GIVEN = all(os.environ.get(name) for name in
+                     ("TAPELINE_KAFKA_BOOTSTRAP", "TAPELINE_DATABASE_URL", "TAPELINE_S3_ENDPOINT"))
+"""True when the services come from the environment (conftest then does not start the local stack)."""
+
+
+@pytest.fixture(scope="module")
+def stack_settings(base_settings: Settings) -> Settings:
+    """The shared services' settings; conftest's `base_settings` has brought the local stack up."""
+    return base_settings
+
+
+def _topic_config(settings: Settings, topic: str) -> dict[str, str]:
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    entries = admin.describe_configs([resource], request_timeout=30)[resource].result(timeout=30)
+    return {name: entry.value for name, entry in entries.items()}
+
+
+def test_status_reports_every_service_up(stack_settings: Settings) -> None:
+    report = status(stack_settings)
+    for service in ("kafka", "postgres", "s3", "ffmpeg"):
+        assert report[service]["up"] is True, report[service]
+    assert report["kafka"]["address"] == stack_settings.kafka_bootstrap
+    assert report["s3"]["address"] == stack_settings.s3_endpoint
+    assert report["ffmpeg"]["version"]
+    if urlsplit(stack_settings.database_url).password:
+        assert urlsplit(report["postgres"]["address"]).password == "***"
+    json.dumps(report)  # serialisable as is
+
+
+@pytest.mark.skipif(SERVICES_GIVEN, reason="services given by TAPELINE_* variables: the local stack is not used")
+def test_up_twice_is_harmless(stack_settings: Settings) -> None:
+    first = up(stack_settings)
+    second = up(stack_settings)
+    for service in ("kafka", "s3"):
+        assert first[service]["pid"] == second[service]["pid"]
+        assert second[service]["up"] is True
+    assert second["postgres"]["up"] is True
+
+
+def test_status_json_cli(stack_settings: Settings) -> None:
+    result = CliRunner().invoke(stack_app, ["status", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert {"kafka", "postgres", "s3", "ffmpeg"} <= report.keys()
+    assert all(report[name]["up"] for name in ("kafka", "postgres", "s3", "ffmpeg"))
+    if urlsplit(stack_settings.database_url).password:
+        assert urlsplit(report["postgres"]["address"]).password == "***"
+
+
+def test_jobs_topic_uses_log_append_time_and_keeps_everything(stack_settings: Settings) -> None:
+    config = _topic_config(stack_settings, stack_settings.jobs_topic)
+    assert config["message.timestamp.type"] == "LogAppendTime"
+    assert config["retention.ms"] == "-1"
+    assert config["retention.bytes"] == "-1"
+    for topic in (stack_settings.uploads_topic, stack_settings.dlq_topic):
+        assert _topic_config(stack_settings, topic)["retention.ms"] == "-1"
+
+
+def test_ensure_topics_for_any_settings_is_idempotent(stack_settings: Settings) -> None:
+    settings = stack_settings.model_copy(update={
+        "topic_prefix": f"stacktest-{uuid.uuid4().hex[:8]}",
+        "jobs_partitions": 3, "work_partitions": 1, "uploads_partitions": 2})
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    try:
+        # A jobs topic that someone created with the broker defaults (CreateTime, 7 days) is repaired.
+        admin.create_topics([NewTopic(settings.jobs_topic, num_partitions=3, replication_factor=1)])[
+            settings.jobs_topic].result()
+        assert _topic_config(settings, settings.jobs_topic)["message.timestamp.type"] == "CreateTime"
+        ensure_topics(settings)
+        ensure_topics(settings)  # a second call finds everything in place
+        metadata = admin.list_topics(timeout=10)
+        for topic, partitions in settings.all_topics().items():
+            assert len(metadata.topics[topic].partitions) == partitions
+        config = _topic_config(settings, settings.jobs_topic)
+        assert config["message.timestamp.type"] == "LogAppendTime"
+        assert config["retention.ms"] == "-1"
+        assert _topic_config(settings, settings.work_topic("transcode", "standard"))[
+            "message.timestamp.type"] == "CreateTime"
+    finally:
+        for future in admin.delete_topics(list(settings.all_topics()), operation_timeout=30).values():
+            future.result()
+
+
+def test_only_the_published_prefix_is_public(stack_settings: Settings) -> None:
+    s3 = _s3_client(stack_settings)
+    bucket = stack_settings.s3_bucket
+    s3.head_bucket(Bucket=bucket)
+    name = uuid.uuid4().hex
+    public_key, private_key = f"published/stacktest/{name}.txt", f"work/stacktest/{name}.txt"
+    s3.put_object(Bucket=bucket, Key=public_key, Body=b"published bytes")
+    s3.put_object(Bucket=bucket, Key=private_key, Body=b"attempt output")
+    try:
+        with urllib.request.urlopen(f"{stack_settings.s3_endpoint}/{bucket}/{public_key}", timeout=10) as resp:
+            assert resp.status == 200
+            assert resp.read() == b"published bytes"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{stack_settings.s3_endpoint}/{bucket}/{private_key}", timeout=10)
+        assert refused.value.code == 403
+    finally:
+        s3.delete_object(Bucket=bucket, Key=public_key)
+        s3.delete_object(Bucket=bucket, Key=private_key)
+
+
+def test_check_ffmpeg_names_the_install_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    check_ffmpeg()  # present on this machine
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty PATH: no ffmpeg, no ffprobe
+    with pytest.raises(StackError, match=r"apt-get install -y ffmpeg"):
+        check_ffmpeg()
+
+
+def test_masked_dsn_hides_the_password() -> None:
+    assert masked_dsn("postgresql://u:s3cret@h:5432/d") == "postgresql://u:***@h:5432/d"
+    assert "s3cret" not in masked_dsn("host=h user=u password=s3cret dbname=d")
+    assert masked_dsn("postgresql://u@h/d") == "postgresql://u@h/d"
+
+
+def test_down_signals_only_processes_the_stack_recorded(tmp_path: Path) -> None:
+    """`down` on a home that started nothing: it must stop only a process whose pid file *and*
+    command line are the stack's, leave a stranger (whose pid sits in a pid file) alone, drop
+    stale pid files, and not touch PostgreSQL (stack.json records no cluster)."""
+    settings = Settings(home=tmp_path / "home", s3_endpoint="http://127.0.0.1:1")
+    paths = StackPaths(settings.home.resolve())
+    paths.kafka.mkdir(parents=True)
+    paths.s3.mkdir(parents=True)
+    sleeper = "import time; time.sleep(120)"
+    # Looks exactly like the broker the stack launches: argv holds kafka.Kafka and its properties path.
+    ours = subprocess.Popen([sys.executable, "-c", sleeper, "kafka.Kafka", str(paths.kafka_properties)])
+    stranger = subprocess.Popen([sys.executable, "-c", sleeper])
+    try:
+        paths.kafka_pid.write_text(f"{ours.pid}\n")
+        paths.s3_pid.write_text(f"{stranger.pid}\n")  # a recycled pid: not moto_server
+        down(settings)
+        ours.wait(timeout=20)  # stopped by SIGTERM
+        assert stranger.poll() is None, "down signalled a process the stack did not start"
+        assert not paths.kafka_pid.exists() and not paths.s3_pid.exists()
+        assert "postgres" not in json.loads(paths.state.read_text() if paths.state.exists() else "{}")
+        down(settings)  # again: nothing recorded, nothing to do
+        assert stranger.poll() is None
+    finally:
+        for proc in (ours, stranger):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,67 @@
+"""Pure decisions of the processors: intake, claim reconciliation, retry."""
+
+from __future__ import annotations
+
+from processors.intake import decide
+from processors.retry import Action, retry_decision
+from processors.worker import should_skip
+from schemas import models as ev
+from tapeline.errors import InvalidInput, UnsupportedMedia
+from tapeline.settings import Settings
+
+SETTINGS = Settings(topic_prefix="unit")
+MEDIA = ev.SourceMedia(format_name="mov", duration_s=5.28, width=1280, height=720, display_width=1280,
+                       display_height=720, rotation=0, fps=25.0, frames=132, video_codec="h264", audio_codec="aac")
+
+
+def upload(priority="standard"):
+    return ev.UploadCompleted.new(job_id=ev.job_id_for("u1"), stage="intake", attempt=0, recorded_by="t",
+                                  correlation_id="u1", upload_id="u1", bucket="b", object_key="uploads/u1/a.mp4",
+                                  size_bytes=10, sha256="00" * 32, filename="a.mp4", priority=priority)
+
+
+def test_intake_accepts_a_video_and_queues_transcode_on_its_tier():
+    out = decide(None, upload("archive"), MEDIA, SETTINGS, "intake@t")
+    assert [(topic, e.event_type) for topic, e in out] == [
+        ("unit.jobs", "JobAccepted"), ("unit.jobs", "StageQueued"), ("unit.work.transcode.archive", "WorkItem")]
+    work = out[2][1]
+    assert work.attempt == 1 and work.stage == "transcode" and [r.name for r in work.renditions][0] == "720p"
+    assert all(e.job_id == ev.job_id_for("u1") and e.causation_id == upload("archive").event_id or True for _, e in out)
+
+
+def test_intake_rejects_bad_media_with_its_class():
+    out = decide(None, upload(), UnsupportedMedia("no video stream"), SETTINGS, "intake@t")
+    assert len(out) == 1
+    rejected = out[0][1]
+    assert rejected.event_type == "JobRejected" and rejected.error_class == "unsupported_media"
+    assert rejected.reason == "no video stream"
+
+
+def test_intake_ignores_a_duplicate_of_an_existing_job():
+    assert decide({"job_id": "x", "state": "running"}, upload(), MEDIA, SETTINGS, "intake@t") == []
+    assert decide({"job_id": "x"}, upload(), InvalidInput("x"), SETTINGS, "intake@t") == []
+
+
+def item(stage="transcode", attempt=1):
+    return ev.WorkItem.new(job_id="j", stage=stage, attempt=attempt, recorded_by="t", correlation_id="u",
+                           tier="standard", source_key="k", inputs=[], renditions=[])
+
+
+def test_should_skip_rules():
+    assert should_skip(None, item()) == "unknown job"
+    assert "ended" in should_skip({"state": "completed", "stage": "publish", "attempt": 1}, item())
+    assert "stale" in should_skip({"state": "queued", "stage": "publish", "attempt": 1}, item("transcode"))
+    assert "stale" in should_skip({"state": "queued", "stage": "transcode", "attempt": 2}, item(attempt=1))
+    assert should_skip({"state": "running", "stage": "transcode", "attempt": 1, "claim_token": "t"}, item()) \
+        == "attempt already claimed"
+    assert should_skip({"state": "queued", "stage": "transcode", "attempt": 1, "claim_token": None}, item()) is None
+    assert should_skip({"state": "queued", "stage": "publish", "attempt": 1}, item("publish")) is None
+
+
+def test_retry_decision_by_class_and_budget():
+    assert retry_decision("invalid_input", 1, 3).action is Action.FAIL
+    assert retry_decision("quota_exceeded", 1, 3).action is Action.FAIL
+    assert retry_decision("storage_transient", 1, 3) .action is Action.RETRY
+    assert retry_decision("storage_transient", 1, 3).next_attempt == 2
+    assert retry_decision("worker_lost", 3, 3).action is Action.DEAD_LETTER
+    assert retry_decision("no_such_class", 1, 3).action is Action.RETRY
