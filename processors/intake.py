@@ -21,6 +21,7 @@ from processors.runtime import Outgoing, Runtime, transact
 from schemas import models as ev
 from tapeline import kafka
 from tapeline.errors import DecodeError, InvalidInput, MediaError, SchemaError, StorageError
+from tapeline.health import HealthState
 from tapeline.objectstore import ObjectStore, sha256_file
 from tapeline.settings import Settings
 
@@ -91,14 +92,16 @@ class IntakeProcessor:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.processed = 0
+        self.health = HealthState("intake", settings.instance_id)  # `tapeline run` replaces it with the served one
 
     def run(self, stop: threading.Event) -> None:
         settings = self.settings
-        runtime = Runtime(settings, "intake")
+        runtime = Runtime(settings, "intake", health=self.health)
         store = ObjectStore(settings)
         consumer = kafka.consumer(settings, f"{settings.app_name}.intake")
         producer = kafka.transactional_producer(settings, f"{settings.app_name}.intake.{settings.instance_id}")
         consumer.subscribe([settings.uploads_topic])
+        self.health.mark_ready()
         try:
             while not stop.is_set():
                 message = consumer.poll(0.5)
@@ -108,6 +111,7 @@ class IntakeProcessor:
                     if message.error().code() != KafkaError._PARTITION_EOF:
                         log.warning("consumer error", error=str(message.error()))
                     continue
+                self.health.consumed(message.topic())
                 outgoing = self.handle(runtime, store, message)
                 offsets = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
                 try:
@@ -117,6 +121,7 @@ class IntakeProcessor:
                     consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
                     raise
                 self.processed += 1
+                self.health.job_done()
         finally:
             consumer.close()
             runtime.close()

@@ -179,7 +179,7 @@ def run_ffmpeg(args: list[str], *, on_progress: Callable[[Progress], None] | Non
     """
     started = time.monotonic()
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_die_with_parent)
     tail: deque[str] = deque(maxlen=40)
     drain = threading.Thread(target=lambda: [tail.append(line.decode(errors="replace").rstrip())
                                              for line in iter(proc.stderr.readline, b"")], daemon=True)
@@ -222,12 +222,24 @@ def run_ffmpeg(args: list[str], *, on_progress: Callable[[Progress], None] | Non
     return FfmpegResult(proc.returncode, "\n".join(tail), last, time.monotonic() - started)
 
 
+def _die_with_parent() -> None:
+    """In the ffmpeg child: ask Linux to SIGKILL it when the worker dies (prctl PR_SET_PDEATHSIG),
+    so a worker killed with SIGKILL never leaves an orphan encode running."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def _stop(proc: subprocess.Popen) -> None:
     """Terminate ffmpeg (its whole process group), then kill it after 5 s."""
     if proc.poll() is not None:
         return
     try:
         os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGCONT)  # a stopped (hung) ffmpeg must wake up to handle SIGTERM
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)

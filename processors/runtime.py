@@ -18,6 +18,7 @@ from schemas import models as ev
 from schemas.codec import default_codec
 from tapeline import kafka
 from tapeline.errors import Fenced
+from tapeline.health import HealthState
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.processors")
@@ -35,11 +36,13 @@ class Runtime:
     """Adapters one processor process holds: settings, a PostgreSQL connection for reads, a
     read_committed client for last stable offsets, and partition counts."""
 
-    def __init__(self, settings: Settings, role: str) -> None:
+    def __init__(self, settings: Settings, role: str, health: HealthState | None = None) -> None:
         self.settings, self.role = settings, role
+        self.health = health or HealthState(role, settings.instance_id)  # counts events produced
         self.recorded_by = f"{role}@{settings.instance_id}"
         self.codec = default_codec()
-        self.db = connect(settings.database_url, autocommit=True)  # every read sees the latest projection
+        self.db = connect(settings.database_url, schema=settings.db_schema,
+                          autocommit=True)  # every read sees the latest projection
         self.db.row_factory = psycopg.rows.dict_row
         self.lso_reader: Consumer = kafka.consumer(settings, f"{settings.app_name}.{role}.lso")
         self._partitions: dict[str, int] = {}
@@ -56,9 +59,22 @@ class Runtime:
     def produce(self, producer: Producer, outgoing: Iterable[Outgoing]) -> None:
         """Produce each event keyed by job id to its partition (within the caller's transaction)."""
         for topic, event in outgoing:
+            self.health.produced(event.event_type)
             producer.produce(topic, key=event.job_id.encode(), value=self.codec.encode(event.to_record()),
                              partition=kafka.partition_for(event.job_id, self.partitions(topic)),
                              on_delivery=self._delivered)
+
+    def produce_to(self, producer: Producer, topic: str, partition: int, event: ev.Event) -> None:
+        """Produce one event to an explicit partition (watchdog ticks go to every partition)."""
+        producer.produce(topic, key=event.job_id.encode(), value=self.codec.encode(event.to_record()),
+                         partition=partition, on_delivery=self._delivered)
+
+    def wait_caught_up(self, partition: int, timeout_s: float) -> None:
+        """Wait until the projection has applied the lifecycle log's `partition` up to its LSO and past
+        this process's own writes there. Raises `ServiceUnavailable` after `timeout_s` seconds."""
+        jobs = self.settings.jobs_topic
+        wait_caught_up(self.db, self.lso_reader, jobs, partition, timeout_s,
+                       at_least=self.written.get((jobs, partition), -1) + 1)
 
     def _delivered(self, error, message) -> None:
         if error is None:
@@ -69,9 +85,7 @@ class Runtime:
         """The job's projected row, read only after the projector caught up with the job's partition
         of the lifecycle log (DESIGN.md: reconcile against a caught-up view)."""
         jobs = self.settings.jobs_topic
-        partition = kafka.partition_for(job_id, self.partitions(jobs))
-        wait_caught_up(self.db, self.lso_reader, jobs, partition, self.settings.caught_up_timeout_s,
-                       at_least=self.written.get((jobs, partition), -1) + 1)
+        self.wait_caught_up(kafka.partition_for(job_id, self.partitions(jobs)), self.settings.caught_up_timeout_s)
         return self.db.execute(q("job_status"), {"job_id": job_id}).fetchone()
 
     def close(self) -> None:

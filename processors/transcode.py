@@ -7,14 +7,13 @@ object with its sha256, and the publish work item carries exactly that list.
 from __future__ import annotations
 
 import tempfile
-import threading
 from pathlib import Path
 
 import structlog
 
 from processors import media
 from processors.runtime import Outgoing
-from processors.worker import Attempt, StageWorker
+from processors.worker import Attempt, StageWorker, Yielded
 from schemas import models as ev
 from tapeline.errors import TranscodeFailed
 from tapeline.objectstore import ObjectStore
@@ -35,10 +34,6 @@ class TranscodeWorker(StageWorker):
 
     stage = "transcode"
 
-    def __init__(self, settings, stop: threading.Event | None = None) -> None:
-        super().__init__(settings)
-        self.stop = stop or threading.Event()
-
     def work(self, attempt: Attempt, store: ObjectStore) -> list[Outgoing]:
         item, identity, settings = attempt.item, attempt.identity, self.settings
         with tempfile.TemporaryDirectory(prefix="tapeline-transcode-") as tmp:
@@ -54,7 +49,14 @@ class TranscodeWorker(StageWorker):
             def tick() -> None:
                 attempt.heartbeat(latest[0].frames, latest[0].out_time_s, latest[0].speed, probe.frames)
 
-            result = media.run_ffmpeg(command, on_progress=lambda p: latest.__setitem__(0, p), on_tick=tick)
+            def progressed(p: media.Progress) -> None:
+                latest[0] = p
+                self.health.record_progress(p.frames, p.out_time_s, p.speed)
+
+            result = media.run_ffmpeg(command, on_progress=progressed, on_tick=tick,
+                                      should_stop=self.stop.is_set)
+            if self.stop.is_set() and not (latest[0].ended and result.returncode == 0):
+                raise Yielded(f"worker shutting down (SIGTERM) at {latest[0].out_time_s:.1f} s of media")
             if result.returncode != 0:
                 error = TranscodeFailed(f"ffmpeg exited with {result.returncode}: "
                                         f"{result.stderr_tail.splitlines()[-1] if result.stderr_tail else 'no message'}")

@@ -26,9 +26,11 @@ from confluent_kafka import KafkaError, Message, TopicPartition
 from processors.retry import Action, retry_decision
 from processors.runtime import AttemptIdentity, Outgoing, Runtime, new_claim_token, transact
 from projections.fold import STAGE_ORDER, TERMINAL_STATES
+from projections.sql import q
 from schemas import models as ev
 from tapeline import kafka
 from tapeline.errors import DecodeError, Fenced, SchemaError, TapelineError
+from tapeline.health import HealthState
 from tapeline.objectstore import ObjectStore
 from tapeline.settings import Settings
 
@@ -50,11 +52,29 @@ def should_skip(row: dict[str, Any] | None, item: ev.WorkItem) -> str | None:
     return None
 
 
+def superseded_reason(row: dict[str, Any] | None, stage: str, attempt: int, claim_token: str) -> str | None:
+    """Why a running attempt no longer owns its job (seen in the projection), or None. Pure.
+
+    A row that has not yet caught up with our own claim (same attempt, no token yet) is not a reason.
+    """
+    if row is None:
+        return None
+    if row["state"] in TERMINAL_STATES:
+        return f"job ended ({row['state']})"
+    if (STAGE_ORDER.get(row["stage"], 0), row["attempt"]) > (STAGE_ORDER.get(stage, 0), attempt):
+        return f"superseded by {row['stage']} attempt {row['attempt']}"
+    if row["attempt"] == attempt and row.get("claim_token") not in (None, claim_token):
+        return "another claim owns this attempt"
+    return None
+
+
 class Attempt:
     """One claimed attempt: its identity, its fenced producer and a heartbeat sequence."""
 
-    def __init__(self, runtime: Runtime, identity: AttemptIdentity, producer, item: ev.WorkItem) -> None:
+    def __init__(self, runtime: Runtime, identity: AttemptIdentity, producer, item: ev.WorkItem,
+                 yields_before: int = 0) -> None:
         self.runtime, self.identity, self.producer, self.item = runtime, identity, producer, item
+        self.yields_before = yields_before  # graceful yields earlier in this stage: they do not use up attempts
         self.heartbeats = 0
         self.last_heartbeat = time.monotonic()
 
@@ -74,10 +94,30 @@ class Attempt:
         self.send([(self.runtime.settings.jobs_topic, self.identity.event(
             ev.Heartbeat, sequence=self.heartbeats, frames_done=frames_done, frames_total=frames_total,
             out_time_s=out_time_s, speed=speed))])
+        self.check_still_owner()
+
+    def check_still_owner(self) -> None:
+        """Raise `Fenced` when the projection shows a newer attempt or an ended job (the watchdog
+        declared this attempt stalled, or an operator acted): stop, kill ffmpeg, commit nothing.
+        Reads the projection without waiting for it to catch up: late news is still news."""
+        identity = self.identity
+        row = self.runtime.db.execute(q("job_status"), {"job_id": identity.job_id}).fetchone()
+        reason = superseded_reason(row, identity.stage, identity.attempt, identity.claim_token)
+        if reason is not None:
+            raise Fenced(f"attempt {identity.attempt} no longer owns job {identity.job_id}: {reason}")
+        self.runtime.health.lease_renewed()
+
+
+class Yielded(Exception):
+    """The worker is shutting down: the attempt stops at a clean point and hands over."""
 
 
 class StageWorker:
-    """Base of the transcode and publish workers. Subclasses set `stage` and implement `work`."""
+    """Base of the transcode and publish workers. Subclasses set `stage` and implement `work`.
+
+    `stop` is set by SIGTERM: the worker claims nothing more; `work` may raise `Yielded` to hand
+    the attempt over (`AttemptYielded` + the next attempt queued at once, not counted as used).
+    """
 
     stage = ""
 
@@ -85,18 +125,22 @@ class StageWorker:
         self.settings = settings
         self.processed = 0
         self.current: Attempt | None = None
+        self.stop = threading.Event()
+        self.health = HealthState(self.stage, settings.instance_id)  # `tapeline run` replaces it with the served one
 
     def work(self, attempt: Attempt, store: ObjectStore) -> list[Outgoing]:
         """Do the stage's work for a claimed attempt; return the completion events."""
         raise NotImplementedError
 
     def run(self, stop: threading.Event) -> None:
+        self.stop = stop
         settings = self.settings
-        runtime = Runtime(settings, self.stage)
+        runtime = Runtime(settings, self.stage, health=self.health)
         store = ObjectStore(settings)
         topics = settings.work_topics(self.stage)
         consumer = kafka.consumer(settings, f"{settings.app_name}.{self.stage}")
         consumer.subscribe(topics)
+        self.health.mark_ready()
         try:
             while not stop.is_set():
                 message = consumer.poll(0.5)
@@ -106,6 +150,9 @@ class StageWorker:
                     if message.error().code() != KafkaError._PARTITION_EOF:
                         log.warning("consumer error", error=str(message.error()))
                     continue
+                self.health.consumed(message.topic())
+                if self.stop.is_set():
+                    break
                 attempt = self.claim(runtime, consumer, message)
                 if attempt is None:
                     continue
@@ -114,6 +161,7 @@ class StageWorker:
                     self.execute(attempt, store)
                 finally:
                     self.current = None
+                    self.health.clear_attempt()
                     consumer.subscribe(topics)  # Step 6 done: free again
         finally:
             consumer.close()
@@ -140,7 +188,8 @@ class StageWorker:
         # Step 2
         producer = kafka.transactional_producer(self.settings, f"{self.settings.app_name}.{self.stage}.{item.job_id}")
         # Step 3
-        reason = should_skip(runtime.job_row(item.job_id), item)
+        row = runtime.job_row(item.job_id)
+        reason = should_skip(row, item)
         if reason is not None:
             log.info("work item skipped after fencing", job_id=item.job_id, reason=reason)
             consumer.commit(offsets=offsets, asynchronous=False)
@@ -156,7 +205,8 @@ class StageWorker:
                  consumer=consumer, offsets=offsets)
         log.info("attempt claimed", job_id=item.job_id, stage=self.stage, attempt=item.attempt,
                  claim_token=identity.claim_token)
-        self.current = Attempt(runtime, identity, producer, item)
+        self.current = Attempt(runtime, identity, producer, item, yields_before=row.get("yields") or 0)
+        self.health.set_attempt(item.job_id, self.stage, item.attempt, identity.claim_token, self.settings.lease_s)
         return self.current
 
     def execute(self, attempt: Attempt, store: ObjectStore) -> None:
@@ -164,8 +214,12 @@ class StageWorker:
         jobs = self.settings.jobs_topic
         try:
             outgoing = self.work(attempt, store)
+        except Yielded as exc:
+            outgoing = self.yield_events(attempt, str(exc) or "worker shutting down (SIGTERM)")
         except Fenced:
             log.warning("fenced: a newer attempt owns the job; stopping", job_id=attempt.identity.job_id)
+            self.health.count_attempt(self.stage, "fenced")
+            self.health.mark_fenced(f"fenced: a newer attempt owns job {attempt.identity.job_id}")
             return
         except TapelineError as exc:
             outgoing = self.failure_events(attempt, exc.error_class, str(exc))
@@ -176,15 +230,41 @@ class StageWorker:
             attempt.send(outgoing)
         except Fenced:
             log.warning("fenced at completion; nothing committed", job_id=attempt.identity.job_id)
+            self.health.count_attempt(self.stage, "fenced")
+            self.health.mark_fenced(f"fenced: a newer attempt owns job {attempt.identity.job_id}")
             return
         self.processed += 1
+        self.health.count_attempt(self.stage, "failed" if any(isinstance(e, ev.AttemptFailed) for _, e in outgoing)
+                                  else "succeeded")
+        self.health.job_done()
         log.info("attempt finished", job_id=attempt.identity.job_id, stage=self.stage,
                  events=[e.event_type for t, e in outgoing if t == jobs])
+
+    def next_attempt_events(self, attempt: Attempt, next_attempt: int) -> list[Outgoing]:
+        """`StageQueued` + the `WorkItem` of the same stage's next attempt (same inputs)."""
+        item, identity = attempt.item, attempt.identity
+        common = dict(job_id=item.job_id, recorded_by=identity.recorded_by, correlation_id=item.correlation_id,
+                      causation_id=item.event_id, claim_token=identity.claim_token)
+        work_topic = self.settings.work_topic(self.stage, item.tier)
+        return [
+            (self.settings.jobs_topic, ev.StageQueued.new(stage=self.stage, attempt=next_attempt, tier=item.tier,
+                                                          work_topic=work_topic, **common)),
+            (work_topic, ev.WorkItem.new(
+                stage=self.stage, attempt=next_attempt, tier=item.tier, source_key=item.source_key,
+                inputs=item.inputs, renditions=item.renditions, audio_playlist_key=item.audio_playlist_key,
+                media_duration_s=item.media_duration_s, checkpoint_refs=item.checkpoint_refs, **common)),
+        ]
+
+    def yield_events(self, attempt: Attempt, reason: str) -> list[Outgoing]:
+        """A graceful hand-over: `AttemptYielded`, then the next attempt queued at once."""
+        return [(self.settings.jobs_topic, attempt.event(ev.AttemptYielded, reason=reason))] + \
+            self.next_attempt_events(attempt, attempt.item.attempt + 1)
 
     def failure_events(self, attempt: Attempt, error_class: str, reason: str) -> list[Outgoing]:
         """`AttemptFailed` and what follows from the retry decision (retry, fail, dead-letter)."""
         jobs, item = self.settings.jobs_topic, attempt.item
-        decision = retry_decision(error_class, item.attempt, self.settings.max_attempts)
+        used = item.attempt - attempt.yields_before
+        decision = retry_decision(error_class, used, self.settings.max_attempts)
         out: list[Outgoing] = [(jobs, attempt.event(ev.AttemptFailed, error_class=error_class,
                                                     retryable=decision.action is not Action.FAIL, reason=reason))]
         common = dict(job_id=item.job_id, recorded_by=attempt.identity.recorded_by, correlation_id=item.correlation_id,
@@ -194,18 +274,11 @@ class StageWorker:
                                                reason=reason, **common)))
         elif decision.action is Action.DEAD_LETTER:
             out.append((jobs, ev.JobDeadLettered.new(stage=self.stage, attempt=item.attempt, error_class=error_class,
-                                                     reason=reason, attempts=item.attempt,
+                                                     reason=reason, attempts=used,
                                                      evidence=f"{jobs} job {item.job_id}", **common)))
         else:
-            nxt = decision.next_attempt
-            work_topic = self.settings.work_topic(self.stage, item.tier)
-            out += [
-                (jobs, ev.RetryScheduled.new(stage=self.stage, attempt=item.attempt, next_attempt=nxt,
-                                             not_before=ev.utc_now(), error_class=error_class, **common)),
-                (jobs, ev.StageQueued.new(stage=self.stage, attempt=nxt, tier=item.tier, work_topic=work_topic, **common)),
-                (work_topic, ev.WorkItem.new(
-                    stage=self.stage, attempt=nxt, tier=item.tier, source_key=item.source_key, inputs=item.inputs,
-                    renditions=item.renditions, audio_playlist_key=item.audio_playlist_key,
-                    media_duration_s=item.media_duration_s, checkpoint_refs=item.checkpoint_refs, **common)),
-            ]
+            out.append((jobs, ev.RetryScheduled.new(stage=self.stage, attempt=item.attempt,
+                                                    next_attempt=decision.next_attempt, not_before=ev.utc_now(),
+                                                    error_class=error_class, **common)))
+            out += self.next_attempt_events(attempt, decision.next_attempt)
         return out

@@ -57,32 +57,41 @@ def evolve(row: dict[str, Any] | None, event: ev.Event, broker_ts: datetime) -> 
         return Outcome(row, False, True)
     if isinstance(event, ev.AttemptStarted) and _older_attempt(row, event):
         return Outcome(row, False, True)
+    if isinstance(event, ev.StageQueued) and not _newer_attempt(row, event):
+        return Outcome(row, False, True)  # a stage attempt already queued or passed
+    if isinstance(event, (ev.StallDetected, ev.RetryScheduled)) and (event.stage, event.attempt) != (row["stage"], row["attempt"]):
+        return Outcome(row, False, True)  # about an attempt that is no longer current
 
     new = dict(row, events=row["events"] + 1, last_event_type=kind, updated_at=broker_ts)
     if isinstance(event, ev.StageQueued):
         new.update(state="queued", stage=event.stage, attempt=event.attempt, claim_token=None, worker=None,
                    leased_until=None, progress_frames=None, progress_out_time_s=None, progress_speed=None,
-                   progress_at=None)
+                   progress_at=None, queued_at=broker_ts, redrives=0)
     elif isinstance(event, ev.AttemptStarted):
         new.update(state="running", stage=event.stage, attempt=event.attempt, claim_token=event.claim_token,
                    worker=event.worker, lease_s=event.lease_s,
                    leased_until=broker_ts + timedelta(seconds=event.lease_s),
                    attempts=max(row["attempts"], event.attempt), progress_frames=0, progress_out_time_s=0.0,
-                   progress_speed=None, progress_at=broker_ts)
+                   progress_speed=None, progress_at=broker_ts, last_heartbeat_at=broker_ts)
     elif isinstance(event, ev.Heartbeat):
         advanced = event.frames_done > (row.get("progress_frames") or 0) or \
             event.out_time_s > (row.get("progress_out_time_s") or 0.0)
-        new.update(leased_until=broker_ts + timedelta(seconds=row.get("lease_s") or 0.0),
+        new.update(leased_until=broker_ts + timedelta(seconds=row.get("lease_s") or 0.0), last_heartbeat_at=broker_ts,
                    progress_frames=event.frames_done, progress_out_time_s=event.out_time_s,
                    progress_speed=event.speed, progress_at=broker_ts if advanced else row.get("progress_at"))
     elif isinstance(event, ev.AttemptSucceeded):
         if event.stage == "transcode":
-            new.update(outputs=_dump(event.outputs), ladder=_dump(event.renditions))
+            new.update(outputs=_dump(event.outputs), ladder=_dump(event.renditions),
+                       audio_playlist_key=event.audio_playlist_key)
         new.update(leased_until=None)
     elif isinstance(event, (ev.AttemptFailed,)):
         new.update(error_class=event.error_class, reason=event.reason, leased_until=None)
     elif isinstance(event, ev.AttemptYielded):
-        new.update(leased_until=None, reason=event.reason)
+        new.update(leased_until=None, reason=event.reason, yields=row["yields"] + 1)
+    elif isinstance(event, ev.StallDetected):
+        new.update(reason=f"stalled ({event.kind}) for {event.since_s:.1f} s: {event.detail}".rstrip(": "))
+        if event.kind == "handoff":
+            new.update(queued_at=broker_ts, redrives=row["redrives"] + 1)
     elif isinstance(event, ev.RetryScheduled):
         new.update(state="retry_scheduled", error_class=event.error_class)
     elif isinstance(event, ev.Published):
@@ -110,6 +119,10 @@ def evolve(row: dict[str, Any] | None, event: ev.Event, broker_ts: datetime) -> 
     return Outcome(new, True, False)
 
 
+def _newer_attempt(row: dict[str, Any], event: ev.Event) -> bool:
+    return (STAGE_ORDER.get(event.stage, 0), event.attempt) > (STAGE_ORDER.get(row["stage"], 0), row["attempt"])
+
+
 def _older_attempt(row: dict[str, Any], event: ev.AttemptStarted) -> bool:
     current = (STAGE_ORDER.get(row["stage"], 0), row["attempt"])
     return (STAGE_ORDER.get(event.stage, 0), event.attempt) < current
@@ -118,7 +131,7 @@ def _older_attempt(row: dict[str, Any], event: ev.AttemptStarted) -> bool:
 def _new_row(event: ev.Event, broker_ts: datetime, **values: Any) -> dict[str, Any]:
     row = {column: None for column in JOB_STATE_COLUMNS}
     row.update(job_id=event.job_id, attempt=0, attempts=0, events=1, last_event_type=event.event_type,
-               created_at=broker_ts, updated_at=broker_ts)
+               created_at=broker_ts, updated_at=broker_ts, yields=0, redrives=0)
     row.update(values)
     return row
 
@@ -137,5 +150,6 @@ JOB_STATE_COLUMNS: tuple[str, ...] = (
     "source_key", "source_sha256", "source_size_bytes", "source_duration_s", "source_width", "source_height",
     "ladder", "outputs", "renditions", "master_url", "error_class", "reason", "lease_s", "leased_until",
     "progress_frames", "progress_out_time_s", "progress_speed", "progress_at", "events", "last_event_type",
-    "created_at", "updated_at", "completed_at")
+    "created_at", "updated_at", "completed_at", "log_partition", "queued_at", "yields", "redrives",
+    "audio_playlist_key", "last_heartbeat_at")
 """Columns of `job_state`, in table order (a test checks them against the migration)."""

@@ -15,7 +15,6 @@ can be judged against the last stable offset even after transaction markers.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,12 +26,14 @@ import structlog
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
 from psycopg.types.json import Jsonb
 
-from projections import fold
+from projections import fold, writes
+from projections.pgschema import LiveGuard, SchemaSwapped, schema_oid
 from projections.sql import connect, migrate, q
 from schemas import models as ev
 from schemas.codec import default_codec
 from tapeline import kafka
 from tapeline.errors import DecodeError, SchemaError
+from tapeline.health import HealthState
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.projector")
@@ -68,10 +69,13 @@ class BatchResult:
 
 
 def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: str = "main",
-                end_positions: dict[tuple[str, int], int] | None = None) -> BatchResult:
+                end_positions: dict[tuple[str, int], int] | None = None, clock_topic: str | None = None,
+                guard: LiveGuard | None = None) -> BatchResult:
     """Apply `messages` (in consumption order) and advance offsets, in one transaction on `conn`.
 
     `conn` must be in autocommit mode so that `conn.transaction()` is a real BEGIN/COMMIT.
+    `clock_topic` (the lifecycle log) is the topic whose broker timestamps advance `log_clock`;
+    its `WatchdogTick` records advance the clock and are not kept as evidence.
     """
     result = BatchResult(records=len(messages))
     codec = default_codec()
@@ -89,6 +93,8 @@ def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: s
         result.positions[position] = max(result.positions.get(position, 0), offset)
 
     with conn.transaction():
+        if guard is not None:  # the swap lock (shared) and "is the live schema still ours?" (pgschema.py)
+            guard.check(conn)
         # Step 2: load current rows and applied dedup keys.
         job_ids = list({event.job_id for _, event, _ in decoded if event is not None})
         rows = {row["job_id"]: row for row in conn.execute(q("job_state_by_ids"), {"job_ids": job_ids}).fetchall()} \
@@ -97,9 +103,14 @@ def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: s
         seen = {r["dedup_key"] for r in conn.execute(q("applied_dedup_keys_among"), {"keys": keys}).fetchall()} \
             if keys else set()
         evidence, uploads, dead, new_keys, changed = [], [], [], [], set()
+        clock: dict[int, datetime] = {}
         # Step 3: fold in log order.
         for message, event, error in decoded:
             ts = broker_time(message)
+            if message.topic() == clock_topic:
+                clock[message.partition()] = max(ts, clock.get(message.partition(), ts))
+            if isinstance(event, ev.WatchdogTick):
+                continue
             if event is None:
                 dead.append({"topic": message.topic(), "partition": message.partition(), "offset": message.offset(),
                              "broker_ts": ts, "key": message.key(), "value": message.value(), "error": error})
@@ -116,7 +127,7 @@ def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: s
                 outcome = fold.evolve(rows.get(event.job_id), event, ts)
                 applied, superseded = outcome.applied, outcome.superseded
                 if outcome.applied and outcome.row is not None:
-                    rows[event.job_id] = outcome.row
+                    rows[event.job_id] = dict(outcome.row, log_partition=message.partition())
                     changed.add(event.job_id)
                     seen.add(event.dedup_key)
                     new_keys.append({"dedup_key": event.dedup_key})
@@ -129,11 +140,11 @@ def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: s
                 "stage": event.stage, "attempt": event.attempt, "claim_token": event.claim_token,
                 "dedup_key": event.dedup_key, "occurred_at": event.occurred_at, "recorded_by": event.recorded_by,
                 "causation_id": event.causation_id, "applied": applied, "superseded": superseded,
-                "duplicate": duplicate, "payload": Jsonb(json.loads(event.model_dump_json()))})
+                "duplicate": duplicate, "payload": event.model_dump_json()})  # JSON text: jsonb parses it once
         # Step 4: write.
         with conn.cursor() as cur:
             if evidence:
-                cur.executemany(q("insert_evidence"), evidence)
+                writes.write_evidence(conn, evidence)  # COPY; row by row only for a redelivery
             if uploads:
                 cur.executemany(q("upsert_upload"), uploads)
             if dead:
@@ -141,7 +152,9 @@ def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: s
             if changed:
                 cur.executemany(UPSERT_JOB, [_job_params(rows[job_id]) for job_id in changed])
             if new_keys:
-                cur.executemany(q("insert_dedup_key"), new_keys)
+                writes.write_dedup_keys(conn, new_keys)
+            if clock:
+                cur.executemany(q("advance_log_clock"), [{"partition": p, "now": now} for p, now in clock.items()])
             # Step 5: offsets, in the same transaction.
             if result.positions:
                 cur.executemany(q("upsert_offset"), [
@@ -163,11 +176,15 @@ class Projector:
         self.settings, self.projection, self.batch_size = settings, projection, batch_size
         self.topics = [settings.jobs_topic, settings.uploads_topic]
         self.processed = 0
+        self.health = HealthState("projector", settings.instance_id)  # `tapeline run` replaces it with the served one
 
     def run(self, stop: threading.Event, ready: threading.Event | None = None) -> None:
         """Consume and apply batches until `stop` is set; sets `ready` once assigned and caught up once."""
-        migrate(self.settings.database_url)
-        conn = connect(self.settings.database_url, autocommit=True)  # each batch is one explicit transaction
+        migrate(self.settings.database_url, self.settings.db_schema)
+        conn = connect(self.settings.database_url, schema=self.settings.db_schema,
+                       autocommit=True)  # each batch is one explicit transaction
+        guard = LiveGuard()
+        guard.oid = schema_oid(conn)  # before reading the offsets: a swap in between is caught by the first batch
         conn.row_factory = psycopg.rows.dict_row
         consumer = kafka.consumer(self.settings, f"{self.settings.app_name}.projector",
                                   **{"enable.partition.eof": True,  # learn "caught up" at each partition's end
@@ -195,14 +212,29 @@ class Projector:
                     else:
                         log.warning("consumer error", error=str(error))
                 if records or ends:
-                    result = apply_batch(conn, records, self.projection, ends)
+                    try:
+                        result = apply_batch(conn, records, self.projection, ends, clock_topic=self.settings.jobs_topic,
+                                             guard=guard)
+                    except SchemaSwapped:  # rolled back; resume from the new live schema's own offsets
+                        stored = {(r["topic"], r["partition"]): r["next_offset"]
+                                  for r in conn.execute(q("offsets_of_projection"), {"projection": self.projection})}
+                        assignment = [TopicPartition(tp.topic, tp.partition, stored.get((tp.topic, tp.partition),
+                                                                                        OFFSET_BEGINNING))
+                                      for tp in assignment]
+                        consumer.assign(assignment)
+                        log.info("live schema swapped; re-seeked at its stored offsets", projection=self.projection)
+                        continue
                     self.processed += result.records
+                    self.health.consumed_messages(records)
                     if result.records:
                         log.info("batch applied", records=result.records, applied=result.applied,
                                  duplicates=result.duplicates, superseded=result.superseded,
                                  dead_letters=result.dead_letters)
                 if ready is not None and not ready.is_set() and len(at_end) >= len(assignment):
                     ready.set()
+                if not self.health.is_ready and len(at_end) >= len(assignment):
+                    self.health.mark_ready()  # reached the end of every partition once
+                self.health.observe_lag(consumer)
         finally:
             consumer.close()
             conn.close()

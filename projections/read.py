@@ -15,7 +15,7 @@ STAGE_SHARE = {"intake": (0.0, 0.05), "transcode": (0.05, 0.90), "publish": (0.9
 
 
 def open_reader(settings: Settings) -> psycopg.Connection:
-    conn = connect(settings.database_url, autocommit=True)
+    conn = connect(settings.database_url, schema=settings.db_schema, autocommit=True)
     conn.row_factory = psycopg.rows.dict_row
     return conn
 
@@ -59,3 +59,28 @@ def timeline(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
 
 def recent_jobs(conn: psycopg.Connection, limit: int = 20) -> list[dict[str, Any]]:
     return conn.execute(q("recent_jobs"), {"limit": limit}).fetchall()
+
+
+def stalls(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    """Every stalled attempt, stalled handoff and missing job, as one list with a `kind` each.
+
+    Each entry: kind, job_id, stage, attempt, last_progress_at (broker time, ISO), since_s (log clock).
+    """
+    found = []
+    for row in conn.execute(q("stalled_attempts")).fetchall():
+        found.append({"kind": row["kind"], "job_id": row["job_id"], "stage": row["stage"], "attempt": row["attempt"],
+                      "worker": row["worker"], "last_progress_at": _iso(row["last_progress_at"]),
+                      "progress_frames": row["progress_frames"], "since_s": round(row["since_s"] or 0.0, 3)})
+    for row in conn.execute(q("stalled_handoffs")).fetchall():
+        found.append({"kind": "handoff", "job_id": row["job_id"], "stage": row["stage"], "attempt": row["attempt"],
+                      "worker": None, "last_progress_at": _iso(row["queued_at"]), "progress_frames": None,
+                      "since_s": round(row["since_s"], 3)})
+    for row in conn.execute(q("expected_work_missing")).fetchall():
+        found.append({"kind": "expected_work_missing", "job_id": row["job_id"], "stage": "intake", "attempt": 0,
+                      "worker": None, "last_progress_at": _iso(row["uploaded_at"]), "progress_frames": None,
+                      "since_s": round(row["since_s"], 3)})
+    return found
+
+
+def _iso(value) -> str | None:
+    return value.isoformat() if value is not None else None

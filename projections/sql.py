@@ -38,8 +38,14 @@ def q(name: str) -> str:
         raise ConfigurationError(f"no query named {name!r} in sql/queries.sql") from exc
 
 
-def connect(database_url: str, **kwargs) -> psycopg.Connection:
-    """A PostgreSQL connection. Raises `ServiceUnavailable` with the address when it fails."""
+def connect(database_url: str, schema: str | None = None, **kwargs) -> psycopg.Connection:
+    """A PostgreSQL connection. Raises `ServiceUnavailable` with the address when it fails.
+
+    `schema` (a plain lowercase name, see `check_schema_name`) becomes the connection's whole
+    `search_path`, so unqualified tables, views and offsets resolve inside that schema only.
+    """
+    if schema is not None:
+        kwargs["options"] = f"-c search_path={check_schema_name(schema)}"
     try:
         return psycopg.connect(database_url, connect_timeout=10, **kwargs)
     except psycopg.OperationalError as exc:
@@ -56,15 +62,25 @@ def migrations() -> list[tuple[int, str, str]]:
     return found
 
 
-def migrate(database_url: str) -> list[str]:
+def check_schema_name(schema: str) -> str:
+    """`schema` if it is a plain PostgreSQL name (lowercase letters, digits, `_`); else `ConfigurationError`."""
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", schema) or schema.startswith("pg_"):
+        raise ConfigurationError(f"schema name {schema!r} must be lowercase letters, digits and _ (not pg_*)")
+    return schema
+
+
+def migrate(database_url: str, schema: str = "public") -> list[str]:
     """Apply every migration not yet applied, each in its own transaction; returns the names applied.
 
-    Safe to run from several processes at once (an advisory lock serialises them).
+    Everything (tables, views, `schema_migrations`) lands in `schema`, created when missing. Safe to
+    run from several processes at once (an advisory lock serialises them).
     """
     applied_now = []
-    with connect(database_url, autocommit=True) as conn:
+    with connect(database_url, schema=schema, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
         try:
+            if conn.execute("SELECT to_regnamespace(%s) IS NULL", (schema,)).fetchone()[0]:
+                conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
             conn.execute("CREATE TABLE IF NOT EXISTS schema_migrations ("
                          " version integer PRIMARY KEY, name text NOT NULL,"
                          " applied_at timestamptz NOT NULL DEFAULT now())")

@@ -25,7 +25,7 @@ app = typer.Typer(help="Tapeline: event-sourced media jobs (upload -> transcode 
 console = Console(stderr=True)
 out = Console() if sys.stdout.isatty() else Console(width=160)  # pipes and CI logs get wide tables
 FINAL = ("completed", "rejected", "failed", "dead_lettered", "needs_review", "cancelled")
-ROLE_CHOICES = ("intake", "transcode", "publish", "projector", "all")
+ROLE_CHOICES = ("intake", "transcode", "publish", "projector", "watchdog", "all")
 
 
 def _settings() -> Settings:
@@ -44,6 +44,9 @@ try:
 except ImportError:  # pragma: no cover - the stack module ships with the package
     pass
 
+from projections.cli import export, replay  # noqa: E402  (replay --into/--swap, export; see projections/cli.py)
+app.command()(replay)
+app.command()(export)
 
 @app.command()
 def migrate() -> None:
@@ -62,14 +65,25 @@ def run_role(settings: Settings, role: str) -> int:
     from processors.intake import IntakeProcessor
     from processors.publish import PublishWorker
     from processors.transcode import TranscodeWorker
+    from processors.watchdog import Watchdog
     from projections.projector import Projector
+    from tapeline.health import HealthServer, HealthState
 
     stop = threading.Event()
+    health = HealthState(role, settings.instance_id)
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, lambda *_: (health.mark_draining(), stop.set()))
     processor = {"projector": Projector, "intake": IntakeProcessor, "transcode": TranscodeWorker,
-                 "publish": PublishWorker}[role](settings)
-    processor.run(stop)
+                 "publish": PublishWorker, "watchdog": Watchdog}[role](settings)
+    if not hasattr(processor, "health"):
+        health.mark_ready()  # a processor that does not report readiness is ready once running
+    processor.health = health
+    server = HealthServer(health, settings.health_host, settings.health_port).start() if settings.health_port else None
+    try:
+        processor.run(stop)
+    finally:
+        if server is not None:
+            server.stop()
     return 0
 
 
@@ -98,7 +112,7 @@ def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f
 
         run_migrations(settings.database_url)
         if role == "all":
-            raise typer.Exit(supervisor.supervise(supervisor.ROLES))
+            raise typer.Exit(supervisor.supervise(supervisor.ROLES, health_port_base=settings.health_port_base))
         raise typer.Exit(run_role(settings, role))
     except TapelineError as exc:
         _fail(exc)
@@ -204,6 +218,30 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
     table = Table("job", "state", "stage", "attempts", "%", "updated (UTC)")
     for r in rows:
         table.add_row(r["job_id"], r["state"], r["stage"], str(r["attempts"]), f"{r['percent']:.0f}", r["updated_at"][:19])
+    out.print(table)
+
+
+@app.command()
+def stalled(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+    """Attempts, handoffs and uploads that stopped moving, with kind, job, stage, attempt and for how long
+    (seconds on the log clock)."""
+    from projections import read
+
+    try:
+        with read.open_reader(_settings()) as conn:
+            rows = read.stalls(conn)
+    except TapelineError as exc:
+        _fail(exc)
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    if not rows:
+        out.print("nothing is stalled")
+        return
+    table = Table("kind", "job", "stage", "attempt", "worker", "last progress (UTC)", "frames", "for (s)")
+    for r in rows:
+        table.add_row(r["kind"], r["job_id"], r["stage"], str(r["attempt"]), r["worker"] or "-",
+                      (r["last_progress_at"] or "-")[11:23], str(r["progress_frames"] or "-"), f"{r['since_s']:.1f}")
     out.print(table)
 
 

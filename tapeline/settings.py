@@ -35,6 +35,7 @@ class Settings(BaseSettings):
     kafka_bootstrap: str = "127.0.0.1:19092"
     kafka_controller_port: int = 19093
     database_url: str = "postgresql://tapeline:tapeline@127.0.0.1:5432/tapeline"
+    db_schema: str = Field("public", description="PostgreSQL schema of the live projections (the search_path)")
     s3_endpoint: str = "http://127.0.0.1:19000"
     s3_bucket: str = "tapeline-media"
     s3_region: str = "us-east-1"
@@ -51,6 +52,10 @@ class Settings(BaseSettings):
     lease_s: float = 120.0
     heartbeat_interval_s: float | None = None
     no_progress_timeout_s: float = 120.0
+    handoff_timeout_s: float = Field(120.0, description="A queued stage nobody claims this long is a stalled handoff")
+    intake_timeout_s: float = Field(120.0, description="An upload with no job this long is expected work missing")
+    tick_interval_s: float | None = Field(None, description="Watchdog tick period, seconds (default: lease / 8, at most 5)")
+    shutdown_grace_s: float = Field(20.0, description="SIGTERM: how long a worker may take to yield its attempt")
     transaction_timeout_ms: int = Field(10_000, description="Producer transaction.timeout.ms: well below the lease")
     caught_up_timeout_s: float = Field(60.0, description="How long a processor waits for the projector to catch up")
 
@@ -63,10 +68,21 @@ class Settings(BaseSettings):
 
     max_attempts: int = 3
 
+    # Health and metrics (tapeline/health.py).
+    health_host: str = Field("127.0.0.1", description="Address the health and metrics server listens on")
+    health_port: int = Field(0, description="Health and metrics port of this process; 0 disables the server")
+    health_port_base: int = Field(0, description="run --role all: child i of supervisor.ROLES (projector, intake, "
+                                                 "transcode, publish, ...) gets port base + i; 0 disables")
+
     @property
     def heartbeat_s(self) -> float:
         """Heartbeat interval in seconds (default: a quarter of the lease)."""
         return self.heartbeat_interval_s if self.heartbeat_interval_s else self.lease_s / 4
+
+    @property
+    def tick_s(self) -> float:
+        """Watchdog tick period in seconds: how often the log clock advances when nothing else happens."""
+        return self.tick_interval_s if self.tick_interval_s else min(5.0, self.lease_s / 8)
 
     @property
     def uploads_topic(self) -> str:

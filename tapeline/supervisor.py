@@ -19,7 +19,7 @@ import structlog
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.supervisor")
-ROLES = ("projector", "intake", "transcode", "publish")
+ROLES = ("projector", "intake", "transcode", "publish", "watchdog")
 BACKOFF_S = (1, 2, 5, 10, 30)
 """Restart delays after consecutive crashes, seconds; a child that ran 60 s resets the count."""
 
@@ -28,8 +28,18 @@ def child_command(role: str, extra: list[str] | None = None) -> list[str]:
     return [sys.executable, "-m", "tapeline.cli", "run", "--role", role, *(extra or [])]
 
 
+def child_env(role: str, health_port_base: int = 0) -> dict[str, str]:
+    """The child's environment: with a health port base, TAPELINE_HEALTH_PORT = base + the role's index
+    in ROLES (projector 0, intake 1, transcode 2, publish 3, ...); without one, no child inherits a port."""
+    env = dict(os.environ)
+    env.pop("TAPELINE_HEALTH_PORT", None)  # one port shared by every child would make all but one crash-loop
+    if health_port_base:
+        env["TAPELINE_HEALTH_PORT"] = str(health_port_base + ROLES.index(role))
+    return env
+
+
 def supervise(roles: tuple[str, ...], stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
-              grace_s: float = 30.0) -> int:
+              grace_s: float = 30.0, health_port_base: int = 0) -> int:
     """Run `roles` as children until a stop signal; restart any that exits. Returns 0."""
     stopping = False
 
@@ -56,7 +66,7 @@ def supervise(roles: tuple[str, ...], stop_signals: tuple[int, ...] = (signal.SI
                 restart_at[role] = now + delay
                 del children[role]
             if role not in children and now >= restart_at[role]:
-                children[role] = subprocess.Popen(child_command(role))
+                children[role] = subprocess.Popen(child_command(role), env=child_env(role, health_port_base))
                 started_at[role] = now
                 log.info("child started", role=role, pid=children[role].pid)
         time.sleep(0.2)

@@ -8,6 +8,7 @@ ids) and a fresh PostgreSQL database.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -55,10 +56,11 @@ def base_settings() -> Settings:
 def settings_env(settings: Settings) -> dict[str, str]:
     """Environment variables that reproduce `settings` in a child process."""
     env = dict(os.environ)
-    for name in ("app_name", "kafka_bootstrap", "database_url", "s3_endpoint", "s3_bucket", "topic_prefix",
-                 "uploads_partitions", "jobs_partitions", "work_partitions", "lease_s", "caught_up_timeout_s",
-                 "home", "x264_preset"):
-        env[f"TAPELINE_{name.upper()}"] = str(getattr(settings, name))
+    for name in type(settings).model_fields:
+        value = getattr(settings, name)
+        if value is None or name == "instance_id":
+            continue
+        env[f"TAPELINE_{name.upper()}"] = json.dumps(list(value)) if isinstance(value, tuple) else str(value)
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -87,15 +89,16 @@ def isolated(base_settings: Settings) -> Iterator[Settings]:
 class Pipeline:
     """`tapeline run --role all` as a real child process with the module's settings."""
 
-    def __init__(self, settings: Settings, log_path: Path) -> None:
+    def __init__(self, settings: Settings, log_path: Path, extra_env: dict[str, str] | None = None) -> None:
         self.settings, self.log_path = settings, log_path
+        self.extra_env = extra_env or {}
         self.process: subprocess.Popen | None = None
 
     def start(self) -> "Pipeline":
         self.log = open(self.log_path, "ab")
         self.process = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "all"],
-                                        env=settings_env(self.settings), stdout=self.log, stderr=self.log,
-                                        start_new_session=True)
+                                        env={**settings_env(self.settings), **self.extra_env}, stdout=self.log,
+                                        stderr=self.log, start_new_session=True)
         return self
 
     def stop(self, timeout_s: float = 40.0) -> None:
@@ -110,6 +113,21 @@ class Pipeline:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def children(self) -> dict[str, int]:
+        """{role: pid} of the supervisor's live children, read from /proc."""
+        found = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == self.process.pid and b"--role" in cmdline:
+                found[cmdline[cmdline.index(b"--role") + 1].decode()] = int(entry.name)
+        return found
 
 
 @pytest.fixture(scope="module")

@@ -59,3 +59,29 @@ FROM lifecycle_evidence WHERE job_id = %(job_id)s ORDER BY broker_ts, partition,
 -- name: count_events_of_type
 -- How many committed events of one type a job has (evidence, duplicates included).
 SELECT count(*) AS n FROM lifecycle_evidence WHERE job_id = %(job_id)s AND event_type = %(event_type)s;
+
+-- name: advance_log_clock
+-- Move one partition's log clock forward (never backwards).
+INSERT INTO log_clock (partition, now) VALUES (%(partition)s, %(now)s)
+ON CONFLICT (partition) DO UPDATE SET now = GREATEST(log_clock.now, EXCLUDED.now);
+
+-- name: stalled_attempts
+-- Running attempts that stopped moving (lease_expired or no_progress), oldest first.
+SELECT * FROM stalled_attempts ORDER BY since_s DESC;
+
+-- name: stalled_handoffs
+-- Queued stages nobody claimed in time.
+SELECT * FROM stalled_handoffs ORDER BY since_s DESC;
+
+-- name: expected_work_missing
+-- Uploads that never became jobs.
+SELECT * FROM expected_work_missing ORDER BY since_s DESC;
+
+-- name: set_stall_policy
+-- The watchdog's thresholds, seconds.
+UPDATE stall_policy SET no_progress_timeout_s = %(no_progress_timeout_s)s, handoff_timeout_s = %(handoff_timeout_s)s,
+    intake_timeout_s = %(intake_timeout_s)s, updated_at = now();
+
+-- name: log_clock
+-- The log clock of every partition.
+SELECT partition, now FROM log_clock ORDER BY partition;

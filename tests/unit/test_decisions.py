@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from processors.intake import decide
 from processors.retry import Action, retry_decision
-from processors.worker import should_skip
+from processors.worker import should_skip, superseded_reason
 from schemas import models as ev
 from tapeline.errors import InvalidInput, UnsupportedMedia
 from tapeline.settings import Settings
@@ -65,3 +65,14 @@ def test_retry_decision_by_class_and_budget():
     assert retry_decision("storage_transient", 1, 3).next_attempt == 2
     assert retry_decision("worker_lost", 3, 3).action is Action.DEAD_LETTER
     assert retry_decision("no_such_class", 1, 3).action is Action.RETRY
+
+
+def test_superseded_reason_rules():
+    running = {"state": "running", "stage": "transcode", "attempt": 1, "claim_token": "mine"}
+    assert superseded_reason(running, "transcode", 1, "mine") is None
+    assert superseded_reason(dict(running, claim_token=None, state="queued"), "transcode", 1, "mine") is None
+    assert "attempt 2" in superseded_reason(dict(running, attempt=2, state="queued"), "transcode", 1, "mine")
+    assert "another claim" in superseded_reason(dict(running, claim_token="theirs"), "transcode", 1, "mine")
+    assert "ended" in superseded_reason(dict(running, state="completed"), "transcode", 1, "mine")
+    assert "publish" in superseded_reason(dict(running, stage="publish"), "transcode", 1, "mine")
+    assert superseded_reason(None, "transcode", 1, "mine") is None

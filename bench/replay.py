@@ -1,0 +1,186 @@
+"""Replay benchmark (a script, not a test): how close does a rebuild come to the hardware?
+
+    python -m bench.replay [--events 1000000] [--keep]
+
+1. Generates about `--events` realistic lifecycle events (jobs with attempts, retries, zombies,
+   heartbeats, checkpoints; one upload each) into fresh topics `bench<tag>.*`, with a
+   transactional producer, big batches and explicit partitions (`partition_for`).
+2. Measures, in one run:
+   (a) decode: consume the whole log read_committed and Avro-decode every record, no database;
+   (b) replay: `tapeline replay --into bench_<tag>` in a child process (the real CLI), events/s and
+       the child's peak RSS (`getrusage(RUSAGE_CHILDREN)`);
+   (c) copy: a plain binary `COPY ... FROM STDIN` of the same `lifecycle_evidence` rows into a
+       table with the same indexes: the database's own ceiling for the rows a replay writes.
+3. Prints each rate, the ratios b/a and b/c, and one final line
+   `RESULT decode_events_per_s=... replay_events_per_s=... copy_rows_per_s=... replay_vs_decode=...
+   replay_vs_copy=... projector_rss_mb=...`.
+Services come from the usual `TAPELINE_*` settings (the local stack by default). Topics and schemas
+are dropped at the end unless `--keep`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+from confluent_kafka.admin import AdminClient
+
+from bench import lifecycles
+from projections import logread
+from projections.sql import connect
+from schemas import models as ev
+from schemas.codec import default_codec
+from tapeline import kafka, stack
+from tapeline.settings import Settings
+
+
+def generate(settings: Settings, events: int, seed: int = 7) -> tuple[int, float]:
+    """Write about `events` lifecycle events (plus one upload per job). Returns (records, seconds)."""
+    codec = default_codec()
+    producer = _bulk_producer(settings)
+    jobs_n, uploads_n = settings.jobs_partitions, settings.uploads_partitions
+    written, started, in_txn = 0, time.monotonic(), 0
+    per_job = 62  # average lifecycle length with 30 heartbeats and 8 checkpoints
+    producer.begin_transaction()
+    for job in lifecycles.jobs(seed, max(1, events // per_job)):
+        partition = kafka.partition_for(job[0].job_id, jobs_n)
+        for event in job:
+            producer.produce(settings.jobs_topic, key=event.job_id.encode(), value=codec.encode(event.to_record()),
+                             partition=partition)
+        upload = lifecycles.upload(job[0].upload_id)
+        producer.produce(settings.uploads_topic, key=upload.upload_id.encode(), value=codec.encode(upload.to_record()),
+                         partition=kafka.partition_for(upload.upload_id, uploads_n))
+        written += len(job) + 1
+        in_txn += len(job) + 1
+        producer.poll(0)
+        if in_txn >= 50_000:
+            producer.commit_transaction(120)
+            producer.begin_transaction()
+            in_txn = 0
+            print(f"  generated {written:,} records", file=sys.stderr, end="\r")
+    producer.commit_transaction(120)
+    print(file=sys.stderr)
+    return written, time.monotonic() - started
+
+
+def _bulk_producer(settings: Settings):
+    """A transactional producer that trades latency for throughput (the processors' is the opposite)."""
+    from confluent_kafka import Producer
+
+    bulk = Producer({
+        "bootstrap.servers": settings.kafka_bootstrap,
+        "transactional.id": f"{settings.app_name}.bench-writer",
+        "transaction.timeout.ms": 120_000,  # one transaction per 50,000 records
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 50,  # fill batches: throughput, not latency
+        "batch.size": 1_000_000,
+        "queue.buffering.max.messages": 500_000,
+        "queue.buffering.max.kbytes": 512 * 1024,
+    })
+    bulk.init_transactions(60)
+    return bulk
+
+
+def measure_decode(settings: Settings) -> tuple[int, float, float]:
+    """(records, seconds for consume + Avro decode, seconds for consume + decode + event models)."""
+    codec = default_codec()
+    results = []
+    for build_models in (False, True):
+        consumer = logread.reader(settings, "bench-decode")
+        try:
+            span = logread.bounds(consumer, [settings.jobs_topic, settings.uploads_topic])
+            started, count = time.monotonic(), 0
+            for piece in logread.read(consumer, span, batch_size=10_000):
+                for message in piece.records:
+                    record = codec.decode(message.value())
+                    if build_models:
+                        ev.Event.from_record(record)
+                count += len(piece.records)
+            results.append((count, time.monotonic() - started))
+        finally:
+            consumer.close()
+    return results[0][0], results[0][1], results[1][1]
+
+
+def measure_replay(settings: Settings, schema: str) -> tuple[dict, float]:
+    """Run `tapeline replay --into schema --json` as a child; (its summary, its peak RSS in MB)."""
+    env = dict(os.environ)
+    for name in ("app_name", "kafka_bootstrap", "database_url", "topic_prefix", "uploads_partitions",
+                 "jobs_partitions", "work_partitions"):
+        env[f"TAPELINE_{name.upper()}"] = str(getattr(settings, name))
+    done = subprocess.run([sys.executable, "-m", "tapeline.cli", "replay", "--into", schema, "--json",
+                           "--batch-size", os.environ.get("BENCH_BATCH_SIZE", "5000")],
+                          env=env, stdout=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"replay failed ({done.returncode})")
+    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # Linux: kilobytes
+    return json.loads(done.stdout), peak_kb / 1024
+
+
+def measure_copy(settings: Settings, schema: str) -> tuple[int, float]:
+    """Binary COPY of the replayed evidence rows into a same-shaped table: (rows, seconds)."""
+    with connect(settings.database_url, autocommit=True) as conn, tempfile.TemporaryFile() as spool:
+        with conn.cursor().copy(f"COPY {schema}.lifecycle_evidence TO STDOUT (FORMAT binary)") as copy:
+            for chunk in copy:
+                spool.write(chunk)
+        conn.execute(f"CREATE TABLE {schema}.copy_ceiling (LIKE {schema}.lifecycle_evidence INCLUDING ALL)")
+        spool.seek(0)
+        started = time.monotonic()
+        with conn.transaction():
+            with conn.cursor().copy(f"COPY {schema}.copy_ceiling FROM STDIN (FORMAT binary)") as copy:
+                while chunk := spool.read(1024 * 1024):
+                    copy.write(chunk)
+        elapsed = time.monotonic() - started
+        rows = conn.execute(f"SELECT count(*) FROM {schema}.copy_ceiling").fetchone()[0]
+    return rows, elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=1_000_000, help="lifecycle events to generate")
+    parser.add_argument("--keep", action="store_true", help="keep the topics and schema afterwards")
+    args = parser.parse_args()
+    tag = uuid.uuid4().hex[:8]
+    settings = Settings().model_copy(update={"topic_prefix": f"bench{tag}", "app_name": f"bench-{tag}"})
+    schema = f"bench_{tag}"
+    stack.ensure_topics(settings)
+    try:
+        records, gen_s = generate(settings, args.events)
+        print(f"generated {records:,} records in {gen_s:.1f} s ({records / gen_s:,.0f}/s)")
+        decoded, decode_s, models_s = measure_decode(settings)
+        decode_rate = decoded / decode_s
+        print(f"(a) consume + Avro decode:           {decoded:,} in {decode_s:.1f} s = {decode_rate:,.0f} events/s "
+              f"(+ event models: {decoded / models_s:,.0f}/s)")
+        summary, rss_mb = measure_replay(settings, schema)
+        replay_rate = summary["records"] / summary["elapsed_s"]
+        print(f"(b) replay into PostgreSQL ({schema}): {summary['records']:,} in {summary['elapsed_s']:.1f} s = "
+              f"{replay_rate:,.0f} events/s, peak RSS {rss_mb:.0f} MB; rows {summary['rows']}")
+        rows, copy_s = measure_copy(settings, schema)
+        copy_rate = rows / copy_s
+        print(f"(c) plain COPY of the evidence rows:  {rows:,} in {copy_s:.1f} s = {copy_rate:,.0f} rows/s")
+        print(f"b/a = {replay_rate / decode_rate:.2f}   b/c = {replay_rate / copy_rate:.2f}")
+        print(f"RESULT decode_events_per_s={decode_rate:.0f} replay_events_per_s={replay_rate:.0f} "
+              f"copy_rows_per_s={copy_rate:.0f} replay_vs_decode={replay_rate / decode_rate:.3f} "
+              f"replay_vs_copy={replay_rate / copy_rate:.3f} projector_rss_mb={rss_mb:.0f}")
+    finally:
+        if not args.keep:
+            with connect(settings.database_url, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+            admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+            for future in admin.delete_topics(list(settings.all_topics()), operation_timeout=30).values():
+                try:
+                    future.result()
+                except Exception as exc:  # a missing topic is fine; say so and go on
+                    print(f"note: {exc}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

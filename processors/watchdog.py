@@ -1,0 +1,212 @@
+"""The watchdog: advances the log clock, reads the stall views, and re-drives what stopped moving.
+
+Leader election: a PostgreSQL advisory lock held on the watchdog's own dedicated connection; the
+transactional id `<app>.watchdog` is fixed, so a new leader's `init_transactions` fences the old one.
+
+One tick (`Watchdog.tick`), after the numbered protocol:
+  Step 1. produce a `WatchdogTick` to every partition of the lifecycle log (one transaction); the
+          broker stamps each, which advances that partition's log clock;
+  Step 2. wait until the projector has applied every partition past the tick; while it has not,
+          judge nothing (never declare stalls while blind);
+  Step 3. read `stalled_attempts`, `stalled_handoffs`, `expected_work_missing` and the affected jobs;
+  Step 4. `run_once` (pure) decides: retry as the next attempt, dead-letter, re-drive, report;
+  Step 5. commit the decided events in one transaction. Every event has a dedup key, so a repeated
+          tick or a second watchdog changes nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+import psycopg
+import structlog
+
+from processors.retry import Action, retry_decision
+from processors.runtime import Outgoing, Runtime, transact
+from projections.sql import connect, q
+from schemas import models as ev
+from tapeline import kafka
+from tapeline.errors import ServiceUnavailable
+from tapeline.settings import Settings
+
+log = structlog.get_logger("tapeline.watchdog")
+WATCHDOG_LOCK = 0x7A9E_0010  # advisory lock key of the watchdog leader (0001 migrations, 0002 schema swap)
+
+
+class Verdict(str, Enum):
+    RETRY = "retry"
+    DEAD_LETTER = "dead_letter"
+    REDRIVE = "redrive"
+    REPORT = "report"
+    IGNORE = "ignore"
+
+
+@dataclass
+class RunResult:
+    """What one `run_once` decided: counts per verdict and the events to commit."""
+
+    counts: dict[str, int] = field(default_factory=lambda: {v.value: 0 for v in Verdict})
+    outgoing: list[Outgoing] = field(default_factory=list)
+
+    def count(self, verdict: Verdict) -> None:
+        self.counts[verdict.value] += 1
+
+
+def _work_item(job: dict[str, Any], stage: str, attempt: int, common: dict[str, Any]) -> ev.WorkItem:
+    """The work item of `stage` attempt `attempt`, rebuilt from the job's projected row."""
+    ladder = [ev.Rendition(**r) for r in (job.get("ladder") or [])]
+    inputs = [ev.OutputFile(**o) for o in (job.get("outputs") or [])] if stage == "publish" else []
+    if stage == "transcode":
+        ladder = [r.model_copy(update={"playlist_key": None, "url": None}) for r in ladder]
+    return ev.WorkItem.new(stage=stage, attempt=attempt, tier=job.get("priority") or "standard",
+                           source_key=job.get("source_key") or "", inputs=inputs, renditions=ladder,
+                           audio_playlist_key=job.get("audio_playlist_key") if stage == "publish" else None,
+                           media_duration_s=job.get("source_duration_s"), **common)
+
+
+def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], missing: list[dict[str, Any]],
+             jobs: dict[str, dict[str, Any]], settings: Settings, recorded_by: str) -> RunResult:
+    """Classify every stall and build the events that act on it. Pure: rows in, events out.
+
+    - a stalled attempt (lease_expired | no_progress): `StallDetected` then, within the attempt
+      budget (yields do not count), `RetryScheduled` + `StageQueued` + `WorkItem` for the next
+      attempt at once (error class worker_lost); out of budget, `JobDeadLettered`;
+    - a stalled handoff: `StallDetected(handoff)` and the same attempt's work item again;
+    - expected work missing: `StallDetected(expected_work_missing)` (reported once).
+    """
+    result = RunResult()
+    jobs_topic = settings.jobs_topic
+    for row in stalled:
+        job = jobs.get(row["job_id"])
+        if job is None or job["state"] != "running" or (job["stage"], job["attempt"]) != (row["stage"], row["attempt"]):
+            result.count(Verdict.IGNORE)
+            continue
+        stage, attempt = row["stage"], row["attempt"]
+        common = dict(job_id=row["job_id"], recorded_by=recorded_by, correlation_id=job["upload_id"])
+        detail = (f"lease ended {row['leased_until']:%H:%M:%S.%f}" if row["kind"] == "lease_expired"
+                  else f"frames stuck at {row['progress_frames']}")
+        result.outgoing.append((jobs_topic, ev.StallDetected.new(
+            stage=stage, attempt=attempt, kind=row["kind"], stalled_attempt=attempt,
+            last_progress_at=row["last_progress_at"], since_s=float(row["since_s"] or 0.0), detail=detail, **common)))
+        used = attempt - (job.get("yields") or 0)
+        decision = retry_decision("worker_lost", used, settings.max_attempts)
+        if decision.action is Action.RETRY:
+            nxt = attempt + 1
+            result.outgoing += [
+                (jobs_topic, ev.RetryScheduled.new(stage=stage, attempt=attempt, next_attempt=nxt,
+                                                   not_before=row["log_now"], error_class="worker_lost", **common)),
+                (jobs_topic, ev.StageQueued.new(stage=stage, attempt=nxt, tier=job.get("priority") or "standard",
+                                                work_topic=settings.work_topic(stage, job.get("priority") or "standard"),
+                                                **common)),
+                (settings.work_topic(stage, job.get("priority") or "standard"), _work_item(job, stage, nxt, common)),
+            ]
+            result.count(Verdict.RETRY)
+        else:
+            result.outgoing.append((jobs_topic, ev.JobDeadLettered.new(
+                stage=stage, attempt=attempt, error_class="worker_lost",
+                reason=f"attempt {attempt} stalled ({row['kind']}) and no attempts are left", attempts=used,
+                evidence=f"{jobs_topic} partition {row['log_partition']}", **common)))
+            result.count(Verdict.DEAD_LETTER)
+    for row in handoffs:
+        job = jobs.get(row["job_id"])
+        if job is None or job["state"] != "queued" or (job["stage"], job["attempt"]) != (row["stage"], row["attempt"]):
+            result.count(Verdict.IGNORE)
+            continue
+        common = dict(job_id=row["job_id"], recorded_by=recorded_by, correlation_id=job["upload_id"])
+        result.outgoing += [
+            (jobs_topic, ev.StallDetected.new(stage=row["stage"], attempt=row["attempt"], kind="handoff",
+                                              stalled_attempt=row["attempt"], since_s=float(row["since_s"]),
+                                              detail=f"queued, not claimed (re-drive {row['redrives'] + 1})",
+                                              sequence=f"handoff-{row['redrives']}", **common)),
+            (settings.work_topic(row["stage"], job.get("priority") or "standard"),
+             _work_item(job, row["stage"], row["attempt"], common)),
+        ]
+        result.count(Verdict.REDRIVE)
+    for row in missing:
+        result.outgoing.append((jobs_topic, ev.StallDetected.new(
+            job_id=row["job_id"], stage="intake", attempt=0, recorded_by=recorded_by, correlation_id=row["upload_id"],
+            kind="expected_work_missing", stalled_attempt=0, since_s=float(row["since_s"]),
+            detail=f"upload {row['upload_id']} has no job")))
+        result.count(Verdict.REPORT)
+    return result
+
+
+class Watchdog:
+    """The watchdog process: leader election, ticks, and `run_once` on a caught-up projection."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.ticks = 0
+        self.processed = 0
+        self.last_result: RunResult | None = None
+
+    def run(self, stop: threading.Event) -> None:
+        settings = self.settings
+        leader = connect(settings.database_url, autocommit=True)  # dedicated: the advisory lock lives here
+        try:
+            while not stop.is_set():
+                if leader.execute("SELECT pg_try_advisory_lock(%s)", (WATCHDOG_LOCK,)).fetchone()[0]:
+                    break
+                stop.wait(settings.tick_s)
+            if stop.is_set():
+                return
+            log.info("watchdog is the leader")
+            runtime = Runtime(settings, "watchdog")
+            producer = kafka.transactional_producer(settings, f"{settings.app_name}.watchdog")
+            runtime.db.execute(q("set_stall_policy"), {
+                "no_progress_timeout_s": settings.no_progress_timeout_s,
+                "handoff_timeout_s": settings.handoff_timeout_s, "intake_timeout_s": settings.intake_timeout_s})
+            try:
+                while not stop.is_set():
+                    started = time.monotonic()
+                    leader.execute("SELECT 1")  # still holding the session (and so the lock)
+                    self.tick(runtime, producer)
+                    stop.wait(max(0.0, settings.tick_s - (time.monotonic() - started)))
+            finally:
+                runtime.close()
+        finally:
+            leader.close()
+
+    def tick(self, runtime: Runtime, producer) -> RunResult | None:
+        """Steps 1-5 once. Returns what was decided, or None when the projection was not caught up."""
+        settings, jobs_topic = self.settings, self.settings.jobs_topic
+        partitions = runtime.partitions(jobs_topic)
+        self.ticks += 1
+        # Step 1
+        sequence = time.time_ns() // 1_000_000
+        transact(producer, lambda: [runtime.produce_to(producer, jobs_topic, p, ev.WatchdogTick.new(
+            job_id=f"tick:{p}", stage="watchdog", attempt=0, recorded_by=runtime.recorded_by,
+            correlation_id="watchdog", partition=p, sequence=sequence)) for p in range(partitions)])
+        # Step 2
+        try:
+            for p in range(partitions):
+                runtime.wait_caught_up(p, max(2.0, settings.tick_s * 4))
+        except ServiceUnavailable as exc:
+            log.warning("projection not caught up: judging nothing this tick", error=str(exc))
+            return None
+        # Step 3
+        db = runtime.db
+        stalled = db.execute(q("stalled_attempts")).fetchall()
+        handoffs = db.execute(q("stalled_handoffs")).fetchall()
+        missing = db.execute(q("expected_work_missing")).fetchall()
+        ids = list({r["job_id"] for r in stalled + handoffs})
+        jobs = {r["job_id"]: r for r in db.execute(q("job_state_by_ids"), {"job_ids": ids}).fetchall()} if ids else {}
+        # Step 4
+        result = run_once(stalled, handoffs, missing, jobs, settings, runtime.recorded_by)
+        # Step 5
+        if result.outgoing:
+            transact(producer, lambda: runtime.produce(producer, result.outgoing))
+            self.processed += len(stalled) + len(handoffs) + len(missing)
+            log.info("watchdog acted", **result.counts)
+        self.last_result = result
+        return result
+
+
+def log_clock(conn: psycopg.Connection) -> dict[int, datetime]:
+    """The log clock of every partition (for `tapeline stalled` and tests)."""
+    return {r["partition"]: r["now"] for r in conn.execute(q("log_clock")).fetchall()}

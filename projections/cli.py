@@ -1,0 +1,147 @@
+"""`tapeline replay` and `tapeline export` (mounted on the main CLI in `tapeline/cli.py`).
+
+    tapeline replay --into SCHEMA [--as-of TS] [--force]   rebuild every projection into SCHEMA
+    tapeline replay --swap SCHEMA                          catch SCHEMA up, then make it the live schema
+    tapeline export --format avro|jsonl [--since TS] [--until TS] [--job JOB] [--output PATH]
+
+Timestamps are ISO 8601; one without a zone is UTC. Progress bars go to stderr, results to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from tapeline.errors import TapelineError
+
+console = Console(stderr=True)
+out = Console() if sys.stdout.isatty() else Console(width=160)
+
+
+def parse_time(value: Optional[str]) -> Optional[datetime]:
+    """An ISO 8601 timestamp as an aware UTC datetime (naive means UTC); None stays None."""
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.strip().replace(" ", "T"))
+    except ValueError as exc:
+        raise typer.BadParameter(f"{value!r} is not an ISO 8601 timestamp (e.g. 2025-01-31T12:00:00Z)") from exc
+    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
+
+
+def _fail(exc: Exception, code: int = 1) -> None:
+    console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def progress_bar(description: str, disable: bool = False) -> Iterator[tuple]:
+    """A rich progress bar on stderr; yields (on_start(total), on_progress(done)) callbacks."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("offsets"), TimeElapsedColumn(), TimeRemainingColumn(),
+                  console=console, disable=disable, transient=False) as bar:
+        task = bar.add_task(description, total=None)
+        yield (lambda total: bar.update(task, total=total),
+               lambda done: bar.update(task, completed=done))
+
+
+def replay(into: Optional[str] = typer.Option(None, "--into", help="Schema to rebuild every projection into"),
+           swap: Optional[str] = typer.Option(None, "--swap", help="Schema to make the live one (after a replay)"),
+           as_of: Optional[str] = typer.Option(None, "--as-of", envvar="TAPELINE_REPLAY_AS_OF",
+                                               help="Keep only records with a broker timestamp at or before this"),
+           force: bool = typer.Option(False, "--force", help="Drop and rebuild SCHEMA when it exists and is not empty"),
+           catch_up: bool = typer.Option(True, "--catch-up/--no-catch-up",
+                                         help="With --swap: first apply what the log gained since the replay"),
+           batch_size: int = typer.Option(5000, "--batch-size", envvar="TAPELINE_REPLAY_BATCH_SIZE",
+                                          help="Records per PostgreSQL transaction"),
+           as_json: bool = typer.Option(False, "--json", help="Print one JSON object")) -> None:
+    """Rebuild the projections from offset 0 into a fresh schema (--into), or swap one in (--swap).
+
+    A replay reads the log up to where it ends when the replay starts (or up to --as-of), shows
+    progress, never produces to Kafka and prints the counts. --swap renames the live schema to
+    <live>_retired_<UTC time> and SCHEMA to the live name in one transaction, holding the lock every
+    projector batch takes, so the projector pauses for the swap and resumes from SCHEMA's offsets.
+    """
+    from projections.pgschema import swap as swap_schemas
+    from projections.replay import replay as run_replay
+    from tapeline.settings import Settings
+
+    settings = Settings()
+    if (into is None) == (swap is None):
+        _fail(typer.BadParameter("give exactly one of --into SCHEMA or --swap SCHEMA"), 2)
+    try:
+        if into is not None:
+            with progress_bar(f"replay into {into}", disable=as_json) as (on_start, on_progress):
+                result = run_replay(settings, into, as_of=parse_time(as_of), force=force, batch_size=batch_size,
+                                    on_start=on_start, on_progress=on_progress)
+            _print_replay(result, as_json)
+            return
+        if catch_up:
+            with progress_bar(f"catching {swap} up", disable=as_json) as (on_start, on_progress):
+                result = run_replay(settings, swap, fresh=False, batch_size=batch_size, on_start=on_start,
+                                    on_progress=on_progress)
+        swapped = swap_schemas(settings.database_url, swap, settings.db_schema)
+    except TapelineError as exc:
+        _fail(exc)
+    summary = {"live": swapped.live, "from": swap, "retired": swapped.retired,
+               "stall_policy_copied": swapped.stall_policy_copied}
+    if as_json:
+        out.print_json(json.dumps(summary))
+    else:
+        out.print(f"{swap} is now the live schema {swapped.live}; the previous one is kept as {swapped.retired} "
+                  f"(DROP SCHEMA {swapped.retired} CASCADE when no longer needed)")
+
+
+def _print_replay(result, as_json: bool) -> None:
+    summary = {"schema": result.schema, "records": result.records, "applied": result.applied,
+               "duplicates": result.duplicates, "superseded": result.superseded,
+               "dead_letters": result.dead_letters, "elapsed_s": round(result.elapsed_s, 3),
+               "events_per_s": round(result.events_per_s), "rows": result.rows}
+    if as_json:
+        out.print_json(json.dumps(summary))
+        return
+    out.print(f"replayed {result.records} records into {result.schema} in {result.elapsed_s:.1f} s "
+              f"({result.events_per_s:,.0f}/s): applied {result.applied}, duplicates {result.duplicates}, "
+              f"superseded {result.superseded}, undecodable {result.dead_letters}")
+    table = Table("table", "rows", title=f"schema {result.schema}")
+    for name, count in result.rows.items():
+        table.add_row(name, str(count))
+    out.print(table)
+
+
+def export(fmt: str = typer.Option("jsonl", "--format", envvar="TAPELINE_EXPORT_FORMAT", help="avro | jsonl"),
+           since: Optional[str] = typer.Option(None, "--since", help="First broker timestamp (inclusive)"),
+           until: Optional[str] = typer.Option(None, "--until", help="Last broker timestamp (exclusive); "
+                                               "default: the log end when the export starts"),
+           job: Optional[str] = typer.Option(None, "--job", help="Only this job's events"),
+           output: Optional[Path] = typer.Option(None, "--output", "-o", help="File to write (default: stdout)")) -> None:
+    """Stream the committed event history of the lifecycle log as Avro (a container file) or JSON lines."""
+    from projections.export import FORMATS, export as run_export
+    from tapeline.settings import Settings
+
+    if fmt not in FORMATS:
+        _fail(typer.BadParameter(f"--format must be one of {', '.join(FORMATS)}"), 2)
+    settings = Settings()
+    target = open(output, "wb") if output is not None else sys.stdout.buffer
+    try:
+        with progress_bar("export", disable=output is None and not console.is_terminal) as (on_start, on_progress):
+            result = run_export(settings, target, fmt, since=parse_time(since), until=parse_time(until), job=job,
+                                on_start=on_start, on_progress=on_progress)
+    except TapelineError as exc:
+        _fail(exc)
+    finally:
+        if output is not None:
+            target.close()
+    console.print(f"exported {result.events} events"
+                  + (f" to {output}" if output else "")
+                  + (f"; skipped {result.skipped_undecodable} undecodable records" if result.skipped_undecodable else ""))

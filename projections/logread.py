@@ -1,0 +1,141 @@
+"""Reading a bounded slice of the committed log: from given offsets up to stop offsets fixed at the start.
+
+Replay, export and the benchmark read "the log as of now" (or as of a broker timestamp): the stop
+offset of each partition is computed once, before reading, from the last stable offset (what a
+`read_committed` client can reach) or from `offsets_for_times`. Records written later are never
+read, so a replay of a busy log still ends. Nothing here produces to Kafka.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Callable, Iterator
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from tapeline import kafka
+from tapeline.errors import ServiceUnavailable
+from tapeline.settings import Settings
+
+Position = tuple[str, int]
+
+
+def to_millis(moment: datetime) -> int:
+    """Milliseconds since the epoch of an aware datetime (Kafka's timestamp unit)."""
+    return int(moment.timestamp() * 1000)
+
+
+@dataclass
+class Bounds:
+    """Start (first offset to read) and stop (first offset not to read) of each partition."""
+
+    start: dict[Position, int] = field(default_factory=dict)
+    stop: dict[Position, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        """Offsets to read (an upper bound on records: transaction markers take offsets too)."""
+        return sum(max(0, self.stop[p] - self.start[p]) for p in self.stop)
+
+
+def reader(settings: Settings, purpose: str) -> Consumer:
+    """A read_committed consumer that is only ever assigned partitions and never commits."""
+    return kafka.consumer(settings, f"{settings.app_name}.{purpose}.{uuid.uuid4().hex[:8]}",
+                          **{"enable.partition.eof": True,  # a partition with nothing left below its stop ends here
+                             "fetch.max.bytes": 64 * 1024**2,  # bulk reads: large fetches, few round trips
+                             "max.partition.fetch.bytes": 8 * 1024**2,
+                             "queued.max.messages.kbytes": 256 * 1024})
+
+
+def offset_at(consumer: Consumer, topic: str, partition: int, moment: datetime | None, default: int,
+              timeout_s: float = 10.0) -> int:
+    """First offset whose broker timestamp is >= `moment` (`default` when there is none or no moment)."""
+    if moment is None:
+        return default
+    found = consumer.offsets_for_times([TopicPartition(topic, partition, to_millis(moment))], timeout=timeout_s)
+    offset = found[0].offset
+    return default if offset < 0 else offset
+
+
+def bounds(consumer: Consumer, topics: list[str], *, since: datetime | None = None, until: datetime | None = None,
+           start_at: dict[Position, int] | None = None, partitions: dict[str, list[int]] | None = None) -> Bounds:
+    """Bounds of every partition of `topics`: from `start_at` (or `since`, or the log start) up to
+    `until` (exclusive; a broker timestamp) or else the last stable offset as of this call."""
+    result = Bounds()
+    for topic in topics:
+        chosen = (partitions or {}).get(topic) or range(kafka.partition_count(consumer, topic))
+        for partition in chosen:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
+            if start_at and (topic, partition) in start_at:
+                start = start_at[(topic, partition)]
+            else:
+                start = offset_at(consumer, topic, partition, since, high) if since else low
+            start = max(low, start)
+            stop = min(high, offset_at(consumer, topic, partition, until, high))
+            result.start[(topic, partition)] = start
+            result.stop[(topic, partition)] = max(start, stop)
+    return result
+
+
+@dataclass
+class Slice:
+    """One batch: records below their partition's stop, in consumption order, and the positions
+    (offset after the last one read) reached at partitions that are now finished."""
+
+    records: list[Message]
+    ends: dict[Position, int]
+
+
+def read(consumer: Consumer, span: Bounds, batch_size: int = 5000, stall_timeout_s: float = 120.0,
+         on_progress: Callable[[int], None] | None = None) -> Iterator[Slice]:
+    """Yield batches of every committed record within `span`. `on_progress(offsets_done)` after each.
+
+    Raises `ServiceUnavailable` when nothing arrives for `stall_timeout_s` while records remain
+    (an open transaction holds the last stable offset, or the broker is gone).
+    """
+    pending = {p for p in span.stop if span.stop[p] > span.start[p]}
+    reached = dict(span.start)
+    if not pending:
+        return
+    consumer.assign([TopicPartition(t, p, span.start[(t, p)]) for t, p in sorted(pending)])
+    last_progress = time.monotonic()
+    while pending:
+        messages = consumer.consume(batch_size, timeout=0.5)
+        records, ends = [], {}
+        for message in messages:
+            position = (message.topic(), message.partition())
+            if position not in pending:
+                continue
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    ends[position] = min(message.offset(), span.stop[position])
+                    reached[position] = span.stop[position]
+                    pending.discard(position)
+                    consumer.pause([TopicPartition(*position)])
+                    continue
+                raise ServiceUnavailable(f"reading {position[0]}[{position[1]}]: {error}")
+            if message.offset() >= span.stop[position]:
+                ends[position] = span.stop[position]  # everything below the stop was read
+                reached[position] = span.stop[position]
+                pending.discard(position)
+                consumer.pause([TopicPartition(*position)])
+                continue
+            records.append(message)
+            reached[position] = message.offset() + 1
+        for position in list(pending):
+            if reached[position] >= span.stop[position]:
+                ends[position] = span.stop[position]
+                pending.discard(position)
+                consumer.pause([TopicPartition(*position)])
+        if records or ends:
+            last_progress = time.monotonic()
+            yield Slice(records, ends)
+            if on_progress is not None:
+                on_progress(sum(reached[p] - span.start[p] for p in span.stop))
+        elif time.monotonic() - last_progress > stall_timeout_s:
+            raise ServiceUnavailable(f"no records for {stall_timeout_s:.0f} s while {len(pending)} partition(s) "
+                                     "still had records below their stop offset (an open transaction?)")

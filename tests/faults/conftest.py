@@ -1,0 +1,49 @@
+"""Fault-injection fixtures: a video long enough to be mid-transcode, short leases, real processes."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import psycopg
+import pytest
+
+from tapeline.samples import sample_video
+from tapeline.settings import Settings
+from tests.conftest import Pipeline
+
+FAULT_TIMING = {"lease_s": 3.0, "heartbeat_interval_s": 0.5, "no_progress_timeout_s": 4.0, "handoff_timeout_s": 15.0,
+                "intake_timeout_s": 60.0, "tick_interval_s": 0.5, "caught_up_timeout_s": 20.0,
+                "x264_preset": "ultrafast", "transaction_timeout_ms": 3000}
+"""Seconds, small so faults are detected quickly; the transaction timeout stays below the lease."""
+
+
+@pytest.fixture(scope="session")
+def long_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real bigbuckbunny sample looped six times (about 32 s of 1280x720 H.264/AAC)."""
+    path = tmp_path_factory.mktemp("media") / "bigbuckbunny-x6.mp4"
+    subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-stream_loop", "5", "-i", str(sample_video()),
+                    "-c", "copy", "-y", str(path)], check=True, timeout=120)
+    return path
+
+
+@pytest.fixture()
+def fault_settings(isolated: Settings) -> Settings:
+    """The module's isolated services with fault timings and a fresh app name per test."""
+    import uuid
+
+    return isolated.model_copy(update={**FAULT_TIMING, "app_name": f"{isolated.app_name}-{uuid.uuid4().hex[:6]}"})
+
+
+@pytest.fixture()
+def fault_pipeline(fault_settings: Settings, tmp_path: Path) -> Iterator[Pipeline]:
+    running = Pipeline(fault_settings, tmp_path / "run.log").start()
+    yield running
+    running.stop()
+    print(running.log_text()[-6000:])
+
+
+def job_row(settings: Settings, job_id: str) -> dict | None:
+    with psycopg.connect(settings.database_url, row_factory=psycopg.rows.dict_row) as conn:
+        return conn.execute("SELECT * FROM job_state WHERE job_id = %s", (job_id,)).fetchone()

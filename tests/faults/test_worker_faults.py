@@ -1,0 +1,114 @@
+"""Dead, hung and stopped workers, with real processes: kill -9, SIGSTOP, SIGTERM.
+
+Each test runs `tapeline run --role all` (supervised children, watchdog included) with a lease of a
+few seconds, submits a 32 s real video, interferes with a process mid-transcode, and checks the
+committed log: the job completes once, with one published output set.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from producers.submit import publish, upload
+from tests.conftest import wait_for
+from tests.faults.conftest import job_row
+from tests.integration.helpers import committed_events, keys_under, of_job
+
+pytestmark = pytest.mark.integration
+
+
+def submit(settings, path):
+    submission = upload(settings, path)
+    publish(settings, submission.event)
+    return submission.job_id
+
+
+def wait_transcoding(settings, job_id, min_frames=50, timeout_s=60):
+    """Wait until the transcode attempt reports progress (frames advancing in heartbeats)."""
+    return wait_for(lambda: (lambda r: r if r and r["state"] == "running" and r["stage"] == "transcode"
+                             and (r["progress_frames"] or 0) >= min_frames else None)(job_row(settings, job_id)),
+                    timeout_s, "the transcode to be under way")
+
+
+def wait_state(settings, job_id, state="completed", timeout_s=180):
+    return wait_for(lambda: (lambda r: r if r and r["state"] == state else None)(job_row(settings, job_id)),
+                    timeout_s, f"job {job_id} to be {state}")
+
+
+def assert_completed_once(settings, job_id):
+    events = of_job(committed_events(settings), job_id)
+    assert len(of_job(events, job_id, "JobCompleted")) == 1
+    published = [e for e in of_job(events, job_id, "AttemptSucceeded") if e.stage == "publish"]
+    assert len(published) == 1
+    assert keys_under(settings, f"published/{job_id}/") == {o.key for o in published[0].outputs}
+    return events
+
+
+def test_kill_9_transcode_worker_mid_job(fault_settings, fault_pipeline, long_video):
+    job_id = submit(fault_settings, long_video)
+    wait_transcoding(fault_settings, job_id)
+    worker = fault_pipeline.children()["transcode"]
+    killed_at = time.monotonic()
+    os.kill(worker, signal.SIGKILL)
+    wait_state(fault_settings, job_id)
+    events = assert_completed_once(fault_settings, job_id)
+    stalls = of_job(events, job_id, "StallDetected")
+    assert [(s.kind, s.stalled_attempt) for s in stalls] == [("lease_expired", 1)]
+    started = [(e.stage, e.attempt) for e in of_job(events, job_id, "AttemptStarted")]
+    assert started == [("transcode", 1), ("transcode", 2), ("publish", 1)]
+    assert time.monotonic() - killed_at < 120
+
+
+def test_sigstop_ffmpeg_is_caught_by_progress_not_liveness(fault_settings, fault_pipeline, long_video):
+    job_id = submit(fault_settings, long_video)
+    wait_transcoding(fault_settings, job_id)
+    worker = fault_pipeline.children()["transcode"]
+    ffmpeg = wait_for(lambda: [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == worker
+                               and _name(int(p)) == "ffmpeg"], 10, "the worker's ffmpeg")[0]
+    os.kill(ffmpeg, signal.SIGSTOP)
+    try:
+        wait_for(lambda: any(s.kind == "no_progress" for s in of_job(committed_events(fault_settings), job_id,
+                                                                      "StallDetected")), 60, "a no_progress stall")
+    finally:
+        try:
+            os.kill(ffmpeg, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    wait_state(fault_settings, job_id)
+    events = assert_completed_once(fault_settings, job_id)
+    assert [(s.kind, s.stalled_attempt) for s in of_job(events, job_id, "StallDetected")] == [("no_progress", 1)]
+    # The stalled attempt's worker was alive and heartbeating all along.
+    assert len([e for e in of_job(events, job_id, "Heartbeat") if e.attempt == 1]) >= 3
+
+
+def test_sigterm_yields_and_the_next_attempt_starts_at_once(fault_settings, fault_pipeline, long_video):
+    job_id = submit(fault_settings, long_video)
+    wait_transcoding(fault_settings, job_id)
+    os.kill(fault_pipeline.children()["transcode"], signal.SIGTERM)
+    wait_state(fault_settings, job_id)
+    events = assert_completed_once(fault_settings, job_id)
+    assert of_job(events, job_id, "StallDetected") == []
+    yielded = of_job(events, job_id, "AttemptYielded")
+    assert [e.attempt for e in yielded] == [1]
+    started = [e for e in of_job(events, job_id, "AttemptStarted") if e.stage == "transcode"]
+    assert [e.attempt for e in started] == [1, 2]
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
+
+
+def _name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""

@@ -1,0 +1,204 @@
+"""Replay into a schema of its own, as-of replays, swapping a rebuilt schema in, and export, against
+real Kafka and PostgreSQL."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import threading
+import uuid
+from datetime import datetime, timezone
+
+import fastavro
+import psycopg
+import pytest
+from confluent_kafka import TopicPartition
+
+from bench import lifecycles
+from projections.export import export
+from projections.projector import Projector
+from projections.replay import replay
+from schemas.codec import default_codec
+from tapeline import kafka
+from tests.conftest import tapeline_cli, wait_for
+from tests.integration.test_projector import run_projector_until_caught_up
+
+pytestmark = pytest.mark.integration
+COMPARED = {  # table -> (columns compared, order); columns written with now() are left out
+    "job_state": ("*", "job_id"),
+    "lifecycle_evidence": ("*", "topic, partition, \"offset\""),
+    "uploads": ("*", "upload_id"),
+    "dead_letters": ("topic, partition, \"offset\", broker_ts, key, value, error", "topic, partition, \"offset\""),
+    "projector_offsets": ("projection, topic, partition, next_offset", "projection, topic, partition"),
+}
+
+
+def rows(settings, sql, *params):
+    with psycopg.connect(settings.database_url, row_factory=psycopg.rows.dict_row) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def produce(settings, producer, events, uploads=(), raw=(), abort=False):
+    """One transaction: lifecycle events (and uploads, and raw bytes) to their partitions."""
+    codec = default_codec()
+    jobs_n = kafka.partition_count(producer, settings.jobs_topic)
+    uploads_n = kafka.partition_count(producer, settings.uploads_topic)
+    producer.begin_transaction()
+    for event in events:
+        producer.produce(settings.jobs_topic, key=event.job_id.encode(), value=codec.encode(event.to_record()),
+                         partition=kafka.partition_for(event.job_id, jobs_n))
+    for event in uploads:
+        producer.produce(settings.uploads_topic, key=event.upload_id.encode(), value=codec.encode(event.to_record()),
+                         partition=kafka.partition_for(event.upload_id, uploads_n))
+    for key, value in raw:
+        producer.produce(settings.jobs_topic, key=key, value=value, partition=kafka.partition_for(key.decode(), jobs_n))
+    if abort:
+        producer.flush(30)
+        producer.abort_transaction(30)
+    else:
+        producer.commit_transaction(30)
+
+
+def phase(settings, producer, seed, count, duplicate_first=False):
+    rng = random.Random(seed)
+    jobs = [lifecycles.job(rng, heartbeats=4, checkpoints=2, failed_attempts=i % 2, zombie=i % 3 == 0,
+                           terminal_failure=i % 4 == 3) for i in range(count)]
+    uploads = [lifecycles.upload(job[0].upload_id) for job in jobs]
+    produce(settings, producer, [e for job in jobs for e in job], uploads=uploads + uploads[:1])
+    if duplicate_first:  # a redelivery of the first job: duplicates, evidence only
+        produce(settings, producer, jobs[0])
+    return jobs
+
+
+def watermarks(settings):
+    consumer = kafka.consumer(settings, f"wm-{uuid.uuid4().hex[:6]}")
+    try:
+        marks = {}
+        for topic in settings.all_topics():
+            for p in range(kafka.partition_count(consumer, topic)):
+                marks[(topic, p)] = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+        return marks
+    finally:
+        consumer.close()
+
+
+@pytest.fixture(scope="module")
+def busy(isolated):
+    """Two phases of lifecycles, separated in broker time; the live projection caught up after each."""
+    producer = kafka.transactional_producer(isolated, f"{isolated.app_name}.replay-writer")
+    first = phase(isolated, producer, 1, 6, duplicate_first=True)
+    produce(isolated, producer, [e for job in lifecycles.jobs(9, 2, heartbeats=2) for e in job], abort=True)
+    produce(isolated, producer, [], raw=[(b"not-a-job", b"\x00garbage")])  # undecodable: a dead letter
+    run_projector_until_caught_up(isolated)
+    cut = rows(isolated, "SELECT max(broker_ts) AS t FROM lifecycle_evidence")[0]["t"]
+    wait_for(lambda: datetime.now(timezone.utc).timestamp() > cut.timestamp() + 0.05, 5, "broker time to move on")
+    second = phase(isolated, producer, 2, 3)
+    run_projector_until_caught_up(isolated)
+    return {"producer": producer, "cut": cut, "first": first, "second": second}
+
+
+def assert_same_tables(settings, schema_a, schema_b):
+    for name, (columns, order) in COMPARED.items():
+        a = rows(settings, f"SELECT {columns} FROM {schema_a}.{name} ORDER BY {order}")
+        b = rows(settings, f"SELECT {columns} FROM {schema_b}.{name} ORDER BY {order}")
+        assert a == b, f"{name} differs between {schema_a} and {schema_b}"
+
+
+def test_replay_into_a_fresh_schema_equals_the_live_projection_row_for_row(isolated, busy):
+    before = watermarks(isolated)
+    done = tapeline_cli(isolated, "replay", "--into", "rebuilt", "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["dead_letters"] == 1 and summary["duplicates"] > 0 and summary["superseded"] > 0
+    assert_same_tables(isolated, "public", "rebuilt")
+    assert rows(isolated, "SELECT * FROM rebuilt.log_clock ORDER BY partition") == \
+        rows(isolated, "SELECT * FROM public.log_clock ORDER BY partition")
+    states = {r["state"] for r in rows(isolated, "SELECT state FROM rebuilt.job_state")}
+    assert {"completed", "failed"} <= states
+    assert watermarks(isolated) == before  # a replay never produces
+
+
+def test_replay_refuses_a_non_empty_schema_unless_forced(isolated, busy):
+    refused = tapeline_cli(isolated, "replay", "--into", "rebuilt")
+    assert refused.returncode == 1 and "not empty" in refused.stderr
+    live = tapeline_cli(isolated, "replay", "--into", "public", "--force")
+    assert live.returncode == 1 and "live schema" in live.stderr
+    forced = tapeline_cli(isolated, "replay", "--into", "rebuilt", "--force", "--json")
+    assert forced.returncode == 0, forced.stderr
+    assert_same_tables(isolated, "public", "rebuilt")
+
+
+def test_as_of_replay_stops_at_the_broker_timestamp(isolated, busy):
+    result = replay(isolated, "asof", as_of=busy["cut"])
+    evidence = "SELECT * FROM {}.lifecycle_evidence WHERE broker_ts <= %s ORDER BY topic, partition, \"offset\""
+    expected = rows(isolated, evidence.format("public"), busy["cut"])
+    got = rows(isolated, evidence.format("asof"), datetime.now(timezone.utc))
+    assert got == expected
+    total = rows(isolated, "SELECT count(*) AS n FROM public.lifecycle_evidence")[0]["n"]
+    assert 0 < len(got) < total
+    second_jobs = [job[0].job_id for job in busy["second"]]
+    assert rows(isolated, "SELECT count(*) AS n FROM asof.job_state WHERE job_id = ANY(%s)", second_jobs)[0]["n"] == 0
+    assert result.rows["job_state"] == len(busy["first"])
+
+
+def test_export_jsonl_and_avro_stream_the_committed_history(isolated, busy):
+    total = rows(isolated, "SELECT count(*) AS n FROM lifecycle_evidence")[0]["n"]
+    lines = io.BytesIO()
+    result = export(isolated, lines, "jsonl")
+    parsed = [json.loads(line) for line in lines.getvalue().decode().splitlines()]
+    assert result.events == len(parsed) == total and result.skipped_undecodable == 1
+    live = {(r["partition"], r["offset"]): r for r in rows(isolated, "SELECT * FROM lifecycle_evidence")}
+    for record in parsed:
+        row = live[(record["partition"], record["offset"])]
+        assert record["event"]["event_id"] == row["event_id"] and record["event"]["event_type"] == row["event_type"]
+        assert datetime.fromisoformat(record["broker_ts"]) == row["broker_ts"]
+
+    blob = io.BytesIO()
+    assert export(isolated, blob, "avro").events == total
+    blob.seek(0)
+    records = list(fastavro.reader(blob))
+    assert len(records) == total
+    assert {(r["partition"], r["offset"]) for r in records} == set(live)
+    assert {r["event"]["event_type"] for r in records} >= {"JobAccepted", "Heartbeat", "CheckpointRecorded",
+                                                           "JobCompleted", "JobFailed"}
+
+    job = busy["first"][1][0].job_id
+    since = busy["cut"]
+    only = io.BytesIO()
+    export(isolated, only, "jsonl", job=job)
+    assert [json.loads(x)["event"]["job_id"] for x in only.getvalue().decode().splitlines()] == \
+        [job] * len(busy["first"][1])
+    later = io.BytesIO()
+    export(isolated, later, "jsonl", since=since)  # strictly after the cut: the second phase only
+    expected_later = rows(isolated, "SELECT count(*) AS n FROM lifecycle_evidence WHERE broker_ts >= %s", since)[0]["n"]
+    assert len(later.getvalue().splitlines()) == expected_later
+    cli = tapeline_cli(isolated, "export", "--format", "avro", "--job", job, "--output", "/dev/null")
+    assert cli.returncode == 0 and f"exported {len(busy['first'][1])} events" in cli.stderr
+
+
+def test_swap_pauses_the_projector_and_it_resumes_from_the_new_schema(isolated, busy):
+    stop, ready = threading.Event(), threading.Event()
+    projector = Projector(isolated)
+    thread = threading.Thread(target=projector.run, args=(stop, ready), daemon=True)
+    thread.start()
+    try:
+        wait_for(ready.is_set, 60, "the live projector to catch up")
+        replay(isolated, "next", force=True)  # as of now; then the log moves on
+        third = phase(isolated, busy["producer"], 3, 2)
+        done = tapeline_cli(isolated, "replay", "--swap", "next", "--no-catch-up", "--json")
+        assert done.returncode == 0, done.stderr
+        retired = json.loads(done.stdout)["retired"]
+        fourth = phase(isolated, busy["producer"], 4, 2)
+        expected = sum(len(job) for job in busy["first"] + busy["second"] + third + fourth) + len(busy["first"][0])
+        wait_for(lambda: rows(isolated, "SELECT count(*) AS n FROM public.lifecycle_evidence")[0]["n"] == expected,
+                 60, "the projector to fill the swapped-in schema without gaps")
+        assert rows(isolated, "SELECT count(*) AS n FROM pg_namespace WHERE nspname = %s", retired)[0]["n"] == 1
+        stop.set()
+        thread.join(30)
+        fresh = replay(isolated, "rechecked", force=True)
+        assert fresh.records > 0
+        assert_same_tables(isolated, "public", "rechecked")
+    finally:
+        stop.set()
+        thread.join(30)
