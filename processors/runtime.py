@@ -4,6 +4,7 @@ caught-up projection, and the claim of a work item.
 
 from __future__ import annotations
 
+import os
 import secrets
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -39,7 +40,7 @@ class Runtime:
     def __init__(self, settings: Settings, role: str, health: HealthState | None = None) -> None:
         self.settings, self.role = settings, role
         self.health = health or HealthState(role, settings.instance_id)  # counts events produced
-        self.recorded_by = f"{role}@{settings.instance_id}"
+        self.recorded_by = f"{role}@{settings.instance_id}:{os.getpid()}"  # which process, for evidence
         self.codec = default_codec()
         self.db = connect(settings.database_url, schema=settings.db_schema,
                           autocommit=True)  # every read sees the latest projection

@@ -53,8 +53,10 @@ class TranscodeWorker(StageWorker):
                 latest[0] = p
                 self.health.record_progress(p.frames, p.out_time_s, p.speed)
 
+            # tick_s well below the heartbeat interval, so heartbeats leave on time (no-progress
+            # detection is at most the timeout plus one heartbeat interval late).
             result = media.run_ffmpeg(command, on_progress=progressed, on_tick=tick,
-                                      should_stop=self.stop.is_set)
+                                      should_stop=self.stop.is_set, tick_s=min(0.25, settings.heartbeat_s / 4))
             if self.stop.is_set() and not (latest[0].ended and result.returncode == 0):
                 raise Yielded(f"worker shutting down (SIGTERM) at {latest[0].out_time_s:.1f} s of media")
             if result.returncode != 0:

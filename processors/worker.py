@@ -108,6 +108,27 @@ class Attempt:
         self.runtime.health.lease_renewed()
 
 
+def leave_group(consumer, timeout_s: float = 3.0) -> None:
+    """Unsubscribe and serve the consumer until its partitions are given up.
+
+    With cooperative rebalancing the revocation (and so the leave) completes only while the
+    application polls; a busy worker that stopped polling would hold its partitions until its
+    session timed out, and every job queued there would wait (seen: 10 s, one session timeout).
+    """
+    consumer.unsubscribe()
+    deadline = time.monotonic() + timeout_s
+    while consumer.assignment() and time.monotonic() < deadline:
+        consumer.poll(0.05)
+
+
+def _log_assignment(what: str):
+    """A rebalance callback that logs the partitions (cooperative-sticky: increments only)."""
+    def callback(_consumer, partitions) -> None:
+        if partitions:
+            log.info(f"work partitions {what}", partitions=[f"{p.topic}[{p.partition}]" for p in partitions])
+    return callback
+
+
 class Yielded(Exception):
     """The worker is shutting down: the attempt stops at a clean point and hands over."""
 
@@ -139,7 +160,7 @@ class StageWorker:
         store = ObjectStore(settings)
         topics = settings.work_topics(self.stage)
         consumer = kafka.consumer(settings, f"{settings.app_name}.{self.stage}")
-        consumer.subscribe(topics)
+        consumer.subscribe(topics, on_assign=_log_assignment("assigned"), on_revoke=_log_assignment("revoked"))
         self.health.mark_ready()
         try:
             while not stop.is_set():
@@ -156,13 +177,14 @@ class StageWorker:
                 attempt = self.claim(runtime, consumer, message)
                 if attempt is None:
                     continue
-                consumer.unsubscribe()  # Step 5: leave the group while busy
+                leave_group(consumer)  # Step 5: leave the group while busy
                 try:
                     self.execute(attempt, store)
                 finally:
                     self.current = None
                     self.health.clear_attempt()
-                    consumer.subscribe(topics)  # Step 6 done: free again
+                    consumer.subscribe(topics, on_assign=_log_assignment("assigned"),
+                                       on_revoke=_log_assignment("revoked"))  # Step 6 done: free again
         finally:
             consumer.close()
             runtime.close()
@@ -179,6 +201,8 @@ class StageWorker:
             log.error("undecodable work item skipped", error=str(exc))
             consumer.commit(offsets=offsets, asynchronous=False)
             return None
+        log.info("work item received", job_id=item.job_id, stage=self.stage, attempt=item.attempt,
+                 produced_ms_ago=int(time.time() * 1000 - message.timestamp()[1]))
         # Step 1
         reason = should_skip(runtime.job_row(item.job_id), item)
         if reason is not None:

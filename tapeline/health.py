@@ -190,8 +190,8 @@ class HealthState:
                 progress["at"] = _utc_iso(progress["at"])
             doc = {"role": self.role, "instance": self.instance, "pid": os.getpid(), "ready": ready, "reason": reason,
                    "current": attempt,
-                   "lease_clock": "approximate: lease minus time since claim or last heartbeat, worker monotonic clock; "
-                                  "the broker-time lease in the projection is authoritative",
+                   "lease_clock": "approximate: lease minus time since claim or last heartbeat, worker monotonic "
+                                  "clock; the broker-time lease in the projection is authoritative",
                    "last_progress": progress, "jobs_processed": self._jobs, "last_job_at": _utc_iso(self._last_job_at),
                    "uptime_s": round(time.monotonic() - self._started, 3)}
             if self.role == "projector":
@@ -206,7 +206,7 @@ class HealthState:
 class _Handler(BaseHTTPRequestHandler):
     server: "_Server"
 
-    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+    def do_GET(self) -> None:  # the stdlib's name
         state = self.server.state
         path = self.path.split("?", 1)[0].rstrip("/")
         if path == "/health/live":

@@ -47,3 +47,47 @@ def fault_pipeline(fault_settings: Settings, tmp_path: Path) -> Iterator[Pipelin
 def job_row(settings: Settings, job_id: str) -> dict | None:
     with psycopg.connect(settings.database_url, row_factory=psycopg.rows.dict_row) as conn:
         return conn.execute("SELECT * FROM job_state WHERE job_id = %s", (job_id,)).fetchone()
+
+
+class Roles:
+    """Processor roles as separate real processes (`tapeline run --role X`), started and stopped one by one."""
+
+    def __init__(self, settings: Settings, log_dir: Path) -> None:
+        self.settings, self.log_dir = settings, log_dir
+        self.processes: list[tuple[str, "subprocess.Popen", object]] = []
+
+    def start(self, role: str, wrapper: list[str] | None = None) -> "subprocess.Popen":
+        import sys
+
+        from tests.conftest import settings_env
+
+        log = open(self.log_dir / f"{role}-{len(self.processes)}.log", "ab")
+        process = subprocess.Popen([*(wrapper or []), sys.executable, "-m", "tapeline.cli", "run", "--role", role],
+                                   env=settings_env(self.settings), stdout=log, stderr=log, start_new_session=True)
+        self.processes.append((role, process, log))
+        return process
+
+    def stop_all(self) -> None:
+        import os
+        import signal
+
+        for _, process, log in self.processes:
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGCONT)
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                process.wait()
+            log.close()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(self.log_dir.glob("*.log")))
+
+
+@pytest.fixture()
+def roles(fault_settings: Settings, tmp_path: Path) -> Iterator[Roles]:
+    running = Roles(fault_settings, tmp_path)
+    yield running
+    running.stop_all()
+    print(running.logs())

@@ -67,7 +67,7 @@ def served(isolated: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def test_every_child_is_ready_and_a_job_shows_in_deep_health_and_metrics(isolated, served):
-    pipeline, ports = served
+    _, ports = served
     wait_for(lambda: all(get(port, "/health/ready")[0] == 200 for port in ports.values()), 90,
              f"every child's /health/ready to answer 200 ({ports})")
     for role, port in ports.items():

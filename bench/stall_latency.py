@@ -1,0 +1,178 @@
+"""Stall-detection latency against real processes: kill -9 and a hung ffmpeg, lease L.
+
+For each run: submit a 32 s real video, wait until its transcode reports progress, then
+  - kill -9 the worker that holds it, and measure (kill -> StallDetected) and (kill -> next
+    AttemptStarted) from the broker timestamps (LogAppendTime, same host clock as the kill), or
+  - SIGSTOP its ffmpeg while the worker keeps heartbeating, and measure (stop -> StallDetected(no_progress)).
+Two transcode workers run, so the next attempt has a free worker. The fault comes at a random point
+between two heartbeats (the bench sees progress right after a heartbeat is projected). Goals (docs): detection within
+L + 1 s; next attempt within L (median) and L + 2 s (max).
+
+Usage: python bench/stall_latency.py [--lease 5] [--runs 5] [--hang-runs 3]
+Prints the figures and ends with one line `RESULT lease_s=... detect_median_s=... ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from producers.submit import publish, upload  # noqa: E402
+from projections.sql import migrate  # noqa: E402
+from tapeline import stack  # noqa: E402
+from tapeline.samples import sample_video  # noqa: E402
+from tapeline.settings import Settings  # noqa: E402
+
+
+def env_for(settings: Settings) -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for name in type(settings).model_fields:
+        value = getattr(settings, name)
+        if value is not None and name != "instance_id" and not isinstance(value, tuple):
+            env[f"TAPELINE_{name.upper()}"] = str(value)
+    return env
+
+
+def start(role: str, settings: Settings, logs: Path) -> subprocess.Popen:
+    log = open(logs / f"{role}-{uuid.uuid4().hex[:4]}.log", "ab")
+    return subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", role], env=env_for(settings),
+                            stdout=log, stderr=log, start_new_session=True)
+
+
+def query(settings: Settings, sql: str, *params):
+    with psycopg.connect(settings.database_url, row_factory=psycopg.rows.dict_row) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def wait(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def running_with_progress(settings: Settings, job_id: str):
+    rows = query(settings, "SELECT * FROM job_state WHERE job_id = %s", job_id)
+    return rows[0] if rows and rows[0]["state"] == "running" and (rows[0]["progress_frames"] or 0) > 100 else None
+
+
+def event_time(settings: Settings, job_id: str, event_type: str, **match) -> float | None:
+    rows = query(settings, "SELECT broker_ts, payload FROM lifecycle_evidence WHERE job_id = %s AND event_type = %s"
+                           " ORDER BY broker_ts", job_id, event_type)
+    for row in rows:
+        if all(row["payload"].get(k) == v for k, v in match.items()):
+            return row["broker_ts"].timestamp()
+    return None
+
+
+def children_named(parent: int, name: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            comm = Path(f"/proc/{entry}/comm").read_text().strip()
+        except OSError:
+            continue
+        if comm == name and int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+            found.append(int(entry))
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lease", type=float, default=5.0, help="lease L, seconds")
+    parser.add_argument("--runs", type=int, default=5, help="kill -9 runs")
+    parser.add_argument("--hang-runs", type=int, default=3, help="SIGSTOP-ffmpeg runs")
+    args = parser.parse_args()
+
+    base = Settings()
+    stack.up(base)
+    tag = uuid.uuid4().hex[:8]
+    dbname = f"bench_stall_{tag}"
+    with psycopg.connect(base.database_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    settings = base.model_copy(update={
+        "topic_prefix": f"bench{tag}", "app_name": f"bench-{tag}", "jobs_partitions": 3, "work_partitions": 2,
+        "uploads_partitions": 2, "database_url": base.database_url.rsplit("/", 1)[0] + "/" + dbname,
+        "lease_s": args.lease, "no_progress_timeout_s": args.lease, "tick_interval_s": 0.25,
+        "handoff_timeout_s": 600.0, "x264_preset": "ultrafast", "transaction_timeout_ms": int(args.lease * 600)})
+    stack.ensure_topics(settings)
+    migrate(settings.database_url)
+    work = Path(tempfile.mkdtemp(prefix="bench-stall-"))
+    video = work / "long.mp4"
+    subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-stream_loop", "5", "-i", str(sample_video()), "-c", "copy",
+                    "-y", str(video)], check=True)
+    processes = [start(role, settings, work) for role in ("projector", "intake", "watchdog", "publish")]
+    workers = [start("transcode", settings, work) for _ in range(2)]
+    detect, restart, hang_detect = [], [], []
+    try:
+        for run in range(args.runs + args.hang_runs):
+            hang = run >= args.runs
+            submission = upload(settings, video)
+            publish(settings, submission.event)
+            job = submission.job_id
+            row = wait(lambda: running_with_progress(settings, job), 120, "a transcode under way")
+            pid = int(row["worker"].rsplit(":", 1)[1])
+            time.sleep(random.uniform(0, settings.heartbeat_s))  # a random point between two heartbeats
+            if hang:
+                ffmpeg = wait(lambda: children_named(pid, "ffmpeg"), 10, "the worker's ffmpeg")[0]
+                os.kill(ffmpeg, signal.SIGSTOP)
+                t0 = time.time()
+                t_stall = wait(lambda: event_time(settings, job, "StallDetected", kind="no_progress"), 60, "no_progress")
+                hang_detect.append(t_stall - t0)
+                os.kill(ffmpeg, signal.SIGCONT)
+                print(f"hang run {run - args.runs + 1}: no_progress detected {t_stall - t0:.2f} s after SIGSTOP")
+            else:
+                os.kill(pid, signal.SIGKILL)
+                t0 = time.time()
+                t_stall = wait(lambda: event_time(settings, job, "StallDetected", kind="lease_expired"), 60, "lease_expired")
+                t_next = wait(lambda: event_time(settings, job, "AttemptStarted", attempt=2), 60, "attempt 2")
+                detect.append(t_stall - t0)
+                restart.append(t_next - t0)
+                print(f"kill run {run + 1}: stall detected {t_stall - t0:.2f} s, next attempt started {t_next - t0:.2f} s "
+                      f"after kill -9 (lease {args.lease:g} s)")
+                workers = [w for w in workers if w.pid != pid] + [start("transcode", settings, work)]
+            wait(lambda: query(settings, "SELECT 1 FROM job_state WHERE job_id = %s AND state = 'completed'", job),
+                 180, "the job to complete")
+    finally:
+        for process in processes + workers:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+        with psycopg.connect(base.database_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+    lease = args.lease
+    print(f"\nlease L = {lease:g} s, heartbeat every {settings.heartbeat_s:g} s, watchdog tick {settings.tick_s:g} s")
+    print(f"kill -9 -> StallDetected:   median {statistics.median(detect):.2f} s ({statistics.median(detect) / lease:.2f} L), "
+          f"max {max(detect):.2f} s ({max(detect) / lease:.2f} L); goal <= L + 1 s = {lease + 1:g} s")
+    print(f"kill -9 -> next attempt:    median {statistics.median(restart):.2f} s ({statistics.median(restart) / lease:.2f} L), "
+          f"max {max(restart):.2f} s ({max(restart) / lease:.2f} L); goal median <= L, max <= L + 2 s")
+    if hang_detect:
+        print(f"SIGSTOP ffmpeg -> no_progress: median {statistics.median(hang_detect):.2f} s "
+              f"(no-progress timeout {settings.no_progress_timeout_s:g} s)")
+    print(f"RESULT lease_s={lease:g} detect_median_s={statistics.median(detect):.2f} detect_max_s={max(detect):.2f} "
+          f"restart_median_s={statistics.median(restart):.2f} restart_max_s={max(restart):.2f} "
+          f"no_progress_detect_median_s={statistics.median(hang_detect) if hang_detect else float('nan'):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Zombies, stalled handoffs and idle workers, with each role as its own real process."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.faults.conftest import job_row
+from tests.faults.test_worker_faults import assert_completed_once, submit, wait_state, wait_transcoding
+from tests.integration.helpers import committed_events, of_job
+
+pytestmark = pytest.mark.integration
+
+
+def test_sigstop_worker_past_its_lease_is_fenced_on_waking(fault_settings, roles, long_video):
+    for role in ("projector", "intake", "watchdog", "publish"):
+        roles.start(role)
+    first = roles.start("transcode")
+    job_id = submit(fault_settings, long_video)
+    wait_transcoding(fault_settings, job_id)
+    os.killpg(first.pid, signal.SIGSTOP)  # the worker and its ffmpeg freeze, past the lease
+    roles.start("transcode")  # a second worker takes the next attempt
+    wait_for(lambda: (lambda r: r if r and r["stage"] == "transcode" and r["attempt"] == 2
+                      and r["state"] == "running" else None)(job_row(fault_settings, job_id)), 60,
+             "attempt 2 to start on the second worker")
+    os.killpg(first.pid, signal.SIGCONT)  # the zombie wakes up mid-encode
+    wait_state(fault_settings, job_id)
+    events = assert_completed_once(fault_settings, job_id)
+    assert [(s.kind, s.stalled_attempt) for s in of_job(events, job_id, "StallDetected")] == [("lease_expired", 1)]
+    # Nothing the zombie wrote after waking changed state: no success of attempt 1 was applied.
+    assert [e.attempt for e in of_job(events, job_id, "AttemptSucceeded") if e.stage == "transcode"] in ([2], [2, 1])
+    row = job_row(fault_settings, job_id)
+    assert row["attempts"] == 2 and row["outputs"][0]["key"].startswith(f"work/{job_id}/transcode/2/")
+    wait_for(lambda: "fenced" in roles.logs() or "no longer owns" in roles.logs(), 30, "the zombie to stop itself")
+
+
+def test_stopped_publish_processor_shows_a_stalled_handoff_and_completes_once_after_restart(
+        fault_settings, roles, long_video):
+    from tapeline.samples import sample_video
+    from projections import read
+
+    for role in ("projector", "intake", "watchdog", "transcode"):
+        roles.start(role)
+    job_id = submit(fault_settings, sample_video("carphone_pristine.mp4"))
+    wait_for(lambda: (lambda r: r if r and r["stage"] == "publish" and r["state"] == "queued" else None)(
+        job_row(fault_settings, job_id)), 60, "transcode to hand over to publish")
+    with read.open_reader(fault_settings) as conn:
+        stall = wait_for(lambda: [s for s in read.stalls(conn) if s["job_id"] == job_id and s["kind"] == "handoff"],
+                         60, "stalled_handoffs to show the job")[0]
+    assert stall["stage"] == "publish" and stall["attempt"] == 1 and stall["since_s"] >= fault_settings.handoff_timeout_s
+    roles.start("publish")
+    wait_state(fault_settings, job_id)
+    events = assert_completed_once(fault_settings, job_id)
+    assert [(e.stage, e.attempt) for e in of_job(events, job_id, "AttemptStarted")] == [("transcode", 1), ("publish", 1)]
+    assert "handoff" in [s.kind for s in of_job(events, job_id, "StallDetected")]
+
+
+def test_idle_worker_starts_a_new_job_while_another_is_busy(fault_settings, roles, long_video):
+    from tapeline.samples import sample_video
+
+    for role in ("projector", "intake", "watchdog", "publish", "transcode", "transcode"):
+        roles.start(role)
+    long_job = submit(fault_settings, long_video)
+    wait_transcoding(fault_settings, long_job)
+    short_job = submit(fault_settings, sample_video("carphone_pristine.mp4"))
+    wait_state(fault_settings, short_job, timeout_s=120)
+    wait_state(fault_settings, long_job)
+    log = committed_events(fault_settings)
+    short_started = of_job(log, short_job, "AttemptStarted")[0]
+    long_started = of_job(log, long_job, "AttemptStarted")[0]
+    long_done = [e for e in of_job(log, long_job, "AttemptSucceeded") if e.stage == "transcode"][0]
+    # The short job was claimed by the other worker while the long one was still transcoding.
+    assert short_started.worker != long_started.worker
+    assert short_started.occurred_at < long_done.occurred_at, \
+        f"short job claimed at {short_started.occurred_at}, long transcode ended at {long_done.occurred_at}"
+    queued = [e for e in of_job(log, short_job, "StageQueued") if e.stage == "transcode"][0]
+    print(f"short job waited {(short_started.occurred_at - queued.occurred_at).total_seconds():.2f} s for a worker")
