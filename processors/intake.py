@@ -115,7 +115,8 @@ class IntakeProcessor:
                 outgoing = self.handle(runtime, store, message)
                 offsets = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
                 try:
-                    transact(producer, lambda: runtime.produce(producer, outgoing), consumer=consumer, offsets=offsets)
+                    transact(producer, lambda: runtime.produce(producer, outgoing), consumer=consumer, offsets=offsets,
+                             name="intake")
                 except Exception:
                     # Aborted: read the record again from the last committed position.
                     consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))

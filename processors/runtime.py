@@ -18,6 +18,7 @@ from projections.sql import connect, q
 from schemas import models as ev
 from schemas.codec import default_codec
 from tapeline import kafka
+from tapeline.crashpoints import crash_point
 from tapeline.errors import Fenced
 from tapeline.health import HealthState
 from tapeline.settings import Settings
@@ -113,8 +114,11 @@ class AttemptIdentity:
 
 
 def transact(producer: Producer, produce: Callable[[], None], *, consumer: Consumer | None = None,
-             offsets: list[TopicPartition] | None = None, timeout_s: float = 30.0) -> None:
+             offsets: list[TopicPartition] | None = None, timeout_s: float = 30.0, name: str = "transaction") -> None:
     """Run one Kafka transaction.
+
+    `name` prefixes the crash points `<name>.after_produce`, `.after_send_offsets`, `.after_commit`
+    (tests only, see `tapeline.crashpoints`).
 
     Step 1. begin; Step 2. `produce()` the records; Step 3. when `offsets` are given, add them with
     the consumer's group metadata (`send_offsets_to_transaction`); Step 4. commit. A retriable
@@ -126,15 +130,19 @@ def transact(producer: Producer, produce: Callable[[], None], *, consumer: Consu
     try:
         # Step 2
         produce()
+        producer.flush(timeout_s)  # the records reach the broker inside the open transaction
+        crash_point(f"{name}.after_produce")
         # Step 3
         if offsets:
             assert consumer is not None
             producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), timeout_s)
+            crash_point(f"{name}.after_send_offsets")
         # Step 4
         while True:
             try:
                 producer.commit_transaction(timeout_s)
                 producer.poll(0)  # serve delivery reports (offsets written) now
+                crash_point(f"{name}.after_commit")
                 return
             except KafkaException as exc:
                 if exc.args and exc.args[0].retriable():

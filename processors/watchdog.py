@@ -147,7 +147,8 @@ class Watchdog:
 
     def run(self, stop: threading.Event) -> None:
         settings = self.settings
-        leader = connect(settings.database_url, autocommit=True)  # dedicated: the advisory lock lives here
+        leader = connect(settings.database_url, schema=settings.db_schema,
+                         autocommit=True)  # dedicated: the advisory lock lives here
         try:
             while not stop.is_set():
                 if leader.execute("SELECT pg_try_advisory_lock(%s)", (WATCHDOG_LOCK,)).fetchone()[0]:
@@ -181,7 +182,8 @@ class Watchdog:
         sequence = time.time_ns() // 1_000_000
         transact(producer, lambda: [runtime.produce_to(producer, jobs_topic, p, ev.WatchdogTick.new(
             job_id=f"tick:{p}", stage="watchdog", attempt=0, recorded_by=runtime.recorded_by,
-            correlation_id="watchdog", partition=p, sequence=sequence)) for p in range(partitions)])
+            correlation_id="watchdog", partition=p, sequence=sequence)) for p in range(partitions)],
+                 name="watchdog.tick")
         # Step 2
         try:
             for p in range(partitions):
@@ -200,7 +202,7 @@ class Watchdog:
         result = run_once(stalled, handoffs, missing, jobs, settings, runtime.recorded_by)
         # Step 5
         if result.outgoing:
-            transact(producer, lambda: runtime.produce(producer, result.outgoing))
+            transact(producer, lambda: runtime.produce(producer, result.outgoing), name="watchdog.act")
             self.processed += len(stalled) + len(handoffs) + len(missing)
             log.info("watchdog acted", **result.counts)
         self.last_result = result

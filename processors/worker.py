@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 import structlog
-from confluent_kafka import KafkaError, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from processors.retry import Action, retry_decision
 from processors.runtime import AttemptIdentity, Outgoing, Runtime, new_claim_token, transact
@@ -80,7 +80,8 @@ class Attempt:
 
     def send(self, outgoing: list[Outgoing]) -> None:
         """Commit `outgoing` in one transaction on the attempt's producer. Raises `Fenced`."""
-        transact(self.producer, lambda: self.runtime.produce(self.producer, outgoing))
+        transact(self.producer, lambda: self.runtime.produce(self.producer, outgoing),
+                 name=f"{self.identity.stage}.{outgoing[0][1].event_type if outgoing else 'empty'}")
 
     def event(self, cls: type[ev.Event], **fields: Any) -> ev.Event:
         return self.identity.event(cls, **fields)
@@ -119,6 +120,19 @@ def leave_group(consumer, timeout_s: float = 3.0) -> None:
     deadline = time.monotonic() + timeout_s
     while consumer.assignment() and time.monotonic() < deadline:
         consumer.poll(0.05)
+
+
+def commit_skipped(consumer, offsets: list[TopicPartition]) -> None:
+    """Commit past a work item that was skipped (nothing produced, so no transaction is needed).
+
+    A commit can fail while the group rebalances (ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS); the
+    item is then delivered again and skipped again, which is harmless, so the failure is logged,
+    never fatal.
+    """
+    try:
+        consumer.commit(offsets=offsets, asynchronous=False)
+    except KafkaException as exc:
+        log.info("commit of a skipped work item failed; it will be skipped again", error=str(exc))
 
 
 def _log_assignment(what: str):
@@ -199,7 +213,7 @@ class StageWorker:
                 raise SchemaError(f"{item.event_type} for stage {item.stage} on {message.topic()}")
         except (DecodeError, SchemaError) as exc:
             log.error("undecodable work item skipped", error=str(exc))
-            consumer.commit(offsets=offsets, asynchronous=False)
+            commit_skipped(consumer, offsets)
             return None
         log.info("work item received", job_id=item.job_id, stage=self.stage, attempt=item.attempt,
                  produced_ms_ago=int(time.time() * 1000 - message.timestamp()[1]))
@@ -207,7 +221,7 @@ class StageWorker:
         reason = should_skip(runtime.job_row(item.job_id), item)
         if reason is not None:
             log.info("work item skipped", job_id=item.job_id, stage=self.stage, attempt=item.attempt, reason=reason)
-            consumer.commit(offsets=offsets, asynchronous=False)
+            commit_skipped(consumer, offsets)
             return None
         # Step 2
         producer = kafka.transactional_producer(self.settings, f"{self.settings.app_name}.{self.stage}.{item.job_id}")
@@ -216,7 +230,7 @@ class StageWorker:
         reason = should_skip(row, item)
         if reason is not None:
             log.info("work item skipped after fencing", job_id=item.job_id, reason=reason)
-            consumer.commit(offsets=offsets, asynchronous=False)
+            commit_skipped(consumer, offsets)
             return None
         identity = AttemptIdentity(job_id=item.job_id, stage=self.stage, attempt=item.attempt,
                                    claim_token=new_claim_token(), recorded_by=runtime.recorded_by,
@@ -225,7 +239,7 @@ class StageWorker:
                                  work_topic=message.topic(), work_partition=message.partition(),
                                  work_offset=message.offset())
         # Step 4
-        transact(producer, lambda: runtime.produce(producer, [(self.settings.jobs_topic, started)]),
+        transact(producer, lambda: runtime.produce(producer, [(self.settings.jobs_topic, started)]), name=f"{self.stage}.claim",
                  consumer=consumer, offsets=offsets)
         log.info("attempt claimed", job_id=item.job_id, stage=self.stage, attempt=item.attempt,
                  claim_token=identity.claim_token)

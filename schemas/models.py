@@ -7,8 +7,9 @@ drift. Build events with `EventClass.new(job_id=..., stage=..., attempt=..., ...
 
 from __future__ import annotations
 
+import os
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,8 +33,14 @@ def dedup_key(job_id: str, stage: str, attempt: int, event_type: str, sequence: 
 
 
 def utc_now() -> datetime:
-    """The writer's clock, UTC, microsecond precision (evidence only; leases use broker time)."""
-    return datetime.now(timezone.utc)
+    """The writer's clock, UTC, microsecond precision (evidence only; leases use broker time).
+
+    `TAPELINE_CLOCK_OFFSET_S` shifts it by that many seconds, to run a process with a skewed clock
+    in fault tests (libfaketime cannot be used: librdkafka's timed waits break under it, checked).
+    """
+    offset = os.environ.get("TAPELINE_CLOCK_OFFSET_S")
+    now = datetime.now(timezone.utc)
+    return now + timedelta(seconds=float(offset)) if offset else now
 
 
 class _Frozen(BaseModel):

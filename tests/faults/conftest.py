@@ -13,7 +13,7 @@ from tapeline.samples import sample_video
 from tapeline.settings import Settings
 from tests.conftest import Pipeline
 
-FAULT_TIMING = {"lease_s": 3.0, "heartbeat_interval_s": 0.5, "no_progress_timeout_s": 4.0, "handoff_timeout_s": 15.0,
+FAULT_TIMING = {"lease_s": 4.0, "heartbeat_interval_s": 0.5, "no_progress_timeout_s": 8.0, "handoff_timeout_s": 15.0,
                 "intake_timeout_s": 60.0, "tick_interval_s": 0.5, "caught_up_timeout_s": 20.0,
                 "x264_preset": "ultrafast", "transaction_timeout_ms": 3000}
 """Seconds, small so faults are detected quickly; the transaction timeout stays below the lease."""
@@ -56,14 +56,15 @@ class Roles:
         self.settings, self.log_dir = settings, log_dir
         self.processes: list[tuple[str, "subprocess.Popen", object]] = []
 
-    def start(self, role: str, wrapper: list[str] | None = None) -> "subprocess.Popen":
+    def start(self, role: str, wrapper: list[str] | None = None, env: dict[str, str] | None = None) -> "subprocess.Popen":
         import sys
 
         from tests.conftest import settings_env
 
         log = open(self.log_dir / f"{role}-{len(self.processes)}.log", "ab")
         process = subprocess.Popen([*(wrapper or []), sys.executable, "-m", "tapeline.cli", "run", "--role", role],
-                                   env=settings_env(self.settings), stdout=log, stderr=log, start_new_session=True)
+                                   env={**settings_env(self.settings), **(env or {})}, stdout=log, stderr=log,
+                                   start_new_session=True)
         self.processes.append((role, process, log))
         return process
 

@@ -1,0 +1,91 @@
+"""The watchdog's pure core: `run_once` over view rows."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from processors.watchdog import run_once
+from tapeline.settings import Settings
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+SETTINGS = Settings(topic_prefix="unit", max_attempts=3)
+
+
+def job(job_id="j1", state="running", stage="transcode", attempt=1, yields=0, **extra):
+    return {"job_id": job_id, "upload_id": "u1", "state": state, "stage": stage, "attempt": attempt,
+            "yields": yields, "priority": "archive", "source_key": "uploads/u1/a.mp4", "source_duration_s": 5.28,
+            "ladder": [{"name": "720p", "width": 1280, "height": 720, "video_bitrate_kbps": 2800,
+                        "playlist_key": "work/j1/transcode/1/720p/index.m3u8", "url": None}],
+            "outputs": [{"key": "work/j1/transcode/1/720p/index.m3u8", "sha256": "0" * 64, "size_bytes": 10,
+                         "content_type": "application/vnd.apple.mpegurl"}],
+            "audio_playlist_key": "work/j1/transcode/1/audio/index.m3u8", **extra}
+
+
+def stalled(kind="lease_expired", attempt=1, stage="transcode", job_id="j1"):
+    return {"job_id": job_id, "stage": stage, "attempt": attempt, "kind": kind, "log_now": NOW,
+            "leased_until": NOW - timedelta(seconds=2), "last_progress_at": NOW - timedelta(seconds=9),
+            "progress_frames": 120, "since_s": 9.0, "log_partition": 1}
+
+
+def kinds(result):
+    return [(topic.rsplit(".", 1)[-1] if "work" in topic else topic, event.event_type) for topic, event in result.outgoing]
+
+
+def test_stalled_attempt_is_retried_at_once_as_the_next_attempt():
+    result = run_once([stalled()], [], [], {"j1": job()}, SETTINGS, "watchdog@t")
+    assert result.counts["retry"] == 1
+    assert kinds(result) == [("unit.jobs", "StallDetected"), ("unit.jobs", "RetryScheduled"),
+                             ("unit.jobs", "StageQueued"), ("archive", "WorkItem")]
+    stall, retry, queued, item = (e for _, e in result.outgoing)
+    assert stall.kind == "lease_expired" and stall.stalled_attempt == 1 and stall.since_s == 9.0
+    assert retry.next_attempt == 2 and retry.not_before == NOW and retry.error_class == "worker_lost"
+    assert queued.attempt == 2 and item.attempt == 2 and item.stage == "transcode"
+    assert item.source_key == "uploads/u1/a.mp4" and item.inputs == []
+    assert item.renditions[0].playlist_key is None  # a transcode retry writes its own outputs
+    assert stall.dedup_key == "j1:transcode:1:StallDetected"
+
+
+def test_publish_retry_carries_the_transcode_outputs():
+    result = run_once([stalled(stage="publish")], [], [], {"j1": job(stage="publish")}, SETTINGS, "w")
+    item = result.outgoing[-1][1]
+    assert item.stage == "publish" and [o.key for o in item.inputs] == ["work/j1/transcode/1/720p/index.m3u8"]
+    assert item.audio_playlist_key == "work/j1/transcode/1/audio/index.m3u8"
+
+
+def test_out_of_attempts_dead_letters_and_yields_do_not_count():
+    result = run_once([stalled(attempt=3)], [], [], {"j1": job(attempt=3)}, SETTINGS, "w")
+    assert result.counts["dead_letter"] == 1
+    assert kinds(result) == [("unit.jobs", "StallDetected"), ("unit.jobs", "JobDeadLettered")]
+    assert result.outgoing[1][1].attempts == 3
+    yielded = run_once([stalled(attempt=3)], [], [], {"j1": job(attempt=3, yields=1)}, SETTINGS, "w")
+    assert yielded.counts["retry"] == 1
+
+
+def test_rows_that_no_longer_match_the_job_are_ignored():
+    moved_on = run_once([stalled(attempt=1)], [], [], {"j1": job(attempt=2)}, SETTINGS, "w")
+    ended = run_once([stalled()], [], [], {"j1": job(state="completed")}, SETTINGS, "w")
+    unknown = run_once([stalled()], [], [], {}, SETTINGS, "w")
+    for result in (moved_on, ended, unknown):
+        assert result.outgoing == [] and result.counts["ignore"] == 1
+
+
+def test_stalled_handoff_is_redriven_with_a_numbered_dedup_key():
+    handoff = {"job_id": "j1", "stage": "publish", "attempt": 1, "redrives": 2, "since_s": 130.0, "log_now": NOW}
+    result = run_once([], [handoff], [], {"j1": job(state="queued", stage="publish")}, SETTINGS, "w")
+    assert result.counts["redrive"] == 1
+    stall, item = (e for _, e in result.outgoing)
+    assert stall.kind == "handoff" and stall.dedup_key == "j1:publish:1:StallDetected:handoff-2"
+    assert item.stage == "publish" and item.attempt == 1
+
+
+def test_missing_work_is_reported():
+    missing = {"upload_id": "u9", "job_id": "j9", "since_s": 200.0}
+    result = run_once([], [], [missing], {}, SETTINGS, "w")
+    assert result.counts["report"] == 1
+    assert result.outgoing[0][1].kind == "expected_work_missing" and result.outgoing[0][1].job_id == "j9"
+
+
+def test_run_once_is_deterministic_in_its_dedup_keys():
+    first = run_once([stalled()], [], [], {"j1": job()}, SETTINGS, "w")
+    second = run_once([stalled()], [], [], {"j1": job()}, SETTINGS, "w")
+    assert [e.dedup_key for _, e in first.outgoing] == [e.dedup_key for _, e in second.outgoing]
