@@ -11,7 +11,6 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from tests.conftest import wait_for
 from tests.faults.test_worker_faults import assert_completed_once, submit, wait_state
 from tests.integration.helpers import committed_events, of_job
 

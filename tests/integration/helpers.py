@@ -16,13 +16,13 @@ from tapeline.objectstore import ObjectStore
 from tapeline.settings import Settings
 
 
-def committed_events(settings: Settings, topic: str | None = None, timeout_s: float = 30.0) -> list[ev.Event]:
-    """Every committed event of a topic (default: the lifecycle log), read from offset 0 to the end."""
+def committed_messages(settings: Settings, topic: str | None = None, timeout_s: float = 30.0) -> list:
+    """Every committed record of a topic (default: the lifecycle log), from offset 0 to the end."""
     topic = topic or settings.jobs_topic
     consumer = kafka.consumer(settings, f"assert-{uuid.uuid4().hex[:8]}", **{"enable.partition.eof": True})
     partitions = kafka.partition_count(consumer, topic)
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    events, at_end = [], set()
+    messages, at_end = [], set()
     deadline = time.monotonic() + timeout_s
     try:
         while len(at_end) < partitions and time.monotonic() < deadline:
@@ -33,11 +33,16 @@ def committed_events(settings: Settings, topic: str | None = None, timeout_s: fl
                 if message.error().code() == KafkaError._PARTITION_EOF:
                     at_end.add(message.partition())
                 continue
-            events.append(ev.Event.from_record(default_codec().decode(message.value())))
+            messages.append(message)
     finally:
         consumer.close()
     assert len(at_end) == partitions, f"did not reach the end of {topic}"
-    return events
+    return messages
+
+
+def committed_events(settings: Settings, topic: str | None = None, timeout_s: float = 30.0) -> list[ev.Event]:
+    """Every committed event of a topic (default: the lifecycle log), decoded, in partition order."""
+    return [ev.Event.from_record(default_codec().decode(m.value())) for m in committed_messages(settings, topic, timeout_s)]
 
 
 def of_job(events: list[ev.Event], job_id: str, event_type: str | None = None) -> list[ev.Event]:

@@ -7,7 +7,6 @@ import uuid
 
 import psycopg
 import pytest
-from confluent_kafka import KafkaError, TopicPartition
 
 from processors.runtime import Runtime, transact
 from projections.fold import JOB_STATE_COLUMNS
@@ -16,6 +15,7 @@ from projections.sql import connect, migrate
 from schemas import models as ev
 from tapeline import kafka
 from tests.conftest import wait_for
+from tests.integration.helpers import committed_messages
 
 pytestmark = pytest.mark.integration
 MEDIA = ev.SourceMedia(format_name="mov", duration_s=5.28, width=1280, height=720, display_width=1280,
@@ -96,7 +96,7 @@ def test_restart_and_redelivery_never_apply_twice(isolated, written):
     run_projector_until_caught_up(isolated)  # a restart resumes at the stored offsets
     assert table(isolated, "SELECT * FROM job_state ORDER BY job_id") == before
     # Redeliver every record again through apply_batch: nothing changes.
-    messages = read_all(isolated)
+    messages = committed_messages(isolated)
     with connect(isolated.database_url, autocommit=True) as conn:
         conn.row_factory = psycopg.rows.dict_row
         result = apply_batch(conn, messages)
@@ -129,21 +129,3 @@ def test_job_state_columns_match_the_migration(isolated):
         isolated, "SELECT column_name FROM information_schema.columns WHERE table_name = 'job_state'"
                   " ORDER BY ordinal_position")]
     assert tuple(columns) == JOB_STATE_COLUMNS
-
-
-def read_all(settings):
-    consumer = kafka.consumer(settings, f"read-{uuid.uuid4().hex[:6]}", **{"enable.partition.eof": True})
-    partitions = kafka.partition_count(consumer, settings.jobs_topic)
-    consumer.assign([TopicPartition(settings.jobs_topic, p, 0) for p in range(partitions)])
-    messages, ends = [], set()
-    while len(ends) < partitions:
-        message = consumer.poll(1.0)
-        if message is None:
-            continue
-        if message.error():
-            if message.error().code() == KafkaError._PARTITION_EOF:
-                ends.add(message.partition())
-            continue
-        messages.append(message)
-    consumer.close()
-    return messages
