@@ -15,6 +15,7 @@ Prints the figures and ends with one line `RESULT lease_s=... detect_median_s=..
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
@@ -42,8 +43,8 @@ def env_for(settings: Settings) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for name in type(settings).model_fields:
         value = getattr(settings, name)
-        if value is not None and name != "instance_id" and not isinstance(value, tuple):
-            env[f"TAPELINE_{name.upper()}"] = str(value)
+        if value is not None and name != "instance_id":
+            env[f"TAPELINE_{name.upper()}"] = json.dumps(value) if isinstance(value, (tuple, dict)) else str(value)
     return env
 
 

@@ -1,13 +1,19 @@
 """Error classes and the retry decision, as data (DESIGN.md "Error classes" and "Retry policy").
 
-The walking skeleton retries a retryable failure at once as the next attempt, bounded by
-`max_attempts`; backoff schedules and `not_before` come with the retry-policy work (issue 5).
+`retry_decision(error_class, attempt, policy)` is pure: what to do after attempt number `attempt`
+(1-based, graceful yields not counted) failed. Defaults from DESIGN.md: at most 3 attempts, backoff
+60 s, 300 s, 900 s (the last repeats), with +-10 % jitter; a stall (`worker_lost`) is retried at once;
+input errors and the submitter's quota are never retried. A schedule may be set per error class.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import random
+from datetime import timedelta
+from dataclasses import dataclass, field
 from enum import Enum
+
+from schemas import models as ev
 
 
 @dataclass(frozen=True)
@@ -42,17 +48,43 @@ class Action(str, Enum):
 class RetryDecision:
     action: Action
     next_attempt: int | None
-    delay_s: float
+    delay_s: float  # seconds to wait before the next attempt (0: at once)
 
 
-def retry_decision(error_class: str, attempt: int, max_attempts: int) -> RetryDecision:
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Max attempts and backoff (seconds per retry: the first retry waits `backoff_s[0]`, ...; the
+    last entry repeats), jitter as a fraction, and optional per-class schedules."""
+
+    max_attempts: int = 3
+    backoff_s: tuple[float, ...] = (60.0, 300.0, 900.0)
+    jitter: float = 0.1
+    backoff_by_class: dict[str, tuple[float, ...]] = field(default_factory=lambda: {"worker_lost": (0.0,)})
+
+
+def retry_decision(error_class: str, attempt: int, policy: RetryPolicy,
+                   rng: random.Random | None = None) -> RetryDecision:
     """What to do after attempt number `attempt` (1-based) failed with `error_class`.
 
-    Unknown class names count as `unknown` (retryable).
+    Unknown class names count as `unknown` (retryable). `rng` draws the jitter (a seeded one in
+    tests); the delay is `schedule[attempt - 1]` (last entry repeating) times 1 +- jitter.
     """
     spec = ERROR_CLASSES.get(error_class, ERROR_CLASSES["unknown"])
     if not spec.retryable:
         return RetryDecision(Action.FAIL, None, 0.0)
-    if attempt >= max_attempts:
+    if attempt >= policy.max_attempts:
         return RetryDecision(Action.DEAD_LETTER, None, 0.0)
-    return RetryDecision(Action.RETRY, attempt + 1, 0.0)
+    schedule = policy.backoff_by_class.get(spec.name, policy.backoff_s) or (0.0,)
+    base = schedule[min(attempt, len(schedule)) - 1]
+    spread = (rng or random).uniform(-policy.jitter, policy.jitter) if base > 0 else 0.0
+    return RetryDecision(Action.RETRY, attempt + 1, max(0.0, base * (1 + spread)))
+
+
+def retry_scheduled(delay_s: float, **fields) -> ev.RetryScheduled:
+    """A `RetryScheduled` whose `not_before` is `delay_s` seconds after its own `occurred_at`.
+
+    Only the difference is used: the projector adds it to the event's broker time, so the due time
+    is on the log clock whatever the writer's clock says.
+    """
+    now = ev.utc_now()
+    return ev.RetryScheduled.new(occurred_at=now, not_before=now + timedelta(seconds=delay_s), **fields)

@@ -15,6 +15,7 @@ from processors import media
 from processors.runtime import Outgoing
 from processors.worker import Attempt, StageWorker, Yielded
 from schemas import models as ev
+from tapeline.crashpoints import fail_point
 from tapeline.errors import TranscodeFailed
 from tapeline.objectstore import ObjectStore
 
@@ -38,6 +39,7 @@ class TranscodeWorker(StageWorker):
         item, identity, settings = attempt.item, attempt.identity, self.settings
         with tempfile.TemporaryDirectory(prefix="tapeline-transcode-") as tmp:
             source = Path(tmp) / "source"
+            fail_point("transcode.download")
             store.download(item.source_key, source)
             probe = media.probe_source(source)
             has_audio = probe.audio_codec is not None

@@ -8,8 +8,10 @@ One tick (`Watchdog.tick`), after the numbered protocol:
           broker stamps each, which advances that partition's log clock;
   Step 2. wait until the projector has applied every partition past the tick; while it has not,
           judge nothing (never declare stalls while blind);
-  Step 3. read `stalled_attempts`, `stalled_handoffs`, `expected_work_missing` and the affected jobs;
-  Step 4. `run_once` (pure) decides: retry as the next attempt, dead-letter, re-drive, report;
+  Step 3. read `stalled_attempts`, `stalled_handoffs`, `expected_work_missing`, `due_retries` and
+          the affected jobs;
+  Step 4. `run_once` (pure) decides: retry as the next attempt, dispatch a due retry, dead-letter,
+          re-drive, report;
   Step 5. commit the decided events in one transaction. Every event has a dedup key, so a repeated
           tick or a second watchdog changes nothing.
 """
@@ -26,7 +28,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from processors.retry import Action, retry_decision
+from processors.retry import Action, retry_decision, retry_scheduled
 from processors.runtime import Outgoing, Runtime, transact
 from projections.sql import connect, q
 from schemas import models as ev
@@ -40,6 +42,7 @@ WATCHDOG_LOCK = 0x7A9E_0010  # advisory lock key of the watchdog leader (0001 mi
 
 class Verdict(str, Enum):
     RETRY = "retry"
+    DISPATCH = "dispatch"
     DEAD_LETTER = "dead_letter"
     REDRIVE = "redrive"
     REPORT = "report"
@@ -69,13 +72,25 @@ def _work_item(job: dict[str, Any], stage: str, attempt: int, common: dict[str, 
                            media_duration_s=job.get("source_duration_s"), **common)
 
 
+def _next_attempt(job: dict[str, Any], stage: str, attempt: int, common: dict[str, Any],
+                  settings: Settings) -> list[Outgoing]:
+    """`StageQueued` + `WorkItem` of `stage` attempt `attempt` on the job's tier."""
+    tier = job.get("priority") or "standard"
+    return [(settings.jobs_topic, ev.StageQueued.new(stage=stage, attempt=attempt, tier=tier,
+                                                     work_topic=settings.work_topic(stage, tier), **common)),
+            (settings.work_topic(stage, tier), _work_item(job, stage, attempt, common))]
+
+
 def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], missing: list[dict[str, Any]],
-             jobs: dict[str, dict[str, Any]], settings: Settings, recorded_by: str) -> RunResult:
+             jobs: dict[str, dict[str, Any]], settings: Settings, recorded_by: str,
+             due: list[dict[str, Any]] = ()) -> RunResult:
     """Classify every stall and build the events that act on it. Pure: rows in, events out.
 
     - a stalled attempt (lease_expired | no_progress): `StallDetected` then, within the attempt
       budget (yields do not count), `RetryScheduled` + `StageQueued` + `WorkItem` for the next
       attempt at once (error class worker_lost); out of budget, `JobDeadLettered`;
+    - a due retry (`RetryScheduled` whose time has come on the log clock): `StageQueued` + `WorkItem`
+      of the next attempt, once (dedup keys);
     - a stalled handoff: `StallDetected(handoff)` and the same attempt's work item again;
     - expected work missing: `StallDetected(expected_work_missing)` (reported once).
     """
@@ -94,17 +109,13 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
             stage=stage, attempt=attempt, kind=row["kind"], stalled_attempt=attempt,
             last_progress_at=row["last_progress_at"], since_s=float(row["since_s"] or 0.0), detail=detail, **common)))
         used = attempt - (job.get("yields") or 0)
-        decision = retry_decision("worker_lost", used, settings.max_attempts)
+        decision = retry_decision("worker_lost", used, settings.retry_policy())
         if decision.action is Action.RETRY:
             nxt = attempt + 1
-            result.outgoing += [
-                (jobs_topic, ev.RetryScheduled.new(stage=stage, attempt=attempt, next_attempt=nxt,
-                                                   not_before=row["log_now"], error_class="worker_lost", **common)),
-                (jobs_topic, ev.StageQueued.new(stage=stage, attempt=nxt, tier=job.get("priority") or "standard",
-                                                work_topic=settings.work_topic(stage, job.get("priority") or "standard"),
-                                                **common)),
-                (settings.work_topic(stage, job.get("priority") or "standard"), _work_item(job, stage, nxt, common)),
-            ]
+            result.outgoing.append((jobs_topic, retry_scheduled(decision.delay_s, stage=stage, attempt=attempt,
+                                                                next_attempt=nxt, error_class="worker_lost", **common)))
+            if decision.delay_s <= 0:  # a stall is retried at once (DESIGN.md)
+                result.outgoing += _next_attempt(job, stage, nxt, common, settings)
             result.count(Verdict.RETRY)
         else:
             result.outgoing.append((jobs_topic, ev.JobDeadLettered.new(
@@ -112,6 +123,14 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
                 reason=f"attempt {attempt} stalled ({row['kind']}) and no attempts are left", attempts=used,
                 evidence=f"{jobs_topic} partition {row['log_partition']}", **common)))
             result.count(Verdict.DEAD_LETTER)
+    for row in due:
+        job = jobs.get(row["job_id"])
+        if job is None or job["state"] != "retry_scheduled" or job.get("retry_next_attempt") != row["retry_next_attempt"]:
+            result.count(Verdict.IGNORE)
+            continue
+        common = dict(job_id=row["job_id"], recorded_by=recorded_by, correlation_id=job["upload_id"])
+        result.outgoing += _next_attempt(job, row["stage"], row["retry_next_attempt"], common, settings)
+        result.count(Verdict.DISPATCH)
     for row in handoffs:
         job = jobs.get(row["job_id"])
         if job is None or job["state"] != "queued" or (job["stage"], job["attempt"]) != (row["stage"], row["attempt"]):
@@ -196,14 +215,15 @@ class Watchdog:
         stalled = db.execute(q("stalled_attempts")).fetchall()
         handoffs = db.execute(q("stalled_handoffs")).fetchall()
         missing = db.execute(q("expected_work_missing")).fetchall()
-        ids = list({r["job_id"] for r in stalled + handoffs})
+        due = db.execute(q("due_retries")).fetchall()
+        ids = list({r["job_id"] for r in stalled + handoffs + due})
         jobs = {r["job_id"]: r for r in db.execute(q("job_state_by_ids"), {"job_ids": ids}).fetchall()} if ids else {}
         # Step 4
-        result = run_once(stalled, handoffs, missing, jobs, settings, runtime.recorded_by)
+        result = run_once(stalled, handoffs, missing, jobs, settings, runtime.recorded_by, due=due)
         # Step 5
         if result.outgoing:
             transact(producer, lambda: runtime.produce(producer, result.outgoing), name="watchdog.act")
-            self.processed += len(stalled) + len(handoffs) + len(missing)
+            self.processed += len(stalled) + len(handoffs) + len(missing) + len(due)
             log.info("watchdog acted", **result.counts)
         self.last_result = result
         return result

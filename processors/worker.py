@@ -23,7 +23,7 @@ from typing import Any
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from processors.retry import Action, retry_decision
+from processors.retry import Action, retry_decision, retry_scheduled
 from processors.runtime import AttemptIdentity, Outgoing, Runtime, new_claim_token, transact
 from projections.fold import STAGE_ORDER, TERMINAL_STATES
 from projections.sql import q
@@ -302,7 +302,7 @@ class StageWorker:
         """`AttemptFailed` and what follows from the retry decision (retry, fail, dead-letter)."""
         jobs, item = self.settings.jobs_topic, attempt.item
         used = item.attempt - attempt.yields_before
-        decision = retry_decision(error_class, used, self.settings.max_attempts)
+        decision = retry_decision(error_class, used, self.settings.retry_policy())
         out: list[Outgoing] = [(jobs, attempt.event(ev.AttemptFailed, error_class=error_class,
                                                     retryable=decision.action is not Action.FAIL, reason=reason))]
         common = dict(job_id=item.job_id, recorded_by=attempt.identity.recorded_by, correlation_id=item.correlation_id,
@@ -315,8 +315,8 @@ class StageWorker:
                                                      reason=reason, attempts=used,
                                                      evidence=f"{jobs} job {item.job_id}", **common)))
         else:
-            out.append((jobs, ev.RetryScheduled.new(stage=self.stage, attempt=item.attempt,
-                                                    next_attempt=decision.next_attempt, not_before=ev.utc_now(),
-                                                    error_class=error_class, **common)))
-            out += self.next_attempt_events(attempt, decision.next_attempt)
+            out.append((jobs, retry_scheduled(decision.delay_s, stage=self.stage, attempt=item.attempt,
+                                              next_attempt=decision.next_attempt, error_class=error_class, **common)))
+            if decision.delay_s <= 0:  # at once; otherwise the watchdog dispatches it when due
+                out += self.next_attempt_events(attempt, decision.next_attempt)
         return out

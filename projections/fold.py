@@ -66,7 +66,7 @@ def evolve(row: dict[str, Any] | None, event: ev.Event, broker_ts: datetime) -> 
     if isinstance(event, ev.StageQueued):
         new.update(state="queued", stage=event.stage, attempt=event.attempt, claim_token=None, worker=None,
                    leased_until=None, progress_frames=None, progress_out_time_s=None, progress_speed=None,
-                   progress_at=None, queued_at=broker_ts, redrives=0)
+                   progress_at=None, queued_at=broker_ts, redrives=0, retry_next_attempt=None, retry_due_at=None)
     elif isinstance(event, ev.AttemptStarted):
         new.update(state="running", stage=event.stage, attempt=event.attempt, claim_token=event.claim_token,
                    worker=event.worker, lease_s=event.lease_s,
@@ -93,7 +93,9 @@ def evolve(row: dict[str, Any] | None, event: ev.Event, broker_ts: datetime) -> 
         if event.kind == "handoff":
             new.update(queued_at=broker_ts, redrives=row["redrives"] + 1)
     elif isinstance(event, ev.RetryScheduled):
-        new.update(state="retry_scheduled", error_class=event.error_class)
+        delay = max(timedelta(0), event.not_before - event.occurred_at)  # the writer's delay, on the broker's clock
+        new.update(state="retry_scheduled", error_class=event.error_class, retry_next_attempt=event.next_attempt,
+                   retry_due_at=broker_ts + delay, leased_until=None)
     elif isinstance(event, ev.Published):
         new.update(master_url=event.master_url, renditions=_dump(event.renditions))
     elif isinstance(event, ev.JobCompleted):
@@ -151,5 +153,5 @@ JOB_STATE_COLUMNS: tuple[str, ...] = (
     "ladder", "outputs", "renditions", "master_url", "error_class", "reason", "lease_s", "leased_until",
     "progress_frames", "progress_out_time_s", "progress_speed", "progress_at", "events", "last_event_type",
     "created_at", "updated_at", "completed_at", "log_partition", "queued_at", "yields", "redrives",
-    "audio_playlist_key", "last_heartbeat_at")
+    "audio_playlist_key", "last_heartbeat_at", "retry_next_attempt", "retry_due_at")
 """Columns of `job_state`, in table order (a test checks them against the migration)."""

@@ -55,7 +55,7 @@ class Settings(BaseSettings):
     handoff_timeout_s: float = Field(120.0, description="A queued stage nobody claims this long is a stalled handoff")
     intake_timeout_s: float = Field(120.0, description="An upload with no job this long is expected work missing")
     tick_interval_s: float | None = Field(None, description="Watchdog tick period, seconds (default: lease / 8, at most 5)")
-    shutdown_grace_s: float = Field(20.0, description="SIGTERM: how long a worker may take to yield its attempt")
+    shutdown_grace_s: float = Field(20.0, description="SIGTERM: how long `run --role all` waits for children to yield, then SIGKILL")
     transaction_timeout_ms: int = Field(10_000, description="Producer transaction.timeout.ms: well below the lease")
     caught_up_timeout_s: float = Field(60.0, description="How long a processor waits for the projector to catch up")
 
@@ -67,6 +67,10 @@ class Settings(BaseSettings):
     multipart_chunk_bytes: int = 8 * 1024**2
 
     max_attempts: int = 3
+    retry_backoff_s: tuple[float, ...] = Field((60.0, 300.0, 900.0), description="Backoff per retry, seconds (last repeats)")
+    retry_jitter: float = Field(0.1, description="Backoff jitter, fraction (0.1 = +-10 %)")
+    retry_backoff_by_class: dict[str, tuple[float, ...]] = Field(
+        default_factory=lambda: {"worker_lost": (0.0,)}, description="Backoff per error class (JSON), seconds")
 
     # Health and metrics (tapeline/health.py).
     health_host: str = Field("127.0.0.1", description="Address the health and metrics server listens on")
@@ -78,6 +82,13 @@ class Settings(BaseSettings):
     def heartbeat_s(self) -> float:
         """Heartbeat interval in seconds (default: a quarter of the lease)."""
         return self.heartbeat_interval_s if self.heartbeat_interval_s else self.lease_s / 4
+
+    def retry_policy(self):
+        """The retry policy these settings describe (`processors.retry.RetryPolicy`)."""
+        from processors.retry import RetryPolicy
+
+        return RetryPolicy(max_attempts=self.max_attempts, backoff_s=self.retry_backoff_s, jitter=self.retry_jitter,
+                           backoff_by_class=dict(self.retry_backoff_by_class))
 
     @property
     def tick_s(self) -> float:

@@ -60,7 +60,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         value = getattr(settings, name)
         if value is None or name == "instance_id":
             continue
-        env[f"TAPELINE_{name.upper()}"] = json.dumps(list(value)) if isinstance(value, tuple) else str(value)
+        env[f"TAPELINE_{name.upper()}"] = json.dumps(value) if isinstance(value, (tuple, list, dict)) else str(value)
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

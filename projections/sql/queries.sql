@@ -85,3 +85,7 @@ UPDATE stall_policy SET no_progress_timeout_s = %(no_progress_timeout_s)s, hando
 -- name: log_clock
 -- The log clock of every partition.
 SELECT partition, now FROM log_clock ORDER BY partition;
+
+-- name: due_retries
+-- Scheduled retries that may start now (log clock).
+SELECT * FROM due_retries ORDER BY retry_due_at;

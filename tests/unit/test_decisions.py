@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from processors.intake import decide
-from processors.retry import Action, retry_decision
+import random
+
+from processors.retry import Action, RetryPolicy, retry_decision
 from processors.worker import should_skip, superseded_reason
 from schemas import models as ev
 from tapeline.errors import InvalidInput, UnsupportedMedia
@@ -59,12 +61,38 @@ def test_should_skip_rules():
 
 
 def test_retry_decision_by_class_and_budget():
-    assert retry_decision("invalid_input", 1, 3).action is Action.FAIL
-    assert retry_decision("quota_exceeded", 1, 3).action is Action.FAIL
-    assert retry_decision("storage_transient", 1, 3) .action is Action.RETRY
-    assert retry_decision("storage_transient", 1, 3).next_attempt == 2
-    assert retry_decision("worker_lost", 3, 3).action is Action.DEAD_LETTER
-    assert retry_decision("no_such_class", 1, 3).action is Action.RETRY
+    policy = RetryPolicy(max_attempts=3, backoff_s=(60.0, 300.0), jitter=0.0)
+    assert retry_decision("invalid_input", 1, policy).action is Action.FAIL
+    assert retry_decision("unsupported_media", 1, policy).action is Action.FAIL
+    assert retry_decision("limits_exceeded", 1, policy).action is Action.FAIL
+    assert retry_decision("quota_exceeded", 1, policy).action is Action.FAIL
+    first = retry_decision("storage_transient", 1, policy)
+    assert (first.action, first.next_attempt, first.delay_s) == (Action.RETRY, 2, 60.0)
+    assert retry_decision("timeout", 2, policy).delay_s == 300.0
+    assert retry_decision("worker_lost", 2, policy).delay_s == 0.0  # a stall is retried at once
+    assert retry_decision("worker_lost", 3, policy).action is Action.DEAD_LETTER
+    assert retry_decision("no_such_class", 1, policy).action is Action.RETRY
+
+
+def test_backoff_repeats_its_last_step_and_jitter_stays_in_bounds():
+    policy = RetryPolicy(max_attempts=10, backoff_s=(1.0, 5.0), jitter=0.1)
+    rng = random.Random(7)
+    delays = [retry_decision("out_of_memory", n, policy, rng).delay_s for n in range(1, 8)]
+    assert 0.9 <= delays[0] <= 1.1 and all(4.5 <= d <= 5.5 for d in delays[1:])
+    assert len(set(delays)) > 1  # jittered
+
+
+def test_per_class_schedule_overrides_the_default():
+    policy = RetryPolicy(max_attempts=4, backoff_s=(60.0,), jitter=0.0,
+                         backoff_by_class={"provider_throttled": (600.0, 1200.0)})
+    assert retry_decision("provider_throttled", 1, policy).delay_s == 600.0
+    assert retry_decision("provider_throttled", 2, policy).delay_s == 1200.0
+    assert retry_decision("storage_transient", 2, policy).delay_s == 60.0
+
+
+def test_settings_build_the_policy():
+    policy = Settings(max_attempts=5, retry_backoff_s=(2.0,), retry_jitter=0.0).retry_policy()
+    assert policy.max_attempts == 5 and retry_decision("timeout", 1, policy).delay_s == 2.0
 
 
 def test_superseded_reason_rules():

@@ -116,3 +116,14 @@ def test_events_of_an_unknown_job_are_evidence_only():
 def test_second_intake_decision_for_an_existing_job_is_not_applied():
     row, _ = fold_all([accepted()])
     assert not evolve(row, accepted(), T0).applied
+
+
+def test_retry_due_time_is_the_writers_delay_on_the_broker_clock():
+    row, _ = fold_all(happy_path()[:3])
+    skewed = T0 - timedelta(minutes=2)  # the writer's clock is two minutes slow
+    retry = ev.RetryScheduled.new(job_id=JOB, stage="transcode", attempt=1, claim_token="tok-t", recorded_by="w",
+                                  correlation_id="upload-1", occurred_at=skewed,
+                                  not_before=skewed + timedelta(seconds=60), next_attempt=2, error_class="timeout")
+    outcome = evolve(row, retry, T0 + timedelta(seconds=10))
+    assert outcome.applied and outcome.row["state"] == "retry_scheduled"
+    assert outcome.row["retry_due_at"] == T0 + timedelta(seconds=70) and outcome.row["retry_next_attempt"] == 2

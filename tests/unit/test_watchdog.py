@@ -38,7 +38,7 @@ def test_stalled_attempt_is_retried_at_once_as_the_next_attempt():
                              ("unit.jobs", "StageQueued"), ("archive", "WorkItem")]
     stall, retry, queued, item = (e for _, e in result.outgoing)
     assert stall.kind == "lease_expired" and stall.stalled_attempt == 1 and stall.since_s == 9.0
-    assert retry.next_attempt == 2 and retry.not_before == NOW and retry.error_class == "worker_lost"
+    assert retry.next_attempt == 2 and retry.not_before == retry.occurred_at and retry.error_class == "worker_lost"
     assert queued.attempt == 2 and item.attempt == 2 and item.stage == "transcode"
     assert item.source_key == "uploads/u1/a.mp4" and item.inputs == []
     assert item.renditions[0].playlist_key is None  # a transcode retry writes its own outputs
@@ -89,3 +89,22 @@ def test_run_once_is_deterministic_in_its_dedup_keys():
     first = run_once([stalled()], [], [], {"j1": job()}, SETTINGS, "w")
     second = run_once([stalled()], [], [], {"j1": job()}, SETTINGS, "w")
     assert [e.dedup_key for _, e in first.outgoing] == [e.dedup_key for _, e in second.outgoing]
+
+
+def test_due_retry_is_dispatched_once_as_the_next_attempt():
+    row = {"job_id": "j1", "stage": "transcode", "attempt": 1, "retry_next_attempt": 2, "log_now": NOW}
+    waiting = job(state="retry_scheduled", retry_next_attempt=2)
+    result = run_once([], [], [], {"j1": waiting}, SETTINGS, "w", due=[row])
+    assert result.counts["dispatch"] == 1
+    assert kinds(result) == [("unit.jobs", "StageQueued"), ("archive", "WorkItem")]
+    assert result.outgoing[0][1].dedup_key == "j1:transcode:2:StageQueued"
+    moved_on = run_once([], [], [], {"j1": job(state="queued", attempt=2)}, SETTINGS, "w", due=[row])
+    assert moved_on.outgoing == [] and moved_on.counts["ignore"] == 1
+
+
+def test_stall_with_a_configured_backoff_waits_for_the_due_time():
+    settings = Settings(topic_prefix="unit", retry_backoff_by_class={"worker_lost": (30.0,)}, retry_jitter=0.0)
+    result = run_once([stalled()], [], [], {"j1": job()}, settings, "w")
+    assert kinds(result) == [("unit.jobs", "StallDetected"), ("unit.jobs", "RetryScheduled")]
+    retry = result.outgoing[1][1]
+    assert (retry.not_before - retry.occurred_at).total_seconds() == 30.0
