@@ -23,12 +23,14 @@ def upload(priority="standard"):
 
 
 def test_intake_accepts_a_video_and_queues_transcode_on_its_tier():
-    out = decide(None, upload("archive"), MEDIA, SETTINGS, "intake@t")
+    source = upload("archive")
+    out = decide(None, source, MEDIA, SETTINGS, "intake@t")
     assert [(topic, e.event_type) for topic, e in out] == [
         ("unit.jobs", "JobAccepted"), ("unit.jobs", "StageQueued"), ("unit.work.transcode.archive", "WorkItem")]
     work = out[2][1]
     assert work.attempt == 1 and work.stage == "transcode" and [r.name for r in work.renditions][0] == "720p"
-    assert all(e.job_id == ev.job_id_for("u1") and e.causation_id == upload("archive").event_id or True for _, e in out)
+    assert all(e.job_id == ev.job_id_for("u1") and e.causation_id == source.event_id for _, e in out)
+    assert all(e.correlation_id == "u1" for _, e in out)
 
 
 def test_intake_rejects_bad_media_with_its_class():
