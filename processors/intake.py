@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from confluent_kafka import KafkaError, Message, TopicPartition
+from confluent_kafka import Message, TopicPartition
 
 from processors import media
-from processors.runtime import Outgoing, Runtime, transact
+from processors.runtime import Outgoing, Runtime, poll_record, transact
 from schemas import models as ev
 from tapeline import kafka
 from tapeline.errors import DecodeError, InvalidInput, MediaError, SchemaError, StorageError
@@ -104,14 +104,9 @@ class IntakeProcessor:
         self.health.mark_ready()
         try:
             while not stop.is_set():
-                message = consumer.poll(0.5)
+                message = poll_record(consumer, self.health)
                 if message is None:
                     continue
-                if message.error():
-                    if message.error().code() != KafkaError._PARTITION_EOF:
-                        log.warning("consumer error", error=str(message.error()))
-                    continue
-                self.health.consumed(message.topic())
                 outgoing = self.handle(runtime, store, message)
                 offsets = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
                 try:

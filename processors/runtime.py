@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable
 
 import psycopg
 import structlog
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from projections.projector import wait_caught_up
 from projections.sql import connect, q
@@ -160,3 +160,17 @@ def transact(producer: Producer, produce: Callable[[], None], *, consumer: Consu
         except KafkaException:
             pass
         raise
+
+
+def poll_record(consumer: Consumer, health=None, timeout_s: float = 0.5):
+    """One record from `consumer`, or None (nothing yet, end of a partition, or a logged error)."""
+    message = consumer.poll(timeout_s)
+    if message is None:
+        return None
+    if message.error():
+        if message.error().code() != KafkaError._PARTITION_EOF:
+            log.warning("consumer error", error=str(message.error()))
+        return None
+    if health is not None:
+        health.consumed(message.topic())
+    return message

@@ -21,10 +21,10 @@ import time
 from typing import Any
 
 import structlog
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaException, Message, TopicPartition
 
 from processors.retry import Action, retry_decision, retry_scheduled
-from processors.runtime import AttemptIdentity, Outgoing, Runtime, new_claim_token, transact
+from processors.runtime import AttemptIdentity, Outgoing, Runtime, new_claim_token, poll_record, transact
 from projections.fold import STAGE_ORDER, TERMINAL_STATES
 from projections.sql import q
 from schemas import models as ev
@@ -178,14 +178,9 @@ class StageWorker:
         self.health.mark_ready()
         try:
             while not stop.is_set():
-                message = consumer.poll(0.5)
+                message = poll_record(consumer, self.health)
                 if message is None:
                     continue
-                if message.error():
-                    if message.error().code() != KafkaError._PARTITION_EOF:
-                        log.warning("consumer error", error=str(message.error()))
-                    continue
-                self.health.consumed(message.topic())
                 if self.stop.is_set():
                     break
                 attempt = self.claim(runtime, consumer, message)
