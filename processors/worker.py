@@ -52,6 +52,15 @@ def should_skip(row: dict[str, Any] | None, item: ev.WorkItem) -> str | None:
     return None
 
 
+def projection_behind(row: dict[str, Any] | None, item: ev.WorkItem) -> bool:
+    """Whether the projected row has not yet applied the `StageQueued` of `item`. Pure."""
+    if row is None:
+        return True
+    if row["state"] in TERMINAL_STATES:
+        return False
+    return (STAGE_ORDER.get(row["stage"], 0), row["attempt"]) < (STAGE_ORDER.get(item.stage, 0), item.attempt)
+
+
 def superseded_reason(row: dict[str, Any] | None, stage: str, attempt: int, claim_token: str) -> str | None:
     """Why a running attempt no longer owns its job (seen in the projection), or None. Pure.
 
@@ -198,6 +207,22 @@ class StageWorker:
             consumer.close()
             runtime.close()
 
+    def row_covering(self, runtime: Runtime, item: ev.WorkItem) -> dict[str, Any] | None:
+        """The job's row once the projection has applied the `StageQueued` committed with `item`.
+
+        Every work item is committed in one transaction with its `StageQueued`, but the broker
+        writes the commit markers of the two topics independently: a worker can read the item
+        before the lifecycle log's last stable offset covers that event (seen: an idle worker
+        skipped a brand-new job as "unknown"). So a row that is missing or older than the item
+        means "not projected yet": read again until it catches up or `caught_up_timeout_s` passes.
+        """
+        deadline = time.monotonic() + self.settings.caught_up_timeout_s
+        while True:
+            row = runtime.job_row(item.job_id)
+            if not projection_behind(row, item) or time.monotonic() > deadline:
+                return row
+            time.sleep(0.05)
+
     def claim(self, runtime: Runtime, consumer, message: Message) -> Attempt | None:
         """Steps 1-4 for one work-topic record; returns the claimed attempt or None (skipped)."""
         offsets = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
@@ -213,7 +238,7 @@ class StageWorker:
         log.info("work item received", job_id=item.job_id, stage=self.stage, attempt=item.attempt,
                  produced_ms_ago=int(time.time() * 1000 - message.timestamp()[1]))
         # Step 1
-        reason = should_skip(runtime.job_row(item.job_id), item)
+        reason = should_skip(self.row_covering(runtime, item), item)
         if reason is not None:
             log.info("work item skipped", job_id=item.job_id, stage=self.stage, attempt=item.attempt, reason=reason)
             commit_skipped(consumer, offsets)

@@ -134,3 +134,10 @@ def test_bad_uploads_are_rejected_with_a_reason_and_crash_nothing(isolated, pipe
     assert [r["event_type"] for r in timeline] == ["JobRejected"]
     assert reason in timeline[0]["payload"]["reason"]
     assert "child exited" not in pipeline.log_text()
+
+
+def test_no_work_item_was_skipped_for_a_job_the_projection_had_not_caught_up_with(pipeline):
+    """Regression: an idle worker read a new work item before the lifecycle log's commit markers were
+    written, found no job row, and skipped the job as unknown (it then waited for the handoff timeout)."""
+    assert '"work item received"' in pipeline.log_text()
+    assert '"reason": "unknown job"' not in pipeline.log_text()

@@ -6,7 +6,7 @@ from processors.intake import decide
 import random
 
 from processors.retry import Action, RetryPolicy, retry_decision
-from processors.worker import should_skip, superseded_reason
+from processors.worker import projection_behind, should_skip, superseded_reason
 from schemas import models as ev
 from tapeline.errors import InvalidInput, UnsupportedMedia
 from tapeline.settings import Settings
@@ -106,3 +106,12 @@ def test_superseded_reason_rules():
     assert "ended" in superseded_reason(dict(running, state="completed"), "transcode", 1, "mine")
     assert "publish" in superseded_reason(dict(running, stage="publish"), "transcode", 1, "mine")
     assert superseded_reason(None, "transcode", 1, "mine") is None
+
+
+def test_projection_behind_a_work_item_means_wait_not_skip():
+    assert projection_behind(None, item())  # the job's JobAccepted is not projected yet
+    assert projection_behind({"state": "accepted", "stage": "intake", "attempt": 0}, item())
+    assert projection_behind({"state": "running", "stage": "transcode", "attempt": 1}, item("publish"))
+    assert not projection_behind({"state": "queued", "stage": "transcode", "attempt": 1}, item())
+    assert not projection_behind({"state": "queued", "stage": "transcode", "attempt": 2}, item())  # stale item
+    assert not projection_behind({"state": "rejected", "stage": "intake", "attempt": 0}, item())
