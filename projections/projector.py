@@ -178,6 +178,27 @@ class Projector:
         self.processed = 0
         self.health = HealthState("projector", settings.instance_id)  # `tapeline run` replaces it with the served one
 
+    def same_cluster(self, conn: psycopg.Connection, consumer, stop: threading.Event) -> bool:
+        """Record or check the Kafka cluster this projection's offsets belong to.
+
+        Against another cluster (a recreated local broker, another environment) the stored offsets
+        are meaningless: the projector logs why and idles (not ready) until stopped, rather than
+        skipping or mixing records or crash-looping. Returns whether it may run.
+        """
+        cluster = consumer.list_topics(timeout=10).cluster_id
+        conn.execute("INSERT INTO projection_source (projection, cluster_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                     (self.projection, cluster))
+        row = conn.execute("SELECT cluster_id FROM projection_source WHERE projection = %s", (self.projection,)).fetchone()
+        if row["cluster_id"] == cluster:
+            return True
+        log.error("this database's projections were built from another Kafka cluster; refusing to mix them",
+                  stored_cluster=row["cluster_id"], broker_cluster=cluster,
+                  fix="rebuild: `tapeline replay --into fresh` then `--swap fresh`, or point TAPELINE_DATABASE_URL "
+                      "at a new database (locally: dropdb and `tapeline migrate`)")
+        while not stop.wait(1.0):
+            pass
+        return False
+
     def run(self, stop: threading.Event, ready: threading.Event | None = None) -> None:
         """Consume and apply batches until `stop` is set; sets `ready` once assigned and caught up once."""
         migrate(self.settings.database_url, self.settings.db_schema)
@@ -190,6 +211,8 @@ class Projector:
                                   **{"enable.partition.eof": True,  # learn "caught up" at each partition's end
                                      "fetch.wait.max.ms": 100})  # low latency: processors wait on the projection
         try:
+            if not self.same_cluster(conn, consumer, stop):
+                return
             stored = {(r["topic"], r["partition"]): r["next_offset"]
                       for r in conn.execute(q("offsets_of_projection"), {"projection": self.projection})}
             assignment = []

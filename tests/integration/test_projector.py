@@ -129,3 +129,30 @@ def test_job_state_columns_match_the_migration(isolated):
         isolated, "SELECT column_name FROM information_schema.columns WHERE table_name = 'job_state'"
                   " ORDER BY ordinal_position")]
     assert tuple(columns) == JOB_STATE_COLUMNS
+
+
+def test_projector_refuses_offsets_from_another_kafka_cluster(isolated, written):
+    run_projector_until_caught_up(isolated)  # records this cluster
+    with psycopg.connect(isolated.database_url, autocommit=True) as conn:
+        conn.execute("UPDATE projection_source SET cluster_id = 'another-cluster'")
+        before = conn.execute("SELECT count(*) FROM lifecycle_evidence").fetchone()[0]
+    stop = threading.Event()
+    projector = Projector(isolated)
+    thread = threading.Thread(target=projector.run, args=(stop,), daemon=True)
+    thread.start()
+    thread.join(3)
+    assert thread.is_alive()  # idles, does not crash-loop
+    stop.set()
+    thread.join(10)
+    assert not thread.is_alive() and projector.processed == 0
+    with psycopg.connect(isolated.database_url, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM lifecycle_evidence").fetchone()[0] == before
+        conn.execute("UPDATE projection_source SET cluster_id = %s", (_cluster_id(isolated),))
+
+
+def _cluster_id(settings):
+    consumer = kafka.consumer(settings, "cluster-id")
+    try:
+        return consumer.list_topics(timeout=10).cluster_id
+    finally:
+        consumer.close()
