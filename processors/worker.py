@@ -259,8 +259,20 @@ class StageWorker:
                                  work_topic=message.topic(), work_partition=message.partition(),
                                  work_offset=message.offset())
         # Step 4
-        transact(producer, lambda: runtime.produce(producer, [(self.settings.jobs_topic, started)]), name=f"{self.stage}.claim",
-                 consumer=consumer, offsets=offsets)
+        try:
+            transact(producer, lambda: runtime.produce(producer, [(self.settings.jobs_topic, started)]),
+                     name=f"{self.stage}.claim", consumer=consumer, offsets=offsets)
+        except (KafkaException, Fenced) as exc:
+            # A rebalance between poll and claim (ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS) or another
+            # claimant: the transaction was aborted, nothing is visible, the offset is not committed,
+            # so the item is delivered again (here or to its new owner) and reconciled again.
+            log.info("claim aborted; the work item will be delivered again", job_id=item.job_id,
+                     stage=self.stage, attempt=item.attempt, error=str(exc))
+            try:
+                consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
+            except KafkaException:
+                pass  # no longer ours: its new owner starts from the committed offset
+            return None
         log.info("attempt claimed", job_id=item.job_id, stage=self.stage, attempt=item.attempt,
                  claim_token=identity.claim_token)
         self.current = Attempt(runtime, identity, producer, item, yields_before=row.get("yields") or 0)
