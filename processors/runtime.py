@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable
 
 import psycopg
 import structlog
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from projections.projector import wait_caught_up
 from projections.sql import connect, q
@@ -111,6 +111,21 @@ class AttemptIdentity:
         return cls.new(job_id=self.job_id, stage=self.stage, attempt=self.attempt, claim_token=self.claim_token,
                        recorded_by=self.recorded_by, correlation_id=self.correlation_id,
                        causation_id=self.causation_id, sequence=sequence, **fields)
+
+
+def dead_letter_record(message: Message, error: Exception, processor: str, recorded_by: str,
+                       error_class: str = "invalid_input") -> ev.DeadLetter:
+    """A `DeadLetter` carrying `message` raw (key, value, headers, source position) and the error.
+
+    Its job id is the source position `topic/partition/offset` (the record's job is unknown), which
+    is also the dead letter's id in the `dead_letters` projection.
+    """
+    position = f"{message.topic()}/{message.partition()}/{message.offset()}"
+    return ev.DeadLetter.new(
+        job_id=position, stage=processor, attempt=0, recorded_by=recorded_by, correlation_id=position,
+        source_topic=message.topic(), source_partition=message.partition(), source_offset=message.offset(),
+        key=message.key(), value=message.value(), headers={k: (v or b"") for k, v in (message.headers() or [])},
+        error_class=error_class, error=str(error) or type(error).__name__, processor=processor)
 
 
 def transact(producer: Producer, produce: Callable[[], None], *, consumer: Consumer | None = None,

@@ -30,6 +30,7 @@ import structlog
 
 from processors.retry import Action, retry_decision, retry_scheduled
 from processors.runtime import Outgoing, Runtime, transact
+from projections.fold import attempts_used
 from projections.sql import connect, q
 from schemas import models as ev
 from tapeline import kafka
@@ -72,9 +73,10 @@ def _work_item(job: dict[str, Any], stage: str, attempt: int, common: dict[str, 
                            media_duration_s=job.get("source_duration_s"), **common)
 
 
-def _next_attempt(job: dict[str, Any], stage: str, attempt: int, common: dict[str, Any],
+def queue_attempt(job: dict[str, Any], stage: str, attempt: int, common: dict[str, Any],
                   settings: Settings) -> list[Outgoing]:
-    """`StageQueued` + `WorkItem` of `stage` attempt `attempt` on the job's tier."""
+    """`StageQueued` + `WorkItem` of `stage` attempt `attempt` on the job's tier (the watchdog's
+    retries and re-drives, and an operator's replay)."""
     tier = job.get("priority") or "standard"
     return [(settings.jobs_topic, ev.StageQueued.new(stage=stage, attempt=attempt, tier=tier,
                                                      work_topic=settings.work_topic(stage, tier), **common)),
@@ -88,7 +90,8 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
 
     - a stalled attempt (lease_expired | no_progress): `StallDetected` then, within the attempt
       budget (yields do not count), `RetryScheduled` + `StageQueued` + `WorkItem` for the next
-      attempt at once (error class worker_lost); out of budget, `JobDeadLettered`;
+      attempt at once (error class worker_lost); out of budget, `JobDeadLettered` on the lifecycle log
+      and the same event on the dead-letter topic;
     - a due retry (`RetryScheduled` whose time has come on the log clock): `StageQueued` + `WorkItem`
       of the next attempt, once (dedup keys);
     - a stalled handoff: `StallDetected(handoff)` and the same attempt's work item again;
@@ -108,20 +111,21 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
         result.outgoing.append((jobs_topic, ev.StallDetected.new(
             stage=stage, attempt=attempt, kind=row["kind"], stalled_attempt=attempt,
             last_progress_at=row["last_progress_at"], since_s=float(row["since_s"] or 0.0), detail=detail, **common)))
-        used = attempt - (job.get("yields") or 0)
+        used = attempts_used(job, attempt)
         decision = retry_decision("worker_lost", used, settings.retry_policy())
         if decision.action is Action.RETRY:
             nxt = attempt + 1
             result.outgoing.append((jobs_topic, retry_scheduled(decision.delay_s, stage=stage, attempt=attempt,
                                                                 next_attempt=nxt, error_class="worker_lost", **common)))
             if decision.delay_s <= 0:  # a stall is retried at once (DESIGN.md)
-                result.outgoing += _next_attempt(job, stage, nxt, common, settings)
+                result.outgoing += queue_attempt(job, stage, nxt, common, settings)
             result.count(Verdict.RETRY)
         else:
-            result.outgoing.append((jobs_topic, ev.JobDeadLettered.new(
+            dead = ev.JobDeadLettered.new(
                 stage=stage, attempt=attempt, error_class="worker_lost",
                 reason=f"attempt {attempt} stalled ({row['kind']}) and no attempts are left", attempts=used,
-                evidence=f"{jobs_topic} partition {row['log_partition']}", **common)))
+                evidence=f"{jobs_topic} partition {row['log_partition']}", **common)
+            result.outgoing += [(jobs_topic, dead), (settings.dlq_topic, dead)]  # the fact + its dead-letter record
             result.count(Verdict.DEAD_LETTER)
     for row in due:
         job = jobs.get(row["job_id"])
@@ -129,7 +133,7 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
             result.count(Verdict.IGNORE)
             continue
         common = dict(job_id=row["job_id"], recorded_by=recorded_by, correlation_id=job["upload_id"])
-        result.outgoing += _next_attempt(job, row["stage"], row["retry_next_attempt"], common, settings)
+        result.outgoing += queue_attempt(job, row["stage"], row["retry_next_attempt"], common, settings)
         result.count(Verdict.DISPATCH)
     for row in handoffs:
         job = jobs.get(row["job_id"])

@@ -16,6 +16,7 @@ Claim protocol for one work item (DESIGN.md "The lease protocol"):
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -24,8 +25,9 @@ import structlog
 from confluent_kafka import KafkaException, Message, TopicPartition
 
 from processors.retry import Action, retry_decision, retry_scheduled
-from processors.runtime import AttemptIdentity, Outgoing, Runtime, new_claim_token, poll_record, transact
-from projections.fold import STAGE_ORDER, TERMINAL_STATES
+from processors.runtime import (AttemptIdentity, Outgoing, Runtime, dead_letter_record, new_claim_token,
+                                poll_record, transact)
+from projections.fold import STAGE_ORDER, TERMINAL_STATES, attempts_used
 from projections.sql import q
 from schemas import models as ev
 from tapeline import kafka
@@ -81,9 +83,11 @@ class Attempt:
     """One claimed attempt: its identity, its fenced producer and a heartbeat sequence."""
 
     def __init__(self, runtime: Runtime, identity: AttemptIdentity, producer, item: ev.WorkItem,
-                 yields_before: int = 0) -> None:
+                 uncounted: int = 0) -> None:
         self.runtime, self.identity, self.producer, self.item = runtime, identity, producer, item
-        self.yields_before = yields_before  # graceful yields earlier in this stage: they do not use up attempts
+        # Attempt numbers that do not count against the budget: graceful yields, and every attempt
+        # before the last operator replay (fold.attempts_used).
+        self.uncounted = uncounted
         self.heartbeats = 0
         self.last_heartbeat = time.monotonic()
 
@@ -169,6 +173,7 @@ class StageWorker:
         self.settings = settings
         self.processed = 0
         self.current: Attempt | None = None
+        self.dlq_producer = None  # created on the first undecodable work item
         self.stop = threading.Event()
         self.health = HealthState(self.stage, settings.instance_id)  # `tapeline run` replaces it with the served one
 
@@ -232,8 +237,7 @@ class StageWorker:
             if not isinstance(item, ev.WorkItem) or item.stage != self.stage:
                 raise SchemaError(f"{item.event_type} for stage {item.stage} on {message.topic()}")
         except (DecodeError, SchemaError) as exc:
-            log.error("undecodable work item skipped", error=str(exc))
-            commit_skipped(consumer, offsets)
+            self.dead_letter(runtime, consumer, message, exc, offsets)
             return None
         log.info("work item received", job_id=item.job_id, stage=self.stage, attempt=item.attempt,
                  produced_ms_ago=int(time.time() * 1000 - message.timestamp()[1]))
@@ -275,9 +279,35 @@ class StageWorker:
             return None
         log.info("attempt claimed", job_id=item.job_id, stage=self.stage, attempt=item.attempt,
                  claim_token=identity.claim_token)
-        self.current = Attempt(runtime, identity, producer, item, yields_before=row.get("yields") or 0)
+        self.current = Attempt(runtime, identity, producer, item,
+                               uncounted=item.attempt - attempts_used(row, item.attempt))
         self.health.set_attempt(item.job_id, self.stage, item.attempt, identity.claim_token, self.settings.lease_s)
         return self.current
+
+    def dead_letter(self, runtime: Runtime, consumer, message: Message, error: Exception,
+                    offsets: list[TopicPartition]) -> None:
+        """Send an undecodable work-topic record, raw, to the dead-letter topic in one transaction
+        with its offset, and move on (DESIGN.md principle 6: no crash loop on one bad record).
+
+        The producer's transactional id carries the process id: consume-produce transactions are
+        fenced by the consumer group's generation (KIP-447), not by a stable id. On failure the
+        record is read again from its committed offset and dead-lettered again.
+        """
+        record = dead_letter_record(message, error, self.stage, runtime.recorded_by)
+        log.error("undecodable work item sent to the dead-letter topic", error=str(error),
+                  topic=message.topic(), partition=message.partition(), offset=message.offset())
+        if self.dlq_producer is None:
+            self.dlq_producer = kafka.transactional_producer(
+                self.settings, f"{self.settings.app_name}.{self.stage}.dlq.{self.settings.instance_id}.{os.getpid()}")
+        try:
+            transact(self.dlq_producer, lambda: runtime.produce(self.dlq_producer, [(self.settings.dlq_topic, record)]),
+                     consumer=consumer, offsets=offsets, name=f"{self.stage}.dead_letter")
+        except (KafkaException, Fenced) as exc:
+            log.warning("dead-lettering aborted; the record will be read again", error=str(exc))
+            try:
+                consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
+            except KafkaException:
+                pass
 
     def execute(self, attempt: Attempt, store: ObjectStore) -> None:
         """Step 5-6: run `work` and commit its outcome; a failure becomes classified events."""
@@ -333,7 +363,7 @@ class StageWorker:
     def failure_events(self, attempt: Attempt, error_class: str, reason: str) -> list[Outgoing]:
         """`AttemptFailed` and what follows from the retry decision (retry, fail, dead-letter)."""
         jobs, item = self.settings.jobs_topic, attempt.item
-        used = item.attempt - attempt.yields_before
+        used = item.attempt - attempt.uncounted
         decision = retry_decision(error_class, used, self.settings.retry_policy())
         out: list[Outgoing] = [(jobs, attempt.event(ev.AttemptFailed, error_class=error_class,
                                                     retryable=decision.action is not Action.FAIL, reason=reason))]
@@ -343,9 +373,9 @@ class StageWorker:
             out.append((jobs, ev.JobFailed.new(stage=self.stage, attempt=item.attempt, error_class=error_class,
                                                reason=reason, **common)))
         elif decision.action is Action.DEAD_LETTER:
-            out.append((jobs, ev.JobDeadLettered.new(stage=self.stage, attempt=item.attempt, error_class=error_class,
-                                                     reason=reason, attempts=used,
-                                                     evidence=f"{jobs} job {item.job_id}", **common)))
+            dead = ev.JobDeadLettered.new(stage=self.stage, attempt=item.attempt, error_class=error_class,
+                                          reason=reason, attempts=used, evidence=f"{jobs} job {item.job_id}", **common)
+            out += [(jobs, dead), (self.settings.dlq_topic, dead)]  # the lifecycle fact + its dead-letter record
         else:
             out.append((jobs, retry_scheduled(decision.delay_s, stage=self.stage, attempt=item.attempt,
                                               next_attempt=decision.next_attempt, error_class=error_class, **common)))

@@ -114,11 +114,20 @@ def evolve(row: dict[str, Any] | None, event: ev.Event, broker_ts: datetime) -> 
     elif isinstance(event, ev.JobReplayed):
         if state not in REOPENABLE_STATES:
             return Outcome(row, False, False)
-        new.update(state="queued", completed_at=None, error_class=None, reason=f"replayed by {event.operator}: {event.reason}")
+        # A fresh attempt budget: attempts used from here on count from the current attempt.
+        new.update(state="queued", completed_at=None, error_class=None, budget_base=row["attempt"], yields=0,
+                   reason=f"replayed by {event.operator}: {event.reason}")
     elif isinstance(event, (ev.JobAccepted, ev.JobRejected)):
         return Outcome(row, False, False)  # the job already exists: a second intake decision is evidence only
     # PublishIntended, CheckpointRecorded, StallDetected: evidence with no state change beyond bookkeeping.
     return Outcome(new, True, False)
+
+
+def attempts_used(row: dict[str, Any], attempt: int | None = None) -> int:
+    """Attempts of the current budget used once `attempt` (default: the row's) has run: yields and
+    attempts before the last operator replay do not count (DESIGN.md "Error classes")."""
+    current = row["attempt"] if attempt is None else attempt
+    return current - (row.get("budget_base") or 0) - (row.get("yields") or 0)
 
 
 def _newer_attempt(row: dict[str, Any], event: ev.Event) -> bool:
@@ -133,7 +142,7 @@ def _older_attempt(row: dict[str, Any], event: ev.AttemptStarted) -> bool:
 def _new_row(event: ev.Event, broker_ts: datetime, **values: Any) -> dict[str, Any]:
     row = {column: None for column in JOB_STATE_COLUMNS}
     row.update(job_id=event.job_id, attempt=0, attempts=0, events=1, last_event_type=event.event_type,
-               created_at=broker_ts, updated_at=broker_ts, yields=0, redrives=0)
+               created_at=broker_ts, updated_at=broker_ts, yields=0, redrives=0, budget_base=0)
     row.update(values)
     return row
 
@@ -153,5 +162,5 @@ JOB_STATE_COLUMNS: tuple[str, ...] = (
     "ladder", "outputs", "renditions", "master_url", "error_class", "reason", "lease_s", "leased_until",
     "progress_frames", "progress_out_time_s", "progress_speed", "progress_at", "events", "last_event_type",
     "created_at", "updated_at", "completed_at", "log_partition", "queued_at", "yields", "redrives",
-    "audio_playlist_key", "last_heartbeat_at", "retry_next_attempt", "retry_due_at")
+    "audio_playlist_key", "last_heartbeat_at", "retry_next_attempt", "retry_due_at", "budget_base")
 """Columns of `job_state`, in table order (a test checks them against the migration)."""

@@ -1,4 +1,4 @@
-"""The projector: `<prefix>.jobs` and `<prefix>.uploads` -> PostgreSQL, exactly once.
+"""The projector: `<prefix>.jobs`, `<prefix>.uploads` and `<prefix>.dlq` -> PostgreSQL, exactly once.
 
 Commit protocol, per batch of records (one PostgreSQL transaction):
   Step 1. decode every record; an undecodable one becomes a `dead_letters` row, never a crash;
@@ -15,6 +15,7 @@ can be judged against the last stable offset even after transaction markers.
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from dataclasses import dataclass, field
@@ -70,12 +71,15 @@ class BatchResult:
 
 def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: str = "main",
                 end_positions: dict[tuple[str, int], int] | None = None, clock_topic: str | None = None,
-                guard: LiveGuard | None = None) -> BatchResult:
+                guard: LiveGuard | None = None, dlq_topic: str | None = None) -> BatchResult:
     """Apply `messages` (in consumption order) and advance offsets, in one transaction on `conn`.
 
     `conn` must be in autocommit mode so that `conn.transaction()` is a real BEGIN/COMMIT.
     `clock_topic` (the lifecycle log) is the topic whose broker timestamps advance `log_clock`;
-    its `WatchdogTick` records advance the clock and are not kept as evidence.
+    its `WatchdogTick` records advance the clock and are not kept as evidence. Records of `dlq_topic`
+    (the dead-letter topic) become `dead_letters` rows only: a `DeadLetter` is a record a processor
+    could not decode; the copy of a `JobDeadLettered` there is skipped, because its lifecycle-log
+    original makes the row (in the same transaction as the job's state).
     """
     result = BatchResult(records=len(messages))
     codec = default_codec()
@@ -90,7 +94,8 @@ def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: s
             decoded.append((message, None, str(exc)))
         result.positions[(message.topic(), message.partition())] = message.offset() + 1
     for position, offset in (end_positions or {}).items():
-        result.positions[position] = max(result.positions.get(position, 0), offset)
+        if offset > 0:  # an empty partition needs no row: a missing row means offset 0 (and a replay stores none)
+            result.positions[position] = max(result.positions.get(position, 0), offset)
 
     with conn.transaction():
         if guard is not None:  # the swap lock (shared) and "is the live schema still ours?" (pgschema.py)
@@ -102,7 +107,7 @@ def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: s
         keys = list({event.dedup_key for _, event, _ in decoded if event is not None})
         seen = {r["dedup_key"] for r in conn.execute(q("applied_dedup_keys_among"), {"keys": keys}).fetchall()} \
             if keys else set()
-        evidence, uploads, dead, new_keys, changed = [], [], [], [], set()
+        evidence, uploads, dead, replays, new_keys, changed = [], [], [], [], [], set()
         clock: dict[int, datetime] = {}
         # Step 3: fold in log order.
         for message, event, error in decoded:
@@ -112,9 +117,22 @@ def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: s
             if isinstance(event, ev.WatchdogTick):
                 continue
             if event is None:
-                dead.append({"topic": message.topic(), "partition": message.partition(), "offset": message.offset(),
-                             "broker_ts": ts, "key": message.key(), "value": message.value(), "error": error})
+                dead.append(_dead_letter(
+                    f"{message.topic()}/{message.partition()}/{message.offset()}", "projection", message.topic(),
+                    message.partition(), message.offset(), ts, error, "projector", key=message.key(),
+                    value=message.value(), headers=message.headers(), error_class="invalid_input",
+                    evidence=f"{message.topic()}/{message.partition()}/{message.offset()}"))
                 result.dead_letters += 1
+                continue
+            if message.topic() == dlq_topic:
+                if isinstance(event, ev.DeadLetter):
+                    dead.append(_dead_letter(
+                        f"{event.source_topic}/{event.source_partition}/{event.source_offset}", "record",
+                        event.source_topic, event.source_partition, event.source_offset, ts, event.error,
+                        event.processor, key=event.key, value=event.value, headers=list(event.headers.items()),
+                        error_class=event.error_class, stage=event.stage,
+                        evidence=f"{message.topic()}/{message.partition()}/{message.offset()}"))
+                    result.dead_letters += 1
                 continue
             if isinstance(event, ev.UploadCompleted):
                 uploads.append({"upload_id": event.upload_id, "job_id": event.job_id, "filename": event.filename,
@@ -131,6 +149,15 @@ def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: s
                     changed.add(event.job_id)
                     seen.add(event.dedup_key)
                     new_keys.append({"dedup_key": event.dedup_key})
+                    if isinstance(event, ev.JobDeadLettered):
+                        dead.append(_dead_letter(
+                            f"{event.job_id}/{event.attempt}", "job", message.topic(), message.partition(),
+                            message.offset(), ts, event.reason, event.recorded_by.split("@", 1)[0],
+                            error_class=event.error_class, job_id=event.job_id, stage=event.stage,
+                            attempt=event.attempt, attempts=event.attempts, evidence=event.evidence))
+                    elif isinstance(event, ev.JobReplayed) and event.dead_letter_id:
+                        replays.append({"id": event.dead_letter_id, "broker_ts": ts, "operator": event.operator,
+                                        "reason": event.reason})
             result.applied += applied
             result.duplicates += duplicate
             result.superseded += superseded
@@ -148,7 +175,9 @@ def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: s
             if uploads:
                 cur.executemany(q("upsert_upload"), uploads)
             if dead:
-                cur.executemany(q("insert_dead_letter"), dead)
+                cur.executemany(q("upsert_dead_letter"), dead)
+            if replays:
+                cur.executemany(q("mark_dead_letter_replayed"), replays)
             if changed:
                 cur.executemany(UPSERT_JOB, [_job_params(rows[job_id]) for job_id in changed])
             if new_keys:
@@ -164,6 +193,20 @@ def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: s
     return result
 
 
+def _dead_letter(id: str, kind: str, topic: str | None, partition: int | None, offset: int | None,
+                 broker_ts: datetime, error: str, seen_by: str, *, key: bytes | None = None,
+                 value: bytes | None = None, headers: list[tuple[str, bytes | None]] | None = None,
+                 error_class: str | None = None, job_id: str | None = None, stage: str | None = None,
+                 attempt: int | None = None, attempts: int | None = None, evidence: str | None = None
+                 ) -> dict[str, Any]:
+    """Parameters of `upsert_dead_letter` (migration 005 documents each column)."""
+    encoded = {name: base64.b64encode(raw or b"").decode() for name, raw in headers} if headers else None
+    return {"id": id, "kind": kind, "topic": topic, "partition": partition, "offset": offset, "broker_ts": broker_ts,
+            "key": key, "value": value, "headers": Jsonb(encoded) if encoded is not None else None, "error": error,
+            "job_id": job_id, "stage": stage, "attempt": attempt, "error_class": error_class, "attempts": attempts,
+            "evidence": evidence, "seen_by": [seen_by]}
+
+
 def _job_params(row: dict[str, Any]) -> dict[str, Any]:
     return {c: (Jsonb(row[c]) if c in JSON_COLUMNS and row.get(c) is not None else row.get(c))
             for c in fold.JOB_STATE_COLUMNS}
@@ -174,7 +217,7 @@ class Projector:
 
     def __init__(self, settings: Settings, projection: str = "main", batch_size: int = 1000) -> None:
         self.settings, self.projection, self.batch_size = settings, projection, batch_size
-        self.topics = [settings.jobs_topic, settings.uploads_topic]
+        self.topics = [settings.jobs_topic, settings.uploads_topic, settings.dlq_topic]
         self.processed = 0
         self.health = HealthState("projector", settings.instance_id)  # `tapeline run` replaces it with the served one
 
@@ -237,7 +280,7 @@ class Projector:
                 if records or ends:
                     try:
                         result = apply_batch(conn, records, self.projection, ends, clock_topic=self.settings.jobs_topic,
-                                             guard=guard)
+                                             guard=guard, dlq_topic=self.settings.dlq_topic)
                     except SchemaSwapped:  # rolled back; resume from the new live schema's own offsets
                         stored = {(r["topic"], r["partition"]): r["next_offset"]
                                   for r in conn.execute(q("offsets_of_projection"), {"projection": self.projection})}

@@ -84,3 +84,14 @@ def stalls(conn: psycopg.Connection) -> list[dict[str, Any]]:
 
 def _iso(value) -> str | None:
     return value.isoformat() if value is not None else None
+
+
+def dead_letters(conn: psycopg.Connection, reason: str | None = None, pending: bool = False,
+                 limit: int = 1000) -> list[dict[str, Any]]:
+    """Dead letters, newest first; `reason` filters on the error class, `pending` hides replayed ones."""
+    return conn.execute(q("dead_letters_list"), {"reason": reason, "pending": pending, "limit": limit}).fetchall()
+
+
+def dead_letter(conn: psycopg.Connection, dead_letter_id: str) -> dict[str, Any] | None:
+    """One dead letter, raw bytes included, or None."""
+    return conn.execute(q("dead_letter_by_id"), {"id": dead_letter_id}).fetchone()

@@ -1,6 +1,6 @@
 """Rebuild every projection from offset 0 into a schema of its own (`tapeline replay --into`).
 
-The replay reads `<prefix>.jobs` and `<prefix>.uploads` (the projector's topics) from the log start
+The replay reads `<prefix>.jobs`, `<prefix>.uploads` and `<prefix>.dlq` (the projector's topics) from the log start
 up to stop offsets fixed when it begins (the last stable offsets, or the first offsets at or after
 `--as-of`), and applies them with the projector's own `apply_batch`, offsets included, so the result
 is exactly what the projector would have built and can be swapped in and continued by it. It never
@@ -75,7 +75,8 @@ def replay(settings: Settings, schema: str, *, as_of: datetime | None = None, fo
             if on_start is not None:
                 on_start(span.total)
             for piece in logread.read(consumer, span, batch_size=batch_size, on_progress=on_progress):
-                batch = apply_batch(conn, piece.records, projection, piece.ends, clock_topic=settings.jobs_topic)
+                batch = apply_batch(conn, piece.records, projection, piece.ends, clock_topic=settings.jobs_topic,
+                                    dlq_topic=settings.dlq_topic)
                 result.records += batch.records
                 result.applied += batch.applied
                 result.duplicates += batch.duplicates

@@ -281,6 +281,107 @@ def timeline(job: str = typer.Argument(..., help="Job id"),
     out.print(table)
 
 
+dlq_app = typer.Typer(help="Dead letters: jobs out of attempts and records that could not be decoded.",
+                      no_args_is_help=True)
+app.add_typer(dlq_app, name="dlq")
+
+
+def _letter_json(row: dict[str, Any], raw: bool = False) -> dict[str, Any]:
+    import base64
+
+    skip = {"key", "value"} if not raw else set()
+    data = {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items() if k not in skip}
+    if raw:
+        for name in ("key", "value"):
+            data[name] = base64.b64encode(bytes(row[name])).decode() if row.get(name) is not None else None
+    return data
+
+
+@dlq_app.command("list")
+def dlq_list(reason: Optional[str] = typer.Option(None, "--reason", help="Only this error class (e.g. worker_lost)"),
+             pending: bool = typer.Option(False, "--pending", help="Hide dead letters already replayed"),
+             limit: int = typer.Option(1000, "--limit", help="At most this many, newest first"),
+             as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+    """List dead letters, newest first: id, kind (job | record | projection), job, error class, why."""
+    from projections import read
+
+    try:
+        with read.open_reader(_settings()) as conn:
+            rows = read.dead_letters(conn, reason=reason, pending=pending, limit=limit)
+    except TapelineError as exc:
+        _fail(exc)
+    if as_json:
+        out.print_json(json.dumps([_letter_json(r) for r in rows]))
+        return
+    if not rows:
+        out.print("no dead letters" + (f" with reason {reason}" if reason else ""))
+        return
+    table = Table("id", "kind", "stage", "class", "attempts", "when (UTC)", "replayed", "error")
+    for r in rows:
+        table.add_row(r["id"], r["kind"], r["stage"] or "-", r["error_class"] or "-", str(r["attempts"] or "-"),
+                      r["broker_ts"].strftime("%Y-%m-%d %H:%M:%S") if r["broker_ts"] else "-",
+                      f"by {r['replayed_by']}" if r["replayed_at"] else "no", escape((r["error"] or "")[:80]))
+    out.print(table)
+
+
+@dlq_app.command("show")
+def dlq_show(dead_letter_id: str = typer.Argument(..., help="Dead letter id from `tapeline dlq list`"),
+             as_json: bool = typer.Option(False, "--json", help="Print JSON (key and value base64)")) -> None:
+    """One dead letter: its source position, error, evidence pointer, replay record and raw bytes."""
+    from projections import read
+
+    try:
+        with read.open_reader(_settings()) as conn:
+            row = read.dead_letter(conn, dead_letter_id)
+    except TapelineError as exc:
+        _fail(exc)
+    if row is None:
+        _fail(TapelineError(f"no dead letter {dead_letter_id!r} (see `tapeline dlq list`)"), 2)
+    data = _letter_json(row, raw=True)
+    if as_json:
+        out.print_json(json.dumps(data))
+        return
+    for name in ("id", "kind", "job_id", "stage", "attempt", "error_class", "attempts", "error", "topic", "partition",
+                 "offset", "broker_ts", "evidence", "seen_by", "replayed_at", "replayed_by", "replay_reason"):
+        out.print(f"{name:>14}: {escape(str(data.get(name)))}", highlight=False)
+    if row.get("value") is not None:
+        value = bytes(row["value"])
+        out.print(f"{'value':>14}: {len(value)} bytes, starts {value[:32].hex()}", highlight=False)
+
+
+@dlq_app.command("replay")
+def dlq_replay(dead_letter_id: Optional[str] = typer.Argument(None, help="Dead letter id (or --all)"),
+               replay_all: bool = typer.Option(False, "--all", help="Every pending job dead letter (with --reason)"),
+               reason: Optional[str] = typer.Option(None, "--reason", help="With --all: only this error class"),
+               why: str = typer.Option(..., "--why", "-m", help="Why you replay it (recorded in JobReplayed)"),
+               operator: Optional[str] = typer.Option(None, "--operator", help="Who replays (default user@host)"),
+               as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+    """Reopen dead-lettered jobs: `JobReplayed` + the next attempt, with a fresh attempt budget.
+    Idempotent: a dead letter already replayed, or a job no longer dead-lettered, is left alone."""
+    from processors.operator import default_operator, replay_dead_letters
+    from projections import read
+
+    if (dead_letter_id is None) == (not replay_all):
+        _fail(TapelineError("give one dead letter id, or --all [--reason CLASS]"), 2)
+    settings = _settings()
+    try:
+        if replay_all:
+            with read.open_reader(settings) as conn:
+                ids = [r["id"] for r in read.dead_letters(conn, reason=reason, pending=True) if r["kind"] == "job"]
+        else:
+            ids = [dead_letter_id]
+        outcomes = replay_dead_letters(settings, ids, operator or default_operator(), why)
+    except TapelineError as exc:
+        _fail(exc, 2 if "no dead letter" in str(exc) else 1)
+    if as_json:
+        out.print_json(json.dumps([vars(o) for o in outcomes]))
+        return
+    if not outcomes:
+        out.print("nothing to replay")
+    for o in outcomes:
+        out.print(f"{o.dead_letter_id}: {'replayed, ' if o.replayed else 'skipped, '}{o.detail}", highlight=False)
+
+
 @app.command()
 def demo(file: Optional[Path] = typer.Option(None, "--file", help="Video to submit (default: the real bigbuckbunny.mp4)"),
          timeout: float = typer.Option(600.0, "--timeout", help="Seconds to wait for the job")) -> None:

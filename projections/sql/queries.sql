@@ -25,11 +25,36 @@ INSERT INTO uploads (upload_id, job_id, filename, size_bytes, sha256, priority, 
 VALUES (%(upload_id)s, %(job_id)s, %(filename)s, %(size_bytes)s, %(sha256)s, %(priority)s, %(broker_ts)s)
 ON CONFLICT (upload_id) DO UPDATE SET copies = uploads.copies + 1;
 
--- name: insert_dead_letter
--- A record the projector could not decode.
-INSERT INTO dead_letters (topic, partition, "offset", broker_ts, key, value, error)
-VALUES (%(topic)s, %(partition)s, %(offset)s, %(broker_ts)s, %(key)s, %(value)s, %(error)s)
-ON CONFLICT DO NOTHING;
+-- name: upsert_dead_letter
+-- A dead letter (005); a second sighting of the same bad record only adds who saw it.
+INSERT INTO dead_letters (id, kind, topic, partition, "offset", broker_ts, key, value, headers, error, job_id, stage,
+    attempt, error_class, attempts, evidence, seen_by)
+VALUES (%(id)s, %(kind)s, %(topic)s, %(partition)s, %(offset)s, %(broker_ts)s, %(key)s, %(value)s, %(headers)s,
+    %(error)s, %(job_id)s, %(stage)s, %(attempt)s, %(error_class)s, %(attempts)s, %(evidence)s, %(seen_by)s)
+ON CONFLICT (id) DO UPDATE SET
+    seen_by = ARRAY(SELECT DISTINCT unnest(dead_letters.seen_by || EXCLUDED.seen_by) ORDER BY 1),
+    kind = CASE WHEN dead_letters.kind = 'projection' THEN EXCLUDED.kind ELSE dead_letters.kind END,
+    error = CASE WHEN dead_letters.kind = 'projection' THEN EXCLUDED.error ELSE dead_letters.error END;
+
+-- name: mark_dead_letter_replayed
+-- An operator's JobReplayed was applied: the dead letter is replayed (first replay wins).
+UPDATE dead_letters SET replayed_at = COALESCE(replayed_at, %(broker_ts)s),
+    replayed_by = COALESCE(replayed_by, %(operator)s), replay_reason = COALESCE(replay_reason, %(reason)s)
+WHERE id = %(id)s;
+
+-- name: dead_letters_list
+-- Dead letters, newest first; `reason` filters on the error class (NULL: all); `pending` hides replayed ones.
+SELECT id, kind, job_id, stage, attempt, error_class, attempts, error, topic, partition, "offset", broker_ts,
+       seen_by, replayed_at, replayed_by, replay_reason, octet_length(value) AS value_bytes
+FROM dead_letters
+WHERE (%(reason)s::text IS NULL OR error_class = %(reason)s)
+  AND (NOT %(pending)s OR replayed_at IS NULL)
+ORDER BY broker_ts DESC NULLS LAST, id
+LIMIT %(limit)s;
+
+-- name: dead_letter_by_id
+-- One dead letter with its raw bytes.
+SELECT * FROM dead_letters WHERE id = %(id)s;
 
 -- name: upsert_offset
 -- Advance a projection's position in one partition (never backwards).

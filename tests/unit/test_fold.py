@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from projections.fold import JOB_STATE_COLUMNS, evolve
+from projections.fold import JOB_STATE_COLUMNS, attempts_used, evolve
 from schemas import models as ev
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
@@ -97,8 +97,13 @@ def test_dead_lettered_job_reopens_only_by_replay():
                            evidence="e")], row)
     assert row["state"] == "dead_lettered"
     assert not evolve(row, new(ev.StageQueued, attempt=4, tier="standard", work_topic="w"), T0).applied
-    reopened = evolve(row, new(ev.JobReplayed, stage="operator", attempt=0, operator="ops", reason="fixed"), T0)
+    reopened = evolve(row, new(ev.JobReplayed, attempt=row["attempt"], operator="ops", reason="fixed",
+                               dead_letter_id=f"job-1/{row['attempt']}"), T0)
     assert reopened.applied and reopened.row["state"] == "queued"
+    # A fresh attempt budget: the attempts before the replay no longer count.
+    assert reopened.row["budget_base"] == row["attempt"] and reopened.row["yields"] == 0
+    assert attempts_used(reopened.row, row["attempt"] + 1) == 1
+    assert reopened.row["reason"] == "replayed by ops: fixed"
 
 
 def test_rejected_upload_creates_a_terminal_row():

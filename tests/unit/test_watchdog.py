@@ -55,10 +55,20 @@ def test_publish_retry_carries_the_transcode_outputs():
 def test_out_of_attempts_dead_letters_and_yields_do_not_count():
     result = run_once([stalled(attempt=3)], [], [], {"j1": job(attempt=3)}, SETTINGS, "w")
     assert result.counts["dead_letter"] == 1
-    assert kinds(result) == [("unit.jobs", "StallDetected"), ("unit.jobs", "JobDeadLettered")]
+    assert kinds(result) == [("unit.jobs", "StallDetected"), ("unit.jobs", "JobDeadLettered"),
+                             ("unit.dlq", "JobDeadLettered")]
     assert result.outgoing[1][1].attempts == 3
+    assert result.outgoing[2][1] is result.outgoing[1][1]  # the dead-letter record is the same event
     yielded = run_once([stalled(attempt=3)], [], [], {"j1": job(attempt=3, yields=1)}, SETTINGS, "w")
     assert yielded.counts["retry"] == 1
+
+
+def test_a_replayed_job_has_a_fresh_budget():
+    # Dead-lettered at attempt 3, replayed by an operator: attempt 4 is the first of a new budget.
+    replayed = run_once([stalled(attempt=4)], [], [], {"j1": job(attempt=4, budget_base=3)}, SETTINGS, "w")
+    assert replayed.counts["retry"] == 1 and replayed.outgoing[1][1].next_attempt == 5
+    exhausted = run_once([stalled(attempt=6)], [], [], {"j1": job(attempt=6, budget_base=3)}, SETTINGS, "w")
+    assert exhausted.counts["dead_letter"] == 1 and exhausted.outgoing[1][1].attempts == 3
 
 
 def test_rows_that_no_longer_match_the_job_are_ignored():

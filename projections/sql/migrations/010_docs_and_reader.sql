@@ -72,7 +72,7 @@ COMMENT ON COLUMN uploads.size_bytes IS 'Source size, bytes';
 COMMENT ON COLUMN uploads.sha256 IS 'Hex sha256 of the uploaded bytes';
 COMMENT ON COLUMN uploads.broker_ts IS 'Broker timestamp of the first copy (UTC)';
 COMMENT ON COLUMN uploads.copies IS 'How many times the upload was published (1 = no duplicate)';
-COMMENT ON TABLE dead_letters IS 'Records the projector could not decode, raw, with their position and the error';
+COMMENT ON TABLE dead_letters IS 'Dead letters: jobs out of attempts and records that could not be decoded (raw), see 005';
 COMMENT ON COLUMN dead_letters.broker_ts IS 'Broker timestamp of the record (UTC)';
 COMMENT ON COLUMN dead_letters.key IS 'Raw record key bytes';
 COMMENT ON COLUMN dead_letters.value IS 'Raw record value bytes';

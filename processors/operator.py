@@ -1,0 +1,121 @@
+"""Operator actions on dead letters: replay a dead-lettered job with a fresh attempt budget.
+
+The pure core is `replay_events(row, ...)`; `replay_dead_letters` reads the dead letters and the
+jobs' rows from a caught-up projection and commits each job's events in one Kafka transaction.
+Actions emit events only; they never write projections (DESIGN.md "Parts").
+
+Replay is idempotent at three levels: a dead letter already marked replayed is left alone; a job
+that is no longer dead-lettered (replayed by someone else, or completed) gets no events; and the
+events carry dedup keys of the dead-lettered attempt (`{job}:{stage}:{attempt}:JobReplayed`, and the
+next attempt's `StageQueued`), so two racing operators start one attempt.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from processors.runtime import Outgoing, Runtime, transact
+from processors.watchdog import queue_attempt
+from projections import read
+from projections.fold import REOPENABLE_STATES
+from schemas import models as ev
+from tapeline import kafka
+from tapeline.errors import TapelineError
+from tapeline.settings import Settings
+
+log = structlog.get_logger("tapeline.operator")
+
+
+class NotReplayable(TapelineError):
+    """The dead letter cannot be replayed (unknown id, or an undecodable record)."""
+
+    error_class = "invalid_input"
+
+
+def default_operator() -> str:
+    """`user@host` of whoever runs the command (recorded in `JobReplayed`)."""
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def replay_events(row: dict[str, Any] | None, dead_letter_id: str, operator: str, reason: str,
+                  settings: Settings, recorded_by: str) -> list[Outgoing]:
+    """The events that replay a dead-lettered (or needs-review) job. Pure.
+
+    `JobReplayed` (operator, reason, dead letter id; stage and attempt of the attempt that ended
+    the job, so its dedup key is unique per dead letter) + `StageQueued` + `WorkItem` of the same
+    stage's next attempt. The projection restarts the attempt budget at the replayed attempt
+    (`fold.attempts_used`). Returns [] when the job is not in a reopenable state: replaying twice,
+    or replaying a job that completed meanwhile, changes nothing.
+    """
+    if row is None or row["state"] not in REOPENABLE_STATES:
+        return []
+    common = dict(job_id=row["job_id"], recorded_by=recorded_by, correlation_id=row["upload_id"])
+    replayed = ev.JobReplayed.new(stage=row["stage"], attempt=row["attempt"], operator=operator, reason=reason,
+                                  dead_letter_id=dead_letter_id, **common)
+    return [(settings.jobs_topic, replayed)] + queue_attempt(row, row["stage"], row["attempt"] + 1,
+                                                             dict(common, causation_id=replayed.event_id), settings)
+
+
+@dataclass(frozen=True)
+class ReplayOutcome:
+    """What `replay_dead_letters` did with one dead letter: `replayed` (with the new attempt) or
+    `skipped` with the reason."""
+
+    dead_letter_id: str
+    job_id: str | None
+    replayed: bool
+    detail: str
+    next_attempt: int | None = None
+
+
+def replay_dead_letters(settings: Settings, ids: list[str], operator: str, reason: str) -> list[ReplayOutcome]:
+    """Replay each dead letter in `ids` (see `replay_events`), one Kafka transaction per job.
+
+    Raises `NotReplayable` for an unknown id or a record dead letter (an undecodable record has no
+    job to reopen: `tapeline dlq show` gives its bytes and source position), before anything is
+    produced; `ServiceUnavailable` when the projection does not catch up.
+    """
+    runtime = Runtime(settings, "operator")
+    outcomes: list[ReplayOutcome] = []
+    try:
+        letters = []
+        for dead_letter_id in ids:
+            letter = read.dead_letter(runtime.db, dead_letter_id)
+            if letter is None:
+                raise NotReplayable(f"no dead letter {dead_letter_id!r} (see `tapeline dlq list`)")
+            if letter["kind"] != "job":
+                raise NotReplayable(
+                    f"dead letter {dead_letter_id} is an undecodable record ({letter['error']}); it has no job to "
+                    f"replay. Inspect it with `tapeline dlq show {dead_letter_id}` and fix its producer")
+            letters.append(letter)
+        for letter in letters:
+            job_id = letter["job_id"]
+            if letter["replayed_at"] is not None:
+                outcomes.append(ReplayOutcome(letter["id"], job_id, False,
+                                              f"already replayed by {letter['replayed_by']} at "
+                                              f"{letter['replayed_at']:%Y-%m-%d %H:%M:%S} UTC"))
+                continue
+            row = runtime.job_row(job_id)  # after the projection caught up with the job's partition
+            outgoing = replay_events(row, letter["id"], operator, reason, settings, runtime.recorded_by)
+            if not outgoing:
+                state = row["state"] if row else "unknown"
+                outcomes.append(ReplayOutcome(letter["id"], job_id, False, f"job is {state}: nothing to replay"))
+                continue
+            producer = kafka.transactional_producer(settings, f"{settings.app_name}.operator.{job_id}")
+            try:
+                transact(producer, lambda: runtime.produce(producer, outgoing), name="operator.replay")
+            finally:
+                producer.flush(5)
+            next_attempt = row["attempt"] + 1
+            log.info("dead letter replayed", dead_letter_id=letter["id"], job_id=job_id, operator=operator,
+                     next_attempt=next_attempt)
+            outcomes.append(ReplayOutcome(letter["id"], job_id, True,
+                                          f"{row['stage']} attempt {next_attempt} queued", next_attempt))
+    finally:
+        runtime.close()
+    return outcomes

@@ -1,0 +1,99 @@
+"""Dead letters end to end: poison records on every topic a processor reads, and a job out of
+attempts that an operator replays (issue 5, items 4 and 5), against the real services."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+
+import pytest
+from confluent_kafka import Producer
+
+from schemas import models as ev
+from schemas.codec import default_codec
+from tapeline.samples import sample_video
+from tests.conftest import Pipeline, tapeline_cli, wait_for
+from tests.faults.test_worker_faults import submit, wait_state
+from tests.integration.helpers import committed_events, committed_messages, of_job
+
+pytestmark = pytest.mark.integration
+
+
+def dlq_list(settings, *args: str) -> list[dict]:
+    done = tapeline_cli(settings, "dlq", "list", "--json", *args)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def produce_raw(settings, topic: str, key: bytes, value: bytes) -> tuple[int, int]:
+    """Produce one raw (non-Avro) record, not in a transaction; returns its (partition, offset)."""
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
+    where = {}
+    producer.produce(topic, key=key, value=value, headers=[("origin", b"test")],
+                     on_delivery=lambda err, msg: where.update(partition=msg.partition(), offset=msg.offset()))
+    assert producer.flush(10) == 0
+    return where["partition"], where["offset"]
+
+
+def test_poison_records_go_to_the_dead_letters_and_later_jobs_are_unaffected(isolated, tmp_path):
+    settings = isolated
+    pipeline = Pipeline(settings, tmp_path / "run.log").start()
+    try:
+        poisoned(settings, pipeline)
+    finally:
+        pipeline.stop()
+
+
+def poisoned(settings, pipeline):
+    wait_for(lambda: pipeline.children().keys() >= {"intake", "transcode", "projector"}, 60, "roles to start")
+    poison = {
+        "uploads": (settings.uploads_topic, b"\xc3\x01garbage that is not an upload"),
+        "jobs": (settings.jobs_topic, b"not avro at all"),
+        "work": (settings.work_topic("transcode", "standard"), b"\xc3\x01" + b"\x00" * 8 + b"truncated"),
+    }
+    ids = {}
+    for name, (topic, value) in poison.items():
+        partition, offset = produce_raw(settings, topic, f"poison-{name}".encode(), value)
+        ids[name] = f"{topic}/{partition}/{offset}"
+
+    job_id = submit(settings, sample_video("carphone_pristine.mp4"))
+    assert wait_state(settings, job_id, timeout_s=180)["state"] == "completed"
+
+    # The intake dead-letters the bad upload; the projector, which reads uploads too, records it as well.
+    by_id = wait_for(lambda: (lambda rows: rows if set(rows) == set(ids.values()) and
+                              rows[ids["uploads"]]["seen_by"] == ["intake", "projector"] else None)(
+        {r["id"]: r for r in dlq_list(settings)}), 60, "three dead letters")
+    uploads, jobs, work = by_id[ids["uploads"]], by_id[ids["jobs"]], by_id[ids["work"]]
+    assert uploads["kind"] == "record" and uploads["error_class"] == "invalid_input"
+    assert jobs["kind"] == "projection" and jobs["seen_by"] == ["projector"] and jobs["error_class"] == "invalid_input"
+    assert work["kind"] == "record" and work["seen_by"] == ["transcode"] and work["stage"] == "transcode"
+    # The raw bytes and the source position are kept exactly.
+    for name, (topic, value) in poison.items():
+        shown = tapeline_cli(settings, "dlq", "show", ids[name], "--json")
+        assert shown.returncode == 0, shown.stderr
+        data = json.loads(shown.stdout)
+        assert base64.b64decode(data["value"]) == value and data["topic"] == topic
+        assert base64.b64decode(data["key"]) == f"poison-{name}".encode()
+    # On the dead-letter topic: one DeadLetter per bad record a Kafka processor read (not the
+    # lifecycle log's, which only the projector reads).
+    dead = [e for e in committed_events(settings, settings.dlq_topic) if isinstance(e, ev.DeadLetter)]
+    assert sorted((e.processor, e.source_topic) for e in dead) == sorted(
+        [("intake", settings.uploads_topic), ("transcode", settings.work_topic("transcode", "standard"))])
+    assert all(e.headers == {"origin": b"test"} for e in dead)
+    # A record that is not a job cannot be replayed: a clear refusal, nothing produced.
+    refused = tapeline_cli(settings, "dlq", "replay", ids["work"], "--why", "try")
+    assert refused.returncode == 1 and "undecodable record" in refused.stderr
+    # The lifecycle log still holds the poison record, and the job's events around it are intact.
+    values = [m.value() for m in committed_messages(settings)]
+    assert poison["jobs"][1] in values
+    codec = default_codec()
+    events = [ev.Event.from_record(codec.decode(v)) for v in values if v != poison["jobs"][1]]
+    assert len(of_job(events, job_id, "JobCompleted")) == 1
+
+
+def test_replaying_an_unknown_dead_letter_is_a_clear_error(isolated):
+    done = tapeline_cli(isolated, "dlq", "replay", f"{uuid.uuid4()}/1", "--why", "x")
+    assert done.returncode == 2 and "no dead letter" in done.stderr
+    usage = tapeline_cli(isolated, "dlq", "replay", "--why", "x")
+    assert usage.returncode == 2 and "give one dead letter id" in usage.stderr
