@@ -23,12 +23,16 @@ PUBLISHED_PREFIX = "published/"
 
 
 def client(settings: Settings):
-    """A boto3 S3 client for the configured endpoint (path-style addressing, bounded retries)."""
+    """A boto3 S3 client for the configured endpoint: path-style addressing, `s3_max_attempts` tries
+    per call (botocore "standard" retry mode: exponential backoff on throttling, 5xx and connection
+    errors) and the configured connect/read timeouts, so an endpoint that stops answering fails the
+    call as `StorageError` (storage_transient) within about attempts x read timeout seconds."""
     return boto3.client(
         "s3", endpoint_url=settings.s3_endpoint, region_name=settings.s3_region,
         aws_access_key_id=settings.s3_access_key, aws_secret_access_key=settings.s3_secret_key,
-        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 4, "mode": "standard"},
-                      connect_timeout=5, read_timeout=60))
+        config=Config(s3={"addressing_style": "path"},
+                      retries={"max_attempts": settings.s3_max_attempts, "mode": "standard"},
+                      connect_timeout=settings.s3_connect_timeout_s, read_timeout=settings.s3_read_timeout_s))
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     s3_region: str = "us-east-1"
     s3_access_key: str = "tapeline"
     s3_secret_key: str = "tapeline-secret"
+    s3_connect_timeout_s: float = Field(5.0, description="S3 connect timeout, seconds")
+    s3_read_timeout_s: float = Field(30.0, description="S3 read timeout, seconds: a silent endpoint fails the call "
+                                                       "(storage_transient, retried by policy) instead of hanging")
+    s3_max_attempts: int = Field(4, description="Tries per S3 call, botocore standard retry mode (1 = no retry)")
 
     # Topics.
     topic_prefix: str = Field("tapeline", description="Topics are <prefix>.uploads, <prefix>.jobs, ...")
