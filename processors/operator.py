@@ -119,3 +119,63 @@ def replay_dead_letters(settings: Settings, ids: list[str], operator: str, reaso
     finally:
         runtime.close()
     return outcomes
+
+
+def resolve_review_events(row: dict[str, Any] | None, operator: str, reason: str, posted_ref: str | None,
+                          provider: str, settings: Settings, recorded_by: str) -> list[Outgoing]:
+    """The events that resolve a job in needs_review. Pure.
+
+    `posted_ref` given (the operator found the post at the provider): `JobReplayed` + `Published`
+    (that provider, that ref, the origin's master URL) + `JobCompleted`: the job completes without
+    another post. Otherwise (the operator checked that no post exists; the caller has released the
+    claim marker): `JobReplayed` + the next publish attempt, which creates a fresh marker and posts.
+    Returns [] when the job is not in needs_review.
+    """
+    if row is None or row["state"] != "needs_review":
+        return []
+    common = dict(job_id=row["job_id"], recorded_by=recorded_by, correlation_id=row["upload_id"])
+    replayed = ev.JobReplayed.new(stage=row["stage"], attempt=row["attempt"], operator=operator, reason=reason,
+                                  dead_letter_id=None, **common)
+    out: list[Outgoing] = [(settings.jobs_topic, replayed)]
+    caused = dict(common, causation_id=replayed.event_id)
+    if posted_ref is None:
+        return out + queue_attempt(row, row["stage"], row["attempt"] + 1, caused, settings)
+    renditions = [ev.Rendition(**r) for r in (row.get("renditions") or [])]
+    master_key = f"published/{row['job_id']}/master.m3u8"
+    return out + [
+        (settings.jobs_topic, ev.Published.new(stage="publish", attempt=row["attempt"], sequence=f"{provider}-review",
+                                               provider=provider, provider_ref=posted_ref, master_key=master_key,
+                                               master_url=row.get("master_url") or "", renditions=renditions,
+                                               **caused)),
+        (settings.jobs_topic, ev.JobCompleted.new(stage="publish", attempt=row["attempt"],
+                                                  master_url=row.get("master_url") or "",
+                                                  media_duration_s=row.get("source_duration_s"), **caused)),
+    ]
+
+
+def resolve_review(settings: Settings, job_id: str, operator: str, reason: str, posted_ref: str | None,
+                   provider: str = "webhook") -> str:
+    """Resolve one needs_review job (see `resolve_review_events`); returns what was done.
+
+    Without `posted_ref` the claim marker `markers/{job}/{provider}.json` is deleted first (the
+    operator vouches that the provider has no post), so the next attempt may post. Raises
+    `NotReplayable` when the job is not in needs_review.
+    """
+    from processors.publish import marker_key
+    from tapeline.objectstore import ObjectStore
+
+    runtime = Runtime(settings, "operator")
+    try:
+        row = runtime.job_row(job_id)
+        if row is None or row["state"] != "needs_review":
+            raise NotReplayable(f"job {job_id} is {row['state'] if row else 'unknown'}, not needs_review")
+        if posted_ref is None:
+            ObjectStore(settings).delete(marker_key(job_id, provider))
+        outgoing = resolve_review_events(row, operator, reason, posted_ref, provider, settings, runtime.recorded_by)
+        producer = kafka.transactional_producer(settings, f"{settings.app_name}.operator.{job_id}")
+        transact(producer, lambda: runtime.produce(producer, outgoing), name="operator.review")
+    finally:
+        runtime.close()
+    if posted_ref is None:
+        return f"marker released; publish attempt {row['attempt'] + 1} queued"
+    return f"recorded post {posted_ref} at {provider}; job completed"

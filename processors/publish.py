@@ -1,61 +1,59 @@
-"""Publish: promote exactly the objects the transcode attempt named to `published/{job_id}/`,
-write the HLS master playlist, and record `Published` + `JobCompleted`.
+"""Publish: make a job's outputs public at the origin, announce them to the configured provider,
+and record `Published` + `JobCompleted` (DESIGN.md "Side effects").
 
-Promotion is a conditional PutObject (`If-None-Match: *`) of bytes whose sha256 was checked against
-the completion event; an object that already exists is never overwritten (an identical one is
-accepted, a different one fails the attempt). Copy-based promotion is not conditional on every S3
-endpoint, so it is not used.
+Protocol for one publish attempt (reconcile, then act):
+  Step 1. `PublishIntended` (origin) in a transaction on the attempt's fenced producer;
+  Step 2. the origin: promote exactly the objects the transcode attempt named to `published/{job}/`
+          with conditional writes (idempotent by nature: a repeat finds identical bytes);
+  Step 3. with a webhook provider: `PublishIntended(webhook)`, then a claim marker
+          `markers/{job}/webhook.json` created with `If-None-Match: *`, holding this attempt's
+          claim token;
+  Step 4. if the marker already existed (an earlier attempt got this far and then crashed, hung or
+          failed), look the post up by its idempotency key first: found -> use it, post nothing;
+          not found -> post only if the provider dedupes by idempotency key, otherwise stop with
+          `NeedsReview` (the earlier attempt's post may be in flight; never post blindly); a lookup
+          that cannot be answered -> `NeedsReview` too;
+  Step 5. right before the call, prove ownership: a heartbeat transaction on the fenced producer
+          and a projection check (a zombie that wakes up here is fenced and stops);
+  Step 6. call the provider with idempotency key = the job's publish dedup key;
+  Step 7. `AttemptSucceeded` + `Published` (origin, and the webhook's `provider_ref`) + `JobCompleted`
+          in one transaction.
+Crash points `publish.*` mark each side-effect boundary (tests only, `tapeline.crashpoints`).
+A 429 from the provider (refused before processing, RFC 6585) releases the marker so the retry
+starts clean; any other failure keeps it, and the successor reconciles as in step 4.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 import time
 
 import structlog
 
+from processors.providers import OriginProvider, ProviderPost, PublishRequest, WebhookProvider, published_prefix
 from processors.runtime import Outgoing
 from processors.worker import Attempt, StageWorker
 from schemas import models as ev
-from tapeline.errors import StorageError
-from tapeline.objectstore import PUBLISHED_PREFIX, ObjectStore
+from tapeline.crashpoints import crash_point
+from tapeline.errors import ProviderError, ProviderLookupFailed
+from tapeline.objectstore import ObjectStore
 
 log = structlog.get_logger("tapeline.publish")
 PROVIDER = "origin"
-AUDIO_BITRATE_BPS = 128_000
 
 
-def published_prefix(job_id: str) -> str:
-    return f"{PUBLISHED_PREFIX}{job_id}/"
+def idempotency_key(job_id: str, provider: str) -> str:
+    """The job's publish dedup key for `provider`: the idempotency key of its one post there."""
+    return ev.dedup_key(job_id, "publish", 0, "Published", None if provider == PROVIDER else provider)
 
 
-def relative_key(key: str) -> str:
-    """`work/{job}/{stage}/{attempt}/720p/seg_00000.ts` -> `720p/seg_00000.ts`."""
-    parts = key.split("/", 4)
-    if len(parts) != 5 or parts[0] != "work":
-        raise StorageError(f"{key} is not an attempt-scoped key")
-    return parts[4]
+def marker_key(job_id: str, provider: str) -> str:
+    """The object-store key of the job's claim marker for `provider` (never under `published/`)."""
+    return f"markers/{job_id}/{provider}.json"
 
 
-def master_playlist(renditions: list[ev.Rendition], sizes: dict[str, int], duration_s: float, has_audio: bool) -> str:
-    """The HLS master playlist (RFC 8216 section 4.3.4): one variant per rendition, audio as a group.
-
-    BANDWIDTH is the rendition's average bitrate (bytes of its objects over the duration) plus
-    audio, with 10% headroom, in bits per second.
-    """
-    lines = ["#EXTM3U", "#EXT-X-VERSION:3", "#EXT-X-INDEPENDENT-SEGMENTS"]
-    if has_audio:
-        lines.append('#EXT-X-MEDIA:TYPE=AUDIO,GROUP-ID="audio",NAME="default",DEFAULT=YES,AUTOSELECT=YES,'
-                     'URI="audio/index.m3u8"')
-    for rendition in renditions:
-        video_bps = int(sizes.get(rendition.name, 0) * 8 / max(duration_s, 0.001))
-        bandwidth = int((video_bps + (AUDIO_BITRATE_BPS if has_audio else 0)) * 1.1)
-        codecs = "avc1.640028,mp4a.40.2" if has_audio else "avc1.640028"
-        audio = ',AUDIO="audio"' if has_audio else ""
-        lines.append(f"#EXT-X-STREAM-INF:BANDWIDTH={bandwidth},RESOLUTION={rendition.width}x{rendition.height},"
-                     f'CODECS="{codecs}"{audio}')
-        lines.append(f"{rendition.name}/index.m3u8")
-    return "\n".join(lines) + "\n"
+class NeedsReviewStop(Exception):
+    """Publishing cannot be proven safe: the job goes to needs_review with this reason."""
 
 
 class PublishWorker(StageWorker):
@@ -66,36 +64,78 @@ class PublishWorker(StageWorker):
     def work(self, attempt: Attempt, store: ObjectStore) -> list[Outgoing]:
         item, identity, jobs = attempt.item, attempt.identity, self.settings.jobs_topic
         started = time.monotonic()
-        idempotency_key = ev.dedup_key(identity.job_id, "publish", 0, "Published")
-        attempt.send([(jobs, attempt.event(ev.PublishIntended, provider=PROVIDER, idempotency_key=idempotency_key))])
-        prefix = published_prefix(identity.job_id)
-        published, sizes = [], {}
-        for output in item.inputs:
-            body = store.get_bytes(output.key)
-            if hashlib.sha256(body).hexdigest() != output.sha256:
-                raise StorageError(f"{output.key} does not match the sha256 its attempt recorded")
-            relative = relative_key(output.key)
-            store.put_if_absent(prefix + relative, body, output.content_type)
-            published.append(output.model_copy(update={"key": prefix + relative}))
-            rendition = relative.split("/", 1)[0]
-            sizes[rendition] = sizes.get(rendition, 0) + len(body)
-        has_audio = item.audio_playlist_key is not None
-        master = master_playlist(item.renditions, sizes, item.media_duration_s or 0.0, has_audio).encode()
-        master_key = prefix + "master.m3u8"
-        store.put_if_absent(master_key, master, "application/vnd.apple.mpegurl")
-        published.append(ev.OutputFile(key=master_key, sha256=hashlib.sha256(master).hexdigest(),
-                                       size_bytes=len(master), content_type="application/vnd.apple.mpegurl"))
-        master_url = store.public_url(master_key)
-        renditions = [r.model_copy(update={"playlist_key": f"{prefix}{r.name}/index.m3u8",
-                                           "url": store.public_url(f"{prefix}{r.name}/index.m3u8")})
-                      for r in item.renditions]
-        log.info("published", job_id=identity.job_id, master_url=master_url, objects=len(published))
-        return [
-            (jobs, attempt.event(ev.AttemptSucceeded, outputs=published, renditions=renditions,
-                                 audio_playlist_key=prefix + "audio/index.m3u8" if has_audio else None,
-                                 media_duration_s=item.media_duration_s,
-                                 elapsed_s=time.monotonic() - started)),
-            (jobs, attempt.event(ev.Published, provider=PROVIDER, provider_ref=master_key, master_key=master_key,
-                                 master_url=master_url, renditions=renditions)),
-            (jobs, attempt.event(ev.JobCompleted, master_url=master_url, media_duration_s=item.media_duration_s)),
-        ]
+        origin = OriginProvider(store)
+        # Step 1
+        attempt.send([(jobs, attempt.event(ev.PublishIntended, provider=PROVIDER,
+                                           idempotency_key=idempotency_key(identity.job_id, PROVIDER)))])
+        # Step 2
+        crash_point("publish.before_promote")
+        request = PublishRequest(job_id=identity.job_id, outputs=list(item.inputs), renditions=list(item.renditions),
+                                 audio_playlist_key=item.audio_playlist_key, media_duration_s=item.media_duration_s or 0.0)
+        post = origin.publish(request, idempotency_key(identity.job_id, PROVIDER))
+        crash_point("publish.after_promote")
+        out: list[Outgoing] = [
+            (jobs, attempt.event(ev.Published, provider=PROVIDER, provider_ref=post.provider_ref,
+                                 master_key=post.provider_ref, master_url=post.url, renditions=list(post.renditions)))]
+        webhook = WebhookProvider.from_settings(self.settings)
+        if webhook is not None:
+            try:
+                announced = self.announce(attempt, store, webhook, request, post)  # Steps 3-6
+            except NeedsReviewStop as stop:
+                log.warning("publish needs review", job_id=identity.job_id, reason=str(stop))
+                return out + [(jobs, attempt.event(ev.NeedsReview, reason=str(stop)))]
+            out.append((jobs, attempt.event(ev.Published, sequence=webhook.name, provider=webhook.name,
+                                            provider_ref=announced.provider_ref, master_key=post.provider_ref,
+                                            master_url=post.url, renditions=list(post.renditions))))
+        log.info("published", job_id=identity.job_id, master_url=post.url, objects=len(post.outputs))
+        # Step 7
+        audio_key = published_prefix(identity.job_id) + "audio/index.m3u8" if item.audio_playlist_key else None
+        return [(jobs, attempt.event(ev.AttemptSucceeded, outputs=list(post.outputs), renditions=list(post.renditions),
+                                     audio_playlist_key=audio_key, media_duration_s=item.media_duration_s,
+                                     elapsed_s=time.monotonic() - started))] + out + [
+            (jobs, attempt.event(ev.JobCompleted, master_url=post.url, media_duration_s=item.media_duration_s))]
+
+    def announce(self, attempt: Attempt, store: ObjectStore, provider: WebhookProvider, request: PublishRequest,
+                 origin_post: ProviderPost) -> ProviderPost:
+        """Steps 3-6 for one non-origin provider; returns its post. Raises `NeedsReviewStop`,
+        `ProviderError` (retried by policy) or `Fenced` (stop, commit nothing)."""
+        identity, jobs = attempt.identity, self.settings.jobs_topic
+        key = idempotency_key(identity.job_id, provider.name)
+        # Step 3
+        attempt.send([(jobs, attempt.event(ev.PublishIntended, sequence=provider.name, provider=provider.name,
+                                           idempotency_key=key))])
+        marker = marker_key(identity.job_id, provider.name)
+        crash_point("publish.before_marker")
+        mine = json.dumps({"claim_token": identity.claim_token, "attempt": identity.attempt}).encode()
+        existing = store.create_exclusive(marker, mine)
+        crash_point("publish.after_marker")
+        # Step 4
+        if existing is not None and existing != mine:
+            holder = json.loads(existing or b"{}")
+            try:
+                found = provider.lookup(key)
+            except ProviderLookupFailed as exc:
+                raise NeedsReviewStop(f"attempt {holder.get('attempt')} claimed the {provider.name} post and the "
+                                      f"provider cannot say whether it was made ({exc}); not posting blindly") from exc
+            if found is not None:
+                log.info("post found at the provider; not posting again", job_id=identity.job_id,
+                         provider=provider.name, provider_ref=found.provider_ref)
+                return found
+            if not provider.dedupes:
+                raise NeedsReviewStop(f"attempt {holder.get('attempt')} claimed the {provider.name} post and "
+                                      f"crashed or stopped; the provider has no post under key {key} and does not "
+                                      f"dedupe, so a post in flight could be duplicated: a person must check "
+                                      f"(`tapeline review resolve`)")
+        # Step 5
+        attempt.prove_ownership()
+        # Step 6
+        crash_point("publish.before_provider_call")
+        try:
+            post = provider.publish(PublishRequest(**{**request.__dict__, "master_url": origin_post.url,
+                                                      "renditions": list(origin_post.renditions)}), key)
+        except ProviderError as exc:
+            if getattr(exc, "sent", True) is False:
+                store.delete(marker)  # refused before processing: nothing was posted, the retry starts clean
+            raise
+        crash_point("publish.after_provider_call")
+        return post

@@ -16,6 +16,7 @@ Claim protocol for one work item (DESIGN.md "The lease protocol"):
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -108,6 +109,16 @@ class Attempt:
         self.send([(self.runtime.settings.jobs_topic, self.identity.event(
             ev.Heartbeat, sequence=self.heartbeats, frames_done=frames_done, frames_total=frames_total,
             out_time_s=out_time_s, speed=speed))])
+        self.check_still_owner()
+
+    def prove_ownership(self) -> None:
+        """Right before an external side effect: a heartbeat in a transaction on the attempt's fenced
+        producer (a newer attempt's `init_transactions` makes it fail with `Fenced`), then the
+        projection check. A paused zombie that wakes up here stops before acting."""
+        self.heartbeats += 1
+        self.last_heartbeat = time.monotonic()
+        self.send([(self.runtime.settings.jobs_topic, self.identity.event(
+            ev.Heartbeat, sequence=self.heartbeats, frames_done=0, frames_total=None, out_time_s=0.0, speed=None))])
         self.check_still_owner()
 
     def check_still_owner(self) -> None:
@@ -322,7 +333,8 @@ class StageWorker:
             self.health.mark_fenced(f"fenced: a newer attempt owns job {attempt.identity.job_id}")
             return
         except TapelineError as exc:
-            outgoing = self.failure_events(attempt, exc.error_class, str(exc))
+            outgoing = self.failure_events(attempt, exc.error_class, str(exc),
+                                           cooldown_s=getattr(exc, "retry_after_s", None))
         except Exception as exc:  # an unclassified bug still ends in a recorded, classified failure
             log.exception("attempt failed with an unexpected error", job_id=attempt.identity.job_id)
             outgoing = self.failure_events(attempt, "unknown", f"{type(exc).__name__}: {exc}")
@@ -360,11 +372,19 @@ class StageWorker:
         return [(self.settings.jobs_topic, attempt.event(ev.AttemptYielded, reason=reason))] + \
             self.next_attempt_events(attempt, attempt.item.attempt + 1)
 
-    def failure_events(self, attempt: Attempt, error_class: str, reason: str) -> list[Outgoing]:
-        """`AttemptFailed` and what follows from the retry decision (retry, fail, dead-letter)."""
+    def failure_events(self, attempt: Attempt, error_class: str, reason: str,
+                       cooldown_s: float | None = None) -> list[Outgoing]:
+        """`AttemptFailed` and what follows from the retry decision (retry, fail, dead-letter).
+
+        `cooldown_s`: a provider's own `Retry-After` (seconds); a provider_throttled retry waits
+        exactly that long instead of the policy's backoff (DESIGN.md: "a throttling provider after
+        its cooldown").
+        """
         jobs, item = self.settings.jobs_topic, attempt.item
         used = item.attempt - attempt.uncounted
         decision = retry_decision(error_class, used, self.settings.retry_policy())
+        if cooldown_s is not None and decision.action is Action.RETRY:
+            decision = dataclasses.replace(decision, delay_s=cooldown_s)  # the provider said when
         out: list[Outgoing] = [(jobs, attempt.event(ev.AttemptFailed, error_class=error_class,
                                                     retryable=decision.action is not Action.FAIL, reason=reason))]
         common = dict(job_id=item.job_id, recorded_by=attempt.identity.recorded_by, correlation_id=item.correlation_id,

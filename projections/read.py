@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
@@ -62,7 +63,8 @@ def recent_jobs(conn: psycopg.Connection, limit: int = 20) -> list[dict[str, Any
 
 
 def stalls(conn: psycopg.Connection) -> list[dict[str, Any]]:
-    """Every stalled attempt, stalled handoff and missing job, as one list with a `kind` each.
+    """Every stalled attempt, stalled handoff, missing job and job waiting in needs_review, as one
+    list with a `kind` each.
 
     Each entry: kind, job_id, stage, attempt, last_progress_at (broker time, ISO), since_s (log clock).
     """
@@ -79,6 +81,13 @@ def stalls(conn: psycopg.Connection) -> list[dict[str, Any]]:
         found.append({"kind": "expected_work_missing", "job_id": row["job_id"], "stage": "intake", "attempt": 0,
                       "worker": None, "last_progress_at": _iso(row["uploaded_at"]), "progress_frames": None,
                       "since_s": round(row["since_s"], 3)})
+    now = datetime.now(timezone.utc)  # waiting for a person: wall-clock age is what matters
+    for row in jobs_in_state(conn, "needs_review"):
+        since = row["completed_at"] or row["updated_at"]
+        found.append({"kind": "needs_review", "job_id": row["job_id"], "stage": row["stage"],
+                      "attempt": row["attempt"], "worker": None, "last_progress_at": _iso(since),
+                      "progress_frames": None, "since_s": round((now - since).total_seconds(), 3),
+                      "reason": row["reason"]})
     return found
 
 
@@ -95,3 +104,8 @@ def dead_letters(conn: psycopg.Connection, reason: str | None = None, pending: b
 def dead_letter(conn: psycopg.Connection, dead_letter_id: str) -> dict[str, Any] | None:
     """One dead letter, raw bytes included, or None."""
     return conn.execute(q("dead_letter_by_id"), {"id": dead_letter_id}).fetchone()
+
+
+def jobs_in_state(conn: psycopg.Connection, state: str, limit: int = 1000) -> list[dict[str, Any]]:
+    """Jobs in one state (e.g. needs_review), most recently updated first."""
+    return conn.execute(q("jobs_in_state"), {"state": state, "limit": limit}).fetchall()

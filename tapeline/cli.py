@@ -382,6 +382,49 @@ def dlq_replay(dead_letter_id: Optional[str] = typer.Argument(None, help="Dead l
         out.print(f"{o.dead_letter_id}: {'replayed, ' if o.replayed else 'skipped, '}{o.detail}", highlight=False)
 
 
+review_app = typer.Typer(help="Jobs in needs_review: a publish that could not be proven safe.", no_args_is_help=True)
+app.add_typer(review_app, name="review")
+
+
+@review_app.command("list")
+def review_list(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+    """Jobs waiting for a person, with the reason."""
+    from projections import read
+
+    try:
+        with read.open_reader(_settings()) as conn:
+            rows = [read.job_summary(r) for r in read.jobs_in_state(conn, "needs_review")]
+    except TapelineError as exc:
+        _fail(exc)
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    if not rows:
+        out.print("no job needs review")
+    for r in rows:
+        out.print(f"{r['job_id']}  attempt {r['attempts']}: {escape(r.get('reason') or '')}", highlight=False)
+
+
+@review_app.command("resolve")
+def review_resolve(job: str = typer.Argument(..., help="Job id in needs_review"),
+                   posted: Optional[str] = typer.Option(None, "--posted", help="The provider's id of the post you "
+                                                        "found: record it and complete the job, posting nothing"),
+                   not_posted: bool = typer.Option(False, "--not-posted", help="You checked: the provider has no "
+                                                   "post. Release the claim and publish again"),
+                   why: str = typer.Option(..., "--why", "-m", help="Why (recorded in JobReplayed)"),
+                   operator: Optional[str] = typer.Option(None, "--operator", help="Who (default user@host)")) -> None:
+    """Resolve a needs_review job after checking the provider by hand."""
+    from processors.operator import default_operator, resolve_review
+
+    if (posted is None) == (not not_posted):
+        _fail(TapelineError("say what you found: --posted PROVIDER_REF or --not-posted"), 2)
+    try:
+        done = resolve_review(_settings(), job, operator or default_operator(), why, posted)
+    except TapelineError as exc:
+        _fail(exc)
+    out.print(f"{job}: {done}", highlight=False)
+
+
 @app.command()
 def demo(file: Optional[Path] = typer.Option(None, "--file", help="Video to submit (default: the real bigbuckbunny.mp4)"),
          timeout: float = typer.Option(600.0, "--timeout", help="Seconds to wait for the job")) -> None:

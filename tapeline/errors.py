@@ -87,3 +87,17 @@ class Fenced(TapelineError):
 
 class SubmitError(TapelineError):
     """The file cannot be submitted."""
+
+
+class ProviderError(TapelineError):
+    """A publish provider refused or failed the call (429 or 5xx, or it did not answer)."""
+
+    error_class = "provider_throttled"
+
+    def __init__(self, message: str | None = None, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s  # the provider's cooldown (Retry-After), seconds, when it said
+
+
+class ProviderLookupFailed(ProviderError):
+    """The provider could not say whether a post exists: nothing may be posted blindly."""

@@ -110,7 +110,7 @@ class ObjectStore:
         except (BotoCoreError, ClientError) as exc:
             raise StorageError(f"read of {key} failed: {exc}") from exc
 
-    def put_if_absent(self, key: str, body: bytes, content_type: str) -> bool:
+    def put_if_absent(self, key: str, body: bytes, content_type: str, metadata: dict[str, str] | None = None) -> bool:
         """Create `key` only if it does not exist (`If-None-Match: *`).
 
         Returns True when this call created it, False when an identical object (same sha256) was
@@ -120,7 +120,7 @@ class ObjectStore:
         sha = hashlib.sha256(body).hexdigest()
         try:
             self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType=content_type,
-                               Metadata={"sha256": sha}, IfNoneMatch="*")
+                               Metadata={"sha256": sha, **(metadata or {})}, IfNoneMatch="*")
             return True
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code")
@@ -132,3 +132,35 @@ class ObjectStore:
         if existing != sha:
             raise StorageError(f"{key} already exists with different content (sha256 {existing[:12]} != {sha[:12]})")
         return False
+
+    def create_exclusive(self, key: str, body: bytes, content_type: str = "application/json") -> bytes | None:
+        """Create `key` only if no object is there (`If-None-Match: *`): None when this call created
+        it, else the bytes of the object that was already there (a claim marker someone else holds).
+        Raises `StorageError` for any other failure."""
+        try:
+            self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType=content_type, IfNoneMatch="*")
+            return None
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in ("PreconditionFailed", "412"):
+                raise StorageError(f"conditional put of {key} failed: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StorageError(f"conditional put of {key} failed: {exc}") from exc
+        return self.get_bytes(key)
+
+    def head_metadata(self, key: str) -> dict[str, str] | None:
+        """The user metadata of `key`, or None when it does not exist."""
+        try:
+            return self.s3.head_object(Bucket=self.bucket, Key=key).get("Metadata", {})
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise StorageError(f"head of {key} failed: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StorageError(f"head of {key} failed: {exc}") from exc
+
+    def delete(self, key: str) -> None:
+        """Remove `key` (no error when it is already gone)."""
+        try:
+            self.s3.delete_object(Bucket=self.bucket, Key=key)
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageError(f"delete of {key} failed: {exc}") from exc

@@ -70,6 +70,12 @@ class Settings(BaseSettings):
     max_upload_bytes: int = 20 * 1024**3
     multipart_chunk_bytes: int = 8 * 1024**2
 
+    # Publish providers (besides the object-store origin, which is always published to).
+    webhook_url: str | None = Field(None, description="Base URL of an HTTP publish provider (POST {url}/posts)")
+    webhook_dedupes: bool = Field(False, description="Whether that provider dedupes posts by Idempotency-Key; "
+                                                     "if not, an uncertain post goes to needs_review")
+    webhook_timeout_s: float = Field(10.0, description="Timeout of one webhook call, seconds")
+
     max_attempts: int = 3
     retry_backoff_s: tuple[float, ...] = Field((60.0, 300.0, 900.0), description="Backoff per retry, seconds (last repeats)")
     retry_jitter: float = Field(0.1, description="Backoff jitter, fraction (0.1 = +-10 %)")

@@ -114,3 +114,7 @@ SELECT partition, now FROM log_clock ORDER BY partition;
 -- name: due_retries
 -- Scheduled retries that may start now (log clock).
 SELECT * FROM due_retries ORDER BY retry_due_at;
+
+-- name: jobs_in_state
+-- Jobs in one state, most recently updated first.
+SELECT * FROM job_state WHERE state = %(state)s ORDER BY updated_at DESC LIMIT %(limit)s;

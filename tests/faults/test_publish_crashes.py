@@ -1,0 +1,155 @@
+"""Crash-proof publishing (issue 7, items 1-2): reconcile-then-act against a real HTTP provider that
+records every post and does not dedupe, with the publish processor killed (SIGKILL) at its
+side-effect boundaries and restarted by the supervisor."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from processors.publish import idempotency_key, marker_key
+from tapeline.objectstore import ObjectStore
+from tapeline.samples import sample_video
+from tapeline.settings import Settings
+from tests.conftest import Pipeline, tapeline_cli, wait_for
+from tests.faults.conftest import job_row
+from tests.faults.test_worker_faults import submit, wait_state
+from tests.integration.helpers import committed_events, of_job
+
+pytestmark = pytest.mark.integration
+
+
+class ProviderServer:
+    """`python -m tapeline.provider_server` as a real child process."""
+
+    def __init__(self, tmp: Path, mode: str = "nodedupe") -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.record = tmp / "posts.jsonl"
+        self.process = subprocess.Popen([sys.executable, "-m", "tapeline.provider_server", "--port", str(self.port),
+                                         "--mode", mode, "--record", str(self.record)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: self._answers(), 20, "the provider server to answer")
+
+    def _answers(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def posts(self, job_id: str | None = None) -> list[dict]:
+        posts = httpx.get(f"{self.url}/posts", timeout=5).json()
+        return [p for p in posts if job_id is None or p["payload"]["job_id"] == job_id]
+
+    def control(self, **change) -> None:
+        httpx.post(f"{self.url}/_control", json=change, timeout=5).raise_for_status()
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+
+
+@pytest.fixture()
+def provider(tmp_path: Path) -> Iterator[ProviderServer]:
+    server = ProviderServer(tmp_path)
+    yield server
+    server.stop()
+
+
+def run_job(settings: Settings, tmp_path: Path, env: dict[str, str] | None = None, state: str = "completed"):
+    """Submit the smallest real clip through a pipeline with `env`; returns (job id, final row, log)."""
+    pipeline = Pipeline(settings, tmp_path / "run.log",
+                        extra_env={"TAPELINE_CRASH_ONCE_DIR": str(tmp_path / "crashed"), **(env or {})}).start()
+    try:
+        job_id = submit(settings, sample_video("carphone_pristine.mp4"))
+        row = wait_state(settings, job_id, state, timeout_s=120)
+    finally:
+        pipeline.stop()
+    return job_id, row, pipeline.log_text()
+
+
+def webhook_settings(fault_settings: Settings, provider: ProviderServer, dedupes: bool = False) -> Settings:
+    return fault_settings.model_copy(update={"webhook_url": provider.url, "webhook_dedupes": dedupes})
+
+
+def test_a_job_is_posted_once_with_its_idempotency_key(fault_settings, provider, tmp_path):
+    settings = webhook_settings(fault_settings, provider)
+    job_id, row, _ = run_job(settings, tmp_path)
+    [post] = provider.posts(job_id)
+    assert post["idempotency_key"] == idempotency_key(job_id, "webhook") == f"{job_id}:publish:0:Published:webhook"
+    assert post["payload"]["master_url"] == row["master_url"]
+    published = of_job(committed_events(settings), job_id, "Published")
+    assert sorted((e.provider, e.provider_ref) for e in published) == [("origin", f"published/{job_id}/master.m3u8"),
+                                                                      ("webhook", post["id"])]
+
+
+def test_crash_after_the_provider_call_is_reconciled_by_lookup_not_a_second_post(fault_settings, provider, tmp_path):
+    settings = webhook_settings(fault_settings, provider)
+    job_id, row, log = run_job(settings, tmp_path, {"TAPELINE_CRASH_POINTS": "publish.after_provider_call"})
+    assert (tmp_path / "crashed" / "publish.after_provider_call").exists(), "the crash point never fired"
+    assert len(provider.posts(job_id)) == 1  # the provider does not dedupe: Tapeline did not post again
+    events = of_job(committed_events(settings), job_id)
+    assert len(of_job(events, job_id, "JobCompleted")) == 1
+    [webhook] = [e for e in of_job(events, job_id, "Published") if e.provider == "webhook"]
+    assert webhook.provider_ref == provider.posts(job_id)[0]["id"] and webhook.attempt == 2
+
+
+def test_crash_between_marker_and_call_goes_to_review_then_an_operator_resolves_it(fault_settings, provider, tmp_path):
+    settings = webhook_settings(fault_settings, provider)
+    job_id, row, _ = run_job(settings, tmp_path, {"TAPELINE_CRASH_POINTS": "publish.after_marker"},
+                             state="needs_review")
+    assert provider.posts(job_id) == []  # never posted blindly
+    assert "does not dedupe" in row["reason"] and row["stage"] == "publish"
+    marker = json.loads(ObjectStore(settings).get_bytes(marker_key(job_id, "webhook")))
+    assert marker["attempt"] == 1  # the crashed attempt's claim
+    stalled = json.loads(tapeline_cli(settings, "stalled", "--json").stdout)
+    assert [(s["kind"], s["job_id"]) for s in stalled if s["job_id"] == job_id] == [("needs_review", job_id)]
+    listed = tapeline_cli(settings, "review", "list")
+    assert job_id in listed.stdout
+
+    pipeline = Pipeline(settings, tmp_path / "after.log").start()
+    try:
+        done = tapeline_cli(settings, "review", "resolve", job_id, "--not-posted", "--why", "checked the CMS",
+                            "--operator", "ops")
+        assert done.returncode == 0, done.stderr
+        assert wait_state(settings, job_id, timeout_s=120)["state"] == "completed"
+    finally:
+        pipeline.stop()
+    [post] = provider.posts(job_id)
+    events = of_job(committed_events(settings), job_id)
+    assert [(e.operator, e.reason) for e in of_job(events, job_id, "JobReplayed")] == [("ops", "checked the CMS")]
+    assert len(of_job(events, job_id, "JobCompleted")) == 1
+    assert [e.provider_ref for e in of_job(events, job_id, "Published") if e.provider == "webhook"] == [post["id"]]
+
+
+def test_a_deduping_provider_lets_the_successor_post_after_a_crash(fault_settings, tmp_path):
+    provider = ProviderServer(tmp_path, mode="dedupe")
+    try:
+        settings = webhook_settings(fault_settings, provider, dedupes=True)
+        job_id, row, _ = run_job(settings, tmp_path, {"TAPELINE_CRASH_POINTS": "publish.after_marker"})
+        assert row["state"] == "completed"
+        assert len(provider.posts(job_id)) == 1
+    finally:
+        provider.stop()
+
+
+def test_a_throttling_provider_is_retried_after_its_cooldown(fault_settings, provider, tmp_path):
+    settings = webhook_settings(fault_settings, provider)
+    provider.control(fail_next=1, status=429, retry_after_s=2)
+    job_id, row, _ = run_job(settings, tmp_path)
+    events = of_job(committed_events(settings), job_id)
+    [failed] = of_job(events, job_id, "AttemptFailed")
+    assert (failed.stage, failed.error_class, failed.retryable) == ("publish", "provider_throttled", True)
+    [retry] = of_job(events, job_id, "RetryScheduled")
+    assert (retry.not_before - retry.occurred_at).total_seconds() >= 2.0  # the provider's Retry-After
+    assert len(provider.posts(job_id)) == 1 and row["state"] == "completed"
+    assert job_row(settings, job_id)["attempt"] == 2
