@@ -84,3 +84,30 @@ def stalls(conn: psycopg.Connection) -> list[dict[str, Any]]:
 
 def _iso(value) -> str | None:
     return value.isoformat() if value is not None else None
+
+
+def projection_lag(settings: Settings, conn: psycopg.Connection, timeout_s: float = 10.0):
+    """The live projection's `projections.lag.LagReport`: events and seconds behind the log end, per
+    partition (a short-lived read_committed consumer; raises `ServiceUnavailable` without Kafka)."""
+    from confluent_kafka import KafkaException
+
+    from projections.lag import lag_reader, measure
+    from tapeline.errors import ServiceUnavailable
+
+    consumer = lag_reader(settings)
+    try:
+        return measure(settings, conn, consumer, timeout_s=timeout_s)
+    except KafkaException as exc:
+        raise ServiceUnavailable(f"Kafka at {settings.kafka_bootstrap} did not answer: {exc}") from exc
+    finally:
+        consumer.close()
+
+
+def attempts(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
+    """A job's attempts in log order (view `attempts`: worker, times, outcome, waste; broker time, seconds)."""
+    return conn.execute(q("job_attempts"), {"job_id": job_id}).fetchall()
+
+
+def stage_durations(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
+    """A job's queue wait, run time and attempts per stage (view `stage_durations`, seconds)."""
+    return conn.execute(q("job_stage_durations"), {"job_id": job_id}).fetchall()

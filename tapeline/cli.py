@@ -192,7 +192,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
 @app.command()
 def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, the most recent jobs"),
            as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
-    """Show a job's current state (or the most recent jobs) from the projections."""
+    """Show a job's current state, or the most recent jobs and the projection's lag (events and seconds
+    behind the log end; --json: {"jobs": [...], "projection_lag": {...}})."""
     from projections import read
 
     settings = _settings()
@@ -211,15 +212,27 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
                           f"{summary['leased_until'] or '-'}; frames {summary['progress_frames'] or 0}")
                 return
             rows = [read.job_summary(r) for r in read.recent_jobs(conn)]
+            try:  # events and seconds behind the log end, per partition (projections/lag.py)
+                lag, lag_error = read.projection_lag(settings, conn).as_dict(), None
+            except TapelineError as exc:
+                lag, lag_error = None, str(exc)
     except TapelineError as exc:
         _fail(exc)
     if as_json:
-        out.print_json(json.dumps(rows))
+        out.print_json(json.dumps({"jobs": rows, "projection_lag": lag or {"error": lag_error}}))
         return
     table = Table("job", "state", "stage", "attempts", "%", "updated (UTC)")
     for r in rows:
         table.add_row(r["job_id"], r["state"], r["stage"], str(r["attempts"]), f"{r['percent']:.0f}", r["updated_at"][:19])
     out.print(table)
+    if lag is None:
+        out.print(f"projection lag: unknown ({lag_error})", highlight=False)
+        return
+    out.print(f"projection lag: {'' if lag['exact'] else 'at most '}{lag['events']} events, {lag['seconds']:.1f} s "
+              f"behind the log end", highlight=False)
+    for p in lag["partitions_behind"]:
+        out.print(f"  {p['topic']}[{p['partition']}]: {p['events']} events (offsets {p['stored']}..{p['log_end']}), "
+                  f"oldest waiting {p['seconds']:.1f} s", highlight=False)
 
 
 @app.command()

@@ -89,3 +89,11 @@ SELECT partition, now FROM log_clock ORDER BY partition;
 -- name: due_retries
 -- Scheduled retries that may start now (log clock).
 SELECT * FROM due_retries ORDER BY retry_due_at;
+
+-- name: job_attempts
+-- A job's attempts in log order (view attempts, migration 006).
+SELECT * FROM attempts WHERE job_id = %(job_id)s ORDER BY claim_offset;
+
+-- name: job_stage_durations
+-- A job's per-stage queue wait, run time and attempts (view stage_durations, migration 006).
+SELECT * FROM stage_durations WHERE job_id = %(job_id)s ORDER BY queued_at;
