@@ -108,6 +108,20 @@ def attempts(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
     return conn.execute(q("job_attempts"), {"job_id": job_id}).fetchall()
 
 
+def attempt_history(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
+    """JSON-ready attempts of a job for `tapeline status JOB`: stage, attempt, worker, outcome, error class,
+    started_at / ended_at (broker time, ISO 8601 UTC), duration_s and wasted_s (seconds, 3 decimals)."""
+    return [{"stage": a["stage"], "attempt": a["attempt"], "worker": a["worker"], "outcome": a["outcome"],
+             "error_class": a["error_class"], "started_at": _iso(a["started_at"]), "ended_at": _iso(a["ended_at"]),
+             "duration_s": _round(a["duration_s"]), "wasted_s": _round(a["wasted_s"]), "heartbeats": a["heartbeats"],
+             "segments": a["segments"]}
+            for a in attempts(conn, job_id)]
+
+
+def _round(value: float | None) -> float | None:
+    return round(value, 3) if value is not None else None
+
+
 def stage_durations(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
     """A job's queue wait, run time and attempts per stage (view `stage_durations`, seconds)."""
     return conn.execute(q("job_stage_durations"), {"job_id": job_id}).fetchall()

@@ -204,12 +204,18 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
                 if row is None:
                     _fail(TapelineError(f"no job {job} in the projections (not submitted, or intake not caught up)"), 2)
                 summary = read.job_summary(row)
+                summary["attempt_history"] = read.attempt_history(conn, job)  # view attempts (migration 006)
                 if as_json:
                     out.print_json(json.dumps(summary))
                     return
                 _print_summary(summary)
                 out.print(f"  stage {summary['stage']}, {summary['percent']}% done; lease until "
                           f"{summary['leased_until'] or '-'}; frames {summary['progress_frames'] or 0}")
+                for a in summary["attempt_history"]:
+                    out.print(f"  {a['stage']} attempt {a['attempt']} by {a['worker']}: {a['outcome']}"
+                              f"{' (' + a['error_class'] + ')' if a['error_class'] else ''}, started "
+                              f"{a['started_at'][11:19]} UTC, ran {a['duration_s'] if a['duration_s'] is not None else '-'} s, "
+                              f"wasted {a['wasted_s'] if a['wasted_s'] is not None else '-'} s", highlight=False)
                 return
             rows = [read.job_summary(r) for r in read.recent_jobs(conn)]
             try:  # events and seconds behind the log end, per partition (projections/lag.py)

@@ -258,3 +258,28 @@ def test_real_video_one_clean_attempt_per_stage(isolated, pipeline):
             (queued_ts, started_ts, succeeded_ts, 1, 0.0)
         assert row["queue_wait_s"] == pytest.approx((started_ts - queued_ts) / timedelta(seconds=1), abs=1e-6)
         assert row["total_s"] == pytest.approx((succeeded_ts - queued_ts) / timedelta(seconds=1), abs=1e-6)
+
+
+def test_status_of_a_job_lists_its_attempts(isolated, handmade):
+    settings = isolated.model_copy(update={"db_schema": SCHEMA})
+    job_id = handmade["j"].job_id
+    done = tapeline_cli(settings, "status", job_id, "--json")
+    assert done.returncode == 0, done.stderr
+    history = json.loads(done.stdout)["attempt_history"]
+    assert [(a["stage"], a["attempt"], a["worker"], a["outcome"], a["error_class"], a["duration_s"], a["wasted_s"])
+            for a in history] == [
+        ("transcode", 1, "w1", "stalled", "worker_lost", 17.0, 17.0),
+        ("transcode", 2, "w2", "yielded", None, 4.0, 4.0),
+        ("transcode", 3, "w1", "failed", "storage_transient", 1.0, 1.0),
+        ("transcode", 4, "w2", "succeeded", None, 8.0, 0.0),
+        ("publish", 1, "p1", "succeeded", None, 1.0, 0.0)]
+    assert history[0]["started_at"] == at(3).isoformat() and history[0]["ended_at"] == at(20).isoformat()
+    text = tapeline_cli(settings, "status", job_id)
+    assert "transcode attempt 1 by w1: stalled (worker_lost), started 00:00:03 UTC, ran 17.0 s, wasted 17.0 s" \
+        in text.stdout
+    from projections import read
+
+    with read.open_reader(settings) as conn:
+        durations = read.stage_durations(conn, job_id)
+    assert [(d["stage"], d["attempts"], d["total_s"]) for d in durations] == [("transcode", 4, 99.0),
+                                                                              ("publish", 1, 2.0)]
