@@ -11,14 +11,18 @@ from datetime import timedelta
 import psycopg
 import pytest
 
+from processors.runtime import Runtime, transact
+from projections import read
 from projections.projector import apply_batch, broker_time
 from projections.sql import connect, migrate
 from schemas import models as ev
+from schemas.codec import default_codec
+from tapeline import kafka
 from tapeline.samples import sample_video
 from tests.conftest import tapeline_cli
 from tests.fakelog import FakeLog, at
 from tests.integration.helpers import committed_messages
-from schemas.codec import default_codec
+from tests.integration.test_projector import lifecycle
 
 pytestmark = pytest.mark.integration
 SCHEMA = "handmade"
@@ -203,10 +207,6 @@ def test_reader_role_may_read_the_views(isolated, handmade):
 
 def test_replay_into_a_schema_rebuilds_the_views(isolated, handmade):
     """`tapeline replay --into` migrates a fresh schema (006 included) and the views fill from the log."""
-    from tests.integration.test_projector import lifecycle
-    from processors.runtime import Runtime, transact
-    from tapeline import kafka
-
     runtime = Runtime(isolated, "test")
     producer = kafka.transactional_producer(isolated, f"{isolated.app_name}.views-writer")
     events = lifecycle(f"u-{uuid.uuid4()}")
@@ -277,8 +277,6 @@ def test_status_of_a_job_lists_its_attempts(isolated, handmade):
     text = tapeline_cli(settings, "status", job_id)
     assert "transcode attempt 1 by w1: stalled (worker_lost), started 00:00:03 UTC, ran 17.0 s, wasted 17.0 s" \
         in text.stdout
-    from projections import read
-
     with read.open_reader(settings) as conn:
         durations = read.stage_durations(conn, job_id)
     assert [(d["stage"], d["attempts"], d["total_s"]) for d in durations] == [("transcode", 4, 99.0),
