@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 import uuid
 from datetime import datetime, timezone
 
@@ -16,7 +20,7 @@ from projections.projector import Projector
 from projections.sql import connect
 from tapeline import kafka
 from tapeline.health import HealthState
-from tests.conftest import tapeline_cli, wait_for
+from tests.conftest import settings_env, tapeline_cli, wait_for
 from tests.integration.test_projector import lifecycle, run_projector_until_caught_up
 from tests.integration.test_replay import produce
 
@@ -141,3 +145,37 @@ def test_the_projector_exports_lag_gauges(isolated, producer):
         stop.set()
         thread.join(30)
     assert not thread.is_alive()
+
+
+def test_a_served_projector_process_exports_the_gauges_on_metrics(isolated, producer):
+    """`tapeline run --role projector` with a health port: /metrics has both gauges for every
+    partition it reads, at 0 once it has applied what was produced while it was down."""
+    events = lifecycle(f"u-{uuid.uuid4()}")[:3]
+    produce(isolated, producer, events)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "projector"],
+                               env={**settings_env(isolated), "TAPELINE_HEALTH_PORT": str(port)},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def metrics() -> str:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                return response.read().decode()
+        except OSError:
+            return ""
+
+    try:
+        jobs = [(isolated.jobs_topic, p) for p in range(isolated.jobs_partitions)]
+        uploads = [(isolated.uploads_topic, p) for p in range(isolated.uploads_partitions)]
+        pattern = 'tapeline_projection_lag_{}{{partition="{}",topic="{}"}} 0.0'
+        wait_for(lambda: all(pattern.format(kind, p, t) in metrics() for t, p in jobs + uploads
+                             for kind in ("events", "seconds")), 60,
+                 "every partition's lag gauges at 0 on the projector's /metrics")
+    finally:
+        process.terminate()
+        process.wait(30)
+    assert process.returncode == 0
+    lag = status_json(isolated)
+    assert (lag["events"], lag["offsets"]) == (0, 0)
