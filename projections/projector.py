@@ -28,6 +28,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartitio
 from psycopg.types.json import Jsonb
 
 from projections import fold, writes
+from projections.lag import LagObserver
 from projections.pgschema import LiveGuard, SchemaSwapped, schema_oid
 from projections.sql import connect, migrate, q
 from schemas import models as ev
@@ -215,8 +216,11 @@ def _job_params(row: dict[str, Any]) -> dict[str, Any]:
 class Projector:
     """Runs the projection loop until `stop` is set. Stateless apart from PostgreSQL and Kafka."""
 
-    def __init__(self, settings: Settings, projection: str = "main", batch_size: int = 1000) -> None:
+    def __init__(self, settings: Settings, projection: str = "main", batch_size: int = 1000,
+                 lag_interval_s: float = 5.0) -> None:
+        """`lag_interval_s`: seconds between lag measurements (`projections.lag.LagObserver`); 0 turns them off."""
         self.settings, self.projection, self.batch_size = settings, projection, batch_size
+        self.lag_interval_s = lag_interval_s
         self.topics = [settings.jobs_topic, settings.uploads_topic, settings.dlq_topic]
         self.processed = 0
         self.health = HealthState("projector", settings.instance_id)  # `tapeline run` replaces it with the served one
@@ -247,6 +251,7 @@ class Projector:
         migrate(self.settings.database_url, self.settings.db_schema)
         conn = connect(self.settings.database_url, schema=self.settings.db_schema,
                        autocommit=True)  # each batch is one explicit transaction
+        lag = None
         guard = LiveGuard()
         guard.oid = schema_oid(conn)  # before reading the offsets: a swap in between is caught by the first batch
         conn.row_factory = psycopg.rows.dict_row
@@ -264,6 +269,8 @@ class Projector:
                     assignment.append(TopicPartition(topic, partition, stored.get((topic, partition), OFFSET_BEGINNING)))
             consumer.assign(assignment)
             log.info("projector assigned", partitions=len(assignment), projection=self.projection)
+            if self.lag_interval_s > 0:  # its own thread, consumer and connection: metrics only
+                lag = LagObserver(self.settings, self.health, self.projection, self.lag_interval_s).start()
             at_end: set[tuple[str, int]] = set()
             while not stop.is_set():
                 messages = consumer.consume(self.batch_size, timeout=0.5)
@@ -302,6 +309,8 @@ class Projector:
                     self.health.mark_ready()  # reached the end of every partition once
                 self.health.observe_lag(consumer)
         finally:
+            if lag is not None:
+                lag.stop()
             consumer.close()
             conn.close()
 

@@ -109,3 +109,44 @@ def dead_letter(conn: psycopg.Connection, dead_letter_id: str) -> dict[str, Any]
 def jobs_in_state(conn: psycopg.Connection, state: str, limit: int = 1000) -> list[dict[str, Any]]:
     """Jobs in one state (e.g. needs_review), most recently updated first."""
     return conn.execute(q("jobs_in_state"), {"state": state, "limit": limit}).fetchall()
+
+
+def projection_lag(settings: Settings, conn: psycopg.Connection, timeout_s: float = 10.0):
+    """The live projection's `projections.lag.LagReport`: events and seconds behind the log end, per
+    partition (a short-lived read_committed consumer; raises `ServiceUnavailable` without Kafka)."""
+    from confluent_kafka import KafkaException
+
+    from projections.lag import lag_reader, measure
+    from tapeline.errors import ServiceUnavailable
+
+    consumer = lag_reader(settings)
+    try:
+        return measure(settings, conn, consumer, timeout_s=timeout_s)
+    except KafkaException as exc:
+        raise ServiceUnavailable(f"Kafka at {settings.kafka_bootstrap} did not answer: {exc}") from exc
+    finally:
+        consumer.close()
+
+
+def attempts(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
+    """A job's attempts in log order (view `attempts`: worker, times, outcome, waste; broker time, seconds)."""
+    return conn.execute(q("job_attempts"), {"job_id": job_id}).fetchall()
+
+
+def attempt_history(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
+    """JSON-ready attempts of a job for `tapeline status JOB`: stage, attempt, worker, outcome, error class,
+    started_at / ended_at (broker time, ISO 8601 UTC), duration_s and wasted_s (seconds, 3 decimals)."""
+    return [{"stage": a["stage"], "attempt": a["attempt"], "worker": a["worker"], "outcome": a["outcome"],
+             "error_class": a["error_class"], "started_at": _iso(a["started_at"]), "ended_at": _iso(a["ended_at"]),
+             "duration_s": _round(a["duration_s"]), "wasted_s": _round(a["wasted_s"]), "heartbeats": a["heartbeats"],
+             "segments": a["segments"]}
+            for a in attempts(conn, job_id)]
+
+
+def _round(value: float | None) -> float | None:
+    return round(value, 3) if value is not None else None
+
+
+def stage_durations(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
+    """A job's queue wait, run time and attempts per stage (view `stage_durations`, seconds)."""
+    return conn.execute(q("job_stage_durations"), {"job_id": job_id}).fetchall()

@@ -192,7 +192,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
 @app.command()
 def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, the most recent jobs"),
            as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
-    """Show a job's current state (or the most recent jobs) from the projections."""
+    """Show a job's current state, or the most recent jobs and the projection's lag (events and seconds
+    behind the log end; --json: {"jobs": [...], "projection_lag": {...}})."""
     from projections import read
 
     settings = _settings()
@@ -203,23 +204,41 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
                 if row is None:
                     _fail(TapelineError(f"no job {job} in the projections (not submitted, or intake not caught up)"), 2)
                 summary = read.job_summary(row)
+                summary["attempt_history"] = read.attempt_history(conn, job)  # view attempts (migration 006)
                 if as_json:
                     out.print_json(json.dumps(summary))
                     return
                 _print_summary(summary)
                 out.print(f"  stage {summary['stage']}, {summary['percent']}% done; lease until "
                           f"{summary['leased_until'] or '-'}; frames {summary['progress_frames'] or 0}")
+                for a in summary["attempt_history"]:
+                    out.print(f"  {a['stage']} attempt {a['attempt']} by {a['worker']}: {a['outcome']}"
+                              f"{' (' + a['error_class'] + ')' if a['error_class'] else ''}, started "
+                              f"{a['started_at'][11:19]} UTC, ran {a['duration_s'] if a['duration_s'] is not None else '-'} s, "
+                              f"wasted {a['wasted_s'] if a['wasted_s'] is not None else '-'} s", highlight=False)
                 return
             rows = [read.job_summary(r) for r in read.recent_jobs(conn)]
+            try:  # events and seconds behind the log end, per partition (projections/lag.py)
+                lag, lag_error = read.projection_lag(settings, conn).as_dict(), None
+            except TapelineError as exc:
+                lag, lag_error = None, str(exc)
     except TapelineError as exc:
         _fail(exc)
     if as_json:
-        out.print_json(json.dumps(rows))
+        out.print_json(json.dumps({"jobs": rows, "projection_lag": lag or {"error": lag_error}}))
         return
     table = Table("job", "state", "stage", "attempts", "%", "updated (UTC)")
     for r in rows:
         table.add_row(r["job_id"], r["state"], r["stage"], str(r["attempts"]), f"{r['percent']:.0f}", r["updated_at"][:19])
     out.print(table)
+    if lag is None:
+        out.print(f"projection lag: unknown ({lag_error})", highlight=False)
+        return
+    out.print(f"projection lag: {'' if lag['exact'] else 'at most '}{lag['events']} events, {lag['seconds']:.1f} s "
+              f"behind the log end", highlight=False)
+    for p in lag["partitions_behind"]:
+        out.print(f"  {p['topic']}[{p['partition']}]: {p['events']} events (offsets {p['stored']}..{p['log_end']}), "
+                  f"oldest waiting {p['seconds']:.1f} s", highlight=False)
 
 
 @app.command()

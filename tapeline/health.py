@@ -9,7 +9,8 @@ so processors built directly in tests need nothing). `HealthServer` serves it:
   partition once), after the worker was fenced (until its next claim), or while draining (stop
   requested);
 - `GET /health/deep`  -> JSON: role, instance, current attempt and its approximate lease left,
-  last progress, jobs processed, last job at, uptime, ffmpeg version, projector lag;
+  last progress, jobs processed, last job at, uptime, ffmpeg version, projector lag (events and
+  seconds behind the log end, measured by `projections.lag.LagObserver`);
 - `GET /metrics`      -> Prometheus text exposition of this process's own registry.
 
 Server choice: the standard library's `ThreadingHTTPServer` in a daemon thread, with
@@ -81,6 +82,14 @@ class HealthState:
         self.jobs_processed.labels(role=role)
         self.uptime = Gauge("tapeline_uptime_seconds", "Seconds since this process started", registry=self.registry)
         self.uptime.set_function(lambda: time.monotonic() - self._started)
+        self._projection_lag: dict[str, Any] | None = None
+        self.projection_lag_events = Gauge(
+            "tapeline_projection_lag_events", "Projector: committed records between its stored offset and the last "
+            "stable offset (offsets, transaction markers included, where too many to count)", ["topic", "partition"],
+            registry=self.registry)
+        self.projection_lag_seconds = Gauge(
+            "tapeline_projection_lag_seconds", "Projector: seconds since the broker appended the oldest record it has "
+            "not applied (0 when caught up)", ["topic", "partition"], registry=self.registry)
 
     # Readiness.
     def mark_ready(self) -> None:
@@ -178,6 +187,17 @@ class HealthState:
         with self._lock:
             self._lag = total
 
+    def set_projection_lag(self, report: Any) -> None:
+        """Projector: publish a `projections.lag.LagReport` (per-partition events and seconds behind the
+        log end) to the lag gauges and `/health/deep`."""
+        for p in report.partitions:
+            labels = {"topic": p.topic, "partition": str(p.partition)}
+            self.projection_lag_events.labels(**labels).set(p.events)
+            self.projection_lag_seconds.labels(**labels).set(p.seconds)
+        with self._lock:
+            self._projection_lag = {"events": report.events, "seconds": round(report.seconds, 3),
+                                    "exact": report.exact, "measured_at": report.measured_at.isoformat()}
+
     def deep(self) -> dict[str, Any]:
         """The `/health/deep` document."""
         ready, reason = self.readiness()
@@ -196,6 +216,7 @@ class HealthState:
                    "uptime_s": round(time.monotonic() - self._started, 3)}
             if self.role == "projector":
                 doc["lag_records_approx"] = self._lag
+                doc["projection_lag"] = self._projection_lag  # events and seconds behind, see projections/lag.py
         doc["ffmpeg_version"] = ffmpeg_version()
         return doc
 

@@ -711,6 +711,23 @@ def _psql_quote(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
+READER_ROLE_SQL = ("SELECT 'CREATE ROLE tapeline_reader NOLOGIN' WHERE NOT EXISTS "
+                   "(SELECT FROM pg_roles WHERE rolname = 'tapeline_reader') \\gexec")
+"""The read-only role dashboards are granted (migration 010 grants it SELECT on every projection)."""
+
+
+def _pg_ensure_reader_role(port: str, console: Console | None) -> None:
+    """Create the NOLOGIN role `tapeline_reader` as the `postgres` OS user when it is missing (root
+    only; otherwise the migrations say how to create it). Failures are reported, not raised."""
+    if os.geteuid() != 0 or shutil.which("runuser") is None or shutil.which("psql") is None:
+        return
+    result = subprocess.run(["runuser", "-u", "postgres", "--", "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1",
+                             "-p", port, "-d", "postgres"], input=READER_ROLE_SQL + "\n", capture_output=True,
+                            text=True, cwd="/")
+    if result.returncode != 0:
+        _say(console, f"[yellow]postgres[/]: could not create role tapeline_reader: {result.stderr.strip()}")
+
+
 def _pg_ensure_role_and_db(params: dict[str, str], port: str, console: Console | None) -> None:
     """Create the DSN's role (LOGIN, CREATEDB, its password) and database if missing.
 
@@ -732,6 +749,7 @@ def _pg_ensure_role_and_db(params: dict[str, str], port: str, console: Console |
         " WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'role') \\gexec",
         "SELECT format('CREATE DATABASE %I OWNER %I', :'db', :'role')"
         " WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = :'db') \\gexec",
+        READER_ROLE_SQL,
         "",
     ])
     result = subprocess.run(["runuser", "-u", "postgres", "--", "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1",
@@ -753,6 +771,9 @@ def _up_postgres(settings: Settings, paths: StackPaths, console: Console | None)
     if _pg_connect_error(settings) is None:
         _say(console, f"[bold]postgres[/]: {masked_dsn(settings.database_url)} answers; reusing it")
         _warn_if_no_createdb(settings, console)
+        params = _pg_params(settings)
+        if params["host"] in ("127.0.0.1", "localhost", "::1", ""):
+            _pg_ensure_reader_role(params["port"], console)
         return
     params = _pg_params(settings)
     if params["host"] not in ("127.0.0.1", "localhost", "::1", "") and not params["host"].startswith("/"):

@@ -118,3 +118,11 @@ SELECT * FROM due_retries ORDER BY retry_due_at;
 -- name: jobs_in_state
 -- Jobs in one state, most recently updated first.
 SELECT * FROM job_state WHERE state = %(state)s ORDER BY updated_at DESC LIMIT %(limit)s;
+
+-- name: job_attempts
+-- A job's attempts in log order (view attempts, migration 006).
+SELECT * FROM attempts WHERE job_id = %(job_id)s ORDER BY claim_offset;
+
+-- name: job_stage_durations
+-- A job's per-stage queue wait, run time and attempts (view stage_durations, migration 006).
+SELECT * FROM stage_durations WHERE job_id = %(job_id)s ORDER BY queued_at;

@@ -1,0 +1,61 @@
+"""Golden old events (tests/golden, written by schema version 1 of Heartbeat and JobCompleted, before
+an optional field was added to each) are read by the current codec and models, field for field."""
+
+from __future__ import annotations
+
+import json
+
+from schemas import models as ev
+from schemas.codec import default_codec, schema_fingerprint
+from schemas.register import registered_versions
+from tests.golden import load
+from tests.golden.make_golden import FIELDS_ADDED_AFTER_V1
+
+codec = default_codec()
+GOLDEN = load()
+
+
+def registered_fingerprints(event_type: str) -> dict[bytes, dict]:
+    return {schema_fingerprint(s): s for s in registered_versions()[event_type]}
+
+
+def test_golden_records_are_old_versions_where_the_schema_evolved():
+    kinds = [record["event_type"] for record, _, _ in GOLDEN]
+    assert kinds.count("Heartbeat") == 3 and kinds.count("JobCompleted") == 1 and len(kinds) == 13
+    for record, value, _ in GOLDEN:
+        fingerprint = value[2:10]
+        assert fingerprint.hex() == record["writer_fingerprint"]
+        old = registered_fingerprints(record["event_type"])
+        assert fingerprint in old, f"{record['event_type']} writer schema is not registered"
+        if record["event_type"] in FIELDS_ADDED_AFTER_V1:
+            assert fingerprint != codec.fingerprints[record["event_type"]]
+            writer_fields = [f["name"] for f in old[fingerprint]["fields"]]
+            current_fields = [f["name"] for f in codec.schemas[record["event_type"]]["fields"]]
+            assert [f for f in current_fields if f not in writer_fields] == [FIELDS_ADDED_AFTER_V1[record["event_type"]]]
+
+
+def test_golden_records_decode_to_the_expected_events():
+    for record, value, expected in GOLDEN:
+        event = ev.Event.from_record(codec.decode(value, topic="golden", partition=0, offset=record["n"]))
+        got = json.loads(event.model_dump_json())
+        assert {k: got[k] for k in expected} == expected
+        added_later = set(got) - set(expected)  # fields added after the golden files: at their defaults
+        defaults = {f: type(event).model_fields[f].get_default(call_default_factory=True) for f in added_later}
+        assert {f: got[f] for f in added_later} == json.loads(json.dumps(defaults))
+
+
+def test_fields_missing_from_old_writers_read_as_their_defaults():
+    events = [ev.Event.from_record(codec.decode(value)) for _, value, _ in GOLDEN]
+    heartbeats = [e for e in events if isinstance(e, ev.Heartbeat)]
+    assert [(h.sequence, h.frames_done, h.out_time_s, h.speed) for h in heartbeats] == \
+        [(1, 40, 1.6, None), (2, 90, 3.6, None), (3, 132, 5.28, None)]
+    completed = [e for e in events if isinstance(e, ev.JobCompleted)]
+    assert [(c.media_duration_s, c.master_url.endswith("/master.m3u8")) for c in completed] == [(None, True)]
+
+
+def test_reencoding_gives_the_same_bytes_exactly_when_the_writer_schema_is_current():
+    for record, value, _ in GOLDEN:
+        current = codec.encode(codec.decode(value))
+        assert current[2:10] == codec.fingerprints[record["event_type"]]
+        assert (current == value) == (value[2:10] == codec.fingerprints[record["event_type"]])
+    assert sum(value[2:10] != codec.fingerprints[r["event_type"]] for r, value, _ in GOLDEN) >= 4
