@@ -34,6 +34,7 @@ from projections.sql import connect, migrate, q
 from schemas import models as ev
 from schemas.codec import default_codec
 from tapeline import kafka
+from tapeline.crashpoints import crash_point
 from tapeline.errors import DecodeError, SchemaError
 from tapeline.health import HealthState
 from tapeline.settings import Settings
@@ -190,7 +191,11 @@ def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: s
                 cur.executemany(q("upsert_offset"), [
                     {"projection": projection, "topic": topic, "partition": partition, "next_offset": offset}
                     for (topic, partition), offset in result.positions.items()])
+        if messages:
+            crash_point("projector.before_commit")
     # Step 6: the `with conn.transaction()` block committed.
+    if messages:
+        crash_point("projector.after_commit")
     return result
 
 

@@ -113,7 +113,8 @@ def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f
         run_migrations(settings.database_url)
         if role == "all":
             raise typer.Exit(supervisor.supervise(supervisor.ROLES, grace_s=settings.shutdown_grace_s,
-                                                  health_port_base=settings.health_port_base))
+                                                  health_port_base=settings.health_port_base,
+                                                  backoff_s=settings.restart_backoff_s))
         raise typer.Exit(run_role(settings, role))
     except TapelineError as exc:
         _fail(exc)

@@ -1,7 +1,7 @@
 """Named crash and failure points at side-effect boundaries, for fault-injection tests only.
 
 `crash_point("intake.after_send_offsets")` kills the process with SIGKILL when that name is listed
-in `TAPELINE_CRASH_POINTS` (comma-separated). With `TAPELINE_CRASH_ONCE_DIR` set, each point fires
+in `TAPELINE_CRASH_POINTS` (comma-separated) or in the file `TAPELINE_CRASH_POINTS_FILE` names. With `TAPELINE_CRASH_ONCE_DIR` set, each point fires
 once: a marker file `<dir>/<name>` is created just before the kill, so a supervised restart passes
 the point. Without the variable nothing happens (one dictionary lookup).
 """
@@ -14,11 +14,61 @@ from pathlib import Path
 
 from tapeline.errors import TapelineError
 
+PIPELINE_CRASH_POINTS: tuple[str, ...] = (
+    # intake: UploadCompleted -> JobAccepted + StageQueued + WorkItem, with the upload's offset
+    "intake.after_produce", "intake.after_send_offsets", "intake.after_commit",
+    # transcode: claim (AttemptStarted + the work item's offset), heartbeats, completion
+    "transcode.claim.after_produce", "transcode.claim.after_send_offsets", "transcode.claim.after_commit",
+    "transcode.Heartbeat.after_produce", "transcode.Heartbeat.after_commit",
+    "transcode.AttemptSucceeded.after_produce", "transcode.AttemptSucceeded.after_commit",
+    # publish: claim, intent, origin promotion (S3 writes), claim marker (S3 write), proof of
+    # ownership, provider call, completion
+    "publish.claim.after_produce", "publish.claim.after_send_offsets", "publish.claim.after_commit",
+    "publish.PublishIntended.after_produce", "publish.PublishIntended.after_commit",
+    "publish.before_promote", "publish.after_promote",
+    "publish.before_marker", "publish.after_marker",
+    "publish.Heartbeat.after_produce", "publish.Heartbeat.after_commit",
+    "publish.before_provider_call", "publish.after_provider_call",
+    "publish.AttemptSucceeded.after_produce", "publish.AttemptSucceeded.after_commit",
+    # projector: the PostgreSQL transaction of a batch (rows + offsets)
+    "projector.before_commit", "projector.after_commit",
+    # watchdog: ticks and its decisions
+    "watchdog.tick.after_produce", "watchdog.tick.after_commit",
+)
+"""Every crash point one job passes through with a webhook provider configured, in pipeline order
+(`tests/faults/test_crash_points.py` kills the pipeline at each in turn)."""
+
+
+_file_cache: tuple[float, frozenset[str]] = (-1.0, frozenset())
+
+
+def enabled_crash_points() -> frozenset[str]:
+    """The crash points enabled now: `TAPELINE_CRASH_POINTS` plus the lines of the file named by
+    `TAPELINE_CRASH_POINTS_FILE` (re-read when its mtime changes, so a test can move the crash
+    point of a running pipeline without restarting it)."""
+    global _file_cache
+    names = set(filter(None, os.environ.get("TAPELINE_CRASH_POINTS", "").split(",")))
+    path = os.environ.get("TAPELINE_CRASH_POINTS_FILE")
+    if path:
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            mtime = -1.0
+        if mtime != _file_cache[0]:
+            try:
+                lines = Path(path).read_text().split()
+            except OSError:
+                lines = []
+            _file_cache = (mtime, frozenset(lines))
+        names |= _file_cache[1]
+    return frozenset(names)
+
 
 def crash_point(name: str) -> None:
     """SIGKILL this process if `name` is an enabled crash point (see module docstring)."""
-    enabled = os.environ.get("TAPELINE_CRASH_POINTS")
-    if not enabled or name not in enabled.split(","):
+    if not os.environ.get("TAPELINE_CRASH_POINTS") and not os.environ.get("TAPELINE_CRASH_POINTS_FILE"):
+        return
+    if name not in enabled_crash_points():
         return
     once_dir = os.environ.get("TAPELINE_CRASH_ONCE_DIR")
     if once_dir:

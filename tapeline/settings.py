@@ -59,6 +59,8 @@ class Settings(BaseSettings):
     handoff_timeout_s: float = Field(120.0, description="A queued stage nobody claims this long is a stalled handoff")
     intake_timeout_s: float = Field(120.0, description="An upload with no job this long is expected work missing")
     tick_interval_s: float | None = Field(None, description="Watchdog tick period, seconds (default: lease / 8, at most 5)")
+    restart_backoff_s: tuple[float, ...] = Field((1.0, 2.0, 5.0, 10.0, 30.0), description="`run --role all`: restart "
+                                                 "delay after a child's n-th consecutive crash, seconds (last repeats)")
     shutdown_grace_s: float = Field(20.0, description="SIGTERM: how long `run --role all` waits for children to yield, then SIGKILL")
     transaction_timeout_ms: int = Field(10_000, description="Producer transaction.timeout.ms: well below the lease")
     caught_up_timeout_s: float = Field(60.0, description="How long a processor waits for the projector to catch up")

@@ -39,8 +39,9 @@ def child_env(role: str, health_port_base: int = 0) -> dict[str, str]:
 
 
 def supervise(roles: tuple[str, ...], stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
-              grace_s: float = 30.0, health_port_base: int = 0) -> int:
-    """Run `roles` as children until a stop signal; restart any that exits. Returns 0."""
+              grace_s: float = 30.0, health_port_base: int = 0, backoff_s: tuple[float, ...] = BACKOFF_S) -> int:
+    """Run `roles` as children until a stop signal; restart any that exits, after `backoff_s[n-1]`
+    seconds for its n-th consecutive crash (the last entry repeats). Returns 0."""
     stopping = False
 
     def on_signal(signum, _frame) -> None:
@@ -60,7 +61,7 @@ def supervise(roles: tuple[str, ...], stop_signals: tuple[int, ...] = (signal.SI
             if child is not None and child.poll() is not None:
                 ran = now - started_at[role]
                 crashes[role] = 0 if ran > 60 else crashes[role] + 1
-                delay = BACKOFF_S[min(crashes[role], len(BACKOFF_S)) - 1] if crashes[role] else 0
+                delay = backoff_s[min(crashes[role], len(backoff_s)) - 1] if crashes[role] else 0
                 log.warning("child exited; restarting", role=role, returncode=child.returncode, ran_s=round(ran, 1),
                             restart_in_s=delay)
                 restart_at[role] = now + delay
