@@ -87,3 +87,9 @@ class Fenced(TapelineError):
 
 class SubmitError(TapelineError):
     """The file cannot be submitted."""
+
+
+class TranscodeTimeout(TapelineError):
+    """ffmpeg ran longer than its wall-clock limit."""
+
+    error_class = "timeout"
