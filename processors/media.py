@@ -460,7 +460,7 @@ def _parse_progress(block: dict[str, str]) -> Progress:
 
 def probe_duration(path: Path) -> float:
     """Duration in seconds of one of our own outputs (an HLS media playlist or a file)."""
-    info = _run_probe(["-protocol_whitelist", "file,http,tcp", "-show_entries", "format=duration", str(path)])
+    info, _ = _run_probe(["-protocol_whitelist", "file,http,tcp", "-show_entries", "format=duration", str(path)])
     return float(info.get("format", {}).get("duration") or 0.0)
 
 
@@ -484,7 +484,10 @@ def verify_outputs(out_dir: Path, ladder: list[Rendition], media: SourceMedia, h
             raise TranscodeFailed(f"rendition {name}: a segment is missing or empty")
         if name == "audio":
             continue
-        duration = probe_duration(playlist)
+        try:
+            duration = probe_duration(playlist)
+        except InvalidInput as exc:  # our own output, not the source, is unreadable
+            raise TranscodeFailed(f"rendition {name}: {exc}") from exc
         if abs(duration - media.duration_s) > tolerance_s:
             raise TranscodeFailed(f"rendition {name}: {duration:.3f} s long, source promised "
                                   f"{media.duration_s:.3f} s (a source that decodes short?)")
