@@ -1,9 +1,17 @@
-"""Ladder planning from a probe: never upscale, even sizes, aspect kept, rotation honoured."""
+"""The media core, pure parts: ladder planning (never upscale, even sizes, aspect kept, rotation
+honoured), the probe interpretation, pre-flight limits, the ffmpeg command and outcome classes."""
 
 import pytest
+from hypothesis import given, settings as hyp_settings, strategies as st
 
-from processors.media import ALLOWED_CONTAINERS as ALLOWED, plan_ladder, _parse_progress
+from processors.intake import preflight
+from processors.media import ALLOWED_CONTAINERS as ALLOWED
+from processors.media import (FfmpegResult, Progress, _parse_progress, build_hls_command, check_limits, ffmpeg_failure,
+                              interpret_probe, plan_ladder, sniff_playlist, wall_clock_limit_s)
+from schemas import models as ev
 from schemas.models import SourceMedia
+from tapeline.errors import InvalidInput, LimitsExceeded, UnsupportedMedia
+from tapeline.settings import Settings
 
 HEIGHTS = (1080, 720, 480, 360, 240)
 
@@ -48,16 +56,6 @@ def test_progress_block_parsing_uses_microseconds():
 
 # --- ladder properties ---------------------------------------------------------------------------
 
-from hypothesis import given, settings as hyp_settings, strategies as st  # noqa: E402
-
-from processors.intake import preflight  # noqa: E402
-from processors.media import (FfmpegResult, Progress, build_hls_command, check_limits, ffmpeg_failure,  # noqa: E402
-                              interpret_probe, sniff_playlist, wall_clock_limit_s)
-from schemas import models as ev  # noqa: E402
-from tapeline.errors import InvalidInput, LimitsExceeded, UnsupportedMedia  # noqa: E402
-from tapeline.settings import Settings  # noqa: E402
-
-
 @hyp_settings(max_examples=300, deadline=None)
 @given(w=st.integers(1, 8192), h=st.integers(1, 8192), sar=st.sampled_from([1.0, 128 / 117, 4 / 3, 0.75, 1.5]),
        rotation=st.sampled_from([0, 90, 180, 270]))
@@ -73,10 +71,11 @@ def test_ladder_is_even_never_above_the_source_and_keeps_the_display_aspect(w, h
         assert rung.width % 2 == 0 and rung.height % 2 == 0
         # never above the source (2 px is the least an H.264 4:2:0 picture can have)
         assert rung.width <= max(2, dw) and rung.height <= max(2, dh)
-        # the display aspect ratio is kept to within the rounding to even pixels (one even step
-        # of either side, or the 2 px floor of a degenerate sliver)
+        # the display aspect ratio is kept to within the rounding to even pixels: a rung's width is
+        # the nearest even one (1 px off at most); a one-rendition source rounds both sides down
+        # (1 px each); a sliver 2 px wide or high is the exception
         if rung.width > 2 and rung.height > 2:
-            assert abs(rung.width - rung.height * dw / dh) <= 2 + 2 * dw / dh
+            assert abs(rung.width - rung.height * dw / dh) <= (1 if dh >= min(HEIGHTS) else 1 + dw / dh)
     if dh >= min(HEIGHTS):
         assert [r.height for r in ladder] == [x for x in HEIGHTS if x <= dh]
     else:
@@ -169,18 +168,16 @@ def test_fewer_packets_than_the_index_lists_is_a_truncated_upload(read, truncate
         assert interpret_probe(info).media.frames == 132
 
 
-@pytest.mark.parametrize("stream,message", [
-    (video_stream(width=0), "no valid picture size"),
-    (video_stream(height="N/A"), "no valid picture size"),
-    (video_stream(duration="N/A"), None),  # falls back to the container's duration
-])
-def test_missing_sizes_and_durations(stream, message):
-    if message:
-        with pytest.raises(InvalidInput, match=message):
-            interpret_probe({"streams": [stream], "format": FORMAT})
-    else:
-        assert interpret_probe({"streams": [stream], "format": FORMAT}).media.duration_s == 5.312
-    with pytest.raises(InvalidInput, match="no duration"):
+@pytest.mark.parametrize("stream", [video_stream(width=0), video_stream(height="N/A"), video_stream(width=70000),
+                                    video_stream(width=-4)])
+def test_a_video_stream_without_a_valid_picture_size_is_invalid_input(stream):
+    with pytest.raises(InvalidInput, match="the video stream has no valid picture size"):
+        interpret_probe({"streams": [stream], "format": FORMAT})
+
+
+def test_duration_falls_back_to_the_container_and_none_at_all_is_invalid_input():
+    assert interpret_probe({"streams": [video_stream(duration="N/A")], "format": FORMAT}).media.duration_s == 5.312
+    with pytest.raises(InvalidInput, match="the source has no duration"):
         interpret_probe({"streams": [video_stream(duration="N/A")], "format": {"duration": "N/A"}})
 
 
