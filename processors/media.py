@@ -459,9 +459,11 @@ def _parse_progress(block: dict[str, str]) -> Progress:
 
 
 def probe_duration(path: Path) -> float:
-    """Duration in seconds of one of our own outputs (an HLS media playlist or a file)."""
-    info, _ = _run_probe(["-protocol_whitelist", "file,http,tcp", "-show_entries", "format=duration", str(path)])
-    return float(info.get("format", {}).get("duration") or 0.0)
+    """Duration in seconds of one of our own local outputs (an HLS media playlist or a file); 0.0
+    when ffprobe states none. Raises `InvalidInput` when ffprobe cannot read it."""
+    info, _ = _run_probe(["-protocol_whitelist", "file", "-show_entries", "format=duration", str(path)])
+    fmt = info.get("format")
+    return (_number(fmt.get("duration")) if isinstance(fmt, dict) else None) or 0.0
 
 
 def verify_outputs(out_dir: Path, ladder: list[Rendition], media: SourceMedia, has_audio: bool,
