@@ -19,11 +19,13 @@ from confluent_kafka import Message, TopicPartition
 from processors import media
 from processors.runtime import Outgoing, Runtime, poll_record, transact
 from schemas import models as ev
+from schemas.codec import Codec
 from tapeline import kafka
-from tapeline.errors import DecodeError, InvalidInput, MediaError, SchemaError, StorageError
+from tapeline.errors import (DecodeError, InvalidInput, LimitsExceeded, MediaError, SchemaError, StorageError,
+                             TapelineError)
 from tapeline.health import HealthState
 from tapeline.objectstore import ObjectStore, sha256_file
-from tapeline.settings import Settings
+from tapeline.settings import TIERS, Settings
 
 log = structlog.get_logger("tapeline.intake")
 
@@ -58,18 +60,35 @@ def decide(existing: dict[str, Any] | None, upload: ev.UploadCompleted, probe: e
     ]
 
 
-def inspect_upload(store: ObjectStore, upload: ev.UploadCompleted, settings: Settings) -> ev.SourceMedia | MediaError:
-    """Download and probe the source; every problem with the input comes back as a `MediaError`.
+def preflight(upload: ev.UploadCompleted, settings: Settings) -> MediaError | None:
+    """What is wrong with an upload judged by its event alone (before any download), or None. Pure.
 
-    Raises `StorageError` only for transient storage failures (the record is retried).
+    Unknown priority tier or an empty upload -> `InvalidInput`; larger than `max_upload_bytes` ->
+    `LimitsExceeded` naming the limit.
     """
-    if upload.priority not in ("archive", "standard", "index"):
+    if upload.priority not in TIERS:
         return InvalidInput(f"unknown priority tier {upload.priority!r}")
     if upload.size_bytes <= 0:
-        return InvalidInput("the upload is empty (0 bytes)")
+        return InvalidInput(f"the upload declares {upload.size_bytes} bytes; a source has at least one")
     if upload.size_bytes > settings.max_upload_bytes:
-        from tapeline.errors import LimitsExceeded
-        return LimitsExceeded(f"upload is {upload.size_bytes} bytes; the limit is {settings.max_upload_bytes}")
+        return LimitsExceeded(f"file size {upload.size_bytes} bytes exceeds the limit "
+                              f"max_upload_bytes = {settings.max_upload_bytes}")
+    return None
+
+
+def inspect_upload(store: ObjectStore, upload: ev.UploadCompleted, settings: Settings) -> ev.SourceMedia | MediaError:
+    """Check, download and probe the source; every problem with the input comes back as a `MediaError`.
+
+    In order: `preflight` on the event; the stored object must exist and match the declared size
+    and sha256 (else `InvalidInput`: a truncated or replaced upload); the probe refuses playlists,
+    containers off the allow-list, sources without video and sources cut short of their index
+    (`media.inspect_source`); then the pre-flight limits on picture size, duration and bitrate
+    (`media.check_limits`). Raises `StorageError` only for transient storage failures (the record
+    is retried).
+    """
+    problem = preflight(upload, settings)
+    if problem is not None:
+        return problem
     with tempfile.TemporaryDirectory(prefix="tapeline-intake-") as tmp:
         path = Path(tmp) / "source"
         try:
@@ -78,12 +97,58 @@ def inspect_upload(store: ObjectStore, upload: ev.UploadCompleted, settings: Set
             if "404" in str(exc) or "Not Found" in str(exc) or "NoSuchKey" in str(exc):
                 return InvalidInput(f"source object {upload.object_key} does not exist")
             raise
-        if path.stat().st_size != upload.size_bytes or sha256_file(path) != upload.sha256:
-            return InvalidInput("stored source does not match the declared size and sha256 (truncated upload?)")
+        size = path.stat().st_size
+        if size != upload.size_bytes:
+            return InvalidInput(f"truncated upload: the stored source is {size} bytes, the upload declared "
+                                f"{upload.size_bytes}")
+        if sha256_file(path) != upload.sha256:
+            return InvalidInput("the stored source does not match the declared sha256 (corrupted or replaced upload)")
         try:
-            return media.probe_source(path)
+            probe = media.inspect_source(path, timeout_s=settings.probe_timeout_s)
+            media.check_limits(probe.media, settings, size_bytes=size)
         except MediaError as exc:
             return exc
+        return probe.media
+
+
+def parse_upload(codec: Codec, value: bytes | None, **where: Any) -> ev.UploadCompleted:
+    """Decode one uploads-topic record value into its `UploadCompleted`. Pure.
+
+    Raises `DecodeError` (not one of our records) or `SchemaError` (a valid record of another type,
+    a malformed event, or a job id that is not `uuid5(upload_id)`); `where` is topic, partition,
+    offset for the error message.
+    """
+    event = ev.Event.from_record(codec.decode(value, **where))
+    if not isinstance(event, ev.UploadCompleted):
+        raise SchemaError(f"{event.event_type} on the uploads topic")
+    if event.job_id != ev.job_id_for(event.upload_id):
+        raise SchemaError("job_id is not uuid5(upload_id)")
+    return event
+
+
+def dead_letter(settings: Settings, recorded_by: str, error: TapelineError, *, topic: str, partition: int,
+                offset: int, key: bytes | None, value: bytes | None,
+                headers: list[tuple[str, bytes | None]] | None) -> Outgoing:
+    """The dead-letter record of an uploads record that cannot be decoded: raw key, value and
+    headers, where it was and why. Pure."""
+    position = f"{topic}/{partition}/{offset}"
+    return (settings.dlq_topic, ev.DeadLetter.new(
+        job_id=position, stage="intake", attempt=0, recorded_by=recorded_by, correlation_id=position,
+        source_topic=topic, source_partition=partition, source_offset=offset, key=key, value=value,
+        headers={str(k): bytes(v or b"") for k, v in (headers or [])},
+        error_class="invalid_input", error=str(error), processor="intake"))
+
+
+def triage(codec: Codec, settings: Settings, recorded_by: str, *, topic: str, partition: int, offset: int,
+           key: bytes | None, value: bytes | None,
+           headers: list[tuple[str, bytes | None]] | None) -> ev.UploadCompleted | Outgoing:
+    """An uploads record as the upload it carries, or as its dead-letter record. Pure; never raises
+    for any bytes (the property tests in tests/unit/test_fuzz.py hold it to that)."""
+    try:
+        return parse_upload(codec, value, topic=topic, partition=partition, offset=offset)
+    except (DecodeError, SchemaError) as exc:
+        return dead_letter(settings, recorded_by, exc, topic=topic, partition=partition, offset=offset, key=key,
+                           value=value, headers=headers)
 
 
 class IntakeProcessor:
@@ -125,21 +190,12 @@ class IntakeProcessor:
     def handle(self, runtime: Runtime, store: ObjectStore, message: Message) -> list[Outgoing]:
         """Decide on one uploads record. An undecodable record goes to the dead-letter topic, raw."""
         where = dict(topic=message.topic(), partition=message.partition(), offset=message.offset())
-        try:
-            event = ev.Event.from_record(runtime.codec.decode(message.value(), **where))
-            if not isinstance(event, ev.UploadCompleted):
-                raise SchemaError(f"{event.event_type} on the uploads topic")
-            if event.job_id != ev.job_id_for(event.upload_id):
-                raise SchemaError("job_id is not uuid5(upload_id)")
-        except (DecodeError, SchemaError) as exc:
-            log.warning("undecodable upload record sent to the dead-letter topic", error=str(exc), **where)
-            position = f"{message.topic()}/{message.partition()}/{message.offset()}"
-            return [(self.settings.dlq_topic, ev.DeadLetter.new(
-                job_id=position, stage="intake", attempt=0, recorded_by=runtime.recorded_by, correlation_id=position,
-                source_topic=message.topic(), source_partition=message.partition(), source_offset=message.offset(),
-                key=message.key(), value=message.value(),
-                headers={k: (v or b"") for k, v in (message.headers() or [])},
-                error_class="invalid_input", error=str(exc), processor="intake"))]
+        triaged = triage(runtime.codec, self.settings, runtime.recorded_by, key=message.key(), value=message.value(),
+                         headers=message.headers(), **where)
+        if not isinstance(triaged, ev.UploadCompleted):
+            log.warning("undecodable upload record sent to the dead-letter topic", error=triaged[1].error, **where)
+            return [triaged]
+        event = triaged
         existing = runtime.job_row(event.job_id)
         if existing is not None:
             log.info("duplicate upload: the job already exists", job_id=event.job_id, upload_id=event.upload_id)

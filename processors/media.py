@@ -7,6 +7,7 @@ its `-progress` output and stderr are always read (a full pipe never hangs the w
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
 import signal
@@ -16,12 +17,13 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import ffmpeg
 
 from schemas.models import Rendition, SourceMedia
-from tapeline.errors import InvalidInput, TranscodeFailed, UnsupportedMedia
+from tapeline.errors import InvalidInput, LimitsExceeded, TapelineError, TranscodeFailed, TranscodeTimeout, UnsupportedMedia
+from tapeline.settings import Settings
 
 ALLOWED_CONTAINERS = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,avi,mpegts,flv,mpeg"
 """ffmpeg demuxers a source may be read with. Playlists (hls, concat) are refused: they name other
@@ -32,105 +34,262 @@ VIDEO_BITRATE_KBPS = {1080: 5000, 720: 2800, 480: 1400, 360: 800, 240: 400}
 AUDIO_BITRATE_KBPS = 128
 
 
-def _run_probe(args: list[str], timeout_s: float = 60.0) -> dict:
+PLAYLIST_SIGNATURES: tuple[tuple[bytes, str], ...] = (
+    (b"#EXTM3U", "an HLS playlist"),
+    (b"ffconcat version", "an ffconcat playlist"),
+    (b"<?xml", "an XML document (a DASH manifest?)"),
+    (b"<MPD", "a DASH manifest"),
+    (b"v=0", "an SDP session description"),
+)
+"""Text formats that name other files or URLs. ffmpeg would open what they name, so they are refused
+by their first bytes before ffprobe runs (and `-format_whitelist` refuses them again inside ffprobe)."""
+
+
+def sniff_playlist(head: bytes) -> str | None:
+    """What kind of playlist `head` (the first bytes of a file) starts, or None when it is not one.
+
+    Leading whitespace and a UTF-8 byte-order mark are ignored. Pure.
+    """
+    text = head.lstrip(b"\xef\xbb\xbf").lstrip()
+    for signature, kind in PLAYLIST_SIGNATURES:
+        if text.startswith(signature):
+            return kind
+    return None
+
+
+def _run_probe(args: list[str], timeout_s: float = 60.0) -> tuple[dict, str]:
+    """Run ffprobe with JSON output; returns (parsed output, stderr text).
+
+    Raises `LimitsExceeded` when it runs longer than `timeout_s` seconds and `InvalidInput` when it
+    exits non-zero or prints something that is not JSON.
+    """
     try:
         done = subprocess.run(["ffprobe", "-v", "error", "-print_format", "json", *args],
                               capture_output=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired as exc:
-        raise InvalidInput(f"ffprobe took longer than {timeout_s:.0f} s") from exc
+        raise LimitsExceeded(f"probing took longer than the limit probe_timeout_s = {timeout_s:g} s") from exc
+    stderr = done.stderr.decode(errors="replace")
     if done.returncode != 0:
-        message = done.stderr.decode(errors="replace").strip().splitlines()
-        raise InvalidInput(f"not a readable video: {message[-1] if message else 'ffprobe failed'}")
-    return json.loads(done.stdout or b"{}")
-
-
-def _ratio(text: str | None) -> float:
-    """A ffprobe ratio ("25/1", "1:1") as a float; 0.0 when absent or undefined."""
-    num, _, den = (text or "").replace(":", "/").partition("/")
+        raise InvalidInput(f"not a readable video: {_probe_message(stderr, args[-1])}")
     try:
-        return float(num) / float(den or 1)
-    except (ValueError, ZeroDivisionError):
+        info = json.loads(done.stdout or b"{}")
+    except ValueError as exc:
+        raise InvalidInput(f"not a readable video: ffprobe printed no JSON ({exc})") from exc
+    return (info if isinstance(info, dict) else {}), stderr
+
+
+def _probe_message(stderr: str, path: str) -> str:
+    """The most telling line of ffprobe's stderr, without our temporary path in it."""
+    lines = [line.replace(path, "source").strip() for line in stderr.splitlines() if line.strip()]
+    if any("moov atom not found" in line for line in lines):
+        return "the mp4 index (moov atom) is missing: the upload is truncated or was never finished"
+    whitelist = next((line for line in lines if "not on whitelist" in line), None)
+    if whitelist is not None:
+        return f"container not on the allow-list ({whitelist.split(']', 1)[-1].strip()})"
+    return lines[-1] if lines else "ffprobe failed"
+
+
+def _ratio(text: Any) -> float:
+    """A ffprobe ratio ("25/1", "1:1") as a float; 0.0 when absent, undefined or not finite."""
+    num, _, den = str(text or "").replace(":", "/").partition("/")
+    try:
+        value = float(num) / float(den or 1)
+    except (ValueError, ZeroDivisionError, OverflowError):
         return 0.0
+    return value if math.isfinite(value) and value > 0 else 0.0
+
+
+def _number(value: Any) -> float | None:
+    """A ffprobe number (often a string; "N/A" when unknown) as a finite float, else None."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _count(value: Any) -> int | None:
+    """A non-negative integer count from ffprobe ("132"), else None."""
+    text = str(value) if isinstance(value, (int, str)) else ""
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 19 else None
+
+
+def _dicts(value: Any) -> list[dict]:
+    """The dict items of a JSON list (anything else: none)."""
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
 def _rotation(stream: dict) -> int:
-    for side in stream.get("side_data_list", []) or []:
-        if "rotation" in side:
-            return int(round(float(side["rotation"]))) % 360
-    return int(stream.get("tags", {}).get("rotate", 0) or 0) % 360
+    """Display rotation of a video stream in degrees, 0..359 (display matrix first, then the old
+    `rotate` tag). Angles that are not a multiple of 90 are ignored, as ffmpeg's autorotate does."""
+    candidates = [side.get("rotation") for side in _dicts(stream.get("side_data_list"))]
+    tags = stream.get("tags")
+    candidates.append(tags.get("rotate") if isinstance(tags, dict) else None)
+    for value in candidates:
+        degrees = _number(value)
+        if degrees is not None:
+            rounded = int(round(degrees / 90.0)) * 90 if abs(degrees) < 1e6 else 0
+            return rounded % 360 if abs(degrees - rounded) <= 2 else 0
+    return 0
 
 
-def probe_source(path: Path) -> SourceMedia:
-    """Probe a local source file, allowing only `ALLOWED_CONTAINERS` and local-file reads.
+@dataclass(frozen=True)
+class Probe:
+    """What ffprobe found in a source: the summary recorded in `JobAccepted` and the streams used.
 
-    Raises `InvalidInput` when ffprobe cannot read it or it has no duration, `UnsupportedMedia`
-    when it has no video stream.
+    `video_stream` and `audio_stream` are absolute stream indexes in the file (`-map 0:<index>`);
+    `audio_stream` is None when the source has no audio.
     """
-    info = _run_probe(["-format_whitelist", ALLOWED_CONTAINERS, "-protocol_whitelist", "file",
-                       "-show_format", "-show_streams", str(path)])
-    streams = info.get("streams", [])
-    video = next((s for s in streams if s.get("codec_type") == "video"
-                  and not s.get("disposition", {}).get("attached_pic")), None)
+
+    media: SourceMedia
+    video_stream: int
+    audio_stream: int | None
+
+
+def interpret_probe(info: dict) -> Probe:
+    """Turn ffprobe's JSON (`-show_format -show_streams`, optionally `-count_packets`) into a `Probe`.
+
+    Pure; every value from the file is treated as untrusted. Raises `UnsupportedMedia` when there is
+    no video stream (audio-only, image), `InvalidInput` when the video stream has no picture size or
+    the source has no duration, or the packets read fall short of what the index lists (truncated).
+    """
+    streams = _dicts(info.get("streams"))
+    fmt = info.get("format") if isinstance(info.get("format"), dict) else {}
+
+    def is_picture(s: dict) -> bool:
+        disposition = s.get("disposition") if isinstance(s.get("disposition"), dict) else {}
+        return s.get("codec_type") == "video" and not disposition.get("attached_pic")
+
+    video = next((s for s in streams if is_picture(s)), None)
     audio = next((s for s in streams if s.get("codec_type") == "audio"), None)
-    fmt = info.get("format", {})
     if video is None:
-        raise UnsupportedMedia("no video stream (audio-only and image uploads are not processed)")
-    width, height = int(video.get("width") or 0), int(video.get("height") or 0)
-    if width <= 0 or height <= 0:
-        raise InvalidInput("video stream has no picture size")
-    duration = float(video.get("duration") or fmt.get("duration") or 0.0)
+        what = "audio only" if audio is not None else "no video stream"
+        raise UnsupportedMedia(f"{what}: uploads without a video stream are not processed")
+    width, height = _count(video.get("width")) or 0, _count(video.get("height")) or 0
+    if width <= 0 or height <= 0 or width > 65536 or height > 65536:
+        raise InvalidInput("the video stream has no valid picture size")
+    duration = _number(video.get("duration")) or _number(fmt.get("duration")) or 0.0
     if duration <= 0:
-        raise InvalidInput("source has no duration")
+        raise InvalidInput("the source has no duration")
+    listed, read = _count(video.get("nb_frames")), _count(video.get("nb_read_packets"))
+    if listed is not None and read is not None and read < listed - max(1, listed // 100):
+        raise InvalidInput(f"truncated: the index lists {listed} video frames but the file holds only {read}")
     sar = _ratio(video.get("sample_aspect_ratio")) or 1.0
+    if not 0.01 <= sar <= 100:
+        sar = 1.0
     display_w, display_h = width * sar, float(height)
     rotation = _rotation(video)
     if rotation in (90, 270):
         display_w, display_h = display_h, display_w
     fps = _ratio(video.get("avg_frame_rate")) or _ratio(video.get("r_frame_rate"))
-    frames = int(video["nb_frames"]) if str(video.get("nb_frames", "")).isdigit() else (
-        int(round(duration * fps)) if fps else None)
-    return SourceMedia(
-        format_name=fmt.get("format_name", "unknown"), duration_s=duration, width=width, height=height,
-        display_width=int(round(display_w)), display_height=int(round(display_h)), rotation=rotation,
-        fps=fps, frames=frames, video_codec=video.get("codec_name", "unknown"),
-        audio_codec=audio.get("codec_name") if audio else None,
-        bit_rate_bps=int(fmt["bit_rate"]) if str(fmt.get("bit_rate", "")).isdigit() else None)
+    frames = listed if listed is not None else (int(round(duration * fps)) if fps and duration * fps < 1e12 else None)
+    bit_rate = _count(fmt.get("bit_rate"))
+    media = SourceMedia(
+        format_name=str(fmt.get("format_name") or "unknown"), duration_s=duration, width=width, height=height,
+        display_width=max(1, int(round(display_w))), display_height=max(1, int(round(display_h))),
+        rotation=rotation, fps=fps, frames=frames, video_codec=str(video.get("codec_name") or "unknown"),
+        audio_codec=str(audio.get("codec_name") or "unknown") if audio else None,
+        bit_rate_bps=bit_rate if bit_rate is not None and bit_rate < 2**62 else None)
+    index = _count(video.get("index"))
+    audio_index = _count(audio.get("index")) if audio else None
+    return Probe(media=media, video_stream=index if index is not None else 0,
+                 audio_stream=audio_index if audio is not None and audio_index is not None else None)
+
+
+def inspect_source(path: Path, *, count_packets: bool = True, timeout_s: float = 300.0) -> Probe:
+    """Probe a local source file, refusing playlists and containers not in `ALLOWED_CONTAINERS`.
+
+    The file's first bytes are checked for playlists before ffprobe runs; ffprobe itself runs with
+    `-format_whitelist ALLOWED_CONTAINERS -protocol_whitelist file`, so it opens no other file or URL.
+    `count_packets` reads every packet (no decoding) to find sources cut short of their index.
+    Raises `InvalidInput` (unreadable, truncated, a playlist), `UnsupportedMedia` (no video) and
+    `LimitsExceeded` (probing ran longer than `timeout_s` seconds).
+    """
+    with open(path, "rb") as fh:
+        kind = sniff_playlist(fh.read(64))
+    if kind is not None:
+        raise InvalidInput(f"not a readable video: the upload is {kind}, a text file naming other files or URLs; "
+                           "upload the media file itself")
+    args = ["-format_whitelist", ALLOWED_CONTAINERS, "-protocol_whitelist", "file",
+            "-show_format", "-show_streams", *(["-count_packets"] if count_packets else []), str(path)]
+    info, stderr = _run_probe(args, timeout_s)
+    if count_packets and "partial file" in stderr:
+        raise InvalidInput("truncated: the index points past the end of the file (upload cut short?)")
+    return interpret_probe(info)
+
+
+def probe_source(path: Path) -> SourceMedia:
+    """The `SourceMedia` summary of a local source (`inspect_source(path).media`); same errors."""
+    return inspect_source(path).media
+
+
+def check_limits(media: SourceMedia, settings: Settings, size_bytes: int | None = None) -> None:
+    """Pre-flight limits on a probed source: picture size, duration and bitrate. Pure.
+
+    Bitrate is the container's (bit/s), or `size_bytes * 8 / duration` when the container states
+    none. Raises `LimitsExceeded` naming the first limit passed, its setting and both values.
+    """
+    pixels = media.width * media.height
+    if pixels > settings.max_source_pixels:
+        raise LimitsExceeded(f"picture size {media.width}x{media.height} = {pixels} pixels exceeds the limit "
+                             f"max_source_pixels = {settings.max_source_pixels}")
+    if media.duration_s > settings.max_source_duration_s:
+        raise LimitsExceeded(f"duration {media.duration_s:.1f} s exceeds the limit "
+                             f"max_source_duration_s = {settings.max_source_duration_s:g} s")
+    bit_rate = media.bit_rate_bps
+    if bit_rate is None and size_bytes is not None and media.duration_s > 0:
+        bit_rate = int(size_bytes * 8 / media.duration_s)
+    if bit_rate is not None and bit_rate > settings.max_source_bitrate_kbps * 1000:
+        raise LimitsExceeded(f"bitrate {bit_rate // 1000} kbit/s exceeds the limit "
+                             f"max_source_bitrate_kbps = {settings.max_source_bitrate_kbps}")
 
 
 def _even(value: float) -> int:
+    """`value` rounded to the nearest even integer, at least 2."""
     return max(2, int(round(value / 2)) * 2)
+
+
+def _even_floor(value: float) -> int:
+    """`value` rounded down to an even integer, at least 2 (never above `value` when it is >= 2)."""
+    return max(2, int(value) // 2 * 2)
 
 
 def plan_ladder(media: SourceMedia, heights: tuple[int, ...]) -> list[Rendition]:
     """The renditions for a source: every rung at or below its display height, never upscaled.
 
-    Widths keep the display aspect ratio and are even; a source smaller than the lowest rung gets
-    one rendition at its own (even-rounded) size. Largest first.
+    Sizes are display sizes (sample aspect ratio and rotation applied): widths keep the display
+    aspect ratio and every width and height is even; a source smaller than the lowest rung gets one
+    rendition at its own size rounded down to even. Largest first.
     """
     aspect = media.display_width / media.display_height
-    rungs = [h for h in sorted(heights, reverse=True)
-             if h <= media.display_height and _even(h * aspect) <= _even(media.display_width)]
-    ladder = [Rendition(name=f"{h}p", width=_even(h * aspect), height=h,
+    widest = _even_floor(media.display_width)
+    rungs = [h for h in sorted(set(heights), reverse=True) if h % 2 == 0 and 2 <= h <= media.display_height]
+    ladder = [Rendition(name=f"{h}p", width=min(_even(h * aspect), widest), height=h,
                         video_bitrate_kbps=VIDEO_BITRATE_KBPS.get(h, max(200, h * 4))) for h in rungs]
     if not ladder:
-        h = _even(media.display_height) if media.display_height >= 2 else 2
-        ladder = [Rendition(name=f"{h}p", width=_even(media.display_width), height=h,
-                            video_bitrate_kbps=VIDEO_BITRATE_KBPS[240])]
+        h = _even_floor(media.display_height)
+        ladder = [Rendition(name=f"{h}p", width=widest, height=h, video_bitrate_kbps=VIDEO_BITRATE_KBPS[240])]
     return ladder
 
 
-def build_hls_command(source: Path, out_dir: Path, ladder: list[Rendition], has_audio: bool,
-                      segment_s: float, preset: str) -> list[str]:
+def build_hls_command(source: Path, out_dir: Path, ladder: list[Rendition], *, video_stream: int,
+                      audio_stream: int | None, segment_s: float, preset: str) -> list[str]:
     """ffmpeg arguments encoding the whole ladder in one pass: one decode, split and scaled per rung.
 
+    Follows the streams that exist: video from stream `video_stream` (absolute index, as in
+    `Probe`), audio from `audio_stream` or none when it is None. The input is read only with a
+    demuxer from `ALLOWED_CONTAINERS` and only through the `file` protocol. ffmpeg's default
+    autorotate turns rotated sources upright before scaling, so each rung's size (a display size,
+    see `plan_ladder`) is the stored size of its frames, with square pixels.
     Video: H.264, keyframes forced every `segment_s` seconds in every rendition (aligned across the
     ladder), no scene-cut keyframes. Audio: AAC encoded once per job into its own HLS rendition.
     Writes `out_dir/<rendition>/index.m3u8` + `seg_00000.ts`..., and `out_dir/audio/index.m3u8`.
     """
     src = ffmpeg.input(str(source), protocol_whitelist="file", format_whitelist=ALLOWED_CONTAINERS)
-    split = src.video.filter_multi_output("split", len(ladder))
+    split = src[str(video_stream)].filter_multi_output("split", len(ladder))
     outputs = []
-    hls = {"f": "hls", "hls_time": f"{segment_s:g}", "hls_playlist_type": "vod", "hls_list_size": 0}
+    hls = {"f": "hls", "hls_time": f"{segment_s:g}", "hls_playlist_type": "vod", "hls_list_size": 0,
+           "protocol_whitelist": "file"}
     for index, rung in enumerate(ladder):
         (out_dir / rung.name).mkdir(parents=True, exist_ok=True)
         video = split.stream(index).filter("scale", rung.width, rung.height).filter("setsar", 1)
@@ -140,9 +299,9 @@ def build_hls_command(source: Path, out_dir: Path, ladder: list[Rendition], has_
             "bufsize": f"{rung.video_bitrate_kbps * 2}k",
             "force_key_frames": f"expr:gte(t,n_forced*{segment_s:g})", "sc_threshold": 0,
             "hls_segment_filename": str(out_dir / rung.name / "seg_%05d.ts"), **hls}))
-    if has_audio:
+    if audio_stream is not None:
         (out_dir / "audio").mkdir(parents=True, exist_ok=True)
-        outputs.append(ffmpeg.output(src.audio, str(out_dir / "audio" / "index.m3u8"), **{
+        outputs.append(ffmpeg.output(src[str(audio_stream)], str(out_dir / "audio" / "index.m3u8"), **{
             "c:a": "aac", "b:a": f"{AUDIO_BITRATE_KBPS}k", "ac": 2,
             "hls_segment_filename": str(out_dir / "audio" / "seg_%05d.ts"), **hls}))
     stream = ffmpeg.merge_outputs(*outputs).global_args(
@@ -162,22 +321,36 @@ class Progress:
 
 @dataclass(frozen=True)
 class FfmpegResult:
+    """How an ffmpeg run ended: exit code (negative: killed by that signal), the last lines of
+    stderr, the last progress block, wall-clock seconds, and whether the wall-clock limit stopped it."""
+
     returncode: int
     stderr_tail: str
     last_progress: Progress | None
     elapsed_s: float
+    timed_out: bool = False
+
+
+def wall_clock_limit_s(duration_s: float, settings: Settings) -> float:
+    """How long one transcode's ffmpeg may run, in seconds: `ffmpeg_timeout_s` plus
+    `ffmpeg_timeout_factor` seconds per second of source media."""
+    return settings.ffmpeg_timeout_s + settings.ffmpeg_timeout_factor * max(0.0, duration_s)
 
 
 def run_ffmpeg(args: list[str], *, on_progress: Callable[[Progress], None] | None = None,
                on_tick: Callable[[], None] | None = None, should_stop: Callable[[], bool] | None = None,
-               tick_s: float = 1.0) -> FfmpegResult:
+               tick_s: float = 1.0, timeout_s: float | None = None) -> FfmpegResult:
     """Run ffmpeg, reading `-progress` from stdout and draining stderr in a thread.
 
     `on_tick` runs about every `tick_s` seconds on this thread, whether or not ffmpeg advances (the
-    caller heartbeats there); `should_stop()` returning True terminates ffmpeg. Returns the exit
-    code, the last lines of stderr and the last progress block.
+    caller heartbeats there); `should_stop()` returning True terminates ffmpeg. After `timeout_s`
+    seconds of wall-clock time ffmpeg is terminated and the result says `timed_out` (stalls without
+    progress are the watchdog's business; this bounds a run that progresses too slowly). Returns the
+    exit code, the last lines of stderr and the last progress block; raises only what the callbacks raise.
     """
     started = time.monotonic()
+    deadline = started + timeout_s if timeout_s is not None else None
+    timed_out = False
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, preexec_fn=_die_with_parent)
     tail: deque[str] = deque(maxlen=40)
@@ -213,13 +386,38 @@ def run_ffmpeg(args: list[str], *, on_progress: Callable[[Progress], None] | Non
             if should_stop and should_stop():
                 _stop(proc)
                 break
+            if deadline is not None and time.monotonic() >= deadline:
+                timed_out = True
+                _stop(proc)
+                break
         proc.wait()
     except BaseException:
         _stop(proc)
         raise
     finally:
         drain.join(timeout=5)
-    return FfmpegResult(proc.returncode, "\n".join(tail), last, time.monotonic() - started)
+    return FfmpegResult(proc.returncode, "\n".join(tail), last, time.monotonic() - started, timed_out)
+
+
+def ffmpeg_failure(result: FfmpegResult, timeout_s: float | None = None) -> TapelineError | None:
+    """The classified error of a finished ffmpeg run, or None when it succeeded. Pure.
+
+    Wall-clock limit reached -> `TranscodeTimeout` (class `timeout`); killed by SIGKILL (the OOM
+    killer, or a memory limit) -> `TranscodeFailed` of class `out_of_memory`; any other non-zero
+    exit -> `TranscodeFailed` (class `unknown`) with ffmpeg's last stderr line.
+    """
+    if result.timed_out:
+        limit = f"{timeout_s:g} s" if timeout_s is not None else "its limit"
+        reached = result.last_progress.out_time_s if result.last_progress else 0.0
+        return TranscodeTimeout(f"ffmpeg ran longer than the wall-clock limit ({limit}); stopped at "
+                                f"{reached:.1f} s of media")
+    if result.returncode == 0:
+        return None
+    last_line = result.stderr_tail.splitlines()[-1] if result.stderr_tail else "no message"
+    error = TranscodeFailed(f"ffmpeg exited with {result.returncode}: {last_line}")
+    if result.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL):
+        error.error_class = "out_of_memory"
+    return error
 
 
 def _die_with_parent() -> None:
@@ -261,9 +459,11 @@ def _parse_progress(block: dict[str, str]) -> Progress:
 
 
 def probe_duration(path: Path) -> float:
-    """Duration in seconds of one of our own outputs (an HLS media playlist or a file)."""
-    info = _run_probe(["-protocol_whitelist", "file,http,tcp", "-show_entries", "format=duration", str(path)])
-    return float(info.get("format", {}).get("duration") or 0.0)
+    """Duration in seconds of one of our own local outputs (an HLS media playlist or a file); 0.0
+    when ffprobe states none. Raises `InvalidInput` when ffprobe cannot read it."""
+    info, _ = _run_probe(["-protocol_whitelist", "file", "-show_entries", "format=duration", str(path)])
+    fmt = info.get("format")
+    return (_number(fmt.get("duration")) if isinstance(fmt, dict) else None) or 0.0
 
 
 def verify_outputs(out_dir: Path, ladder: list[Rendition], media: SourceMedia, has_audio: bool,
@@ -286,7 +486,10 @@ def verify_outputs(out_dir: Path, ladder: list[Rendition], media: SourceMedia, h
             raise TranscodeFailed(f"rendition {name}: a segment is missing or empty")
         if name == "audio":
             continue
-        duration = probe_duration(playlist)
+        try:
+            duration = probe_duration(playlist)
+        except InvalidInput as exc:  # our own output, not the source, is unreadable
+            raise TranscodeFailed(f"rendition {name}: {exc}") from exc
         if abs(duration - media.duration_s) > tolerance_s:
             raise TranscodeFailed(f"rendition {name}: {duration:.3f} s long, source promised "
                                   f"{media.duration_s:.3f} s (a source that decodes short?)")

@@ -16,7 +16,6 @@ from processors.runtime import Outgoing
 from processors.worker import Attempt, StageWorker, Yielded
 from schemas import models as ev
 from tapeline.crashpoints import fail_point
-from tapeline.errors import TranscodeFailed
 from tapeline.objectstore import ObjectStore
 
 log = structlog.get_logger("tapeline.transcode")
@@ -41,15 +40,17 @@ class TranscodeWorker(StageWorker):
             source = Path(tmp) / "source"
             fail_point("transcode.download")
             store.download(item.source_key, source)
-            probe = media.probe_source(source)
-            has_audio = probe.audio_codec is not None
+            probe = media.inspect_source(source, count_packets=False, timeout_s=settings.probe_timeout_s)
+            has_audio = probe.audio_stream is not None
             out_dir = Path(tmp) / "out"
-            command = media.build_hls_command(source, out_dir, item.renditions, has_audio, settings.segment_s,
-                                              settings.x264_preset)
+            command = media.build_hls_command(source, out_dir, item.renditions, video_stream=probe.video_stream,
+                                              audio_stream=probe.audio_stream, segment_s=settings.segment_s,
+                                              preset=settings.x264_preset)
+            limit_s = media.wall_clock_limit_s(probe.media.duration_s, settings)
             latest = [media.Progress(0, 0.0, None, False)]  # the last -progress block ffmpeg printed
 
             def tick() -> None:
-                attempt.heartbeat(latest[0].frames, latest[0].out_time_s, latest[0].speed, probe.frames)
+                attempt.heartbeat(latest[0].frames, latest[0].out_time_s, latest[0].speed, probe.media.frames)
 
             def progressed(p: media.Progress) -> None:
                 latest[0] = p
@@ -58,17 +59,15 @@ class TranscodeWorker(StageWorker):
             # tick_s well below the heartbeat interval, so heartbeats leave on time (no-progress
             # detection is at most the timeout plus one heartbeat interval late).
             result = media.run_ffmpeg(command, on_progress=progressed, on_tick=tick,
-                                      should_stop=self.stop.is_set, tick_s=min(0.25, settings.heartbeat_s / 4))
+                                      should_stop=self.stop.is_set, tick_s=min(0.25, settings.heartbeat_s / 4),
+                                      timeout_s=limit_s)
             if self.stop.is_set() and not (latest[0].ended and result.returncode == 0):
                 raise Yielded(f"worker shutting down (SIGTERM) at {latest[0].out_time_s:.1f} s of media")
-            if result.returncode != 0:
-                error = TranscodeFailed(f"ffmpeg exited with {result.returncode}: "
-                                        f"{result.stderr_tail.splitlines()[-1] if result.stderr_tail else 'no message'}")
-                if result.returncode in (-9, 137):
-                    error.error_class = "out_of_memory"
-                raise error
-            tolerance = max(0.1, 1.5 / probe.fps if probe.fps else 0.1)
-            media.verify_outputs(out_dir, item.renditions, probe, has_audio, tolerance)
+            failure = media.ffmpeg_failure(result, limit_s)
+            if failure is not None:
+                raise failure
+            tolerance = max(0.1, 1.5 / probe.media.fps if probe.media.fps else 0.1)
+            media.verify_outputs(out_dir, item.renditions, probe.media, has_audio, tolerance)
             prefix = attempt_prefix(identity.job_id, self.stage, identity.attempt)
             outputs = []
             for path in sorted(p for p in out_dir.rglob("*") if p.is_file()):
@@ -86,10 +85,10 @@ class TranscodeWorker(StageWorker):
                  elapsed_s=round(result.elapsed_s, 3), objects=len(outputs))
         return [
             (jobs, attempt.event(ev.AttemptSucceeded, outputs=outputs, renditions=renditions,
-                                 audio_playlist_key=audio_key, media_duration_s=probe.duration_s,
+                                 audio_playlist_key=audio_key, media_duration_s=probe.media.duration_s,
                                  elapsed_s=result.elapsed_s)),
             (jobs, ev.StageQueued.new(stage="publish", attempt=1, tier=item.tier, work_topic=publish_topic, **common)),
             (publish_topic, ev.WorkItem.new(stage="publish", attempt=1, tier=item.tier, source_key=item.source_key,
                                             inputs=outputs, renditions=renditions, audio_playlist_key=audio_key,
-                                            media_duration_s=probe.duration_s, **common)),
+                                            media_duration_s=probe.media.duration_s, **common)),
         ]

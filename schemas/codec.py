@@ -104,7 +104,8 @@ class Codec:
         """Decode single-object-encoded `data` into a dict of the current schema of its type.
 
         Raises `DecodeError` naming topic, partition and offset for anything that is not an event
-        this codec knows (no marker, unknown fingerprint, truncated or corrupt body).
+        this codec knows (no marker, unknown fingerprint, truncated or corrupt body, a body whose
+        `event_type` is not its writer schema's).
         """
         where = {"topic": topic, "partition": partition, "offset": offset}
         if not data or len(data) < HEADER_BYTES or data[:2] != MAGIC:
@@ -123,6 +124,8 @@ class Codec:
             raise DecodeError(f"corrupt {event_type} body: {type(exc).__name__}: {exc}", **where) from exc
         if body.read(1):
             raise DecodeError(f"trailing bytes after {event_type} body", **where)
+        if record.get("event_type") != event_type:
+            raise DecodeError(f"{event_type} body names event_type {str(record.get('event_type'))[:40]!r}", **where)
         return record
 
 

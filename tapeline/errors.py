@@ -101,3 +101,9 @@ class ProviderError(TapelineError):
 
 class ProviderLookupFailed(ProviderError):
     """The provider could not say whether a post exists: nothing may be posted blindly."""
+
+
+class TranscodeTimeout(TapelineError):
+    """ffmpeg ran longer than its wall-clock limit."""
+
+    error_class = "timeout"

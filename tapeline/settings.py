@@ -69,7 +69,14 @@ class Settings(BaseSettings):
     segment_s: float = Field(4.0, description="HLS target segment length, seconds of media")
     x264_preset: str = "veryfast"
     ladder: tuple[int, ...] = Field((1080, 720, 480, 360, 240), description="Rendition heights, largest first")
-    max_upload_bytes: int = 20 * 1024**3
+    # Pre-flight limits on a source (intake refuses a source past one with `limits_exceeded`).
+    max_upload_bytes: int = Field(20 * 1024**3, description="Largest source file, bytes")
+    max_source_pixels: int = Field(8192 * 4320, description="Largest coded picture, width x height in pixels (8K)")
+    max_source_duration_s: float = Field(4 * 3600.0, description="Longest source, seconds of media")
+    max_source_bitrate_kbps: int = Field(200_000, description="Highest source bitrate (whole file), kbit/s")
+    probe_timeout_s: float = Field(300.0, description="Longest an intake ffprobe (which reads every packet) may run, s")
+    ffmpeg_timeout_s: float = Field(600.0, description="Wall-clock limit of one transcode: this many seconds plus ...")
+    ffmpeg_timeout_factor: float = Field(10.0, description="... this many seconds per second of source media")
     multipart_chunk_bytes: int = 8 * 1024**2
 
     # Publish providers (besides the object-store origin, which is always published to).
