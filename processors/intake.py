@@ -8,6 +8,7 @@ projection gets no second decision.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import threading
 from pathlib import Path
@@ -17,7 +18,7 @@ import structlog
 from confluent_kafka import Message, TopicPartition
 
 from processors import media
-from processors.runtime import Outgoing, Runtime, poll_record, transact
+from processors.runtime import Outgoing, Runtime, dead_letter_event, dead_letter_record, poll_record, transact
 from schemas import models as ev
 from schemas.codec import Codec
 from tapeline import kafka
@@ -28,6 +29,8 @@ from tapeline.objectstore import ObjectStore, sha256_file
 from tapeline.settings import TIERS, Settings
 
 log = structlog.get_logger("tapeline.intake")
+INTAKE_MAX_FAILURES = 3
+"""Failures of one upload record with an unexpected (non-transient) error before it is dead-lettered."""
 
 
 def decide(existing: dict[str, Any] | None, upload: ev.UploadCompleted, probe: ev.SourceMedia | MediaError,
@@ -131,12 +134,8 @@ def dead_letter(settings: Settings, recorded_by: str, error: TapelineError, *, t
                 headers: list[tuple[str, bytes | None]] | None) -> Outgoing:
     """The dead-letter record of an uploads record that cannot be decoded: raw key, value and
     headers, where it was and why. Pure."""
-    position = f"{topic}/{partition}/{offset}"
-    return (settings.dlq_topic, ev.DeadLetter.new(
-        job_id=position, stage="intake", attempt=0, recorded_by=recorded_by, correlation_id=position,
-        source_topic=topic, source_partition=partition, source_offset=offset, key=key, value=value,
-        headers={str(k): bytes(v or b"") for k, v in (headers or [])},
-        error_class="invalid_input", error=str(error), processor="intake"))
+    return (settings.dlq_topic, dead_letter_event("intake", recorded_by, error, topic=topic, partition=partition,
+                                                  offset=offset, key=key, value=value, headers=headers))
 
 
 def triage(codec: Codec, settings: Settings, recorded_by: str, *, topic: str, partition: int, offset: int,
@@ -164,15 +163,28 @@ class IntakeProcessor:
         runtime = Runtime(settings, "intake", health=self.health)
         store = ObjectStore(settings)
         consumer = kafka.consumer(settings, f"{settings.app_name}.intake")
-        producer = kafka.transactional_producer(settings, f"{settings.app_name}.intake.{settings.instance_id}")
+        # The pid keeps two intake processes on one host from fencing each other; consume-produce
+        # transactions are fenced by the consumer group's generation (KIP-447), not by a stable id.
+        producer = kafka.transactional_producer(
+            settings, f"{settings.app_name}.intake.{settings.instance_id}.{os.getpid()}")
         consumer.subscribe([settings.uploads_topic])
         self.health.mark_ready()
+        failures: dict[tuple[str, int, int], int] = {}
         try:
             while not stop.is_set():
                 message = poll_record(consumer, self.health)
                 if message is None:
                     continue
-                outgoing = self.handle(runtime, store, message)
+                position = (message.topic(), message.partition(), message.offset())
+                try:
+                    outgoing = self.handle(runtime, store, message)
+                except Exception as exc:  # transient infrastructure, or a bug on this one record
+                    failures[position] = failures.get(position, 0) + 1
+                    outgoing = self.after_failure(runtime, message, exc, failures[position], stop)
+                    if outgoing is None:
+                        consumer.seek(TopicPartition(*position))  # read it again
+                        continue
+                failures.pop(position, None)
                 offsets = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
                 try:
                     transact(producer, lambda: runtime.produce(producer, outgoing), consumer=consumer, offsets=offsets,
@@ -186,6 +198,25 @@ class IntakeProcessor:
         finally:
             consumer.close()
             runtime.close()
+
+    def after_failure(self, runtime: Runtime, message: Message, error: Exception, failures: int,
+                      stop: threading.Event) -> list[Outgoing] | None:
+        """What to do after handling a record raised: None to read it again after a backoff
+        (2, 4, 8 ... 30 s; a transient storage, broker or projection failure), or, after
+        `INTAKE_MAX_FAILURES` failures of one record with an unexpected error, its dead-letter record
+        (error class unknown), so one record never stops the intake (DESIGN.md principle 6)."""
+        transient = isinstance(error, TapelineError) and error.error_class in ("storage_transient", "broker_transient")
+        where = dict(topic=message.topic(), partition=message.partition(), offset=message.offset())
+        if not transient and failures >= INTAKE_MAX_FAILURES:
+            log.error("upload record failed repeatedly; sent to the dead-letter topic", error=str(error),
+                      failures=failures, **where)
+            return [(self.settings.dlq_topic, dead_letter_record(message, error, "intake", runtime.recorded_by,
+                                                                 error_class="unknown"))]
+        delay = min(30.0, 2.0 ** failures)
+        log.warning("upload record failed; reading it again", error=f"{type(error).__name__}: {error}",
+                    failures=failures, retry_in_s=delay, **where)
+        stop.wait(delay)
+        return None
 
     def handle(self, runtime: Runtime, store: ObjectStore, message: Message) -> list[Outgoing]:
         """Decide on one uploads record. An undecodable record goes to the dead-letter topic, raw."""

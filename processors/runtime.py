@@ -113,19 +113,29 @@ class AttemptIdentity:
                        causation_id=self.causation_id, sequence=sequence, **fields)
 
 
-def dead_letter_record(message: Message, error: Exception, processor: str, recorded_by: str,
-                       error_class: str = "invalid_input") -> ev.DeadLetter:
-    """A `DeadLetter` carrying `message` raw (key, value, headers, source position) and the error.
+def dead_letter_event(processor: str, recorded_by: str, error: Exception, *, topic: str, partition: int,
+                      offset: int, key: bytes | None, value: bytes | None,
+                      headers: list[tuple[str, bytes | None]] | None, error_class: str = "invalid_input"
+                      ) -> ev.DeadLetter:
+    """A `DeadLetter` carrying a record raw (key, value, headers, source position) and the error. Pure.
 
     Its job id is the source position `topic/partition/offset` (the record's job is unknown), which
     is also the dead letter's id in the `dead_letters` projection.
     """
-    position = f"{message.topic()}/{message.partition()}/{message.offset()}"
+    position = f"{topic}/{partition}/{offset}"
     return ev.DeadLetter.new(
         job_id=position, stage=processor, attempt=0, recorded_by=recorded_by, correlation_id=position,
-        source_topic=message.topic(), source_partition=message.partition(), source_offset=message.offset(),
-        key=message.key(), value=message.value(), headers={k: (v or b"") for k, v in (message.headers() or [])},
+        source_topic=topic, source_partition=partition, source_offset=offset, key=key, value=value,
+        headers={str(k): bytes(v or b"") for k, v in (headers or [])},
         error_class=error_class, error=str(error) or type(error).__name__, processor=processor)
+
+
+def dead_letter_record(message: Message, error: Exception, processor: str, recorded_by: str,
+                       error_class: str = "invalid_input") -> ev.DeadLetter:
+    """`dead_letter_event` for a consumed Kafka message."""
+    return dead_letter_event(processor, recorded_by, error, topic=message.topic(), partition=message.partition(),
+                             offset=message.offset(), key=message.key(), value=message.value(),
+                             headers=message.headers(), error_class=error_class)
 
 
 def transact(producer: Producer, produce: Callable[[], None], *, consumer: Consumer | None = None,
