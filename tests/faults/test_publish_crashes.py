@@ -5,9 +5,6 @@ side-effect boundaries and restarted by the supervisor."""
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -15,10 +12,11 @@ import httpx
 import pytest
 
 from processors.publish import idempotency_key, marker_key
+from tapeline.chaos import ProviderProcess, audit
 from tapeline.objectstore import ObjectStore
 from tapeline.samples import sample_video
 from tapeline.settings import Settings
-from tests.conftest import Pipeline, tapeline_cli, wait_for
+from tests.conftest import Pipeline, tapeline_cli
 from tests.faults.conftest import job_row
 from tests.faults.test_worker_faults import submit, wait_state
 from tests.integration.helpers import committed_events, of_job
@@ -26,36 +24,7 @@ from tests.integration.helpers import committed_events, of_job
 pytestmark = pytest.mark.integration
 
 
-class ProviderServer:
-    """`python -m tapeline.provider_server` as a real child process."""
-
-    def __init__(self, tmp: Path, mode: str = "nodedupe") -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.record = tmp / "posts.jsonl"
-        self.process = subprocess.Popen([sys.executable, "-m", "tapeline.provider_server", "--port", str(self.port),
-                                         "--mode", mode, "--record", str(self.record)],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(lambda: self._answers(), 20, "the provider server to answer")
-
-    def _answers(self) -> bool:
-        try:
-            return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def posts(self, job_id: str | None = None) -> list[dict]:
-        posts = httpx.get(f"{self.url}/posts", timeout=5).json()
-        return [p for p in posts if job_id is None or p["payload"]["job_id"] == job_id]
-
-    def control(self, **change) -> None:
-        httpx.post(f"{self.url}/_control", json=change, timeout=5).raise_for_status()
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(10)
+ProviderServer = ProviderProcess
 
 
 @pytest.fixture()
@@ -90,6 +59,12 @@ def test_a_job_is_posted_once_with_its_idempotency_key(fault_settings, provider,
     published = of_job(committed_events(settings), job_id, "Published")
     assert sorted((e.provider, e.provider_ref) for e in published) == [("origin", f"published/{job_id}/master.m3u8"),
                                                                       ("webhook", post["id"])]
+    assert audit(settings, {job_id: "clean"}, provider.posts()).violations == []
+    # The audit the chaos test relies on sees a second post (here made by hand, behind Tapeline's back).
+    httpx.post(f"{provider.url}/posts", json=post["payload"], headers={"Idempotency-Key": post["idempotency_key"]})
+    planted = audit(settings, {job_id: "planted"}, provider.posts())
+    assert planted.duplicates == 1 and planted.violations == [
+        f"planted: 1 duplicate side effect(s) for {job_id} (2 posts, 1 completions)"]
 
 
 def test_crash_after_the_provider_call_is_reconciled_by_lookup_not_a_second_post(fault_settings, provider, tmp_path):

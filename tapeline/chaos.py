@@ -1,0 +1,185 @@
+"""The chaos harness shared by `tests/faults/test_crash_points.py` and `bench/chaos.py`: a real
+provider server process, reading the committed log and the bucket, and the audit that says whether
+a run kept the product's promises (no duplicate side effect, no lost job, projections equal to the
+log).
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from confluent_kafka import KafkaError, Message, TopicPartition
+
+from projections import fold
+from schemas import models as ev
+from schemas.codec import default_codec
+from tapeline import kafka
+from tapeline.errors import ServiceUnavailable
+from tapeline.objectstore import ObjectStore
+from tapeline.settings import Settings
+
+ENDED_STATES = ("completed", "dead_lettered", "needs_review", "failed", "rejected")
+
+
+class ProviderProcess:
+    """`python -m tapeline.provider_server` as a real child process on a free port."""
+
+    def __init__(self, directory: Path, mode: str = "nodedupe", timeout_s: float = 20.0) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.record = directory / f"posts-{self.port}.jsonl"
+        self.process = subprocess.Popen([sys.executable, "-m", "tapeline.provider_server", "--port", str(self.port),
+                                         "--mode", mode, "--record", str(self.record)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while not self._answers():
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise ServiceUnavailable(f"the provider server on {self.url} did not start")
+            time.sleep(0.1)
+
+    def _answers(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def posts(self, job_id: str | None = None) -> list[dict[str, Any]]:
+        """Every post the server received (optionally of one job), in order."""
+        posts = httpx.get(f"{self.url}/posts", timeout=5).json()
+        return [p for p in posts if job_id is None or p["payload"]["job_id"] == job_id]
+
+    def control(self, **change: Any) -> None:
+        """Inject faults (see tapeline/provider_server.py `/_control`)."""
+        httpx.post(f"{self.url}/_control", json=change, timeout=5).raise_for_status()
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+
+
+def committed_messages(settings: Settings, topic: str | None = None, timeout_s: float = 30.0) -> list[Message]:
+    """Every committed record of a topic (default: the lifecycle log), from offset 0 to the end.
+    Raises `ServiceUnavailable` when the end is not reached within `timeout_s` seconds."""
+    topic = topic or settings.jobs_topic
+    consumer = kafka.consumer(settings, f"assert-{uuid.uuid4().hex[:8]}", **{"enable.partition.eof": True})
+    partitions = kafka.partition_count(consumer, topic)
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    messages, at_end = [], set()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(at_end) < partitions and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error():
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    at_end.add(message.partition())
+                continue
+            messages.append(message)
+    finally:
+        consumer.close()
+    if len(at_end) < partitions:
+        raise ServiceUnavailable(f"did not reach the end of {topic} within {timeout_s:.0f} s")
+    return messages
+
+
+def keys_under(settings: Settings, prefix: str) -> set[str]:
+    """Every object key under `prefix` in the bucket."""
+    store = ObjectStore(settings)
+    keys, token = set(), None
+    while True:
+        page = store.s3.list_objects_v2(Bucket=store.bucket, Prefix=prefix,
+                                        **({"ContinuationToken": token} if token else {}))
+        keys |= {item["Key"] for item in page.get("Contents", [])}
+        if not page.get("IsTruncated"):
+            return keys
+        token = page["NextContinuationToken"]
+
+
+def fold_log(messages: list[Message]) -> dict[str, dict[str, Any]]:
+    """The job rows a fold over committed lifecycle records gives: the projector's rules (dedup key
+    applied once, `fold.evolve` in log order per partition), in memory."""
+    codec, rows, applied = default_codec(), {}, set()
+    for message in messages:
+        event = ev.Event.from_record(codec.decode(message.value()))
+        if isinstance(event, ev.WatchdogTick) or event.dedup_key in applied:
+            continue
+        ts = datetime.fromtimestamp(message.timestamp()[1] / 1000, tz=timezone.utc)
+        outcome = fold.evolve(rows.get(event.job_id), event, ts)
+        if outcome.applied and outcome.row is not None:
+            rows[event.job_id] = outcome.row
+            applied.add(event.dedup_key)
+    return rows
+
+
+@dataclass
+class Audit:
+    """What a chaos run left behind. `violations` lists every broken promise, one line each."""
+
+    jobs: int = 0
+    completed: int = 0
+    needs_review: list[str] = field(default_factory=list)
+    dead_lettered: list[str] = field(default_factory=list)
+    duplicates: int = 0  # extra posts, extra JobCompleted, published objects not in the one output set
+    lost: int = 0  # jobs not ended, ended without a reason, or missing from the projection
+    violations: list[str] = field(default_factory=list)
+
+
+def audit(settings: Settings, jobs: dict[str, str], posts: list[dict[str, Any]]) -> Audit:
+    """Check every job of a run (`jobs`: job id -> label, e.g. its crash point) against the log, the
+    projection, the bucket and the provider's record of posts (`posts`)."""
+    messages = committed_messages(settings)
+    codec = default_codec()
+    events = [ev.Event.from_record(codec.decode(m.value())) for m in messages]
+    folded = fold_log(messages)
+    with psycopg.connect(settings.database_url, row_factory=psycopg.rows.dict_row) as conn:
+        projected = {r["job_id"]: r for r in conn.execute("SELECT * FROM job_state").fetchall()}
+    result = Audit(jobs=len(jobs))
+    for job_id, label in jobs.items():
+        row = projected.get(job_id)
+        if row is None or row["state"] not in ("completed", "dead_lettered", "needs_review"):
+            result.lost += 1
+            result.violations.append(f"{label}: job {job_id} is {row['state'] if row else 'missing'}")
+            continue
+        state = row["state"]
+        mine = [p for p in posts if p["payload"]["job_id"] == job_id]
+        completions = [e for e in events if e.job_id == job_id and isinstance(e, ev.JobCompleted)]
+        if state == "completed":
+            result.completed += 1
+            extra = max(0, len(mine) - 1) + max(0, len(completions) - 1)
+            publishes = [e for e in events if e.job_id == job_id and isinstance(e, ev.AttemptSucceeded)
+                         and e.stage == "publish" and e.claim_token == row["claim_token"]]
+            if len(mine) == 0:
+                result.violations.append(f"{label}: completed job {job_id} was never posted")
+            if len(publishes) != 1:
+                result.violations.append(f"{label}: {len(publishes)} applied publish successes for {job_id}")
+            else:
+                stray = keys_under(settings, f"published/{job_id}/") - {o.key for o in publishes[0].outputs}
+                extra += len(stray)
+        else:
+            (result.needs_review if state == "needs_review" else result.dead_lettered).append(label)
+            extra = len(mine) + len(completions)
+            if not row["reason"]:
+                result.lost += 1
+                result.violations.append(f"{label}: {state} job {job_id} has no reason")
+        if extra:
+            result.duplicates += extra
+            result.violations.append(f"{label}: {extra} duplicate side effect(s) for {job_id} "
+                                     f"({len(mine)} posts, {len(completions)} completions)")
+        for column in ("state", "stage", "attempt", "claim_token", "error_class", "master_url"):
+            if folded.get(job_id, {}).get(column) != row[column]:
+                result.violations.append(f"{label}: projection {column}={row[column]!r} but the log folds to "
+                                         f"{folded.get(job_id, {}).get(column)!r}")
+    return result
