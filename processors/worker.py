@@ -32,7 +32,7 @@ from projections.fold import STAGE_ORDER, TERMINAL_STATES, attempts_used
 from projections.sql import q
 from schemas import models as ev
 from tapeline import kafka
-from tapeline.errors import DecodeError, Fenced, SchemaError, TapelineError
+from tapeline.errors import DecodeError, Fenced, SchemaError, ServiceUnavailable, TapelineError
 from tapeline.health import HealthState
 from tapeline.objectstore import ObjectStore
 from tapeline.settings import Settings
@@ -208,7 +208,19 @@ class StageWorker:
                     continue
                 if self.stop.is_set():
                     break
-                attempt = self.claim(runtime, consumer, message)
+                try:
+                    attempt = self.claim(runtime, consumer, message)
+                except ServiceUnavailable as exc:
+                    # The projection (or the broker) cannot answer: nothing was claimed. Read the item
+                    # again after a pause rather than exit (no crash loop while the projector is down).
+                    log.warning("cannot reconcile the work item now; reading it again", error=str(exc),
+                                topic=message.topic(), partition=message.partition(), offset=message.offset())
+                    try:
+                        consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
+                    except KafkaException:
+                        pass  # no longer ours: its new owner reads it from the committed offset
+                    stop.wait(1.0)
+                    continue
                 if attempt is None:
                     continue
                 leave_group(consumer)  # Step 5: leave the group while busy
