@@ -210,3 +210,65 @@ def _retry_after(response: httpx.Response) -> float | None:
         return max(0.0, float(response.headers.get("Retry-After", "")))
     except ValueError:
         return None
+
+
+PROVIDER_SLOT_LOCK = 0x7A9E_0020
+"""Advisory-lock class id of provider concurrency slots (object id: slot number); 0001 migrations,
+0002 schema swap, 0010 watchdog."""
+
+
+class ProviderLimits:
+    """A provider's own limits, shared by every publish process through PostgreSQL:
+
+    - concurrency: at most `max_in_flight` calls at once, each holding one session-level advisory
+      lock `(PROVIDER_SLOT_LOCK + crc32(provider) % 1000, slot)` for the call (a crashed process's
+      session ends and frees its slot);
+    - quota: at most `quota` posts per `window_s` seconds, counted from the applied `Published`
+      events of that provider in the projection.
+    Either limit reached raises `ProviderError` (provider_throttled) with the wait in seconds as
+    `retry_after_s`, before anything was claimed or posted.
+    """
+
+    def __init__(self, conn, provider: str, max_in_flight: int, quota: int | None, window_s: float) -> None:
+        import zlib
+
+        self.conn, self.provider = conn, provider
+        self.max_in_flight, self.quota, self.window_s = max(1, max_in_flight), quota, window_s
+        self.lock_class = PROVIDER_SLOT_LOCK + zlib.crc32(provider.encode()) % 1000
+        self.slot: int | None = None
+
+    def check_quota(self) -> None:
+        """Raise `ProviderError` when the quota window is full."""
+        if self.quota is None:
+            return
+        from datetime import datetime, timedelta, timezone
+
+        from projections.sql import q
+
+        now = datetime.now(timezone.utc)
+        rows = self.conn.execute(q("provider_posts_since"),
+                                 {"provider": self.provider, "since": now - timedelta(seconds=self.window_s)}).fetchall()
+        if len(rows) >= self.quota:
+            oldest = rows[len(rows) - self.quota]["broker_ts"]
+            wait_s = max(0.5, (oldest + timedelta(seconds=self.window_s) - now).total_seconds())
+            error = ProviderError(f"{self.provider} quota reached: {len(rows)} posts in the last "
+                                  f"{self.window_s:g} s (limit {self.quota})", retry_after_s=round(wait_s, 3))
+            error.sent = False
+            raise error
+
+    def __enter__(self) -> "ProviderLimits":
+        self.check_quota()
+        for slot in range(self.max_in_flight):
+            row = self.conn.execute("SELECT pg_try_advisory_lock(%s, %s) AS got", (self.lock_class, slot)).fetchone()
+            if (row["got"] if isinstance(row, dict) else row[0]):
+                self.slot = slot
+                return self
+        error = ProviderError(f"{self.provider} has {self.max_in_flight} posts in flight (its concurrency limit)",
+                              retry_after_s=1.0)
+        error.sent = False
+        raise error
+
+    def __exit__(self, *exc_info) -> None:
+        if self.slot is not None:
+            self.conn.execute("SELECT pg_advisory_unlock(%s, %s)", (self.lock_class, self.slot))
+            self.slot = None

@@ -30,7 +30,8 @@ import time
 
 import structlog
 
-from processors.providers import OriginProvider, ProviderPost, PublishRequest, WebhookProvider, published_prefix
+from processors.providers import (OriginProvider, ProviderLimits, ProviderPost, PublishRequest, WebhookProvider,
+                                  published_prefix)
 from processors.runtime import Outgoing
 from processors.worker import Attempt, StageWorker
 from schemas import models as ev
@@ -98,9 +99,17 @@ class PublishWorker(StageWorker):
     def announce(self, attempt: Attempt, store: ObjectStore, provider: WebhookProvider, request: PublishRequest,
                  origin_post: ProviderPost) -> ProviderPost:
         """Steps 3-6 for one non-origin provider; returns its post. Raises `NeedsReviewStop`,
-        `ProviderError` (retried by policy) or `Fenced` (stop, commit nothing)."""
+        `ProviderError` (retried by policy: a provider failure, or its concurrency limit or quota
+        reached) or `Fenced` (stop, commit nothing)."""
+        key = idempotency_key(attempt.identity.job_id, provider.name)
+        limits = ProviderLimits(attempt.runtime.db, provider.name, self.settings.webhook_max_in_flight,
+                                self.settings.webhook_quota, self.settings.webhook_quota_window_s)
+        with limits:  # the provider's own concurrency limit and quota, before any claim (ProviderError)
+            return self._announce(attempt, store, provider, request, origin_post, key)
+
+    def _announce(self, attempt: Attempt, store: ObjectStore, provider: WebhookProvider, request: PublishRequest,
+                  origin_post: ProviderPost, key: str) -> ProviderPost:
         identity, jobs = attempt.identity, self.settings.jobs_topic
-        key = idempotency_key(identity.job_id, provider.name)
         # Step 3
         attempt.send([(jobs, attempt.event(ev.PublishIntended, sequence=provider.name, provider=provider.name,
                                            idempotency_key=key))])

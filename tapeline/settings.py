@@ -84,6 +84,11 @@ class Settings(BaseSettings):
     webhook_dedupes: bool = Field(False, description="Whether that provider dedupes posts by Idempotency-Key; "
                                                      "if not, an uncertain post goes to needs_review")
     webhook_timeout_s: float = Field(10.0, description="Timeout of one webhook call, seconds")
+    webhook_max_in_flight: int = Field(4, description="Posts to the webhook provider in flight at once, across "
+                                                      "every publish process (PostgreSQL advisory-lock slots)")
+    webhook_quota: int | None = Field(None, description="At most this many posts per `webhook_quota_window_s` "
+                                                        "(unset: no quota); past it, provider_throttled until a slot frees")
+    webhook_quota_window_s: float = Field(60.0, description="Quota window, seconds")
 
     max_attempts: int = 3
     retry_backoff_s: tuple[float, ...] = Field((60.0, 300.0, 900.0), description="Backoff per retry, seconds (last repeats)")

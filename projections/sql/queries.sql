@@ -126,3 +126,9 @@ SELECT * FROM attempts WHERE job_id = %(job_id)s ORDER BY claim_offset;
 -- name: job_stage_durations
 -- A job's per-stage queue wait, run time and attempts (view stage_durations, migration 006).
 SELECT * FROM stage_durations WHERE job_id = %(job_id)s ORDER BY queued_at;
+
+-- name: provider_posts_since
+-- Posts recorded at one provider (applied `Published` events) since a time, oldest first.
+SELECT broker_ts FROM lifecycle_evidence
+WHERE event_type = 'Published' AND applied AND payload->>'provider' = %(provider)s AND broker_ts > %(since)s
+ORDER BY broker_ts;

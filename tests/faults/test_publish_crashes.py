@@ -128,3 +128,46 @@ def test_a_throttling_provider_is_retried_after_its_cooldown(fault_settings, pro
     assert (retry.not_before - retry.occurred_at).total_seconds() >= 2.0  # the provider's Retry-After
     assert len(provider.posts(job_id)) == 1 and row["state"] == "completed"
     assert job_row(settings, job_id)["attempt"] == 2
+
+
+def test_the_provider_quota_delays_the_second_post_until_the_window_frees(fault_settings, provider, tmp_path):
+    settings = webhook_settings(fault_settings, provider).model_copy(update={
+        "webhook_quota": 1, "webhook_quota_window_s": 15.0})
+    pipeline = Pipeline(settings, tmp_path / "run.log").start()
+    try:
+        jobs = [submit(settings, sample_video("carphone_pristine.mp4")) for _ in range(2)]
+        for job_id in jobs:
+            wait_state(settings, job_id, timeout_s=120)
+    finally:
+        pipeline.stop()
+    events = committed_events(settings)
+    webhook = sorted((e for job_id in jobs for e in of_job(events, job_id, "Published") if e.provider == "webhook"),
+                     key=lambda e: e.occurred_at)
+    assert len(webhook) == 2
+    later = webhook[1].job_id
+    throttled = of_job(events, later, "AttemptFailed")
+    assert throttled and {(e.error_class, e.retryable) for e in throttled} == {("provider_throttled", True)}
+    assert "quota reached" in throttled[0].reason
+    assert of_job(events, later, "NeedsReview") == []  # refused before any claim: the retry starts clean
+    assert of_job(events, webhook[0].job_id, "AttemptFailed") == []
+    assert (webhook[1].occurred_at - webhook[0].occurred_at).total_seconds() >= 14.0  # one window apart
+    assert sorted(p["payload"]["job_id"] for p in provider.posts()) == sorted(jobs)
+
+
+def test_provider_concurrency_slots_are_shared_through_postgresql(fault_settings):
+    import psycopg
+
+    from processors.providers import ProviderLimits
+    from tapeline.errors import ProviderError
+
+    with psycopg.connect(fault_settings.database_url, autocommit=True, row_factory=psycopg.rows.dict_row) as a, \
+            psycopg.connect(fault_settings.database_url, autocommit=True, row_factory=psycopg.rows.dict_row) as b:
+        with ProviderLimits(a, "webhook-test", 1, None, 60.0) as held:
+            assert held.slot == 0
+            with pytest.raises(ProviderError, match="1 posts in flight") as refused:
+                ProviderLimits(b, "webhook-test", 1, None, 60.0).__enter__()
+            assert refused.value.retry_after_s == 1.0 and refused.value.error_class == "provider_throttled"
+            with ProviderLimits(b, "webhook-test", 2, None, 60.0) as second:
+                assert second.slot == 1
+        with ProviderLimits(b, "webhook-test", 1, None, 60.0) as freed:  # released on exit
+            assert freed.slot == 0
