@@ -114,3 +114,10 @@ SELECT partition, now FROM log_clock ORDER BY partition;
 -- name: due_retries
 -- Scheduled retries that may start now (log clock).
 SELECT * FROM due_retries ORDER BY retry_due_at;
+
+-- name: job_checkpoints
+-- Checkpoints of a job's stage recorded by attempts that owned the job then (applied; a superseded claim token or a duplicate is never used), log order.
+SELECT attempt, payload, broker_ts FROM lifecycle_evidence
+WHERE job_id = %(job_id)s AND stage = %(stage)s AND event_type = 'CheckpointRecorded'
+  AND applied AND NOT superseded AND NOT duplicate
+ORDER BY broker_ts, partition, "offset";
