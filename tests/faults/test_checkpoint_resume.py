@@ -18,7 +18,7 @@ import subprocess
 import psycopg
 import pytest
 
-from tests.conftest import wait_for
+from tests.conftest import tapeline_cli, wait_for
 from tests.faults.test_worker_faults import assert_completed_once, submit, wait_state
 from tests.integration.helpers import committed_events, decodes, ffprobe_duration, of_job
 
@@ -89,3 +89,13 @@ def test_kill_9_after_two_checkpoints_resumes_from_them(fault_settings, fault_pi
         assert abs(ffprobe_duration(rendition.url) - ffprobe_duration(str(long_video), "v:0")) <= 0.05
         clean = decodes(rendition.url)
         assert clean.returncode == 0 and clean.stderr == "", clean.stderr
+
+    # `tapeline timeline` shows every checkpoint per attempt and what the success reused.
+    timeline = json.loads(tapeline_cli(fault_settings, "timeline", job_id, "--json").stdout)
+    shown = [(r["attempt"], r["detail"].split(" ")[:2]) for r in timeline if r["event_type"] == "CheckpointRecorded"
+             and r["applied"]]
+    assert sorted(shown) == sorted([(1, [r, f"#{i}"]) for r in first for i in first[r]] +
+                                   [(2, [r, f"#{i}"]) for r in second for i in second[r]])
+    success = next(r for r in timeline if r["event_type"] == "AttemptSucceeded" and r["stage"] == "transcode")
+    span = f"0-{reused_up_to - 1}" if reused_up_to > 1 else "0"
+    assert success["detail"].endswith("reused=" + "; ".join(f"{r} {span} (attempt 1)" for r in sorted(VIDEO)))
