@@ -72,7 +72,8 @@ def segment_name(index: int) -> str:
 def build_segment_command(source: Path, out_dir: Path, ladder: list[Rendition], *, with_audio: bool,
                           segment_s: float, preset: str, duration_s: float, start_index: int = 0,
                           list_dir: Path | None = None) -> list[str]:
-    """ffmpeg arguments encoding segments `start_index..` of every rung (and all audio, if asked).
+    """ffmpeg arguments encoding segments `start_index..` of every rung (and all audio, if asked;
+    with an empty `ladder`, only the audio).
 
     Writes `out_dir/<rung>/seg_NNNNN.ts` (numbered from `start_index`) and, with audio,
     `out_dir/audio/seg_NNNNN.ts` (from 0, 4 s each, `segment_s` apart). The segment muxers' CSV
@@ -83,10 +84,10 @@ def build_segment_command(source: Path, out_dir: Path, ladder: list[Rendition], 
     start_s = boundary_s(start_index, segment_s)
     last = expected_segments(duration_s, segment_s) + 1
     keyframes = ",".join(f"{boundary_s(j, segment_s):.6f}" for j in range(start_index, last + 1))
-    seek = {"ss": f"{start_s:.6f}"} if start_index > 0 else {}
+    seek = {"ss": f"{start_s:.6f}"} if start_index > 0 and ladder else {}
     video_in = ffmpeg.input(str(source), protocol_whitelist="file", format_whitelist=media.ALLOWED_CONTAINERS,
                             **seek)
-    split = video_in.video.filter_multi_output("split", len(ladder))
+    split = video_in.video.filter_multi_output("split", len(ladder)) if ladder else None
     segment = {"f": "segment", "segment_format": "mpegts", "segment_list_type": "csv",
                "output_ts_offset": f"{TS_OFFSET_S:g}"}
     outputs = []
@@ -107,7 +108,7 @@ def build_segment_command(source: Path, out_dir: Path, ladder: list[Rendition], 
     if with_audio:
         (out_dir / AUDIO).mkdir(parents=True, exist_ok=True)
         audio_in = ffmpeg.input(str(source), protocol_whitelist="file", format_whitelist=media.ALLOWED_CONTAINERS) \
-            if start_index > 0 else video_in
+            if seek else video_in
         times = ",".join(f"{TS_OFFSET_S + j * segment_s:g}" for j in range(1, last + 1))
         outputs.append(ffmpeg.output(audio_in.audio, str(out_dir / AUDIO / "seg_%05d.ts"), **{
             "c:a": "aac", "b:a": f"{media.AUDIO_BITRATE_KBPS}k", "ac": 2,
@@ -313,6 +314,10 @@ class ResumePlan:
     def reused(self) -> list[Checkpoint]:
         return [c for name in self.video for c in self.video[name]] + list(self.audio)
 
+    def video_complete(self, duration_s: float, frame_s: float) -> bool:
+        """Whether the reused segments already reach the end of a source of `duration_s` seconds."""
+        return bool(self.video) and self.start_index > 0 and self.start_s >= duration_s - frame_s
+
     @property
     def start_s(self) -> float:
         """Source time (s) the encode resumes at: the end of the last reused segment (0 when none)."""
@@ -321,15 +326,16 @@ class ResumePlan:
 
 
 def plan_resume(verified: Iterable[Checkpoint], renditions: list[str], segment_s: float,
-                frame_s: float) -> ResumePlan:
+                frame_s: float, duration_s: float | None = None) -> ResumePlan:
     """Choose what to reuse from sha256-verified checkpoints. Pure.
 
     Video: the longest prefix `0..k-1` such that every rendition has segment `i`, segment 0 starts
     at 0, each starts where the previous ended and at the same time in every rendition (within half
-    a frame, `frame_s` seconds per frame), and each starts at its planned boundary (within one
-    frame; a checkpoint made with another `segment_s` does not fit). Several checkpoints of one
-    segment (a retry redid it): the newest attempt's wins. Audio: the complete set of the newest
-    attempt that recorded audio, all of it verified and contiguous from 0, else none.
+    a frame, `frame_s` seconds per frame), and each starts and ends at its planned boundaries
+    (within one frame; a checkpoint made with another `segment_s` does not fit) unless it is the
+    source's last (it ends within a frame of `duration_s`). Several checkpoints of one segment (a
+    retry redid it): the newest attempt's wins. Audio: the complete set of the newest attempt that
+    recorded audio, all of it verified and contiguous from 0, else none.
     """
     tolerance = frame_s / 2
     best: dict[tuple[str, int], Checkpoint] = {}
@@ -345,6 +351,10 @@ def plan_resume(verified: Iterable[Checkpoint], renditions: list[str], segment_s
             break
         start = row[0].start_s
         if abs(start - max(0.0, index * segment_s)) > frame_s or any(abs(c.start_s - start) > tolerance for c in row):
+            break
+        end = start + row[0].duration_s
+        last = duration_s is not None and end >= duration_s - frame_s
+        if abs(end - (index + 1) * segment_s) > frame_s and not last:
             break
         if index > 0:
             previous = video[renditions[0]][-1]

@@ -60,7 +60,7 @@ def recorded_checkpoints(db, job_id: str, stage: str = "transcode") -> list[Chec
 
 
 def reuse_verified(store: ObjectStore, candidates: list[Checkpoint], renditions: list[str], out_dir: Path,
-                   segment_s: float, frame_s: float) -> tuple[ResumePlan, dict[str, int]]:
+                   segment_s: float, frame_s: float, duration_s: float) -> tuple[ResumePlan, dict[str, int]]:
     """Step 2: download what the plan would reuse into `out_dir/<rendition>/seg_NNNNN.ts`, keep what
     matches its recorded sha256, and plan again without what does not (or is gone) until the plan
     only holds verified segments. Returns the plan and the size in bytes of each reused key; files
@@ -68,7 +68,7 @@ def reuse_verified(store: ObjectStore, candidates: list[Checkpoint], renditions:
     verified: dict[str, int] = {}
     pool = list(candidates)
     while True:
-        plan = segments.plan_resume(pool, renditions, segment_s, frame_s)
+        plan = segments.plan_resume(pool, renditions, segment_s, frame_s, duration_s)
         bad = []
         for c in plan.reused:
             if c.key in verified:
@@ -119,7 +119,7 @@ class TranscodeWorker(StageWorker):
             out_dir = Path(tmp) / "out"
             # Steps 1-2
             plan, sizes = reuse_verified(store, recorded_checkpoints(attempt.runtime.db, identity.job_id), names,
-                                         out_dir, settings.segment_s, frame_s)
+                                         out_dir, settings.segment_s, frame_s, probe.duration_s)
             if not has_audio:
                 plan = ResumePlan(plan.start_index, plan.video, [])
             log.info("resuming from checkpoints" if plan.start_index else "encoding from the start",
@@ -165,16 +165,20 @@ class TranscodeWorker(StageWorker):
         reused one, `TranscodeFailed` when ffmpeg fails, `StorageError` when an upload fails.
         """
         item, settings = attempt.item, self.settings
-        names = [r.name for r in item.renditions]
         with_audio = probe.audio_codec is not None and not plan.audio
         frame_s = 1 / probe.fps if probe.fps else 1 / 25
+        # Every video segment reused (the last attempt died after its last checkpoint): audio only, or nothing.
+        ladder = [] if plan.video_complete(probe.duration_s, frame_s) else item.renditions
+        names = [r.name for r in ladder]
+        new: dict[str, list[LocalSegment]] = {r.name: [] for r in item.renditions} | {AUDIO: []}
+        if not ladder and not with_audio:
+            return new, 0.0
         command = segments.build_segment_command(
-            source, out_dir, item.renditions, with_audio=with_audio, segment_s=settings.segment_s,
+            source, out_dir, ladder, with_audio=with_audio, segment_s=settings.segment_s,
             preset=settings.x264_preset, duration_s=probe.duration_s, start_index=plan.start_index,
             list_dir=out_dir.parent / "lists")
         watcher = segments.SegmentWatcher(out_dir, names, plan.start_index)
-        new: dict[str, list[LocalSegment]] = {name: [] for name in names + [AUDIO]}
-        reused_frames = sum(c.frames for c in plan.video.get(names[0], []))
+        reused_frames = sum(c.frames for c in plan.video.get(item.renditions[0].name, []))
         latest = [media.Progress(0, 0.0, None, False)]
 
         def record(done: list[LocalSegment]) -> None:
@@ -222,7 +226,7 @@ class TranscodeWorker(StageWorker):
         ended = result.returncode == 0 and latest[0].ended
         if self.stop.is_set() and not ended:
             record(watcher.poll())  # what finished before the stop is kept for the successor
-            raise Yielded(f"worker shutting down (SIGTERM) at segment {watcher.reported.get(names[0], 0)}, "
+            raise Yielded(f"worker shutting down (SIGTERM) at segment {min(watcher.reported.values(), default=0)}, "
                           f"{plan.start_s + latest[0].out_time_s:.1f} s of media")
         if result.returncode != 0:
             error = TranscodeFailed(f"ffmpeg exited with {result.returncode}: "

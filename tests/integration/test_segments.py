@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
 
 from processors import media, segments
 from processors.segments import AUDIO, Checkpoint
+from processors.transcode import reuse_verified
+from tapeline.objectstore import ObjectStore
 
 pytestmark = pytest.mark.integration
 
@@ -98,9 +101,14 @@ def single_pass(source, probe, ladder, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def resumed(source, probe, ladder, tmp_path_factory):
+def crashed(source, probe, ladder, tmp_path_factory):
+    """The completed segments of a run stopped once two segments of every rendition were complete."""
+    return encode(source, probe, ladder, tmp_path_factory.mktemp("crashed") / "out", stop_after=2)
+
+
+@pytest.fixture(scope="module")
+def resumed(source, probe, ladder, crashed, tmp_path_factory):
     """Segments 0..k-1 from a run stopped after k segments, the rest from a resumed run."""
-    crashed = encode(source, probe, ladder, tmp_path_factory.mktemp("crashed") / "out", stop_after=2)
     names = [r.name for r in ladder]
     recorded = [as_checkpoint(s) for name in names for s in crashed[name]]
     plan = segments.plan_resume(recorded, names, SEGMENT_S, 1 / probe.fps)
@@ -172,3 +180,41 @@ def test_playlists_of_the_assembled_rendition_decode_cleanly(resumed, tmp_path, 
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and done.stderr == "", done.stderr
         assert media.probe_duration(folder / "index.m3u8") == pytest.approx(sum(p.duration_s for p in parts), abs=0.05)
+
+
+def test_a_corrupted_or_missing_checkpoint_object_is_redone_not_reused(base_settings, crashed, ladder, probe, tmp_path):
+    store = ObjectStore(base_settings)
+    prefix = f"work/{uuid.uuid4()}/transcode/1/"
+    recorded = []
+    for rung in ladder:
+        for segment in crashed[rung.name][:2]:
+            key = f"{prefix}{rung.name}/{segment.path.name}"
+            store.upload_file(segment.path, key, "video/mp2t")
+            recorded.append(Checkpoint(1, rung.name, segment.index, key, segment.sha256, segment.frames,
+                                       segment.start_s, segment.duration_s))
+    frame_s, names = 1 / probe.fps, [r.name for r in ladder]
+    plan, sizes = reuse_verified(store, recorded, names, tmp_path, SEGMENT_S, frame_s, probe.duration_s)
+    assert plan.start_index == 2 and set(sizes) == {c.key for c in recorded}
+
+    # Someone overwrote 360p segment 1 in S3: it is redone (and so is every later one), never trusted.
+    store.s3.put_object(Bucket=store.bucket, Key=f"{prefix}360p/seg_00001.ts", Body=b"\x47" + b"\x00" * 187)
+    plan, sizes = reuse_verified(store, recorded, names, tmp_path, SEGMENT_S, frame_s, probe.duration_s)
+    assert plan.start_index == 1 and set(sizes) == {f"{prefix}{n}/seg_00000.ts" for n in names}
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.ts")) == [
+        f"{n}/seg_00000.ts" for n in sorted(names)]
+
+    # A recorded object that is gone is not reused either.
+    store.s3.delete_object(Bucket=store.bucket, Key=f"{prefix}720p/seg_00000.ts")
+    plan, sizes = reuse_verified(store, recorded, names, tmp_path, SEGMENT_S, frame_s, probe.duration_s)
+    assert (plan.start_index, sizes) == (0, {}) and list(tmp_path.rglob("*.ts")) == []
+
+
+def test_when_every_video_segment_is_reused_only_the_audio_is_encoded(source, probe, single_pass, tmp_path):
+    command = segments.build_segment_command(source, tmp_path / "out", [], with_audio=True, segment_s=SEGMENT_S,
+                                             preset=PRESET, duration_s=probe.duration_s, start_index=4)
+    assert "-ss" not in command and "libx264" not in command
+    result = media.run_ffmpeg(command)
+    assert result.returncode == 0, result.stderr_tail
+    audio = segments.SegmentWatcher(tmp_path / "out", [AUDIO]).poll(ended=True)
+    assert [p["pts"] for p in packets([s.path for s in audio], "a:0")] == \
+        [p["pts"] for p in packets([s.path for s in single_pass[AUDIO]], "a:0")]
