@@ -15,13 +15,15 @@ and keyframe interval:
 The runs alternate (bare, segment, pipeline, then reversed, ...) so load from other processes hits all.
 
 Usage: python bench/transcode_overhead.py [--pairs 1] [--loops 11] [--preset veryfast]
-Prints each run, where the pipeline's time goes, and ends with one line
+Prints each run (wall and CPU seconds: on a shared machine the CPU figure is the steadier one),
+where the pipeline's time goes, and ends with one line
 `RESULT bare_s=... pipeline_s=... overhead_pct=...` (medians over the pairs).
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import subprocess
 import sys
@@ -45,6 +47,12 @@ from tapeline import kafka, stack  # noqa: E402
 from tapeline.objectstore import ObjectStore  # noqa: E402
 from tapeline.samples import sample_video  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402
+
+
+def cpu_s() -> float:
+    """CPU seconds (user + system) used so far by this process and its waited-for children (ffmpeg)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def bare(source: Path, ladder: list[ev.Rendition], has_audio: bool, settings: Settings, out: Path) -> float:
@@ -125,18 +133,21 @@ def main() -> int:
         for pair in range(args.pairs):
             order = ("bare", "segment", "pipeline") if pair % 2 == 0 else ("pipeline", "segment", "bare")
             for side in order:
+                cpu_before = cpu_s()
                 if side == "bare":
                     bare_s.append(bare(source, ladder, has_audio, settings, work / f"bare{pair}"))
-                    print(f"pair {pair + 1}: bare ffmpeg      {bare_s[-1]:7.2f} s")
+                    print(f"pair {pair + 1}: bare ffmpeg      {bare_s[-1]:7.2f} s, {cpu_s() - cpu_before:6.1f} CPU s")
                 elif side == "segment":
                     seg_s.append(segment_ffmpeg(source, ladder, has_audio, probe.duration_s, settings,
                                                 work / f"segment{pair}" / "out"))
-                    print(f"pair {pair + 1}: segment ffmpeg   {seg_s[-1]:7.2f} s (the pipeline's command alone)")
+                    print(f"pair {pair + 1}: segment ffmpeg   {seg_s[-1]:7.2f} s, {cpu_s() - cpu_before:6.1f} CPU s "
+                          "(the pipeline's command alone)")
                 else:
                     total, ffmpeg_s, checkpoints = pipeline(settings, runtime, source_key, ladder)
                     pipe_s.append(total)
                     encode_s.append(ffmpeg_s)
-                    print(f"pair {pair + 1}: transcode stage  {total:7.2f} s (ffmpeg with in-loop checkpointing "
+                    print(f"pair {pair + 1}: transcode stage  {total:7.2f} s, {cpu_s() - cpu_before:6.1f} CPU s of "
+                          f"this process and ffmpeg, not counting S3/Kafka/PostgreSQL (ffmpeg with in-loop checkpointing "
                           f"{ffmpeg_s:.2f} s, {checkpoints} checkpoints)")
     finally:
         runtime.close()

@@ -334,14 +334,15 @@ def plan_resume(verified: Iterable[Checkpoint], renditions: list[str], segment_s
     a frame, `frame_s` seconds per frame), and each starts and ends at its planned boundaries
     (within one frame; a checkpoint made with another `segment_s` does not fit) unless it is the
     source's last (it ends within a frame of `duration_s`). Several checkpoints of one segment (a
-    retry redid it): the newest attempt's wins. Audio: the complete set of the newest attempt that
+    retry redid it): the newest attempt's wins, and within an attempt the later record (`verified`
+    is in log order). Audio: the complete set of the newest attempt that
     recorded audio, all of it verified and contiguous from 0, else none.
     """
     tolerance = frame_s / 2
     best: dict[tuple[str, int], Checkpoint] = {}
     for c in verified:
         key = (c.rendition, c.index)
-        if key not in best or c.attempt > best[key].attempt:
+        if key not in best or c.attempt >= best[key].attempt:  # in log order: the later record of a segment wins
             best[key] = c
     video: dict[str, list[Checkpoint]] = {name: [] for name in renditions}
     index = 0

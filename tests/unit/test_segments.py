@@ -55,6 +55,8 @@ def test_the_newest_attempt_wins_for_a_segment_recorded_twice():
     recorded = ladder_of(2, attempt=1) + [cp("720p", 1, attempt=2, sha="cd")]
     plan = plan_resume(recorded, NAMES, 4.0, FRAME)
     assert plan.video["720p"][1].attempt == 2 and plan.video["720p"][1].sha256 == "cd"
+    again = plan_resume(recorded + [cp("720p", 1, attempt=2, sha="ef")], NAMES, 4.0, FRAME)
+    assert again.video["720p"][1].sha256 == "ef"  # recorded later by the same attempt
 
 
 @pytest.mark.parametrize("bad", [
