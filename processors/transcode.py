@@ -1,22 +1,39 @@
-"""Transcode: a claimed work item -> an H.264/AAC HLS ladder at attempt-scoped keys.
+"""Transcode: a claimed work item -> an H.264/AAC HLS ladder, in checkpointed segments.
 
 Outputs go to `work/{job_id}/transcode/{attempt}/{rendition}/...`; `AttemptSucceeded` names every
-object with its sha256, and the publish work item carries exactly that list.
+object with its sha256 (segments reused from an earlier attempt keep that attempt's key), and the
+publish work item carries exactly that list.
+
+Checkpoint protocol of one attempt (`processors/segments.py` has the encoding side):
+  Step 1. read the job's recorded checkpoints from the projection: `CheckpointRecorded` events that
+          were applied, never superseded (a zombie's late checkpoint carries a stale claim token);
+  Step 2. verify each candidate's sha256 against the bytes in S3 and plan the resume: the longest
+          prefix of segments present, verified and continuous in every rendition (`plan_resume`);
+  Step 3. run one ffmpeg from the first missing segment's boundary; in its tick loop (the thread
+          that owns the attempt's producer) upload each completed segment to the attempt's prefix
+          and record it, in one small transaction per tick, with `CheckpointRecorded`;
+  Step 4. after ffmpeg ends cleanly: record the last segments and the audio (one transaction, so
+          audio is checkpointed as a whole), check every rendition, write the playlists, complete.
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import structlog
 
-from processors import media
+from processors import media, segments
 from processors.runtime import Outgoing
+from processors.segments import AUDIO, Checkpoint, LocalSegment, ResumePlan
 from processors.worker import Attempt, StageWorker, Yielded
+from projections.sql import q
 from schemas import models as ev
-from tapeline.crashpoints import fail_point
-from tapeline.objectstore import ObjectStore
+from tapeline.crashpoints import crash_point, fail_point
+from tapeline.errors import StorageError, TranscodeFailed
+from tapeline.objectstore import ObjectStore, sha256_file
 
 log = structlog.get_logger("tapeline.transcode")
 
@@ -29,66 +46,230 @@ def attempt_prefix(job_id: str, stage: str, attempt: int) -> str:
     return f"work/{job_id}/{stage}/{attempt}/"
 
 
+class ResumeMismatch(TranscodeFailed):
+    """A resumed encode does not join the reused segments (the seek landed elsewhere)."""
+
+
+def recorded_checkpoints(db, job_id: str, stage: str = "transcode") -> list[Checkpoint]:
+    """Step 1: the checkpoints a job's attempts recorded while they owned it, oldest first."""
+    rows = db.execute(q("job_checkpoints"), {"job_id": job_id, "stage": stage}).fetchall()
+    return [Checkpoint(attempt=r["attempt"], rendition=r["payload"]["rendition"], index=r["payload"]["segment_index"],
+                       key=r["payload"]["object_key"], sha256=r["payload"]["sha256"], frames=r["payload"]["frames"],
+                       start_s=r["payload"]["media_start_s"], duration_s=r["payload"]["media_duration_s"])
+            for r in rows]
+
+
+def reuse_verified(store: ObjectStore, candidates: list[Checkpoint], renditions: list[str], out_dir: Path,
+                   segment_s: float, frame_s: float, duration_s: float) -> tuple[ResumePlan, dict[str, int]]:
+    """Step 2: download what the plan would reuse into `out_dir/<rendition>/seg_NNNNN.ts`, keep what
+    matches its recorded sha256, and plan again without what does not (or is gone) until the plan
+    only holds verified segments. Returns the plan and the size in bytes of each reused key; files
+    of `out_dir` that the plan does not reuse are removed. Never trusts an object without a record."""
+    verified: dict[str, int] = {}
+    pool = list(candidates)
+    while True:
+        plan = segments.plan_resume(pool, renditions, segment_s, frame_s, duration_s)
+        bad = []
+        for c in plan.reused:
+            if c.key in verified:
+                continue
+            local = out_dir / c.rendition / segments.segment_name(c.index)
+            local.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                store.download(c.key, local)
+                ok = sha256_file(local) == c.sha256
+            except StorageError as exc:
+                log.warning("checkpoint object unreadable; not reused", key=c.key, error=str(exc))
+                ok = False
+            if ok:
+                verified[c.key] = local.stat().st_size
+            else:
+                log.warning("checkpoint does not match its recorded sha256; redone", key=c.key)
+                local.unlink(missing_ok=True)
+                bad.append(c)
+        if not bad:
+            break
+        pool = [c for c in pool if c not in bad]
+    keep = {(c.rendition, c.index) for c in plan.reused}
+    for path in out_dir.glob("*/seg_*.ts"):
+        if (path.parent.name, int(path.stem[4:])) not in keep:
+            path.unlink()
+    return plan, {c.key: verified[c.key] for c in plan.reused}
+
+
 class TranscodeWorker(StageWorker):
-    """Claims transcode work items and encodes the ladder the intake planned."""
+    """Claims transcode work items and encodes the ladder the intake planned, resuming from the
+    verified checkpoints of earlier attempts."""
 
     stage = "transcode"
+    checkpoints = 0
 
     def work(self, attempt: Attempt, store: ObjectStore) -> list[Outgoing]:
         item, identity, settings = attempt.item, attempt.identity, self.settings
+        prefix = attempt_prefix(identity.job_id, self.stage, identity.attempt)
+        names = [r.name for r in item.renditions]
+        self.checkpoints = 0  # sequence of this attempt's CheckpointRecorded events (their dedup keys)
         with tempfile.TemporaryDirectory(prefix="tapeline-transcode-") as tmp:
             source = Path(tmp) / "source"
             fail_point("transcode.download")
             store.download(item.source_key, source)
-            probe = media.inspect_source(source, count_packets=False, timeout_s=settings.probe_timeout_s)
-            has_audio = probe.audio_stream is not None
+            inspected = media.inspect_source(source, count_packets=False, timeout_s=settings.probe_timeout_s)
+            probe, streams = inspected.media, (inspected.video_stream, inspected.audio_stream)
+            has_audio = inspected.audio_stream is not None
+            frame_s = 1 / probe.fps if probe.fps else 1 / 25
             out_dir = Path(tmp) / "out"
-            command = media.build_hls_command(source, out_dir, item.renditions, video_stream=probe.video_stream,
-                                              audio_stream=probe.audio_stream, segment_s=settings.segment_s,
-                                              preset=settings.x264_preset)
-            limit_s = media.wall_clock_limit_s(probe.media.duration_s, settings)
-            latest = [media.Progress(0, 0.0, None, False)]  # the last -progress block ffmpeg printed
-
-            def tick() -> None:
-                attempt.heartbeat(latest[0].frames, latest[0].out_time_s, latest[0].speed, probe.media.frames)
-
-            def progressed(p: media.Progress) -> None:
-                latest[0] = p
-                self.health.record_progress(p.frames, p.out_time_s, p.speed)
-
-            # tick_s well below the heartbeat interval, so heartbeats leave on time (no-progress
-            # detection is at most the timeout plus one heartbeat interval late).
-            result = media.run_ffmpeg(command, on_progress=progressed, on_tick=tick,
-                                      should_stop=self.stop.is_set, tick_s=min(0.25, settings.heartbeat_s / 4),
-                                      timeout_s=limit_s)
-            if self.stop.is_set() and not (latest[0].ended and result.returncode == 0):
-                raise Yielded(f"worker shutting down (SIGTERM) at {latest[0].out_time_s:.1f} s of media")
-            failure = media.ffmpeg_failure(result, limit_s)
-            if failure is not None:
-                raise failure
-            tolerance = max(0.1, 1.5 / probe.media.fps if probe.media.fps else 0.1)
-            media.verify_outputs(out_dir, item.renditions, probe.media, has_audio, tolerance)
-            prefix = attempt_prefix(identity.job_id, self.stage, identity.attempt)
-            outputs = []
-            for path in sorted(p for p in out_dir.rglob("*") if p.is_file()):
-                key = prefix + path.relative_to(out_dir).as_posix()
-                content_type = CONTENT_TYPES.get(path.suffix, "application/octet-stream")
-                sha, size = store.upload_file(path, key, content_type)
-                outputs.append(ev.OutputFile(key=key, sha256=sha, size_bytes=size, content_type=content_type))
-        renditions = [r.model_copy(update={"playlist_key": f"{prefix}{r.name}/index.m3u8"}) for r in item.renditions]
-        audio_key = f"{prefix}audio/index.m3u8" if has_audio else None
+            # Steps 1-2
+            plan, sizes = reuse_verified(store, recorded_checkpoints(attempt.runtime.db, identity.job_id), names,
+                                         out_dir, settings.segment_s, frame_s, probe.duration_s)
+            if not has_audio:
+                plan = ResumePlan(plan.start_index, plan.video, [])
+            log.info("resuming from checkpoints" if plan.start_index else "encoding from the start",
+                     job_id=identity.job_id, attempt=identity.attempt, start_index=plan.start_index,
+                     reused_video=sum(len(v) for v in plan.video.values()), reused_audio=len(plan.audio))
+            # Step 3
+            try:
+                new, elapsed_s = self.encode(attempt, store, source, probe, plan, out_dir, prefix, streams)
+            except ResumeMismatch as exc:
+                log.warning("resumed encode does not join the reused segments; encoding from the start",
+                            job_id=identity.job_id, error=str(exc))
+                shutil.rmtree(out_dir)
+                plan, sizes = ResumePlan(0, {}, []), {}
+                new, elapsed_s = self.encode(attempt, store, source, probe, plan, out_dir, prefix, streams)
+            # Step 4
+            outputs, playlist_keys = self.assemble(store, item.renditions, probe, has_audio, plan, sizes, new,
+                                                   out_dir, prefix, frame_s)
+        renditions = [r.model_copy(update={"playlist_key": playlist_keys[r.name]}) for r in item.renditions]
+        audio_key = playlist_keys.get(AUDIO)
         jobs = settings.jobs_topic
         publish_topic = settings.work_topic("publish", item.tier)
         common = dict(job_id=identity.job_id, claim_token=identity.claim_token, recorded_by=identity.recorded_by,
                       correlation_id=identity.correlation_id, causation_id=identity.causation_id)
-        log.info("transcoded", job_id=identity.job_id, renditions=[r.name for r in renditions],
-                 elapsed_s=round(result.elapsed_s, 3), objects=len(outputs))
+        log.info("transcoded", job_id=identity.job_id, renditions=names, elapsed_s=round(elapsed_s, 3),
+                 objects=len(outputs), reused=len(plan.reused))
         return [
             (jobs, attempt.event(ev.AttemptSucceeded, outputs=outputs, renditions=renditions,
-                                 audio_playlist_key=audio_key, media_duration_s=probe.media.duration_s,
-                                 elapsed_s=result.elapsed_s)),
+                                 audio_playlist_key=audio_key, media_duration_s=probe.duration_s,
+                                 elapsed_s=elapsed_s)),
             (jobs, ev.StageQueued.new(stage="publish", attempt=1, tier=item.tier, work_topic=publish_topic, **common)),
             (publish_topic, ev.WorkItem.new(stage="publish", attempt=1, tier=item.tier, source_key=item.source_key,
                                             inputs=outputs, renditions=renditions, audio_playlist_key=audio_key,
-                                            media_duration_s=probe.media.duration_s, **common)),
+                                            media_duration_s=probe.duration_s, **common)),
         ]
+
+    def encode(self, attempt: Attempt, store: ObjectStore, source: Path, probe: ev.SourceMedia, plan: ResumePlan,
+               out_dir: Path, prefix: str, streams: tuple[int, int | None] = (0, None)
+               ) -> tuple[dict[str, list[LocalSegment]], float]:
+        """Step 3: encode segments `plan.start_index..` (and the audio unless reused), checkpointing
+        each one as it completes. Returns the new segments per rendition and ffmpeg's wall time (s).
+
+        Raises `Yielded` on SIGTERM (completed segments are recorded first), `Fenced` when a newer
+        attempt owns the job, `ResumeMismatch` when the first new segment does not join the last
+        reused one, `TranscodeFailed` when ffmpeg fails (`TranscodeTimeout` past its wall-clock
+        limit), `StorageError` when an upload fails. `streams`: the source's (video, audio) stream
+        indexes from the probe (audio None when there is none).
+        """
+        item, settings = attempt.item, self.settings
+        with_audio = streams[1] is not None and not plan.audio
+        frame_s = 1 / probe.fps if probe.fps else 1 / 25
+        # Every video segment reused (the last attempt died after its last checkpoint): audio only, or nothing.
+        ladder = [] if plan.video_complete(probe.duration_s, frame_s) else item.renditions
+        names = [r.name for r in ladder]
+        new: dict[str, list[LocalSegment]] = {r.name: [] for r in item.renditions} | {AUDIO: []}
+        if not ladder and not with_audio:
+            return new, 0.0
+        command = segments.build_segment_command(
+            source, out_dir, ladder, with_audio=with_audio, segment_s=settings.segment_s,
+            preset=settings.x264_preset, duration_s=probe.duration_s, start_index=plan.start_index,
+            list_dir=out_dir.parent / "lists", video_stream=streams[0], audio_stream=streams[1])
+        limit_s = media.wall_clock_limit_s(probe.duration_s, settings)
+        watcher = segments.SegmentWatcher(out_dir, names, plan.start_index)
+        reused_frames = sum(c.frames for c in plan.video.get(item.renditions[0].name, []))
+        latest = [media.Progress(0, 0.0, None, False)]
+
+        def record(done: list[LocalSegment]) -> None:
+            """Upload completed segments and record them in one transaction (this thread owns the producer)."""
+            if not done:
+                return
+            for segment in done:
+                previous = (new[segment.rendition] or plan.video.get(segment.rendition) or [None])[-1]
+                if previous is not None and segment.rendition != AUDIO:
+                    try:
+                        segments.check_join(previous, segment, frame_s)
+                    except TranscodeFailed as exc:
+                        if not new[segment.rendition]:
+                            raise ResumeMismatch(str(exc)) from exc
+                        raise
+            events = []
+            for segment in done:
+                key = f"{prefix}{segment.rendition}/{segment.path.name}"
+                sha, _ = store.upload_file(segment.path, key, CONTENT_TYPES[".ts"])
+                if sha != segment.sha256:
+                    raise TranscodeFailed(f"{segment.path.name} of {segment.rendition} changed while uploading")
+                new[segment.rendition].append(segment)
+                self.checkpoints += 1
+                events.append((settings.jobs_topic, attempt.event(
+                    ev.CheckpointRecorded, sequence=self.checkpoints, segment_index=segment.index,
+                    rendition=segment.rendition, object_key=key, sha256=segment.sha256, frames=segment.frames,
+                    media_start_s=segment.start_s, media_duration_s=segment.duration_s)))
+            attempt.send(events)
+            crash_point("transcode.after_checkpoint")
+
+        def tick() -> None:
+            record(watcher.poll())
+            p = latest[0]
+            attempt.heartbeat(reused_frames + p.frames, min(probe.duration_s, plan.start_s + p.out_time_s), p.speed,
+                              probe.frames)
+
+        def progressed(p: media.Progress) -> None:
+            latest[0] = p
+            self.health.record_progress(reused_frames + p.frames, plan.start_s + p.out_time_s, p.speed)
+
+        # tick_s well below the heartbeat interval, so heartbeats leave on time (no-progress
+        # detection is at most the timeout plus one heartbeat interval late).
+        result = media.run_ffmpeg(command, on_progress=progressed, on_tick=tick,
+                                  should_stop=self.stop.is_set, tick_s=min(0.25, self.settings.heartbeat_s / 4),
+                                  timeout_s=limit_s)
+        ended = result.returncode == 0 and latest[0].ended
+        if self.stop.is_set() and not ended:
+            record(watcher.poll())  # what finished before the stop is kept for the successor
+            raise Yielded(f"worker shutting down (SIGTERM) at segment {min(watcher.reported.values(), default=0)}, "
+                          f"{plan.start_s + latest[0].out_time_s:.1f} s of media")
+        failure = media.ffmpeg_failure(result, limit_s)
+        if failure is not None:
+            raise failure
+        record(watcher.poll(ended=True))
+        if with_audio:  # Step 4: the audio as a whole, in one transaction
+            record(segments.SegmentWatcher(out_dir, [AUDIO]).poll(ended=True))
+        return new, result.elapsed_s
+
+    def assemble(self, store: ObjectStore, ladder: list[ev.Rendition], probe: ev.SourceMedia, has_audio: bool,
+                 plan: ResumePlan, sizes: dict[str, int], new: dict[str, list[LocalSegment]], out_dir: Path,
+                 prefix: str, frame_s: float) -> tuple[list[ev.OutputFile], dict[str, str]]:
+        """Step 4: check each rendition (reused + new segments), write and upload its playlist, and
+        list every object of the final renditions. Returns (outputs, playlist key per rendition).
+        Raises `TranscodeFailed` when a rendition does not match the source's probe."""
+        tolerance = max(0.1, 1.5 * frame_s)
+        outputs: list[ev.OutputFile] = []
+        playlists: dict[str, str] = {}
+        names = [r.name for r in ladder] + ([AUDIO] if has_audio else [])
+        for name in names:
+            reused: list[Any] = plan.audio if name == AUDIO else plan.video.get(name, [])
+            parts: list[Any] = list(reused) + new[name]
+            segments.check_rendition(name, parts, frame_s, probe.frames, probe.duration_s,
+                                     tolerance if name != AUDIO else tolerance + 0.1)
+            for part in parts:
+                if isinstance(part, Checkpoint):
+                    outputs.append(ev.OutputFile(key=part.key, sha256=part.sha256, size_bytes=sizes[part.key],
+                                                 content_type=CONTENT_TYPES[".ts"]))
+                else:
+                    outputs.append(ev.OutputFile(key=f"{prefix}{name}/{part.path.name}", sha256=part.sha256,
+                                                 size_bytes=part.size_bytes, content_type=CONTENT_TYPES[".ts"]))
+            playlist = out_dir / name / "index.m3u8"
+            playlist.write_text(segments.media_playlist([p.duration_s for p in parts]))
+        media.verify_outputs(out_dir, ladder, probe, has_audio, tolerance)  # ffprobe reads what players will
+        for name in names:
+            key = f"{prefix}{name}/index.m3u8"
+            sha, size = store.upload_file(out_dir / name / "index.m3u8", key, CONTENT_TYPES[".m3u8"])
+            outputs.append(ev.OutputFile(key=key, sha256=sha, size_bytes=size, content_type=CONTENT_TYPES[".m3u8"]))
+            playlists[name] = key
+        return outputs, playlists

@@ -266,8 +266,27 @@ def stalled(as_json: bool = typer.Option(False, "--json", help="Print JSON")) ->
     out.print(table)
 
 
+def _reused_segments(payload: dict[str, Any], attempt: int) -> str:
+    """Which segments a transcode success took from earlier attempts: `720p 0-2 (attempt 1); ...`.
+    Segment keys are `work/{job}/transcode/{attempt}/{rendition}/seg_NNNNN.ts`."""
+    reused: dict[tuple[str, str], list[int]] = {}
+    for output in payload.get("outputs", []):
+        parts = output["key"].split("/")
+        if len(parts) == 6 and parts[0] == "work" and parts[3] != str(attempt) and parts[5].startswith("seg_"):
+            reused.setdefault((parts[4], parts[3]), []).append(int(parts[5][4:].split(".")[0]))
+    return "; ".join(f"{rendition} {min(ix)}-{max(ix)} (attempt {owner})" if len(ix) > 1 else
+                     f"{rendition} {ix[0]} (attempt {owner})" for (rendition, owner), ix in sorted(reused.items()))
+
+
 def _detail(row: dict[str, Any]) -> str:
     payload = row["payload"]
+    if row["event_type"] == "CheckpointRecorded":
+        return (f"{payload['rendition']} #{payload['segment_index']} {payload['media_start_s']:.3f}"
+                f"+{payload['media_duration_s']:.3f} s frames={payload['frames']} sha256={payload['sha256'][:12]}")
+    if row["event_type"] == "AttemptSucceeded" and row["stage"] == "transcode":
+        reused = _reused_segments(payload, row["attempt"])
+        return (f"objects={len(payload.get('outputs', []))} elapsed_s={payload.get('elapsed_s', 0):.2f} "
+                f"reused={reused or 'none'}")
     for keys in (("error_class", "reason"), ("kind", "detail"), ("master_url",), ("frames_done", "out_time_s"),
                  ("worker", "lease_s"), ("filename", "size_bytes"), ("tier", "work_topic"), ("reason",)):
         if all(k in payload for k in keys):
@@ -280,7 +299,8 @@ def _detail(row: dict[str, Any]) -> str:
 @app.command()
 def timeline(job: str = typer.Argument(..., help="Job id"),
              as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
-    """Every event of a job in log order, with its attempt and broker timestamp."""
+    """Every event of a job in log order, with its attempt and broker timestamp. Checkpoints show their
+    rendition, segment and media times; a transcode success shows which segments it reused from earlier attempts."""
     from projections import read
 
     try:
@@ -291,7 +311,8 @@ def timeline(job: str = typer.Argument(..., help="Job id"),
     if not rows:
         _fail(TapelineError(f"no events for job {job}"), 2)
     if as_json:
-        out.print_json(json.dumps([{**r, "broker_ts": r["broker_ts"].isoformat()} for r in rows], default=str))
+        out.print_json(json.dumps([{**r, "broker_ts": r["broker_ts"].isoformat(), "detail": _detail(r)} for r in rows],
+                                  default=str))
         return
     table = Table("broker time (UTC)", "event", "stage", "attempt", "flags", "detail", title=f"job {job}")
     for r in rows:

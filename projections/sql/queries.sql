@@ -132,3 +132,10 @@ SELECT * FROM stage_durations WHERE job_id = %(job_id)s ORDER BY queued_at;
 SELECT broker_ts FROM lifecycle_evidence
 WHERE event_type = 'Published' AND applied AND payload->>'provider' = %(provider)s AND broker_ts > %(since)s
 ORDER BY broker_ts;
+
+-- name: job_checkpoints
+-- Checkpoints of a job's stage recorded by attempts that owned the job then (applied; a superseded claim token or a duplicate is never used), log order.
+SELECT attempt, payload, broker_ts FROM lifecycle_evidence
+WHERE job_id = %(job_id)s AND stage = %(stage)s AND event_type = 'CheckpointRecorded'
+  AND applied AND NOT superseded AND NOT duplicate
+ORDER BY broker_ts, partition, "offset";

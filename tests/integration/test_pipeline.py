@@ -55,9 +55,20 @@ def test_real_video_is_transcoded_and_published(isolated, pipeline):
 
     # Exactly one committed JobCompleted; the lifecycle is complete and in order.
     events = of_job(committed_events(isolated), job_id)
-    assert [e.event_type for e in events] == [
+    assert [e.event_type for e in events if e.event_type != "CheckpointRecorded"] == [
         "JobAccepted", "StageQueued", "AttemptStarted", "AttemptSucceeded", "StageQueued", "AttemptStarted",
         "PublishIntended", "AttemptSucceeded", "Published", "JobCompleted"]
+    # Every segment of every rendition was checkpointed between the claim and the success, and the
+    # transcode outputs are exactly those segments plus one playlist per rendition.
+    checkpoints = of_job(events, job_id, "CheckpointRecorded")
+    types = [e.event_type for e in events]
+    assert types.index("AttemptStarted") < types.index("CheckpointRecorded")
+    assert types.index("AttemptSucceeded") > len(types) - 1 - types[::-1].index("CheckpointRecorded")
+    assert {c.rendition for c in checkpoints} == {"720p", "480p", "360p", "240p", "audio"}
+    assert [c.segment_index for c in checkpoints if c.rendition == "720p"] == [0, 1]  # 5.3 s at 4 s a segment
+    segment_outputs = {o.key: o.sha256 for o in of_job(events, job_id, "AttemptSucceeded")[0].outputs
+                       if o.key.endswith(".ts")}
+    assert segment_outputs == {c.object_key: c.sha256 for c in checkpoints}
     completed = of_job(events, job_id, "JobCompleted")
     assert len(completed) == 1 and completed[0].master_url == result["master_url"]
 
