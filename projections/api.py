@@ -284,7 +284,7 @@ def create_app(settings: Settings) -> FastAPI:
         check_reader(settings)
         pool = reader_pool(settings)
         pool.open(wait=True, timeout=15.0)
-        state["pool"] = pool
+        state["pool"] = app.state.pool = pool
         try:
             yield
         finally:
@@ -469,7 +469,8 @@ def create_app(settings: Settings) -> FastAPI:
         if scheme.lower() != "bearer" or not token_ok(presented.strip()):
             reason = ("actions are disabled: the server has no TAPELINE_ADMIN_TOKEN" if not settings.admin_token
                       else "missing or wrong admin token (Authorization: Bearer <TAPELINE_ADMIN_TOKEN>)")
-            metrics.actions.labels(action=request.url.path.rsplit("/", 1)[-1], result="unauthorized").inc()
+            last = request.url.path.rsplit("/", 1)[-1]  # cancel | replay | resolve-review
+            metrics.actions.labels(action=last.replace("-", "_"), result="unauthorized").inc()
             raise HTTPException(401, reason, headers={"WWW-Authenticate": "Bearer"})
 
     def do_replay(dead_letter_id: str, operator: str, why: str, client: str) -> ActionResult:
@@ -581,9 +582,9 @@ def create_app(settings: Settings) -> FastAPI:
     def dead_letters_page(request: Request, conn: psycopg.Connection = Depends(db)) -> HTMLResponse:
         return page(request, "dead_letters.html", letters=[_letter_json(r) for r in read.dead_letters(conn, limit=200)])
 
-    def form_action(request: Request, token: str, back: str, run) -> Response:
+    def form_action(request: Request, action: str, token: str, back: str, run) -> Response:
         if not token_ok(token):
-            metrics.actions.labels(action="form", result="unauthorized").inc()
+            metrics.actions.labels(action=action, result="unauthorized").inc()
             reason = ("actions are disabled: the server has no TAPELINE_ADMIN_TOKEN" if not settings.admin_token
                       else "wrong admin token: nothing was changed")
             return page(request, "not_found.html", 401, what=reason, title="401 Unauthorized")
@@ -599,13 +600,13 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/ui/dead-letters/replay", include_in_schema=False)
     def replay_form(request: Request, dead_letter_id: str = Form(...), token: str = Form(""),
                     operator: str = Form(..., min_length=1), why: str = Form(..., min_length=1)) -> Response:
-        return form_action(request, token, "/dead-letters",
+        return form_action(request, "replay", token, "/dead-letters",
                            lambda: do_replay(dead_letter_id.strip(), operator, why, client_of(request)))
 
     @app.post("/ui/jobs/{job_id}/cancel", include_in_schema=False)
     def cancel_form(request: Request, job_id: str, token: str = Form(""), operator: str = Form(..., min_length=1),
                     why: str = Form(..., min_length=1)) -> Response:
-        return form_action(request, token, f"/jobs/{quote(job_id, safe='')}",
+        return form_action(request, "cancel", token, f"/jobs/{quote(job_id, safe='')}",
                            lambda: do_cancel(job_id, operator, why, client_of(request)))
 
     @app.post("/ui/jobs/{job_id}/resolve-review", include_in_schema=False)
@@ -621,7 +622,7 @@ def create_app(settings: Settings) -> FastAPI:
             except ValueError as exc:
                 raise HTTPException(422, str(exc)) from exc
             return do_resolve(job_id, body, client_of(request))
-        return form_action(request, token, back, run)
+        return form_action(request, "resolve_review", token, back, run)
 
     return app
 

@@ -125,7 +125,8 @@ SELECT * FROM attempts WHERE job_id = %(job_id)s ORDER BY claim_offset;
 
 -- name: job_stage_durations
 -- A job's per-stage queue wait, run time and attempts (view stage_durations, migration 006).
-SELECT * FROM stage_durations WHERE job_id = %(job_id)s ORDER BY queued_at;
+SELECT * FROM stage_durations WHERE job_id = %(job_id)s
+ORDER BY queued_at, CASE stage WHEN 'intake' THEN 0 WHEN 'transcode' THEN 1 ELSE 2 END;
 
 -- name: jobs_page
 -- One page of jobs filtered by state, stage, priority and last-event broker time in [since, until) (NULL: any), newest first.
