@@ -1,7 +1,10 @@
-"""Operator actions on dead letters: replay a dead-lettered job with a fresh attempt budget.
+"""Operator actions: replay a dead-lettered job with a fresh attempt budget, resolve a job in
+needs_review, cancel a job.
 
-The pure core is `replay_events(row, ...)`; `replay_dead_letters` reads the dead letters and the
-jobs' rows from a caught-up projection and commits each job's events in one Kafka transaction.
+Each action is a pure `*_events(row, ...)` core and an impure runner that reads the job's row from a
+caught-up projection and commits the events in one Kafka transaction on `<app>.operator.<job_id>`
+(`replay_dead_letters`, `resolve_review`, `cancel_job`). The CLI and the read API's actions call the
+same runners.
 Actions emit events only; they never write projections (DESIGN.md "Parts").
 
 Replay is idempotent at three levels: a dead letter already marked replayed is left alone; a job
@@ -22,7 +25,7 @@ import structlog
 from processors.runtime import Outgoing, Runtime, transact
 from processors.watchdog import queue_attempt
 from projections import read
-from projections.fold import REOPENABLE_STATES
+from projections.fold import REOPENABLE_STATES, TERMINAL_STATES
 from schemas import models as ev
 from tapeline import kafka
 from tapeline.errors import TapelineError
@@ -33,6 +36,18 @@ log = structlog.get_logger("tapeline.operator")
 
 class NotReplayable(TapelineError):
     """The dead letter cannot be replayed (unknown id, or an undecodable record)."""
+
+    error_class = "invalid_input"
+
+
+class NoSuchJob(TapelineError):
+    """No such job in the projections (not submitted, or intake has not caught up)."""
+
+    error_class = "invalid_input"
+
+
+class NotCancellable(TapelineError):
+    """The job has already ended; nothing reopens or cancels an ended job."""
 
     error_class = "invalid_input"
 
@@ -179,3 +194,45 @@ def resolve_review(settings: Settings, job_id: str, operator: str, reason: str, 
     if posted_ref is None:
         return f"marker released; publish attempt {row['attempt'] + 1} queued"
     return f"recorded post {posted_ref} at {provider}; job completed"
+
+
+def cancel_events(row: dict[str, Any] | None, operator: str, reason: str, settings: Settings,
+                  recorded_by: str) -> list[Outgoing]:
+    """The events that cancel a job: one `JobCancelled` (operator, reason) on its current stage and
+    attempt, so its dedup key is `{job}:{stage}:{attempt}:JobCancelled`. Pure.
+
+    Returns [] when the job has no row or has ended (completed, rejected, failed, cancelled,
+    dead_lettered, needs_review): the projection would not apply it (a dead-lettered or needs-review
+    job is reopened only by `JobReplayed`), so cancelling twice changes nothing. A running attempt
+    learns of it at its next heartbeat (the job ended) and stops its ffmpeg.
+    """
+    if row is None or row["state"] in TERMINAL_STATES:
+        return []
+    return [(settings.jobs_topic, ev.JobCancelled.new(job_id=row["job_id"], stage=row["stage"], attempt=row["attempt"],
+                                                      operator=operator, reason=reason, recorded_by=recorded_by,
+                                                      correlation_id=row["upload_id"]))]
+
+
+def cancel_job(settings: Settings, job_id: str, operator: str, reason: str) -> str:
+    """Cancel one job (see `cancel_events`) in one Kafka transaction; returns what was done.
+
+    Raises `NoSuchJob` for an unknown job, `NotCancellable` for one that has ended, and
+    `ServiceUnavailable` when the projection does not catch up with the job's partition.
+    """
+    runtime = Runtime(settings, "operator")
+    try:
+        row = runtime.job_row(job_id)  # after the projection caught up with the job's partition
+        if row is None:
+            raise NoSuchJob(f"no job {job_id} in the projections (not submitted, or intake not caught up)")
+        outgoing = cancel_events(row, operator, reason, settings, runtime.recorded_by)
+        if not outgoing:
+            raise NotCancellable(f"job {job_id} is {row['state']}: it has ended and cannot be cancelled")
+        producer = kafka.transactional_producer(settings, f"{settings.app_name}.operator.{job_id}")
+        try:
+            transact(producer, lambda: runtime.produce(producer, outgoing), name="operator.cancel")
+        finally:
+            producer.flush(5)
+    finally:
+        runtime.close()
+    log.info("job cancelled", job_id=job_id, operator=operator, stage=row["stage"], attempt=row["attempt"])
+    return f"cancelled ({row['stage']} attempt {row['attempt']}, was {row['state']})"

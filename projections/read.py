@@ -1,8 +1,8 @@
-"""Reads over the projections for the CLI (and later the read API)."""
+"""Reads over the projections for the CLI and the read API (`projections/api.py`)."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -150,3 +150,76 @@ def _round(value: float | None) -> float | None:
 def stage_durations(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
     """A job's queue wait, run time and attempts per stage (view `stage_durations`, seconds)."""
     return conn.execute(q("job_stage_durations"), {"job_id": job_id}).fetchall()
+
+
+def jobs_page(conn: psycopg.Connection, *, state: str | None = None, stage: str | None = None,
+              priority: str | None = None, since: datetime | None = None, until: datetime | None = None,
+              limit: int = 50, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """(one page of job rows, how many jobs match), newest last event first. `since`/`until` bound the
+    broker time of the job's last applied event (`updated_at`, UTC), `until` exclusive; None: any."""
+    params = {"state": state, "stage": stage, "priority": priority, "since": since, "until": until}
+    rows = conn.execute(q("jobs_page"), {**params, "limit": limit, "offset": offset}).fetchall()
+    total = conn.execute(q("jobs_count"), params).fetchone()["n"]
+    return rows, total
+
+
+def jobs_by_state_and_stage(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    """[{state, stage, n}] over every job."""
+    return conn.execute(q("jobs_by_state_and_stage")).fetchall()
+
+
+def throughput(conn: psycopg.Connection, now: datetime, minutes: int = 60) -> list[dict[str, Any]]:
+    """Jobs created and ended per minute over the `minutes` minutes before `now` (broker time of the
+    events, bucketed by UTC minute), oldest first, one entry per minute, zeros included:
+    `{"minute": ISO, "created": n, "completed": n, "failed": n}` where failed counts every other end
+    (failed, rejected, dead_lettered, needs_review, cancelled)."""
+    end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    start = end - timedelta(minutes=minutes)
+    buckets = {start + timedelta(minutes=i): {"created": 0, "completed": 0, "failed": 0} for i in range(minutes)}
+    window = {"since": start, "until": end}
+    for row in conn.execute(q("jobs_created_by_minute"), window).fetchall():
+        buckets[row["minute"]]["created"] += row["n"]
+    for row in conn.execute(q("jobs_ended_by_minute"), window).fetchall():
+        buckets[row["minute"]]["completed" if row["state"] == "completed" else "failed"] += row["n"]
+    return [{"minute": minute.isoformat(), **counts} for minute, counts in sorted(buckets.items())]
+
+
+def database_now(conn: psycopg.Connection) -> datetime:
+    """The database's clock (UTC): the wall-clock "now" of throughput windows and ages of waits."""
+    return conn.execute(q("database_now")).fetchone()["now"]
+
+
+def progress_series(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
+    """Progress over time per attempt, for the job page's chart: one entry per (stage, attempt, claim
+    token) that sent heartbeats, in log order, with `started_at` (broker time of its claim, ISO),
+    `outcome` (view `attempts`) and `points` [{at: ISO broker time, t_s: seconds since the claim,
+    frames_done, frames_total, out_time_s: media seconds encoded, speed: x realtime, superseded}]."""
+    claims = {(a["stage"], a["attempt"], a["claim_token"]): a for a in attempts(conn, job_id)}
+    series: dict[tuple, dict[str, Any]] = {}
+    for hb in conn.execute(q("job_heartbeats"), {"job_id": job_id}).fetchall():
+        key = (hb["stage"], hb["attempt"], hb["claim_token"])
+        claim = claims.get(key)
+        if key not in series:
+            series[key] = {"stage": hb["stage"], "attempt": hb["attempt"],
+                           "started_at": _iso(claim["started_at"]) if claim else None,
+                           "outcome": claim["outcome"] if claim else None, "points": []}
+        origin = claim["started_at"] if claim else None
+        series[key]["points"].append({
+            "at": _iso(hb["broker_ts"]),
+            "t_s": round((hb["broker_ts"] - origin).total_seconds(), 3) if origin else None,
+            "frames_done": hb["frames_done"], "frames_total": hb["frames_total"], "out_time_s": hb["out_time_s"],
+            "speed": hb["speed"], "superseded": hb["superseded"]})
+    return list(series.values())
+
+
+def checkpoints(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
+    """A job's `CheckpointRecorded` evidence in log order: stage, attempt, broker_ts (ISO), applied,
+    superseded, segment_index, rendition, object_key, sha256, frames, media_start_s and
+    media_duration_s (seconds of media). Empty until checkpointed transcoding writes them."""
+    return [{k: (_iso(v) if k == "broker_ts" else v) for k, v in row.items() if k != "claim_token"}
+            for row in conn.execute(q("job_checkpoints"), {"job_id": job_id}).fetchall()]
+
+
+def dead_letter_counts(conn: psycopg.Connection) -> dict[str, int]:
+    """{"total": n, "pending": n not yet replayed}."""
+    return dict(conn.execute(q("dead_letter_counts")).fetchone())

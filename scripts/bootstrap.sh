@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent setup of a fresh Debian 12 machine (as root) for Tapeline's local stack and tests:
-#   - Debian packages: ffmpeg, postgresql, Java 17 + Maven (Kafka's jars), python3-venv;
+#   - Debian packages: ffmpeg, postgresql, Java 17 + Maven (Kafka's jars), python3-venv, chromium
+#     (the dashboard's browser test drives it headless with Playwright; no browser download),
+#     docker-compose (validates docker-compose.yml offline; no Docker engine is used);
 #     apt runs only if one of them is missing.
 #   - .venv with `pip install -e '.[test]'`, skipped while pyproject.toml is unchanged
 #     (stamp: .venv/.tapeline-pyproject.sha256).
@@ -19,6 +21,8 @@ missing=()
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || missing+=(maven)
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
+command -v chromium >/dev/null || missing+=(chromium)
+command -v docker-compose >/dev/null || missing+=(docker-compose)
 
 if ((${#missing[@]})); then
     if [[ $(id -u) -ne 0 ]]; then
@@ -30,7 +34,7 @@ if ((${#missing[@]})); then
     apt-get update
     apt-get install -y --no-install-recommends "${missing[@]}"
 else
-    say "Debian packages present (ffmpeg, postgresql, java, maven, python3-venv)"
+    say "Debian packages present (ffmpeg, postgresql, java, maven, python3-venv, chromium, docker-compose)"
 fi
 
 # --- Python virtualenv ----------------------------------------------------------------------

@@ -467,6 +467,43 @@ def review_resolve(job: str = typer.Argument(..., help="Job id in needs_review")
 
 
 @app.command()
+def cancel(job: str = typer.Argument(..., help="Job id"),
+           why: str = typer.Option(..., "--why", "-m", help="Why you cancel it (recorded in JobCancelled)"),
+           operator: Optional[str] = typer.Option(None, "--operator", help="Who cancels (default user@host)")) -> None:
+    """Cancel a job that has not ended: emits `JobCancelled` with who and why (a running attempt stops at its
+    next heartbeat). Exit 2 for an unknown job, 1 for one that has already ended."""
+    from processors.operator import NoSuchJob, cancel_job, default_operator
+
+    try:
+        done = cancel_job(_settings(), job, operator or default_operator(), why)
+    except NoSuchJob as exc:
+        _fail(exc, 2)
+    except TapelineError as exc:
+        _fail(exc)
+    out.print(f"{job}: {done}", highlight=False)
+
+
+@app.command()
+def serve(host: Optional[str] = typer.Option(None, "--host", envvar="TAPELINE_SERVE_HOST",
+                                             help="Address to listen on (default 127.0.0.1)"),
+          port: Optional[int] = typer.Option(None, "--port", envvar="TAPELINE_SERVE_PORT",
+                                             help="Port (default 8400)"),
+          log_format: str = typer.Option("json", "--log-format", envvar="TAPELINE_LOG_FORMAT", help="json | console")) -> None:
+    """Serve the read API (/api, OpenAPI at /docs), the web dashboard (/), /health/* and /metrics. Reads through
+    the read-only role `tapeline_reader`; actions (replay, resolve, cancel) need TAPELINE_ADMIN_TOKEN."""
+    from projections.api import serve as run_server
+
+    logs.configure(log_format)
+    settings = _settings()
+    try:
+        console.print(f"serving on http://{host or settings.serve_host}:{port or settings.serve_port}/ "
+                      f"(actions {'enabled' if settings.admin_token else 'disabled: no TAPELINE_ADMIN_TOKEN'})")
+        run_server(settings, host, port)
+    except TapelineError as exc:
+        _fail(exc)
+
+
+@app.command()
 def demo(file: Optional[Path] = typer.Option(None, "--file", help="Video to submit (default: the real bigbuckbunny.mp4)"),
          timeout: float = typer.Option(600.0, "--timeout", help="Seconds to wait for the job")) -> None:
     """Submit the real sample video, wait with a progress bar, print its timeline and master URL."""

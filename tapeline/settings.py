@@ -11,7 +11,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -101,6 +101,15 @@ class Settings(BaseSettings):
     health_port: int = Field(0, description="Health and metrics port of this process; 0 disables the server")
     health_port_base: int = Field(0, description="run --role all: child i of supervisor.ROLES (projector, intake, "
                                                  "transcode, publish, ...) gets port base + i; 0 disables")
+
+    # The read API and dashboard (`tapeline serve`, projections/api.py).
+    serve_host: str = Field("127.0.0.1", description="Address `tapeline serve` listens on (loopback by default)")
+    serve_port: int = Field(8400, description="Port of `tapeline serve` (read API, dashboard, /metrics)")
+    reader_role: str = Field("tapeline_reader", description="PostgreSQL role the read API switches to (SET ROLE) on "
+                                                            "every connection; the login user must be a member")
+    admin_token: SecretStr | None = Field(None, description="Bearer token the API's actions (replay, resolve, cancel) "
+                                                            "require; unset: every action answers 401")
+    lag_cache_s: float = Field(3.0, description="`tapeline serve`: reuse a projection-lag measurement this long, s")
 
     @property
     def heartbeat_s(self) -> float:

@@ -716,14 +716,23 @@ READER_ROLE_SQL = ("SELECT 'CREATE ROLE tapeline_reader NOLOGIN' WHERE NOT EXIST
 """The read-only role dashboards are granted (migration 010 grants it SELECT on every projection)."""
 
 
-def _pg_ensure_reader_role(port: str, console: Console | None) -> None:
-    """Create the NOLOGIN role `tapeline_reader` as the `postgres` OS user when it is missing (root
-    only; otherwise the migrations say how to create it). Failures are reported, not raised."""
+def reader_grant_sql(user: str) -> str:
+    """psql script: make the DSN's login role a member of `tapeline_reader`, so `tapeline serve` can
+    `SET ROLE tapeline_reader` (a NOLOGIN role is only reachable that way). Idempotent."""
+    return "\n".join([f"\\set login {_psql_quote(user)}",
+                      "SELECT format('GRANT tapeline_reader TO %I', :'login') WHERE NOT pg_has_role(:'login', "
+                      "'tapeline_reader', 'MEMBER') \\gexec"])
+
+
+def _pg_ensure_reader_role(port: str, user: str, console: Console | None) -> None:
+    """Create the NOLOGIN role `tapeline_reader` as the `postgres` OS user when it is missing and grant
+    it to the DSN's login role `user` (root only; otherwise the migrations and `tapeline serve` say
+    how). Failures are reported, not raised."""
     if os.geteuid() != 0 or shutil.which("runuser") is None or shutil.which("psql") is None:
         return
     result = subprocess.run(["runuser", "-u", "postgres", "--", "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1",
-                             "-p", port, "-d", "postgres"], input=READER_ROLE_SQL + "\n", capture_output=True,
-                            text=True, cwd="/")
+                             "-p", port, "-d", "postgres"], input=READER_ROLE_SQL + "\n" + reader_grant_sql(user) + "\n",
+                            capture_output=True, text=True, cwd="/")
     if result.returncode != 0:
         _say(console, f"[yellow]postgres[/]: could not create role tapeline_reader: {result.stderr.strip()}")
 
@@ -750,6 +759,7 @@ def _pg_ensure_role_and_db(params: dict[str, str], port: str, console: Console |
         "SELECT format('CREATE DATABASE %I OWNER %I', :'db', :'role')"
         " WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = :'db') \\gexec",
         READER_ROLE_SQL,
+        reader_grant_sql(params["user"]),
         "",
     ])
     result = subprocess.run(["runuser", "-u", "postgres", "--", "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1",
@@ -773,7 +783,7 @@ def _up_postgres(settings: Settings, paths: StackPaths, console: Console | None)
         _warn_if_no_createdb(settings, console)
         params = _pg_params(settings)
         if params["host"] in ("127.0.0.1", "localhost", "::1", ""):
-            _pg_ensure_reader_role(params["port"], console)
+            _pg_ensure_reader_role(params["port"], params["user"], console)
         return
     params = _pg_params(settings)
     if params["host"] not in ("127.0.0.1", "localhost", "::1", "") and not params["host"].startswith("/"):

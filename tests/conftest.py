@@ -60,6 +60,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
         value = getattr(settings, name)
         if value is None or name == "instance_id":
             continue
+        if hasattr(value, "get_secret_value"):  # pydantic SecretStr (admin_token): str() would mask it
+            value = value.get_secret_value()
         env[f"TAPELINE_{name.upper()}"] = json.dumps(value) if isinstance(value, (tuple, list, dict)) else str(value)
     env["PYTHONUNBUFFERED"] = "1"
     return env

@@ -139,3 +139,70 @@ SELECT attempt, payload, broker_ts FROM lifecycle_evidence
 WHERE job_id = %(job_id)s AND stage = %(stage)s AND event_type = 'CheckpointRecorded'
   AND applied AND NOT superseded AND NOT duplicate
 ORDER BY broker_ts, partition, "offset";
+
+SELECT * FROM stage_durations WHERE job_id = %(job_id)s
+ORDER BY queued_at, CASE stage WHEN 'intake' THEN 0 WHEN 'transcode' THEN 1 ELSE 2 END;
+
+-- name: jobs_page
+-- One page of jobs filtered by state, stage, priority and last-event broker time in [since, until) (NULL: any), newest first.
+SELECT * FROM job_state
+WHERE (%(state)s::text IS NULL OR state = %(state)s)
+  AND (%(stage)s::text IS NULL OR stage = %(stage)s)
+  AND (%(priority)s::text IS NULL OR priority = %(priority)s)
+  AND (%(since)s::timestamptz IS NULL OR updated_at >= %(since)s)
+  AND (%(until)s::timestamptz IS NULL OR updated_at < %(until)s)
+ORDER BY updated_at DESC, job_id
+LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: jobs_count
+-- How many jobs match the filters of jobs_page.
+SELECT count(*) AS n FROM job_state
+WHERE (%(state)s::text IS NULL OR state = %(state)s)
+  AND (%(stage)s::text IS NULL OR stage = %(stage)s)
+  AND (%(priority)s::text IS NULL OR priority = %(priority)s)
+  AND (%(since)s::timestamptz IS NULL OR updated_at >= %(since)s)
+  AND (%(until)s::timestamptz IS NULL OR updated_at < %(until)s);
+
+-- name: jobs_by_state_and_stage
+-- How many jobs are in each (state, stage).
+SELECT state, stage, count(*) AS n FROM job_state GROUP BY state, stage ORDER BY state, stage;
+
+-- name: jobs_ended_by_minute
+-- Jobs that reached a terminal state per minute of broker time and state, in [since, until).
+SELECT date_trunc('minute', completed_at) AS minute, state, count(*) AS n
+FROM job_state WHERE completed_at >= %(since)s AND completed_at < %(until)s
+GROUP BY 1, 2 ORDER BY 1, 2;
+
+-- name: jobs_created_by_minute
+-- Jobs whose first event was applied, per minute of broker time, in [since, until).
+SELECT date_trunc('minute', created_at) AS minute, count(*) AS n
+FROM job_state WHERE created_at >= %(since)s AND created_at < %(until)s
+GROUP BY 1 ORDER BY 1;
+
+-- name: job_heartbeats
+-- A job's heartbeats in log order (superseded ones included: a zombie's progress is evidence), duplicates excluded.
+SELECT stage, attempt, claim_token, broker_ts, applied, superseded,
+       (payload->>'frames_done')::bigint AS frames_done, (payload->>'frames_total')::bigint AS frames_total,
+       (payload->>'out_time_s')::double precision AS out_time_s, (payload->>'speed')::double precision AS speed
+FROM lifecycle_evidence
+WHERE job_id = %(job_id)s AND event_type = 'Heartbeat' AND NOT duplicate
+ORDER BY partition, "offset";
+
+-- name: job_checkpoints
+-- A job's CheckpointRecorded evidence in log order, duplicates excluded.
+SELECT stage, attempt, claim_token, broker_ts, applied, superseded,
+       (payload->>'segment_index')::integer AS segment_index, payload->>'rendition' AS rendition,
+       payload->>'object_key' AS object_key, payload->>'sha256' AS sha256, (payload->>'frames')::bigint AS frames,
+       (payload->>'media_start_s')::double precision AS media_start_s,
+       (payload->>'media_duration_s')::double precision AS media_duration_s
+FROM lifecycle_evidence
+WHERE job_id = %(job_id)s AND event_type = 'CheckpointRecorded' AND NOT duplicate
+ORDER BY partition, "offset";
+
+-- name: dead_letter_counts
+-- Dead letters in total and not yet replayed.
+SELECT count(*) AS total, count(*) FILTER (WHERE replayed_at IS NULL) AS pending FROM dead_letters;
+
+-- name: database_now
+-- The database's clock (UTC): the "now" of wall-clock figures such as throughput windows.
+SELECT now() AS now;

@@ -1,0 +1,397 @@
+"""The read API of `tapeline serve` (issue 8, items 1, 3, 5 and 8) against real Kafka and PostgreSQL.
+
+Hand-made lifecycles with the real event models are committed to the module's own lifecycle topic
+in one Kafka transaction, and the real projector (`tapeline run --role projector`) projects them:
+
+- DONE: transcode 1 (three heartbeats, one checkpoint) and publish 1 succeed, the job completes;
+- DEAD: an archive job whose attempt 1 fails (storage_transient) and is dead-lettered;
+- WAITING: an index job queued for transcode, nobody claims it (it gets cancelled);
+- REVIEW: a job in needs_review after its publish attempt.
+
+The app runs in-process (FastAPI's TestClient); its actions go through `processors/operator.py`
+to Kafka, and the projector's rows show what they did.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import httpx
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from processors.runtime import Runtime, transact
+from projections.api import create_app
+from schemas import models as ev
+from tapeline import kafka
+from tests.conftest import settings_env, wait_for
+
+pytestmark = pytest.mark.integration
+TOKEN = "s3cret-admin-token"
+HOSTILE = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+MEDIA = ev.SourceMedia(format_name="mov", duration_s=5.28, width=1280, height=720, display_width=1280,
+                       display_height=720, rotation=0, fps=25.0, frames=132, video_codec="h264")
+LADDER = [ev.Rendition(name="720p", width=1280, height=720, video_bitrate_kbps=2800)]
+
+
+class Job:
+    """One hand-made job's events (real models, real dedup keys)."""
+
+    def __init__(self, priority: str) -> None:
+        self.upload_id = f"u-{uuid.uuid4()}"
+        self.job_id = ev.job_id_for(self.upload_id)
+        self.priority = priority
+        self.common = dict(job_id=self.job_id, recorded_by="test@api", correlation_id=self.upload_id)
+
+    def event(self, cls, stage, attempt, token=None, **fields):
+        return cls.new(stage=stage, attempt=attempt, claim_token=token, **fields, **self.common)
+
+    def accepted(self):
+        return self.event(ev.JobAccepted, "intake", 0, upload_id=self.upload_id, source_key="k",
+                          source_sha256="0" * 64, source_size_bytes=1, priority=self.priority, profile="default",
+                          media=MEDIA, ladder=LADDER)
+
+    def queued(self, stage, attempt):
+        return self.event(ev.StageQueued, stage, attempt, tier=self.priority, work_topic="unused")
+
+    def started(self, stage, attempt, token):
+        return self.event(ev.AttemptStarted, stage, attempt, token, lease_s=30.0, worker=f"{stage}@test",
+                          work_topic="unused", work_partition=0, work_offset=attempt)
+
+    def heartbeat(self, token, sequence, frames, out_time_s):
+        return self.event(ev.Heartbeat, "transcode", 1, token, sequence=sequence, frames_done=frames,
+                          frames_total=132, out_time_s=out_time_s, speed=2.0)
+
+
+def lifecycles() -> tuple[dict[str, Job], list[ev.Event]]:
+    done, dead, waiting, review = Job("standard"), Job("archive"), Job("index"), Job("standard")
+    events = [
+        done.accepted(), done.queued("transcode", 1), done.started("transcode", 1, "t1"),
+        done.heartbeat("t1", 1, 40, 1.6), done.heartbeat("t1", 2, 80, 3.2), done.heartbeat("t1", 3, 132, 5.28),
+        done.event(ev.CheckpointRecorded, "transcode", 1, "t1", sequence=0, segment_index=0, rendition="720p",
+                   object_key="work/x/0.ts", sha256="1" * 64, frames=100, media_start_s=0.0, media_duration_s=4.0),
+        done.event(ev.AttemptSucceeded, "transcode", 1, "t1", outputs=[], renditions=LADDER, elapsed_s=2.0),
+        done.queued("publish", 1), done.started("publish", 1, "p1"),
+        done.event(ev.AttemptSucceeded, "publish", 1, "p1", outputs=[], renditions=LADDER, elapsed_s=0.5),
+        done.event(ev.JobCompleted, "publish", 1, "p1", master_url="http://example.invalid/master.m3u8"),
+        dead.accepted(), dead.queued("transcode", 1), dead.started("transcode", 1, "d1"),
+        dead.event(ev.AttemptFailed, "transcode", 1, "d1", error_class="storage_transient", retryable=True,
+                   reason="S3 answered 503"),
+        dead.event(ev.JobDeadLettered, "transcode", 1, "d1", error_class="storage_transient",
+                   reason="out of attempts: S3 answered 503", attempts=1, evidence="test"),
+        waiting.accepted(), waiting.queued("transcode", 1),
+        review.accepted(), review.queued("transcode", 1), review.started("transcode", 1, "r1"),
+        review.event(ev.AttemptSucceeded, "transcode", 1, "r1", outputs=[], renditions=LADDER, elapsed_s=1.0),
+        review.queued("publish", 1), review.started("publish", 1, "r2"),
+        review.event(ev.NeedsReview, "publish", 1, "r2", reason="a claim marker of attempt 0 and no post found"),
+    ]
+    return {"done": done, "dead": dead, "waiting": waiting, "review": review}, events
+
+
+def job_row(settings, job_id):
+    with psycopg.connect(settings.database_url, row_factory=psycopg.rows.dict_row) as conn:
+        return conn.execute("SELECT * FROM job_state WHERE job_id = %s", (job_id,)).fetchone()
+
+
+def event_types(settings, job_id):
+    with psycopg.connect(settings.database_url) as conn:
+        return [r[0] for r in conn.execute("SELECT event_type FROM lifecycle_evidence WHERE job_id = %s "
+                                           "ORDER BY partition, \"offset\"", (job_id,))]
+
+
+@pytest.fixture(scope="module")
+def world(isolated, tmp_path_factory):
+    """The projector running and the four jobs projected; yields (settings, jobs)."""
+    log_path = tmp_path_factory.mktemp("api") / "projector.log"
+    with open(log_path, "ab") as log:
+        projector = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "projector"],
+                                     env=settings_env(isolated), stdout=log, stderr=log, start_new_session=True)
+    try:
+        jobs, events = lifecycles()
+        runtime = Runtime(isolated, "test")
+        producer = kafka.transactional_producer(isolated, f"{isolated.app_name}.test-seed")
+        transact(producer, lambda: runtime.produce(producer, [(isolated.jobs_topic, e) for e in events]))
+        runtime.close()
+        wait_for(lambda: all(job_row(isolated, j.job_id) for j in jobs.values())
+                 and job_row(isolated, jobs["review"].job_id)["state"] == "needs_review", 60, "the seeded jobs")
+        yield isolated, jobs
+    finally:
+        os.killpg(projector.pid, signal.SIGTERM)
+        projector.wait(30)
+        print(log_path.read_text()[-3000:])
+
+
+@pytest.fixture(scope="module")
+def client(world):
+    settings, _ = world
+    with TestClient(create_app(settings.model_copy(update={"admin_token": SecretStr(TOKEN)}))) as c:
+        yield c
+
+
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def test_reads_go_through_the_read_only_role_and_cannot_write(client, world):
+    settings, jobs = world
+    assert client.get("/health/ready").json() == {"status": "ready", "role": "tapeline_reader"}
+    with client.app.state.pool.connection() as conn:
+        assert conn.execute("SELECT current_user AS u").fetchone()["u"] == "tapeline_reader"
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("UPDATE job_state SET state = 'completed' WHERE job_id = %s", (jobs["waiting"].job_id,))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("INSERT INTO applied_dedup_keys (dedup_key) VALUES ('x')")
+    assert job_row(settings, jobs["waiting"].job_id)["state"] == "queued"
+
+
+def test_jobs_filter_by_state_stage_priority_and_time_and_page(client, world):
+    _, jobs = world
+    ids = {name: j.job_id for name, j in jobs.items()}
+
+    def listed(**params):
+        response = client.get("/api/jobs", params=params)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    everything = listed()
+    assert (everything["total"], everything["limit"], everything["offset"]) == (4, 50, 0)
+    assert {j["job_id"] for j in everything["jobs"]} == set(ids.values())
+    assert [j["job_id"] for j in listed(state="completed")["jobs"]] == [ids["done"]]
+    assert [j["job_id"] for j in listed(state="dead_lettered")["jobs"]] == [ids["dead"]]
+    assert [j["job_id"] for j in listed(priority="archive")["jobs"]] == [ids["dead"]]
+    assert {j["job_id"] for j in listed(stage="publish")["jobs"]} == {ids["done"], ids["review"]}
+    assert [j["job_id"] for j in listed(stage="transcode", priority="index")["jobs"]] == [ids["waiting"]]
+    first, second = listed(limit=3), listed(limit=3, offset=3)
+    assert (len(first["jobs"]), len(second["jobs"]), first["total"], second["total"]) == (3, 1, 4, 4)
+    assert {j["job_id"] for j in first["jobs"] + second["jobs"]} == set(ids.values())
+    assert listed(since="2999-01-01T00:00:00Z")["total"] == 0
+    assert listed(until="2000-01-01T00:00:00")["total"] == 0  # no zone: UTC
+    assert listed(since="2000-01-01T00:00:00+02:00")["total"] == 4
+    done = listed(state="completed")["jobs"][0]
+    assert (done["state"], done["stage"], done["priority"], done["attempts"], done["percent"]) == \
+        ("completed", "publish", "standard", 1, 100.0)
+
+    for bad in ({"state": "exploded"}, {"stage": "encode"}, {"priority": "urgent"}, {"since": "yesterday"},
+                {"until": "2024-13-45T00:00:00"}, {"limit": 0}, {"limit": 501}, {"offset": -1}):
+        response = client.get("/api/jobs", params=bad)
+        assert response.status_code == 422, (bad, response.text)
+        assert response.json()["detail"][0]["loc"] == ["query", next(iter(bad))]
+
+
+def test_one_job_with_attempts_checkpoints_timeline_and_progress(client, world):
+    _, jobs = world
+    job_id = jobs["done"].job_id
+    detail = client.get(f"/api/jobs/{job_id}").json()
+    assert detail["job"]["job_id"] == job_id and detail["job"]["state"] == "completed"
+    assert [(a["stage"], a["attempt"], a["outcome"], a["heartbeats"], a["segments"]) for a in detail["attempts"]] == \
+        [("transcode", 1, "succeeded", 3, 1), ("publish", 1, "succeeded", 0, 0)]
+    assert [(c["rendition"], c["segment_index"], c["object_key"], c["media_duration_s"])
+            for c in detail["checkpoints"]] == [("720p", 0, "work/x/0.ts", 4.0)]
+    assert [(s["stage"], s["attempts"]) for s in detail["stage_durations"]] == [("transcode", 1), ("publish", 1)]
+    assert client.get(f"/api/jobs/{job_id}/checkpoints").json() == detail["checkpoints"]
+
+    timeline = client.get(f"/api/jobs/{job_id}/timeline").json()
+    assert [e["event_type"] for e in timeline] == [
+        "JobAccepted", "StageQueued", "AttemptStarted", "Heartbeat", "Heartbeat", "Heartbeat", "CheckpointRecorded",
+        "AttemptSucceeded", "StageQueued", "AttemptStarted", "AttemptSucceeded", "JobCompleted"]
+    assert all(e["applied"] and e["flags"] == [] for e in timeline)
+
+    progress = client.get(f"/api/jobs/{job_id}/progress").json()
+    assert (progress["source_duration_s"], len(progress["series"])) == (5.28, 1)
+    [series] = progress["series"]
+    assert (series["stage"], series["attempt"], series["outcome"]) == ("transcode", 1, "succeeded")
+    assert [(p["frames_done"], p["out_time_s"]) for p in series["points"]] == [(40, 1.6), (80, 3.2), (132, 5.28)]
+    assert all(p["t_s"] >= 0 for p in series["points"])
+
+    for path in ("", "/timeline", "/progress", "/checkpoints"):
+        response = client.get(f"/api/jobs/no-such-job{path}")
+        assert response.status_code == 404 and "no job 'no-such-job'" in response.json()["detail"], path
+
+
+def test_dead_letters_review_stalls_lag_and_overview(client, world):
+    settings, jobs = world
+    dead, review = jobs["dead"].job_id, jobs["review"].job_id
+    letters = client.get("/api/dead-letters").json()
+    assert [(d["id"], d["kind"], d["job_id"], d["error_class"], d["attempts"], d["replayed_at"]) for d in letters] == \
+        [(f"{dead}/1", "job", dead, "storage_transient", 1, None)]
+    one = client.get(f"/api/dead-letters/{dead}/1").json()
+    assert (one["id"], one["error"], one["value"]) == (f"{dead}/1", "out of attempts: S3 answered 503", None)
+    assert client.get("/api/dead-letters", params={"reason": "timeout"}).json() == []
+    assert client.get("/api/dead-letters/nothing/here").status_code == 404
+
+    assert [(j["job_id"], j["reason"]) for j in client.get("/api/review").json()] == \
+        [(review, "a claim marker of attempt 0 and no post found")]
+    assert [(s["kind"], s["job_id"]) for s in client.get("/api/stalled").json()] == [("needs_review", review)]
+
+    lag = wait_for(lambda: (lambda d: d if d["events"] == 0 else None)(client.get("/api/lag").json()), 30,
+                   "the projection to be caught up")
+    assert (lag["seconds"], lag["partitions_behind"]) == (0.0, [])
+
+    overview = client.get("/api/overview").json()
+    assert {k: v for k, v in overview["jobs_by_state"].items() if v} == \
+        {"completed": 1, "dead_lettered": 1, "queued": 1, "needs_review": 1}
+    assert overview["jobs_by_stage"] == {"publish": {"completed": 1, "needs_review": 1},
+                                         "transcode": {"dead_lettered": 1, "queued": 1}}
+    assert overview["dead_letters"] == {"total": 1, "pending": 1}
+    assert overview["stalls"] == {"needs_review": 1}
+    assert len(overview["throughput"]) == 60
+    assert sum(b["created"] for b in overview["throughput"]) == 4
+    assert sum(b["completed"] for b in overview["throughput"]) == 1
+    assert sum(b["failed"] for b in overview["throughput"]) == 2  # dead_lettered + needs_review ended too
+
+
+def test_actions_without_the_token_answer_401_and_change_nothing(client, world):
+    settings, jobs = world
+    before = {name: event_types(settings, j.job_id) for name, j in jobs.items()}
+    calls = [("/api/jobs/{waiting}/cancel", {"operator": "mallory", "why": "x"}),
+             ("/api/dead-letters/replay", {"dead_letter_id": "{dead}/1", "operator": "mallory", "why": "x"}),
+             ("/api/jobs/{review}/resolve-review", {"posted_ref": "p", "operator": "mallory", "why": "x"})]
+    ids = {name: j.job_id for name, j in jobs.items()}
+    for path, body in calls:
+        body = {k: v.format(**ids) for k, v in body.items()}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}, {"X-Token": TOKEN}):
+            response = client.post(path.format(**ids), json=body, headers=headers)
+            assert response.status_code == 401, (path, headers, response.text)
+            assert response.headers["www-authenticate"] == "Bearer"
+        # Even a malformed body gets 401 first: nothing about the request is looked at without the token.
+        assert client.post(path.format(**ids), json={}).status_code == 401
+    form = client.post(f"/ui/jobs/{ids['waiting']}/cancel", data={"token": "wrong", "operator": "m", "why": "x"},
+                       follow_redirects=False)
+    assert form.status_code == 401 and "wrong admin token: nothing was changed" in form.text
+    time.sleep(1.0)  # an action would have committed synchronously; give a stray one time to be projected
+    assert {name: event_types(settings, j.job_id) for name, j in jobs.items()} == before
+    assert client.get("/api/dead-letters").json()[0]["replayed_at"] is None
+    metrics = client.get("/metrics").text  # four headers and the malformed body, then the form
+    for action, count in (("cancel", 6), ("replay", 5), ("resolve_review", 5)):
+        assert f'tapeline_operator_actions_total{{action="{action}",result="unauthorized"}} {count}.0' in metrics
+
+    no_token = create_app(settings)  # a server without TAPELINE_ADMIN_TOKEN refuses every action
+    with TestClient(no_token) as other:
+        response = other.post(f"/api/jobs/{ids['waiting']}/cancel", json={"operator": "a", "why": "b"},
+                              headers={"Authorization": "Bearer "})
+        assert response.status_code == 401
+        assert response.json()["detail"] == "actions are disabled: the server has no TAPELINE_ADMIN_TOKEN"
+
+
+def test_cancel_is_recorded_with_who_and_why_and_shown_escaped(client, world):
+    settings, jobs = world
+    job_id = jobs["waiting"].job_id
+    response = client.post(f"/api/jobs/{job_id}/cancel", json={"operator": "alice", "why": HOSTILE}, headers=ADMIN)
+    assert response.status_code == 200, response.text
+    assert response.json() == {"action": "cancel", "job_id": job_id, "done": True, "next_attempt": None,
+                               "detail": "cancelled (transcode attempt 1, was queued)"}
+    wait_for(lambda: job_row(settings, job_id)["state"] == "cancelled", 30, "the job to be cancelled")
+    last = client.get(f"/api/jobs/{job_id}/timeline").json()[-1]
+    assert (last["event_type"], last["payload"]["operator"], last["payload"]["reason"], last["applied"]) == \
+        ("JobCancelled", "alice", HOSTILE, True)
+    again = client.post(f"/api/jobs/{job_id}/cancel", json={"operator": "alice", "why": "again"}, headers=ADMIN)
+    assert again.status_code == 409 and again.json()["detail"] == \
+        f"job {job_id} is cancelled: it has ended and cannot be cancelled"
+    assert client.post("/api/jobs/nope/cancel", json={"operator": "a", "why": "b"}, headers=ADMIN).status_code == 404
+    assert client.post(f"/api/jobs/{job_id}/cancel", json={"operator": "", "why": "b"}, headers=ADMIN).status_code == 422
+
+    html = client.get(f"/jobs/{job_id}").text
+    assert HOSTILE not in html and "<script>window.__pwned" not in html
+    assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;&lt;img src=x onerror=&#34;window.__pwned = 2&#34;&gt;" in html
+    assert "<script" not in html.replace('<script src="/static/dashboard.js"></script>', "")
+    overview_html = client.get("/").text
+    assert HOSTILE not in overview_html and "&lt;script&gt;window.__pwned" in overview_html
+
+
+def test_replay_a_dead_letter_through_the_api(client, world):
+    settings, jobs = world
+    job_id = jobs["dead"].job_id
+    body = {"dead_letter_id": f"{job_id}/1", "operator": "bob", "why": "S3 is back"}
+    response = client.post("/api/dead-letters/replay", json=body, headers=ADMIN)
+    assert response.status_code == 200, response.text
+    assert response.json() == {"action": "replay", "job_id": job_id, "done": True, "next_attempt": 2,
+                               "detail": "transcode attempt 2 queued"}
+    row = wait_for(lambda: (lambda r: r if r["state"] == "queued" else None)(job_row(settings, job_id)), 30,
+                   "the replayed job to be queued")
+    assert (row["attempt"], row["reason"]) == (2, "replayed by bob: S3 is back")
+    replayed = [e for e in client.get(f"/api/jobs/{job_id}/timeline").json() if e["event_type"] == "JobReplayed"]
+    assert [(e["payload"]["operator"], e["payload"]["reason"], e["payload"]["dead_letter_id"]) for e in replayed] == \
+        [("bob", "S3 is back", f"{job_id}/1")]
+    letter = wait_for(lambda: (lambda d: d if d["replayed_at"] else None)(client.get("/api/dead-letters").json()[0]),
+                      30, "the dead letter to be marked replayed")
+    assert (letter["replayed_by"], letter["replay_reason"]) == ("bob", "S3 is back")
+    again = client.post("/api/dead-letters/replay", json={**body, "operator": "carol"}, headers=ADMIN)
+    assert again.status_code == 200 and again.json()["done"] is False
+    assert again.json()["detail"].startswith("already replayed by bob at ")
+    missing = client.post("/api/dead-letters/replay", json={**body, "dead_letter_id": "nope/1"}, headers=ADMIN)
+    assert missing.status_code == 404 and missing.json()["detail"] == "no dead letter 'nope/1'"
+
+
+def test_resolve_a_review_with_the_post_found(client, world):
+    settings, jobs = world
+    job_id = jobs["review"].job_id
+    for bad in ({}, {"posted_ref": "p-1", "not_posted": True}):
+        response = client.post(f"/api/jobs/{job_id}/resolve-review", json={"operator": "dan", "why": "x", **bad},
+                               headers=ADMIN)
+        assert response.status_code == 422, bad
+    done_job = jobs["done"].job_id
+    conflict = client.post(f"/api/jobs/{done_job}/resolve-review", json={"operator": "d", "why": "x", "posted_ref": "p"},
+                           headers=ADMIN)
+    assert conflict.status_code == 409 and conflict.json()["detail"] == f"job {done_job} is completed, not needs_review"
+    response = client.post(f"/api/jobs/{job_id}/resolve-review",
+                           json={"operator": "dan", "why": "found it on the provider", "posted_ref": "post-42"},
+                           headers=ADMIN)
+    assert response.status_code == 200, response.text
+    assert response.json()["detail"] == "recorded post post-42 at webhook; job completed"
+    wait_for(lambda: job_row(settings, job_id)["state"] == "completed", 30, "the reviewed job to complete")
+    tail = [e["event_type"] for e in client.get(f"/api/jobs/{job_id}/timeline").json()][-3:]
+    assert tail == ["JobReplayed", "Published", "JobCompleted"]
+
+
+def test_metrics_and_openapi(client, world):
+    text = client.get("/metrics").text
+    assert re.search(r'^tapeline_jobs\{stage="publish",state="completed"\} [12]\.0$', text, flags=re.M)
+    assert re.search(r'^tapeline_api_requests_total\{method="GET",route="/api/jobs",status="422"\} \d+\.0$', text,
+                     flags=re.M)
+    assert "tapeline_api_request_duration_seconds_bucket" in text and "tapeline_dead_letters_pending" in text
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/api/jobs", "/api/jobs/{job_id}", "/api/jobs/{job_id}/timeline", "/api/jobs/{job_id}/progress",
+            "/api/jobs/{job_id}/checkpoints", "/api/stalled", "/api/dead-letters", "/api/dead-letters/{dead_letter_id}",
+            "/api/review", "/api/lag", "/api/overview", "/api/dead-letters/replay", "/api/jobs/{job_id}/cancel",
+            "/api/jobs/{job_id}/resolve-review", "/health/live", "/health/ready", "/metrics"} == set(paths)
+    assert [p["name"] for p in paths["/api/jobs"]["get"]["parameters"]] == \
+        ["state", "stage", "priority", "since", "until", "limit", "offset"]
+    assert paths["/api/jobs/{job_id}/cancel"]["post"]["requestBody"]["content"]["application/json"]["schema"] == \
+        {"$ref": "#/components/schemas/Action"}
+
+
+def test_tapeline_serve_command(world):
+    settings, jobs = world
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**settings_env(settings), "TAPELINE_SERVE_PORT": str(port)}
+    server = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "serve", "--log-format", "console"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+
+        def ready():
+            try:
+                return httpx.get(f"{base}/health/ready", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return server.poll() is not None and pytest.fail(f"serve exited: {server.stdout.read()}")
+        wait_for(ready, 30, "tapeline serve to be ready")
+        assert httpx.get(f"{base}/api/jobs/{jobs['done'].job_id}").json()["job"]["state"] == "completed"
+        page = httpx.get(f"{base}/")
+        assert page.status_code == 200 and "<h1>Overview</h1>" in page.text
+        refused = httpx.post(f"{base}/api/jobs/{jobs['done'].job_id}/cancel", json={"operator": "a", "why": "b"},
+                             headers={"Authorization": "Bearer anything"})
+        assert refused.json()["detail"] == "actions are disabled: the server has no TAPELINE_ADMIN_TOKEN"
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(20)
+    assert "actions disabled: no TAPELINE_ADMIN_TOKEN" in server.stdout.read()

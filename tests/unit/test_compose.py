@@ -1,0 +1,77 @@
+"""docker-compose.yml with Prometheus and Grafana (issue 8, item 7), checked without a Docker engine:
+`docker-compose config` (Debian's docker-compose 1.29 validates offline), and the files it mounts
+agree with the code (scrape targets = the supervisor's health ports, Grafana's SQL reads only
+relations the migrations create, every panel names a provisioned data source)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from tapeline.supervisor import ROLES
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+DASHBOARD = ROOT / "compose" / "grafana" / "dashboards" / "tapeline.json"
+
+
+def services() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())["services"]
+
+
+def test_docker_compose_config_accepts_the_file():
+    binary = shutil.which("docker-compose")
+    assert binary, "docker-compose is missing: `apt-get install -y docker-compose` (scripts/bootstrap.sh installs it)"
+    done = subprocess.run([binary, "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+
+
+def test_prometheus_scrapes_every_processor_child_and_the_api():
+    found = services()
+    env = found["tapeline"]["environment"]
+    base = int(env["TAPELINE_HEALTH_PORT_BASE"])
+    assert env["TAPELINE_HEALTH_HOST"] == "0.0.0.0"  # reachable from the prometheus container
+    config = yaml.safe_load((ROOT / "compose" / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job["static_configs"][0]["targets"] for job in config["scrape_configs"]}
+    assert jobs["tapeline-processors"] == [f"tapeline:{base + i}" for i in range(len(ROLES))]
+    serve = found["tapeline-serve"]["command"]
+    assert jobs["tapeline-api"] == [f"tapeline-serve:{serve[serve.index('--port') + 1]}"]
+
+
+def test_every_bind_mount_exists_in_the_repository():
+    mounts = [(name, volume.split(":")[0]) for name, service in services().items()
+              for volume in service.get("volumes", []) if volume.startswith("./")]
+    assert {name for name, _ in mounts} == {"postgres", "prometheus", "grafana"}
+    for name, source in mounts:
+        assert (ROOT / source).exists(), f"{name} mounts {source}, which does not exist"
+
+
+def test_grafana_panels_use_provisioned_sources_and_existing_relations():
+    datasources = yaml.safe_load((ROOT / "compose/grafana/provisioning/datasources/tapeline.yml").read_text())
+    uids = {d["uid"] for d in datasources["datasources"]}
+    dashboard = json.loads(DASHBOARD.read_text())
+    migrations = "\n".join(p.read_text() for p in sorted((ROOT / "projections/sql/migrations").glob("*.sql")))
+    created = set(re.findall(r"CREATE (?:TABLE|VIEW) (\w+)", migrations))
+    titles = [p["title"] for p in dashboard["panels"]]
+    assert {"Jobs by state", "Stalled now", "Stage durations (completed stages in range)", "Dead letters"} <= set(titles)
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] in uids, panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == panel["datasource"]["uid"]
+            if "rawSql" in target:
+                relations = set(re.findall(r"\bFROM (\w+)", target["rawSql"]))
+                assert relations and relations <= created, (panel["title"], relations - created)
+
+
+def grafana_sql() -> list[tuple[str, str]]:
+    """(panel title, SQL) of every PostgreSQL panel, Grafana's time macro expanded to the last 6 hours
+    (for tests/integration/test_grafana_queries.py)."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [(panel["title"], re.sub(r"\$__timeFilter\((\w+)\)", r"\1 > now() - interval '6 hours'", t["rawSql"]))
+            for panel in dashboard["panels"] for t in panel["targets"] if "rawSql" in t]
