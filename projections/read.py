@@ -217,7 +217,7 @@ def checkpoints(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
     superseded, segment_index, rendition, object_key, sha256, frames, media_start_s and
     media_duration_s (seconds of media). Empty until checkpointed transcoding writes them."""
     return [{k: (_iso(v) if k == "broker_ts" else v) for k, v in row.items() if k != "claim_token"}
-            for row in conn.execute(q("job_checkpoints"), {"job_id": job_id}).fetchall()]
+            for row in conn.execute(q("job_checkpoint_evidence"), {"job_id": job_id}).fetchall()]
 
 
 def dead_letter_counts(conn: psycopg.Connection) -> dict[str, int]:

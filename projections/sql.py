@@ -26,6 +26,8 @@ def queries() -> dict[str, str]:
     for block in re.split(r"^-- name: ", text, flags=re.M)[1:]:
         name, _, body = block.partition("\n")
         lines = [line for line in body.splitlines() if not line.startswith("--")]
+        if name.strip() in found:  # a second definition would silently replace the first
+            raise ValueError(f"queries.sql defines {name.strip()!r} twice")
         found[name.strip()] = "\n".join(lines).strip()
     return found
 

@@ -125,7 +125,8 @@ SELECT * FROM attempts WHERE job_id = %(job_id)s ORDER BY claim_offset;
 
 -- name: job_stage_durations
 -- A job's per-stage queue wait, run time and attempts (view stage_durations, migration 006).
-SELECT * FROM stage_durations WHERE job_id = %(job_id)s ORDER BY queued_at;
+SELECT * FROM stage_durations WHERE job_id = %(job_id)s
+ORDER BY queued_at, CASE stage WHEN 'intake' THEN 0 WHEN 'transcode' THEN 1 ELSE 2 END;
 
 -- name: provider_posts_since
 -- Posts recorded at one provider (applied `Published` events) since a time, oldest first.
@@ -139,9 +140,6 @@ SELECT attempt, payload, broker_ts FROM lifecycle_evidence
 WHERE job_id = %(job_id)s AND stage = %(stage)s AND event_type = 'CheckpointRecorded'
   AND applied AND NOT superseded AND NOT duplicate
 ORDER BY broker_ts, partition, "offset";
-
-SELECT * FROM stage_durations WHERE job_id = %(job_id)s
-ORDER BY queued_at, CASE stage WHEN 'intake' THEN 0 WHEN 'transcode' THEN 1 ELSE 2 END;
 
 -- name: jobs_page
 -- One page of jobs filtered by state, stage, priority and last-event broker time in [since, until) (NULL: any), newest first.
@@ -188,8 +186,8 @@ FROM lifecycle_evidence
 WHERE job_id = %(job_id)s AND event_type = 'Heartbeat' AND NOT duplicate
 ORDER BY partition, "offset";
 
--- name: job_checkpoints
--- A job's CheckpointRecorded evidence in log order, duplicates excluded.
+-- name: job_checkpoint_evidence
+-- A job's CheckpointRecorded evidence in log order (superseded ones too, flagged), duplicates excluded.
 SELECT stage, attempt, claim_token, broker_ts, applied, superseded,
        (payload->>'segment_index')::integer AS segment_index, payload->>'rendition' AS rendition,
        payload->>'object_key' AS object_key, payload->>'sha256' AS sha256, (payload->>'frames')::bigint AS frames,
