@@ -142,14 +142,15 @@ def transact(producer: Producer, produce: Callable[[], None], *, consumer: Consu
              offsets: list[TopicPartition] | None = None, timeout_s: float = 30.0, name: str = "transaction") -> None:
     """Run one Kafka transaction.
 
-    `name` prefixes the crash points `<name>.after_produce`, `.after_send_offsets`, `.after_commit`
-    (tests only, see `tapeline.crashpoints`).
+    `name` prefixes the crash points `<name>.before_produce`, `.after_produce`, `.after_send_offsets`,
+    `.after_commit` (tests only, see `tapeline.crashpoints`).
 
     Step 1. begin; Step 2. `produce()` the records; Step 3. when `offsets` are given, add them with
     the consumer's group metadata (`send_offsets_to_transaction`); Step 4. commit. A retriable
     commit error is retried; an abortable one aborts and re-raises; a fenced or fatal one re-raises
     as `Fenced` (a newer owner exists: the caller must stop, never retry).
     """
+    crash_point(f"{name}.before_produce")
     # Step 1
     producer.begin_transaction()
     try:

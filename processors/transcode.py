@@ -31,7 +31,7 @@ from processors.segments import AUDIO, Checkpoint, LocalSegment, ResumePlan
 from processors.worker import Attempt, StageWorker, Yielded
 from projections.sql import q
 from schemas import models as ev
-from tapeline.crashpoints import crash_point, fail_point
+from tapeline.crashpoints import fail_point
 from tapeline.errors import StorageError, TranscodeFailed
 from tapeline.objectstore import ObjectStore, sha256_file
 
@@ -211,8 +211,7 @@ class TranscodeWorker(StageWorker):
                     ev.CheckpointRecorded, sequence=self.checkpoints, segment_index=segment.index,
                     rendition=segment.rendition, object_key=key, sha256=segment.sha256, frames=segment.frames,
                     media_start_s=segment.start_s, media_duration_s=segment.duration_s)))
-            attempt.send(events)
-            crash_point("transcode.after_checkpoint")
+            attempt.send(events)  # crash points transcode.CheckpointRecorded.*
 
         def tick() -> None:
             record(watcher.poll())

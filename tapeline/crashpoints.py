@@ -16,12 +16,14 @@ from tapeline.errors import TapelineError
 
 PIPELINE_CRASH_POINTS: tuple[str, ...] = (
     # intake: UploadCompleted -> JobAccepted + StageQueued + WorkItem, with the upload's offset
-    "intake.after_produce", "intake.after_send_offsets", "intake.after_commit",
+    "intake.before_produce", "intake.after_produce", "intake.after_send_offsets", "intake.after_commit",
     # transcode: claim (AttemptStarted + the work item's offset), heartbeats, segment checkpoints
     # (each after its S3 upload), completion
     "transcode.claim.after_produce", "transcode.claim.after_send_offsets", "transcode.claim.after_commit",
     "transcode.Heartbeat.after_produce", "transcode.Heartbeat.after_commit",
+    "transcode.CheckpointRecorded.before_produce",  # the segment is in S3, not yet recorded
     "transcode.CheckpointRecorded.after_produce", "transcode.CheckpointRecorded.after_commit",
+    "transcode.AttemptSucceeded.before_produce",  # every output in S3, nothing recorded
     "transcode.AttemptSucceeded.after_produce", "transcode.AttemptSucceeded.after_commit",
     # publish: claim, intent, origin promotion (S3 writes), claim marker (S3 write), proof of
     # ownership, provider call, completion
