@@ -264,14 +264,17 @@ class StageWorker:
             return None
         log.info("work item received", job_id=item.job_id, stage=self.stage, attempt=item.attempt,
                  produced_ms_ago=int(time.time() * 1000 - message.timestamp()[1]))
+        steps = [time.monotonic()]  # when each claim step ended, for the "attempt claimed" log line
         # Step 1
         reason = should_skip(self.row_covering(runtime, item), item)
+        steps.append(time.monotonic())
         if reason is not None:
             log.info("work item skipped", job_id=item.job_id, stage=self.stage, attempt=item.attempt, reason=reason)
             commit_skipped(consumer, offsets)
             return None
         # Step 2
         producer = kafka.transactional_producer(self.settings, f"{self.settings.app_name}.{self.stage}.{item.job_id}")
+        steps.append(time.monotonic())
         # Step 3
         row = runtime.job_row(item.job_id)
         reason = should_skip(row, item)
@@ -300,8 +303,11 @@ class StageWorker:
             except KafkaException:
                 pass  # no longer ours: its new owner starts from the committed offset
             return None
+        steps.append(time.monotonic())
+        reconcile_ms, fence_ms, commit_ms = (round(1000 * (b - a)) for a, b in zip(steps, steps[1:]))
         log.info("attempt claimed", job_id=item.job_id, stage=self.stage, attempt=item.attempt,
-                 claim_token=identity.claim_token)
+                 claim_token=identity.claim_token, reconcile_ms=reconcile_ms, fence_ms=fence_ms,
+                 check_and_commit_ms=commit_ms)
         self.current = Attempt(runtime, identity, producer, item,
                                uncounted=item.attempt - attempts_used(row, item.attempt))
         self.health.set_attempt(item.job_id, self.stage, item.attempt, identity.claim_token, self.settings.lease_s)
