@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,14 @@ import structlog
 from confluent_kafka import Message, TopicPartition
 
 from processors import media
+from projections.projector import broker_time
+from projections.sql import q
 from processors.runtime import Outgoing, Runtime, dead_letter_event, dead_letter_record, poll_record, transact
 from schemas import models as ev
 from schemas.codec import Codec
 from tapeline import kafka
-from tapeline.errors import (DecodeError, InvalidInput, LimitsExceeded, MediaError, SchemaError, StorageError,
-                             TapelineError)
+from tapeline.errors import (DecodeError, InvalidInput, LimitsExceeded, MediaError, QuotaExceeded, SchemaError,
+                             StorageError, TapelineError)
 from tapeline.health import HealthState
 from tapeline.objectstore import ObjectStore, sha256_file
 from tapeline.settings import TIERS, Settings
@@ -33,12 +36,13 @@ INTAKE_MAX_FAILURES = 3
 """Failures of one upload record with an unexpected (non-transient) error before it is dead-lettered."""
 
 
-def decide(existing: dict[str, Any] | None, upload: ev.UploadCompleted, probe: ev.SourceMedia | MediaError,
+def decide(existing: dict[str, Any] | None, upload: ev.UploadCompleted, probe: ev.SourceMedia | TapelineError,
            settings: Settings, recorded_by: str) -> list[Outgoing]:
     """The intake decision for one upload. Pure.
 
     - the job already exists (a duplicate upload event): nothing;
-    - the probe failed: `JobRejected` with the error's class and message;
+    - the probe failed, or the submitter's quota is used up (`probe` is then the `TapelineError`):
+      `JobRejected` with the error's class and message;
     - otherwise `JobAccepted` (with the probe and the planned ladder), `StageQueued(transcode)` and
       the transcode `WorkItem` for attempt 1 on the upload's priority tier.
     """
@@ -47,7 +51,7 @@ def decide(existing: dict[str, Any] | None, upload: ev.UploadCompleted, probe: e
     common = dict(job_id=upload.job_id, recorded_by=recorded_by, correlation_id=upload.upload_id,
                   causation_id=upload.event_id)
     jobs = settings.jobs_topic
-    if isinstance(probe, MediaError):
+    if isinstance(probe, TapelineError):
         return [(jobs, ev.JobRejected.new(stage="intake", attempt=0, upload_id=upload.upload_id,
                                           error_class=probe.error_class, reason=str(probe), **common))]
     ladder = media.plan_ladder(probe, settings.ladder)
@@ -150,6 +154,21 @@ def triage(codec: Codec, settings: Settings, recorded_by: str, *, topic: str, pa
                            value=value, headers=headers)
 
 
+def quota_check(db, upload: ev.UploadCompleted, now: datetime, settings: Settings) -> QuotaExceeded | None:
+    """`QuotaExceeded` when the upload's submitter already has `submitter_daily_quota` jobs accepted
+    (not rejected) from uploads in the 24 hours before `now` (the upload's broker time, so a replay
+    decides the same), else None. No quota set: None."""
+    quota = settings.submitter_daily_quota
+    if quota is None:
+        return None
+    used = db.execute(q("submitter_jobs_between"), {"submitter": upload.submitter, "since": now - timedelta(days=1),
+                                                    "until": now}).fetchone()["jobs"]
+    if used < quota:
+        return None
+    return QuotaExceeded(f"submitter {upload.submitter!r} reached its quota of {quota} jobs per 24 h "
+                         f"({used} accepted since {now - timedelta(days=1):%Y-%m-%d %H:%M:%S} UTC)")
+
+
 class IntakeProcessor:
     """The intake loop (consumer group `<app>.intake`, transactional id `<app>.intake.<instance>`)."""
 
@@ -231,7 +250,8 @@ class IntakeProcessor:
         if existing is not None:
             log.info("duplicate upload: the job already exists", job_id=event.job_id, upload_id=event.upload_id)
             return []
-        probe = inspect_upload(store, event, self.settings)
+        probe = quota_check(runtime.db, event, broker_time(message), self.settings) or \
+            inspect_upload(store, event, self.settings)
         outgoing = decide(None, event, probe, self.settings, runtime.recorded_by)
         log.info("intake decided", job_id=event.job_id, events=[e.event_type for _, e in outgoing])
         return outgoing

@@ -139,7 +139,7 @@ def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: s
             if isinstance(event, ev.UploadCompleted):
                 uploads.append({"upload_id": event.upload_id, "job_id": event.job_id, "filename": event.filename,
                                 "size_bytes": event.size_bytes, "sha256": event.sha256, "priority": event.priority,
-                                "broker_ts": ts})
+                                "broker_ts": ts, "submitter": event.submitter})
                 continue
             duplicate = event.dedup_key in seen
             applied = superseded = False

@@ -146,6 +146,8 @@ def _wait_for_job(settings: Settings, job_id: str, timeout_s: float, show_progre
 def submit(file: Path = typer.Argument(..., help="Video file to upload"),
            priority: str = typer.Option("standard", "--priority", envvar="TAPELINE_PRIORITY",
                                         help=f"Priority tier: {', '.join(TIERS)}"),
+           submitter: str = typer.Option("cli", "--submitter", envvar="TAPELINE_SUBMITTER",
+                                         help="Who submits (quotas count per submitter)"),
            wait: bool = typer.Option(False, "--wait", help="Show progress until the job ends"),
            as_json: bool = typer.Option(False, "--json", help="Print one JSON object"),
            timeout: float = typer.Option(1800.0, "--timeout", help="Seconds --wait waits at most")) -> None:
@@ -158,7 +160,8 @@ def submit(file: Path = typer.Argument(..., help="Video file to upload"),
         with Progress(TextColumn("uploading {task.fields[name]}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
                       console=console, disable=as_json or size < 8 * 1024**2, transient=True) as bar:
             task = bar.add_task("upload", total=size or 1, name=file.name)
-            submission = upload(settings, file, priority=priority, on_bytes=lambda n: bar.advance(task, n))
+            submission = upload(settings, file, priority=priority, submitter=submitter,
+                                on_bytes=lambda n: bar.advance(task, n))
         publish(settings, submission.event)
         if not wait:
             if as_json:

@@ -85,6 +85,12 @@ class Fenced(TapelineError):
     """A newer attempt owns this job: this worker's producer was fenced and must stop."""
 
 
+class QuotaExceeded(TapelineError):
+    """The submitter's own quota is used up (terminal: `JobRejected`, never retried)."""
+
+    error_class = "quota_exceeded"
+
+
 class SubmitError(TapelineError):
     """The file cannot be submitted."""
 

@@ -90,6 +90,9 @@ class Settings(BaseSettings):
                                                         "(unset: no quota); past it, provider_throttled until a slot frees")
     webhook_quota_window_s: float = Field(60.0, description="Quota window, seconds")
 
+    submitter_daily_quota: int | None = Field(None, description="Jobs one submitter may have accepted per 24 h "
+                                                                "(log time); past it, JobRejected(quota_exceeded)")
+
     max_attempts: int = 3
     retry_backoff_s: tuple[float, ...] = Field((60.0, 300.0, 900.0), description="Backoff per retry, seconds (last repeats)")
     retry_jitter: float = Field(0.1, description="Backoff jitter, fraction (0.1 = +-10 %)")

@@ -21,8 +21,9 @@ ON CONFLICT DO NOTHING;
 
 -- name: upsert_upload
 -- An upload record; a repeated copy only bumps the copy count.
-INSERT INTO uploads (upload_id, job_id, filename, size_bytes, sha256, priority, broker_ts)
-VALUES (%(upload_id)s, %(job_id)s, %(filename)s, %(size_bytes)s, %(sha256)s, %(priority)s, %(broker_ts)s)
+INSERT INTO uploads (upload_id, job_id, filename, size_bytes, sha256, priority, broker_ts, submitter)
+VALUES (%(upload_id)s, %(job_id)s, %(filename)s, %(size_bytes)s, %(sha256)s, %(priority)s, %(broker_ts)s,
+    %(submitter)s)
 ON CONFLICT (upload_id) DO UPDATE SET copies = uploads.copies + 1;
 
 -- name: upsert_dead_letter
@@ -204,3 +205,8 @@ SELECT count(*) AS total, count(*) FILTER (WHERE replayed_at IS NULL) AS pending
 -- name: database_now
 -- The database's clock (UTC): the "now" of wall-clock figures such as throughput windows.
 SELECT now() AS now;
+
+-- name: submitter_jobs_between
+-- Jobs accepted (not rejected) from one submitter's uploads made in [since, until) (broker time).
+SELECT count(*) AS jobs FROM uploads u JOIN job_state j ON j.job_id = u.job_id
+WHERE u.submitter = %(submitter)s AND u.broker_ts >= %(since)s AND u.broker_ts < %(until)s AND j.state <> 'rejected';

@@ -241,8 +241,10 @@ def test_real_video_one_clean_attempt_per_stage(isolated, pipeline):
         succeeded_ts, _ = first[("AttemptSucceeded", stage)]
         row = rows[(stage, 1)]
         heartbeats = [e for _, e in log if e.event_type == "Heartbeat" and e.stage == stage]
+        checkpoints = [e for _, e in log if e.event_type == "CheckpointRecorded" and e.stage == stage]
         assert (row["outcome"], row["wasted_s"], row["error_class"], row["segments"], row["late_events"]) == \
-            ("succeeded", 0.0, None, 0, 0)
+            ("succeeded", 0.0, None, len(checkpoints), 0)
+        assert (len(checkpoints) > 0) == (stage == "transcode")  # segments of every rendition, and the audio
         assert (row["worker"], row["claim_token"], row["started_at"], row["ended_at"]) == \
             (started.worker, started.claim_token, started_ts, succeeded_ts)
         assert row["heartbeats"] == len(heartbeats)
