@@ -24,7 +24,7 @@ from projections.sql import q
 from processors.runtime import Outgoing, Runtime, dead_letter_event, dead_letter_record, poll_record, transact
 from schemas import models as ev
 from schemas.codec import Codec
-from tapeline import kafka
+from tapeline import kafka, logs
 from tapeline.errors import (DecodeError, InvalidInput, LimitsExceeded, MediaError, QuotaExceeded, SchemaError,
                              StorageError, TapelineError)
 from tapeline.health import HealthState
@@ -194,26 +194,27 @@ class IntakeProcessor:
                 message = poll_record(consumer, self.health)
                 if message is None:
                     continue
-                position = (message.topic(), message.partition(), message.offset())
-                try:
-                    outgoing = self.handle(runtime, store, message)
-                except Exception as exc:  # transient infrastructure, or a bug on this one record
-                    failures[position] = failures.get(position, 0) + 1
-                    outgoing = self.after_failure(runtime, message, exc, failures[position], stop)
-                    if outgoing is None:
-                        consumer.seek(TopicPartition(*position))  # read it again
-                        continue
-                failures.pop(position, None)
-                offsets = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
-                try:
-                    transact(producer, lambda: runtime.produce(producer, outgoing), consumer=consumer, offsets=offsets,
-                             name="intake")
-                except Exception:
-                    # Aborted: read the record again from the last committed position.
-                    consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
-                    raise
-                self.processed += 1
-                self.health.job_done()
+                with logs.scope(**logs.kafka_position(message)):  # every line about this record says which
+                    position = (message.topic(), message.partition(), message.offset())
+                    try:
+                        outgoing = self.handle(runtime, store, message)
+                    except Exception as exc:  # transient infrastructure, or a bug on this one record
+                        failures[position] = failures.get(position, 0) + 1
+                        outgoing = self.after_failure(runtime, message, exc, failures[position], stop)
+                        if outgoing is None:
+                            consumer.seek(TopicPartition(*position))  # read it again
+                            continue
+                    failures.pop(position, None)
+                    offsets = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
+                    try:
+                        transact(producer, lambda: runtime.produce(producer, outgoing), consumer=consumer,
+                                 offsets=offsets, name="intake")
+                    except Exception:
+                        # Aborted: read the record again from the last committed position.
+                        consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
+                        raise
+                    self.processed += 1
+                    self.health.job_done()
         finally:
             consumer.close()
             runtime.close()
@@ -246,6 +247,7 @@ class IntakeProcessor:
             log.warning("undecodable upload record sent to the dead-letter topic", error=triaged[1].error, **where)
             return [triaged]
         event = triaged
+        logs.bind(job_id=event.job_id, stage="intake", upload_id=event.upload_id)
         existing = runtime.job_row(event.job_id)
         if existing is not None:
             log.info("duplicate upload: the job already exists", job_id=event.job_id, upload_id=event.upload_id)

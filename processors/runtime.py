@@ -68,6 +68,7 @@ class Runtime:
 
     def produce_to(self, producer: Producer, topic: str, partition: int, event: ev.Event) -> None:
         """Produce one event to an explicit partition (watchdog ticks go to every partition)."""
+        self.health.produced(event.event_type)
         producer.produce(topic, key=event.job_id.encode(), value=self.codec.encode(event.to_record()),
                          partition=partition, on_delivery=self._delivered)
 
@@ -198,5 +199,5 @@ def poll_record(consumer: Consumer, health=None, timeout_s: float = 0.5):
             log.warning("consumer error", error=str(message.error()))
         return None
     if health is not None:
-        health.consumed(message.topic())
+        health.consumed_messages([message])
     return message

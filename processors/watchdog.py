@@ -35,6 +35,7 @@ from projections.sql import connect, q
 from schemas import models as ev
 from tapeline import kafka
 from tapeline.errors import ServiceUnavailable
+from tapeline.health import HealthState
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.watchdog")
@@ -167,11 +168,13 @@ class Watchdog:
         self.ticks = 0
         self.processed = 0
         self.last_result: RunResult | None = None
+        self.health = HealthState("watchdog", settings.instance_id)  # `tapeline run` replaces it with the served one
 
     def run(self, stop: threading.Event) -> None:
         settings = self.settings
         leader = connect(settings.database_url, schema=settings.db_schema,
                          autocommit=True)  # dedicated: the advisory lock lives here
+        self.health.mark_ready()  # a standby waiting for the lock is healthy too
         try:
             while not stop.is_set():
                 if leader.execute("SELECT pg_try_advisory_lock(%s)", (WATCHDOG_LOCK,)).fetchone()[0]:
@@ -180,7 +183,7 @@ class Watchdog:
             if stop.is_set():
                 return
             log.info("watchdog is the leader")
-            runtime = Runtime(settings, "watchdog")
+            runtime = Runtime(settings, "watchdog", health=self.health)
             producer = kafka.transactional_producer(settings, f"{settings.app_name}.watchdog")
             runtime.db.execute(q("set_stall_policy"), {
                 "no_progress_timeout_s": settings.no_progress_timeout_s,
@@ -213,6 +216,7 @@ class Watchdog:
                 runtime.wait_caught_up(p, max(2.0, settings.tick_s * 4))
         except ServiceUnavailable as exc:
             log.warning("projection not caught up: judging nothing this tick", error=str(exc))
+            self.health.watchdog_ticks.labels(result="blind").inc()
             return None
         # Step 3
         db = runtime.db
@@ -229,6 +233,13 @@ class Watchdog:
             transact(producer, lambda: runtime.produce(producer, result.outgoing), name="watchdog.act")
             self.processed += len(stalled) + len(handoffs) + len(missing) + len(due)
             log.info("watchdog acted", **result.counts)
+            for _, event in result.outgoing:
+                if isinstance(event, ev.StallDetected):
+                    self.health.stall_detected(event.kind)
+            for verdict, count in result.counts.items():
+                if count and verdict != Verdict.IGNORE.value:
+                    self.health.watchdog_decisions.labels(verdict=verdict).inc(count)
+        self.health.watchdog_ticks.labels(result="judged").inc()
         self.last_result = result
         return result
 

@@ -31,7 +31,7 @@ from processors.runtime import (AttemptIdentity, Outgoing, Runtime, dead_letter_
 from projections.fold import STAGE_ORDER, TERMINAL_STATES, attempts_used
 from projections.sql import q
 from schemas import models as ev
-from tapeline import kafka
+from tapeline import kafka, logs
 from tapeline.errors import DecodeError, Fenced, SchemaError, ServiceUnavailable, TapelineError
 from tapeline.health import HealthState
 from tapeline.objectstore import ObjectStore
@@ -91,6 +91,7 @@ class Attempt:
         self.uncounted = uncounted
         self.heartbeats = 0
         self.last_heartbeat = time.monotonic()
+        self.claimed_at = time.monotonic()  # for the stage duration histogram
 
     def send(self, outgoing: list[Outgoing]) -> None:
         """Commit `outgoing` in one transaction on the attempt's producer. Raises `Fenced`."""
@@ -167,6 +168,17 @@ def _log_assignment(what: str):
     return callback
 
 
+def attempt_outcome(outgoing: list[Outgoing]) -> tuple[str, str]:
+    """(outcome, error class) of a committed completion: failed with the `AttemptFailed`'s class,
+    yielded, or succeeded (class empty). Pure."""
+    for _, event in outgoing:
+        if isinstance(event, ev.AttemptFailed):
+            return "failed", event.error_class
+        if isinstance(event, ev.AttemptYielded):
+            return "yielded", ""
+    return "succeeded", ""
+
+
 class Yielded(Exception):
     """The worker is shutting down: the attempt stops at a clean point and hands over."""
 
@@ -209,32 +221,36 @@ class StageWorker:
                     continue
                 if self.stop.is_set():
                     break
-                try:
-                    attempt = self.claim(runtime, consumer, message)
-                except ServiceUnavailable as exc:
-                    # The projection (or the broker) cannot answer: nothing was claimed. Read the item
-                    # again after a pause rather than exit (no crash loop while the projector is down).
-                    log.warning("cannot reconcile the work item now; reading it again", error=str(exc),
-                                topic=message.topic(), partition=message.partition(), offset=message.offset())
-                    try:
-                        consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
-                    except KafkaException:
-                        pass  # no longer ours: its new owner reads it from the committed offset
-                    stop.wait(1.0)
-                    continue
-                if attempt is None:
-                    continue
-                leave_group(consumer)  # Step 5: leave the group while busy
-                try:
-                    self.execute(attempt, store)
-                finally:
-                    self.current = None
-                    self.health.clear_attempt()
-                    consumer.subscribe(topics, on_assign=_log_assignment("assigned"),
-                                       on_revoke=_log_assignment("revoked"))  # Step 6 done: free again
+                with logs.scope(**logs.kafka_position(message)):  # every line about this record says which
+                    self.handle(runtime, store, consumer, message, topics)
         finally:
             consumer.close()
             runtime.close()
+
+    def handle(self, runtime: Runtime, store: ObjectStore, consumer, message: Message, topics: list[str]) -> None:
+        """Claim one work item and, when claimed, run the attempt outside the consumer group."""
+        try:
+            attempt = self.claim(runtime, consumer, message)
+        except ServiceUnavailable as exc:
+            # The projection (or the broker) cannot answer: nothing was claimed. Read the item
+            # again after a pause rather than exit (no crash loop while the projector is down).
+            log.warning("cannot reconcile the work item now; reading it again", error=str(exc))
+            try:
+                consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
+            except KafkaException:
+                pass  # no longer ours: its new owner reads it from the committed offset
+            self.stop.wait(1.0)
+            return
+        if attempt is None:
+            return
+        leave_group(consumer)  # Step 5: leave the group while busy
+        try:
+            self.execute(attempt, store)
+        finally:
+            self.current = None
+            self.health.clear_attempt()
+            consumer.subscribe(topics, on_assign=_log_assignment("assigned"),
+                               on_revoke=_log_assignment("revoked"))  # Step 6 done: free again
 
     def row_covering(self, runtime: Runtime, item: ev.WorkItem) -> dict[str, Any] | None:
         """The job's row once the projection has applied the `StageQueued` committed with `item`.
@@ -263,14 +279,14 @@ class StageWorker:
         except (DecodeError, SchemaError) as exc:
             self.dead_letter(runtime, consumer, message, exc, offsets)
             return None
-        log.info("work item received", job_id=item.job_id, stage=self.stage, attempt=item.attempt,
-                 produced_ms_ago=int(time.time() * 1000 - message.timestamp()[1]))
+        logs.bind(job_id=item.job_id, stage=self.stage, attempt=item.attempt)
+        log.info("work item received", produced_ms_ago=int(time.time() * 1000 - message.timestamp()[1]))
         steps = [time.monotonic()]  # when each claim step ended, for the "attempt claimed" log line
         # Step 1
         reason = should_skip(self.row_covering(runtime, item), item)
         steps.append(time.monotonic())
         if reason is not None:
-            log.info("work item skipped", job_id=item.job_id, stage=self.stage, attempt=item.attempt, reason=reason)
+            log.info("work item skipped", reason=reason)
             commit_skipped(consumer, offsets)
             return None
         # Step 2
@@ -280,7 +296,7 @@ class StageWorker:
         row = runtime.job_row(item.job_id)
         reason = should_skip(row, item)
         if reason is not None:
-            log.info("work item skipped after fencing", job_id=item.job_id, reason=reason)
+            log.info("work item skipped after fencing", reason=reason)
             commit_skipped(consumer, offsets)
             return None
         identity = AttemptIdentity(job_id=item.job_id, stage=self.stage, attempt=item.attempt,
@@ -297,8 +313,7 @@ class StageWorker:
             # A rebalance between poll and claim (ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS) or another
             # claimant: the transaction was aborted, nothing is visible, the offset is not committed,
             # so the item is delivered again (here or to its new owner) and reconciled again.
-            log.info("claim aborted; the work item will be delivered again", job_id=item.job_id,
-                     stage=self.stage, attempt=item.attempt, error=str(exc))
+            log.info("claim aborted; the work item will be delivered again", error=str(exc))
             try:
                 consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
             except KafkaException:
@@ -306,8 +321,8 @@ class StageWorker:
             return None
         steps.append(time.monotonic())
         reconcile_ms, fence_ms, commit_ms = (round(1000 * (b - a)) for a, b in zip(steps, steps[1:]))
-        log.info("attempt claimed", job_id=item.job_id, stage=self.stage, attempt=item.attempt,
-                 claim_token=identity.claim_token, reconcile_ms=reconcile_ms, fence_ms=fence_ms,
+        logs.bind(claim_token=identity.claim_token)
+        log.info("attempt claimed", reconcile_ms=reconcile_ms, fence_ms=fence_ms,
                  check_and_commit_ms=commit_ms)
         self.current = Attempt(runtime, identity, producer, item,
                                uncounted=item.attempt - attempts_used(row, item.attempt))
@@ -324,8 +339,7 @@ class StageWorker:
         record is read again from its committed offset and dead-lettered again.
         """
         record = dead_letter_record(message, error, self.stage, runtime.recorded_by)
-        log.error("undecodable work item sent to the dead-letter topic", error=str(error),
-                  topic=message.topic(), partition=message.partition(), offset=message.offset())
+        log.error("undecodable work item sent to the dead-letter topic", error=str(error))
         if self.dlq_producer is None:
             self.dlq_producer = kafka.transactional_producer(
                 self.settings, f"{self.settings.app_name}.{self.stage}.dlq.{self.settings.instance_id}.{os.getpid()}")
@@ -347,29 +361,31 @@ class StageWorker:
         except Yielded as exc:
             outgoing = self.yield_events(attempt, str(exc) or "worker shutting down (SIGTERM)")
         except Fenced:
-            log.warning("fenced: a newer attempt owns the job; stopping", job_id=attempt.identity.job_id)
-            self.health.count_attempt(self.stage, "fenced")
-            self.health.mark_fenced(f"fenced: a newer attempt owns job {attempt.identity.job_id}")
+            log.warning("fenced: a newer attempt owns the job; stopping")
+            self.fenced(attempt)
             return
         except TapelineError as exc:
             outgoing = self.failure_events(attempt, exc.error_class, str(exc),
                                            cooldown_s=getattr(exc, "retry_after_s", None))
         except Exception as exc:  # an unclassified bug still ends in a recorded, classified failure
-            log.exception("attempt failed with an unexpected error", job_id=attempt.identity.job_id)
+            log.exception("attempt failed with an unexpected error")
             outgoing = self.failure_events(attempt, "unknown", f"{type(exc).__name__}: {exc}")
         try:
             attempt.send(outgoing)
         except Fenced:
-            log.warning("fenced at completion; nothing committed", job_id=attempt.identity.job_id)
-            self.health.count_attempt(self.stage, "fenced")
-            self.health.mark_fenced(f"fenced: a newer attempt owns job {attempt.identity.job_id}")
+            log.warning("fenced at completion; nothing committed")
+            self.fenced(attempt)
             return
         self.processed += 1
-        self.health.count_attempt(self.stage, "failed" if any(isinstance(e, ev.AttemptFailed) for _, e in outgoing)
-                                  else "succeeded")
+        outcome, error_class = attempt_outcome(outgoing)
+        self.health.count_attempt(self.stage, outcome, error_class, time.monotonic() - attempt.claimed_at)
         self.health.job_done()
-        log.info("attempt finished", job_id=attempt.identity.job_id, stage=self.stage,
+        log.info("attempt finished", outcome=outcome, error_class=error_class or None,
                  events=[e.event_type for t, e in outgoing if t == jobs])
+
+    def fenced(self, attempt: Attempt) -> None:
+        self.health.count_attempt(self.stage, "fenced", "", time.monotonic() - attempt.claimed_at)
+        self.health.mark_fenced(f"fenced: a newer attempt owns job {attempt.identity.job_id}")
 
     def next_attempt_events(self, attempt: Attempt, next_attempt: int) -> list[Outgoing]:
         """`StageQueued` + the `WorkItem` of the same stage's next attempt (same inputs)."""

@@ -233,9 +233,10 @@ class ActionResult(BaseModel):
 
 class ApiMetrics:
     """The API process's own registry: requests and actions, plus gauges read from the projections
-    when scraped (jobs by state and stage, stalls by kind, dead letters pending)."""
+    when scraped (jobs by state and stage, stalls by kind, dead letters pending) and the projection lag
+    (`LagCache`, so a scrape reuses a recent measurement)."""
 
-    def __init__(self, pool_getter) -> None:
+    def __init__(self, pool_getter, lag: "LagCache | None" = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("tapeline_api_requests", "HTTP requests served", ["route", "method", "status"],
                                 registry=self.registry)
@@ -244,6 +245,7 @@ class ApiMetrics:
         self.actions = Counter("tapeline_operator_actions", "Operator actions requested through the API",
                                ["action", "result"], registry=self.registry)
         self._pool_getter = pool_getter
+        self._lag = lag
         self.registry.register(self)
 
     def describe(self):  # the projection gauges are read at scrape time only
@@ -265,12 +267,22 @@ class ApiMetrics:
                 for kind in ("lease_expired", "no_progress", "handoff", "expected_work_missing", "needs_review"):
                     stalls.add_metric([kind], kinds.get(kind, 0))
                 letters.add_metric([], read.dead_letter_counts(conn)["pending"])
+                lag = None
+                try:
+                    lag = self._lag.get(conn) if self._lag is not None else None
+                except ServiceUnavailable as exc:  # Kafka down: the other gauges still answer
+                    log.warning("metrics: projection lag unmeasurable", error=str(exc))
         except (psycopg.Error, PoolTimeout, TapelineError) as exc:
             log.warning("metrics: projections unreadable", error=str(exc))
             return
         yield jobs
         yield stalls
         yield letters
+        if lag is not None:
+            yield GaugeMetricFamily("tapeline_api_projection_lag_events", "Committed events the projection has not "
+                                    "applied, all partitions (measured by the API)", value=lag["events"])
+            yield GaugeMetricFamily("tapeline_api_projection_lag_seconds", "Age of the oldest event the projection "
+                                    "has not applied, seconds (0 when caught up)", value=lag["seconds"])
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -297,7 +309,7 @@ def create_app(settings: Settings) -> FastAPI:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     lag = LagCache(settings, settings.lag_cache_s)
-    metrics = ApiMetrics(lambda: state["pool"])
+    metrics = ApiMetrics(lambda: state["pool"], lag)
     app.state.settings, app.state.metrics = settings, metrics
 
     def db() -> Iterator[psycopg.Connection]:

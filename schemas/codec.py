@@ -99,6 +99,14 @@ class Codec:
             raise SchemaError(f"{event_type} does not match its schema: {exc}") from exc
         return buf.getvalue()
 
+    def event_type_of(self, data: bytes | None) -> str | None:
+        """The event type named by `data`'s writer-schema fingerprint, without decoding the body
+        (for metrics); None when `data` is not a record this codec knows."""
+        if not data or len(data) < HEADER_BYTES or data[:2] != MAGIC:
+            return None
+        writer = self.writers.get(bytes(data[2:HEADER_BYTES]))
+        return writer[0] if writer else None
+
     def decode(self, data: bytes | None, *, topic: str | None = None, partition: int | None = None,
                offset: int | None = None) -> dict:
         """Decode single-object-encoded `data` into a dict of the current schema of its type.

@@ -32,7 +32,9 @@ from functools import lru_cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from schemas.codec import default_codec
 
 
 @lru_cache(maxsize=1)
@@ -44,6 +46,12 @@ def ffmpeg_version() -> str | None:
         return None
     lines = done.stdout.splitlines()
     return lines[0].strip() if done.returncode == 0 and lines else None
+
+
+STAGE_BUCKETS_S = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+"""Histogram buckets of `tapeline_stage_duration_seconds`: a short clip to an hour-long encode."""
+STALL_KINDS = ("lease_expired", "no_progress", "handoff", "expected_work_missing")
+"""The `StallDetected` kinds, exported at 0 before the first one."""
 
 
 def _utc_iso(ts: float | None) -> str | None:
@@ -69,12 +77,32 @@ class HealthState:
         self._lag: int | None = None
         self._lag_checked = 0.0
         self.registry = CollectorRegistry(auto_describe=True)
+        # Counters are declared without `_total`: prometheus-client appends it in the exposition.
         self.events_produced = Counter("tapeline_events_produced", "Events handed to a producer (aborted "
                                        "transactions included)", ["event_type"], registry=self.registry)
-        self.events_consumed = Counter("tapeline_events_consumed", "Records consumed", ["topic"],
-                                       registry=self.registry)
-        self.attempts = Counter("tapeline_attempts", "Attempts finished by this process", ["stage", "outcome"],
-                                registry=self.registry)
+        self.events_consumed = Counter("tapeline_events_consumed", "Records consumed, by topic and event type "
+                                       "(read from the writer schema's fingerprint; `undecodable` when unknown)",
+                                       ["topic", "event_type"], registry=self.registry)
+        self.attempts = Counter("tapeline_attempts", "Attempts finished by this process: outcome succeeded | failed | "
+                                "yielded | fenced; error_class of a failure (empty otherwise)",
+                                ["stage", "outcome", "error_class"], registry=self.registry)
+        self.stage_duration = Histogram("tapeline_stage_duration_seconds", "Claim to committed completion of one "
+                                        "attempt, seconds", ["stage", "outcome"], buckets=STAGE_BUCKETS_S,
+                                        registry=self.registry)
+        self.stalls = Counter("tapeline_stalls_detected", "Watchdog: stalls it committed a StallDetected for, by kind",
+                              ["kind"], registry=self.registry)
+        for kind in STALL_KINDS:
+            self.stalls.labels(kind=kind)
+        self.watchdog_ticks = Counter("tapeline_watchdog_ticks", "Watchdog: ticks run, by result (judged | blind: "
+                                      "the projection was not caught up)", ["result"], registry=self.registry)
+        self.watchdog_decisions = Counter("tapeline_watchdog_decisions", "Watchdog: run_once verdicts committed",
+                                          ["verdict"], registry=self.registry)
+        self.lease_age = Gauge("tapeline_lease_age_seconds", "Seconds since the running attempt's claim or last "
+                               "committed heartbeat (worker monotonic clock; 0 when idle)", registry=self.registry)
+        self.lease_age.set_function(lambda: self._lease_times()[0])
+        self.lease_remaining = Gauge("tapeline_lease_remaining_seconds", "Approximate lease left of the running "
+                                     "attempt (lease minus lease age; 0 when idle)", registry=self.registry)
+        self.lease_remaining.set_function(lambda: self._lease_times()[1])
         self.ffmpeg_speed = Gauge("tapeline_ffmpeg_speed_ratio", "Last ffmpeg speed (x realtime)",
                                   registry=self.registry)
         self.jobs_processed = Counter("tapeline_jobs_processed", "Work items (intake: uploads) processed",
@@ -134,6 +162,14 @@ class HealthState:
         with self._lock:
             self._lease_renewed = time.monotonic()
 
+    def _lease_times(self) -> tuple[float, float]:
+        """(age, remaining) of the running attempt's lease, seconds; (0, 0) when idle."""
+        with self._lock:
+            if self._attempt is None:
+                return 0.0, 0.0
+            age = time.monotonic() - self._lease_renewed
+            return age, max(0.0, self._attempt["lease_s"] - age)
+
     def clear_attempt(self) -> None:
         with self._lock:
             self._attempt = None
@@ -154,20 +190,30 @@ class HealthState:
     def produced(self, event_type: str) -> None:
         self.events_produced.labels(event_type=event_type).inc()
 
-    def consumed(self, topic: str, count: int = 1) -> None:
-        self.events_consumed.labels(topic=topic).inc(count)
+    def consumed(self, topic: str, event_type: str = "undecodable", count: int = 1) -> None:
+        self.events_consumed.labels(topic=topic, event_type=event_type).inc(count)
 
     def consumed_messages(self, messages: Iterable[Any]) -> None:
-        """Count Kafka messages (anything with `.topic()`) by topic."""
-        counts: dict[str, int] = {}
+        """Count Kafka messages (anything with `.topic()` and `.value()`) by topic and event type."""
+        codec = default_codec()
+        counts: dict[tuple[str, str], int] = {}
         for message in messages:
-            counts[message.topic()] = counts.get(message.topic(), 0) + 1
-        for topic, count in counts.items():
-            self.consumed(topic, count)
+            key = (message.topic(), codec.event_type_of(message.value()) or "undecodable")
+            counts[key] = counts.get(key, 0) + 1
+        for (topic, event_type), count in counts.items():
+            self.consumed(topic, event_type, count)
 
-    def count_attempt(self, stage: str, outcome: str) -> None:
-        """outcome: succeeded | failed (the attempt's failure was committed) | fenced (nothing committed)."""
-        self.attempts.labels(stage=stage, outcome=outcome).inc()
+    def count_attempt(self, stage: str, outcome: str, error_class: str = "",
+                      duration_s: float | None = None) -> None:
+        """outcome: succeeded | failed (the attempt's failure was committed; `error_class` says why) |
+        yielded (handed over on shutdown) | fenced (nothing committed). `duration_s`, claim to
+        completion, goes to the stage duration histogram."""
+        self.attempts.labels(stage=stage, outcome=outcome, error_class=error_class).inc()
+        if duration_s is not None:
+            self.stage_duration.labels(stage=stage, outcome=outcome).observe(duration_s)
+
+    def stall_detected(self, kind: str) -> None:
+        self.stalls.labels(kind=kind).inc()
 
     def observe_lag(self, consumer: Any, every_s: float = 5.0) -> None:
         """Projector: records behind, summed over the assignment (cached high watermark minus position;

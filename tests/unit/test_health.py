@@ -126,19 +126,58 @@ def test_projector_deep_has_a_lag_field():
 
 
 def test_metrics_exposition_names_every_metric(state, server):
+    from schemas import models as ev
+    from schemas.codec import default_codec
+
+    class Message:  # what the consumers hand over: a topic and a value
+        def __init__(self, topic: str, value: bytes) -> None:
+            self._topic, self._value = topic, value
+
+        def topic(self) -> str:
+            return self._topic
+
+        def value(self) -> bytes:
+            return self._value
+
+    item = ev.StageQueued.new(job_id="j1", stage="transcode", attempt=1, recorded_by="t", correlation_id="u1",
+                              tier="standard", work_topic="t.work.transcode.standard")
     state.produced("AttemptStarted")
-    state.consumed("t.work.transcode.standard")
-    state.count_attempt("transcode", "succeeded")
+    state.consumed_messages([Message("t.jobs", default_codec().encode(item.to_record())), Message("t.jobs", b"junk")])
+    state.count_attempt("transcode", "succeeded", duration_s=12.5)
+    state.count_attempt("transcode", "failed", "media_corrupt", duration_s=0.3)
+    state.stall_detected("no_progress")
     state.record_progress(10, 1.0, speed=2.25)
     state.job_done()
     code, content_type, body = get(server, "/metrics")
     assert code == 200 and content_type.startswith("text/plain")
     assert 'tapeline_events_produced_total{event_type="AttemptStarted"} 1.0' in body
-    assert 'tapeline_events_consumed_total{topic="t.work.transcode.standard"} 1.0' in body
-    assert 'tapeline_attempts_total{outcome="succeeded",stage="transcode"} 1.0' in body
+    assert 'tapeline_events_consumed_total{event_type="StageQueued",topic="t.jobs"} 1.0' in body
+    assert 'tapeline_events_consumed_total{event_type="undecodable",topic="t.jobs"} 1.0' in body
+    assert 'tapeline_attempts_total{error_class="",outcome="succeeded",stage="transcode"} 1.0' in body
+    assert 'tapeline_attempts_total{error_class="media_corrupt",outcome="failed",stage="transcode"} 1.0' in body
+    assert 'tapeline_stage_duration_seconds_count{outcome="succeeded",stage="transcode"} 1.0' in body
+    assert 'tapeline_stage_duration_seconds_sum{outcome="succeeded",stage="transcode"} 12.5' in body
+    assert 'tapeline_stage_duration_seconds_bucket{le="20.0",outcome="succeeded",stage="transcode"} 1.0' in body
+    assert 'tapeline_stalls_detected_total{kind="no_progress"} 1.0' in body
+    assert 'tapeline_stalls_detected_total{kind="lease_expired"} 0.0' in body  # every kind exported from the start
     assert "tapeline_ffmpeg_speed_ratio 2.25" in body
     assert 'tapeline_jobs_processed_total{role="transcode"} 1.0' in body
     assert "tapeline_uptime_seconds " in body
+    assert "tapeline_lease_age_seconds 0.0" in body and "tapeline_lease_remaining_seconds 0.0" in body
+
+
+def test_lease_age_and_remaining_follow_the_claim_and_heartbeats(state):
+    def gauge(name: str) -> float:
+        return state.registry.get_sample_value(name)
+
+    state.set_attempt("job-1", "transcode", 1, "tok", lease_s=60.0)
+    time.sleep(0.2)
+    assert 0.2 <= gauge("tapeline_lease_age_seconds") < 1.0
+    assert 59.0 < gauge("tapeline_lease_remaining_seconds") <= 59.8
+    state.lease_renewed()
+    assert gauge("tapeline_lease_age_seconds") < 0.1
+    state.clear_attempt()
+    assert gauge("tapeline_lease_age_seconds") == 0.0 and gauge("tapeline_lease_remaining_seconds") == 0.0
 
 
 def test_each_state_has_its_own_registry():
