@@ -14,7 +14,7 @@ One tick (`Watchdog.tick`), after the numbered protocol:
           re-drive, report;
   Step 5. commit the decided events in one transaction. Every event has a dedup key, so a repeated
           tick or a second watchdog changes nothing;
-  Step 6. cleanup (`processors/cleanup.py`): list the next page of the sweep, read the rows of its
+  Step 6. cleanup (`processors/cleanup.py`, at most every `cleanup_interval_s`): list the next page of the sweep, read the rows of its
           jobs, `plan_cleanup` (pure) decides, remove at most `cleanup_max_deletes` objects. A
           storage failure here is logged and retried next tick; it never stops the stall work.
 """
@@ -176,6 +176,7 @@ class Watchdog:
         self.sweep_prefix, self.sweep_token = 0, None  # where the orphan sweep resumes (in memory)
         self.cleanup_totals = {"objects_removed": 0, "multipart_aborted": 0, "deferred": 0, "errors": 0}
         self.last_cleanup: CleanupPlan | None = None
+        self.next_cleanup_at = 0.0  # monotonic: cleanup runs at most every `cleanup_interval_s`
 
     def run(self, stop: threading.Event) -> None:
         settings = self.settings
@@ -240,7 +241,8 @@ class Watchdog:
             log.info("watchdog acted", **result.counts)
         self.last_result = result
         # Step 6
-        if settings.cleanup_max_deletes > 0:
+        if settings.cleanup_max_deletes > 0 and time.monotonic() >= self.next_cleanup_at:
+            self.next_cleanup_at = time.monotonic() + settings.cleanup_interval_s
             try:
                 self.cleanup(db)
             except StorageError as exc:

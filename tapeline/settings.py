@@ -73,6 +73,8 @@ class Settings(BaseSettings):
     cleanup_max_deletes: int = Field(200, description="At most this many objects removed (and multipart uploads "
                                      "aborted) per watchdog tick; 0 turns cleanup off")
     cleanup_page_keys: int = Field(1000, description="Keys the orphan sweep lists per watchdog tick")
+    cleanup_interval_s: float = Field(10.0, description="At most one cleanup step per this many seconds of "
+                                      "watchdog ticks (a listing is not free)")
     multipart_stale_s: float = Field(86400.0, description="An unfinished multipart upload this old is aborted, seconds")
 
     # Media.

@@ -47,7 +47,7 @@ def private_s3(isolated: Settings, tmp_path: Path) -> Iterator[Settings]:
                               cwd=tmp_path, start_new_session=True)
     settings = isolated.model_copy(update={
         **FAULT_TIMING, "s3_endpoint": f"http://127.0.0.1:{port}", "cleanup_retention_s": 0.0,
-        "cleanup_orphans": True, "multipart_stale_s": 0.0, "cleanup_page_keys": 50})
+        "cleanup_orphans": True, "multipart_stale_s": 0.0, "cleanup_page_keys": 50, "cleanup_interval_s": 0.0})
     try:
         wait_for(lambda: stack._s3_answers(settings)[0], 30, "the private moto_server to answer")
         stack._ensure_bucket(settings, None)
