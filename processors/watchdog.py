@@ -13,7 +13,10 @@ One tick (`Watchdog.tick`), after the numbered protocol:
   Step 4. `run_once` (pure) decides: retry as the next attempt, dispatch a due retry, dead-letter,
           re-drive, report;
   Step 5. commit the decided events in one transaction. Every event has a dedup key, so a repeated
-          tick or a second watchdog changes nothing.
+          tick or a second watchdog changes nothing;
+  Step 6. cleanup (`processors/cleanup.py`, at most every `cleanup_interval_s`): list the next page of the sweep, read the rows of its
+          jobs, `plan_cleanup` (pure) decides, remove at most `cleanup_max_deletes` objects. A
+          storage failure here is logged and retried next tick; it never stops the stall work.
 """
 
 from __future__ import annotations
@@ -28,14 +31,16 @@ from typing import Any
 import psycopg
 import structlog
 
+from processors.cleanup import SWEPT_PREFIXES, CleanupPlan, job_ids_of, plan_cleanup
 from processors.retry import Action, retry_decision, retry_scheduled
 from processors.runtime import Outgoing, Runtime, transact
 from projections.fold import attempts_used
 from projections.sql import connect, q
 from schemas import models as ev
 from tapeline import kafka
-from tapeline.errors import ServiceUnavailable
+from tapeline.errors import ServiceUnavailable, StorageError
 from tapeline.health import HealthState
+from tapeline.objectstore import ObjectStore
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.watchdog")
@@ -169,6 +174,11 @@ class Watchdog:
         self.processed = 0
         self.last_result: RunResult | None = None
         self.health = HealthState("watchdog", settings.instance_id)  # `tapeline run` replaces it with the served one
+        self.store: ObjectStore | None = None
+        self.sweep_prefix, self.sweep_token = 0, None  # where the orphan sweep resumes (in memory)
+        self.cleanup_totals = {"objects_removed": 0, "multipart_aborted": 0, "deferred": 0, "errors": 0}
+        self.last_cleanup: CleanupPlan | None = None
+        self.next_cleanup_at = 0.0  # monotonic: cleanup runs at most every `cleanup_interval_s`
 
     def run(self, stop: threading.Event) -> None:
         settings = self.settings
@@ -241,7 +251,54 @@ class Watchdog:
                     self.health.watchdog_decisions.labels(verdict=verdict).inc(count)
         self.health.watchdog_ticks.labels(result="judged").inc()
         self.last_result = result
+        # Step 6
+        if settings.cleanup_max_deletes > 0 and time.monotonic() >= self.next_cleanup_at:
+            self.next_cleanup_at = time.monotonic() + settings.cleanup_interval_s
+            try:
+                self.cleanup(db)
+            except StorageError as exc:
+                self.cleanup_totals["errors"] += 1
+                log.warning("cleanup failed: retried next tick", error=str(exc))
         return result
+
+    def cleanup(self, db: psycopg.Connection) -> CleanupPlan | None:
+        """Step 6: one page of the sweep (prefixes `work/`, `markers/`, `uploads/` in turn, resumed
+        where the last tick stopped), planned by `plan_cleanup` and performed within the cap. A page
+        with removals left over (the cap) is listed again next tick."""
+        settings = self.settings
+        now = db.execute(q("log_clock_oldest")).fetchone()["now"]
+        if now is None:
+            return None
+        store = self.store = self.store or ObjectStore(settings)
+        prefix = SWEPT_PREFIXES[self.sweep_prefix]
+        starting_pass = self.sweep_prefix == 0 and self.sweep_token is None
+        objects, next_token = store.list_page(prefix, self.sweep_token, settings.cleanup_page_keys)
+        multipart = store.list_multipart(settings.cleanup_page_keys) if starting_pass else []
+        ids = sorted(job_ids_of(o.key for o in objects))
+        jobs = {r["job_id"]: r for r in db.execute(q("job_state_by_ids"), {"job_ids": ids}).fetchall()} if ids else {}
+        referenced = {r["key"] for r in db.execute(q("referenced_object_keys"), {"job_ids": ids}).fetchall()} \
+            if ids else set()
+        plan = plan_cleanup(objects, jobs, referenced, now, settings, multipart)
+        for upload in plan.abort:
+            store.abort_multipart(upload.key, upload.upload_id)
+        for i in range(0, len(plan.delete), 1000):
+            store.delete_many(plan.delete[i:i + 1000])
+        if not plan.deferred:  # else: the same page again next tick
+            self.sweep_token = next_token
+            if next_token is None:
+                self.sweep_prefix = (self.sweep_prefix + 1) % len(SWEPT_PREFIXES)
+        totals = self.cleanup_totals
+        totals["objects_removed"] += len(plan.delete)
+        totals["multipart_aborted"] += len(plan.abort)
+        totals["deferred"] = plan.deferred
+        if plan.delete or plan.abort:
+            log.info("cleanup removed objects", prefix=prefix, removed=len(plan.delete), aborted=len(plan.abort),
+                     deferred=plan.deferred, **{k: v for k, v in plan.counts.items() if v})
+        health = getattr(self, "health", None)  # set by `run_role` (its absence there means "ready once running")
+        if health is not None:
+            health.set_cleanup(totals, removed=len(plan.delete), aborted=len(plan.abort))
+        self.last_cleanup = plan
+        return plan
 
 
 def log_clock(conn: psycopg.Connection) -> dict[int, datetime]:

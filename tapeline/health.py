@@ -111,6 +111,9 @@ class HealthState:
         self.uptime = Gauge("tapeline_uptime_seconds", "Seconds since this process started", registry=self.registry)
         self.uptime.set_function(lambda: time.monotonic() - self._started)
         self._projection_lag: dict[str, Any] | None = None
+        self._cleanup: dict[str, Any] | None = None
+        self.objects_removed = Counter("tapeline_cleanup_objects", "Watchdog cleanup: objects removed and multipart "
+                                       "uploads aborted", ["action"], registry=self.registry)
         self.projection_lag_events = Gauge(
             "tapeline_projection_lag_events", "Projector: committed records between its stored offset and the last "
             "stable offset (offsets, transaction markers included, where too many to count)", ["topic", "partition"],
@@ -244,6 +247,13 @@ class HealthState:
             self._projection_lag = {"events": report.events, "seconds": round(report.seconds, 3),
                                     "exact": report.exact, "measured_at": report.measured_at.isoformat()}
 
+    def set_cleanup(self, totals: dict[str, int], removed: int, aborted: int) -> None:
+        """Watchdog: the cleanup totals since start (for `/health/deep`) and this tick's removals."""
+        self.objects_removed.labels(action="removed").inc(removed)
+        self.objects_removed.labels(action="aborted").inc(aborted)
+        with self._lock:
+            self._cleanup = dict(totals)
+
     def deep(self) -> dict[str, Any]:
         """The `/health/deep` document."""
         ready, reason = self.readiness()
@@ -263,6 +273,8 @@ class HealthState:
             if self.role == "projector":
                 doc["lag_records_approx"] = self._lag
                 doc["projection_lag"] = self._projection_lag  # events and seconds behind, see projections/lag.py
+            if self._cleanup is not None:
+                doc["cleanup"] = self._cleanup  # watchdog: objects removed, multipart aborted, deferred, errors
         doc["ffmpeg_version"] = ffmpeg_version()
         return doc
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import TYPE_CHECKING, BinaryIO, Callable
 
 import boto3
 from boto3.s3.transfer import TransferConfig
@@ -18,6 +18,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tapeline.errors import StorageError
 from tapeline.settings import Settings
+
+if TYPE_CHECKING:  # the cleanup planner's row types (imported lazily at run time: no import cycle)
+    from processors.cleanup import MultipartUpload, StoredObject
 
 PUBLISHED_PREFIX = "published/"
 
@@ -164,3 +167,53 @@ class ObjectStore:
             self.s3.delete_object(Bucket=self.bucket, Key=key)
         except (BotoCoreError, ClientError) as exc:
             raise StorageError(f"delete of {key} failed: {exc}") from exc
+
+    def list_page(self, prefix: str, token: str | None, max_keys: int) -> tuple[list["StoredObject"], str | None]:
+        """One page of keys under `prefix` (key order) and the token of the next page (None: the last)."""
+        from processors.cleanup import StoredObject
+
+        args = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": max_keys}
+        if token:
+            args["ContinuationToken"] = token
+        try:
+            page = self.s3.list_objects_v2(**args)
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageError(f"listing of {prefix} failed: {exc}") from exc
+        objects = [StoredObject(o["Key"], o["LastModified"]) for o in page.get("Contents", [])]
+        return objects, page.get("NextContinuationToken") if page.get("IsTruncated") else None
+
+    def list_multipart(self, max_uploads: int) -> list["MultipartUpload"]:
+        """Unfinished multipart uploads (the first `max_uploads`)."""
+        from processors.cleanup import MultipartUpload
+
+        try:
+            page = self.s3.list_multipart_uploads(Bucket=self.bucket, MaxUploads=max_uploads)
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageError(f"listing of multipart uploads failed: {exc}") from exc
+        return [MultipartUpload(u["Key"], u["UploadId"], u["Initiated"]) for u in page.get("Uploads", [])]
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        """Abort one multipart upload (no error when it is already gone)."""
+        try:
+            self.s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "NoSuchUpload":
+                raise StorageError(f"abort of multipart upload {key} failed: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StorageError(f"abort of multipart upload {key} failed: {exc}") from exc
+
+    def delete_many(self, keys: list[str]) -> None:
+        """Remove `keys` (at most 1000, one DeleteObjects call). Refuses any key under `published/`."""
+        if not keys:
+            return
+        if any(k.startswith(PUBLISHED_PREFIX) for k in keys):
+            raise StorageError("refusing to delete published objects")
+        try:
+            result = self.s3.delete_objects(Bucket=self.bucket,
+                                            Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True})
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageError(f"delete of {len(keys)} objects failed: {exc}") from exc
+        if result.get("Errors"):
+            first = result["Errors"][0]
+            raise StorageError(f"delete of {len(result['Errors'])} objects failed, first {first.get('Key')}: "
+                               f"{first.get('Code')} {first.get('Message')}")

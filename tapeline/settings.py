@@ -65,6 +65,18 @@ class Settings(BaseSettings):
     transaction_timeout_ms: int = Field(10_000, description="Producer transaction.timeout.ms: well below the lease")
     caught_up_timeout_s: float = Field(60.0, description="How long a processor waits for the projector to catch up")
 
+    # Cleanup by the watchdog leader (processors/cleanup.py); times on the log clock.
+    cleanup_retention_s: float = Field(3600.0, description="Work objects and claim markers of an ended job are removed "
+                                       "this long after it ended; an orphan must be at least this old")
+    cleanup_orphans: bool = Field(True, description="Also remove objects of jobs this deployment does not know and "
+                                  "sources that never became a job (off when deployments share a bucket)")
+    cleanup_max_deletes: int = Field(200, description="At most this many objects removed (and multipart uploads "
+                                     "aborted) per watchdog tick; 0 turns cleanup off")
+    cleanup_page_keys: int = Field(1000, description="Keys the orphan sweep lists per watchdog tick")
+    cleanup_interval_s: float = Field(10.0, description="At most one cleanup step per this many seconds of "
+                                      "watchdog ticks (a listing is not free)")
+    multipart_stale_s: float = Field(86400.0, description="An unfinished multipart upload this old is aborted, seconds")
+
     # Media.
     segment_s: float = Field(4.0, description="HLS target segment length, seconds of media")
     x264_preset: str = "veryfast"

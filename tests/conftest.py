@@ -80,7 +80,9 @@ def isolated(base_settings: Settings) -> Iterator[Settings]:
     url = (f"postgresql://{params.get('user')}:{params.get('password')}@{params.get('host', '127.0.0.1')}:"
            f"{params.get('port', 5432)}/{dbname}")
     settings = base_settings.model_copy(update={"topic_prefix": f"t{tag}", "app_name": f"tapeline-test-{tag}",
-                                                "database_url": url, **SMALL_TOPICS})
+                                                "database_url": url, **SMALL_TOPICS,
+                                                # the bucket is shared by every test: never sweep others' objects
+                                                "cleanup_orphans": False})
     stack.ensure_topics(settings)
     migrate(settings.database_url)
     yield settings

@@ -210,3 +210,15 @@ SELECT now() AS now;
 -- Jobs accepted (not rejected) from one submitter's uploads made in [since, until) (broker time).
 SELECT count(*) AS jobs FROM uploads u JOIN job_state j ON j.job_id = u.job_id
 WHERE u.submitter = %(submitter)s AND u.broker_ts >= %(since)s AND u.broker_ts < %(until)s AND j.state <> 'rejected';
+
+-- name: referenced_object_keys
+-- Object keys a recorded checkpoint (applied, not superseded, not duplicate) or an applied transcode completion of the given jobs names (the watchdog's cleanup keeps them).
+SELECT payload->>'object_key' AS key FROM lifecycle_evidence
+WHERE job_id = ANY(%(job_ids)s) AND event_type = 'CheckpointRecorded' AND applied AND NOT superseded AND NOT duplicate
+UNION
+SELECT o->>'key' FROM lifecycle_evidence e CROSS JOIN LATERAL jsonb_array_elements(COALESCE(e.payload->'outputs', '[]'::jsonb)) o
+WHERE e.job_id = ANY(%(job_ids)s) AND e.event_type = 'AttemptSucceeded' AND e.applied AND NOT e.superseded;
+
+-- name: log_clock_oldest
+-- The oldest partition's log clock: every partition has passed it (NULL before the first tick).
+SELECT min(now) AS now FROM log_clock;

@@ -1,0 +1,85 @@
+"""The watchdog's cleanup with the real pipeline (issue 4, item 5): after a job completes, its attempt
+objects and claim marker go, its published outputs stay and still play; an orphan of an unknown job
+and a stale multipart upload go too.
+
+The endpoint is a private moto_server of this module: the orphan sweep judges a whole bucket, and
+the shared one holds every other test's objects.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tapeline import stack
+from tapeline.chaos import keys_under
+from tapeline.objectstore import ObjectStore
+from tapeline.samples import sample_video
+from tapeline.settings import Settings
+from tests.conftest import Pipeline, wait_for
+from tests.faults.conftest import FAULT_TIMING
+from tests.faults.test_worker_faults import submit, wait_state
+from tests.integration.helpers import decodes
+
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture()
+def private_s3(isolated: Settings, tmp_path: Path) -> Iterator[Settings]:
+    """A moto_server of this test's own, with the bucket and policy `tapeline stack up` creates; cleanup
+    with no retention and the orphan sweep on (the bucket is ours alone)."""
+    port = _free_port()
+    log = open(tmp_path / "moto.log", "wb")
+    server = subprocess.Popen([stack._moto_server(), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log,
+                              cwd=tmp_path, start_new_session=True)
+    settings = isolated.model_copy(update={
+        **FAULT_TIMING, "s3_endpoint": f"http://127.0.0.1:{port}", "cleanup_retention_s": 0.0,
+        "cleanup_orphans": True, "multipart_stale_s": 0.0, "cleanup_page_keys": 50, "cleanup_interval_s": 0.0})
+    try:
+        wait_for(lambda: stack._s3_answers(settings)[0], 30, "the private moto_server to answer")
+        stack._ensure_bucket(settings, None)
+        yield settings
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(10)
+        log.close()
+
+
+def test_completed_job_objects_and_orphans_are_removed_and_published_outputs_stay(private_s3, tmp_path):
+    settings = private_s3
+    store = ObjectStore(settings)
+    ghost = f"work/{uuid.uuid4()}/transcode/1/720p/seg_00000.ts"  # a job this deployment never knew
+    store.s3.put_object(Bucket=store.bucket, Key=ghost, Body=b"orphan")
+    multipart = store.s3.create_multipart_upload(Bucket=store.bucket, Key="uploads/abandoned/big.mp4")["UploadId"]
+    pipeline = Pipeline(settings, tmp_path / "run.log").start()
+    try:
+        job_id = submit(settings, sample_video("carphone_pristine.mp4"))
+        row = wait_state(settings, job_id, timeout_s=120)
+        store.s3.put_object(Bucket=store.bucket, Key=f"markers/{job_id}/webhook.json", Body=b"{}")  # as a webhook run leaves
+        published = keys_under(settings, f"published/{job_id}/")
+        assert published and row["master_url"]
+        wait_for(lambda: not keys_under(settings, f"work/{job_id}/") and not keys_under(settings, f"markers/{job_id}/")
+                 and not keys_under(settings, ghost), 30, "the job's work objects, marker and the orphan to go")
+        wait_for(lambda: multipart not in {u["UploadId"] for u in
+                                           store.s3.list_multipart_uploads(Bucket=store.bucket).get("Uploads", [])}, 30,
+                 "the stale multipart upload to be aborted")
+        assert keys_under(settings, f"published/{job_id}/") == published  # nothing published is removed
+        assert keys_under(settings, "uploads/"), "the completed job's source is kept"
+        played = decodes(row["master_url"])
+        assert played.returncode == 0 and not played.stderr.strip(), played.stderr[-2000:]
+        assert "cleanup removed objects" in pipeline.log_text()
+    finally:
+        pipeline.stop()
+        print(pipeline.log_text()[-4000:])
