@@ -24,17 +24,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import bench_settings  # noqa: E402
 from bench.stall_latency import env_for  # noqa: E402
 from producers.submit import publish, upload  # noqa: E402
-from projections.sql import migrate  # noqa: E402
-from tapeline import stack  # noqa: E402
 from tapeline.chaos import ENDED_STATES, ProviderProcess, audit  # noqa: E402
 from tapeline.crashpoints import PIPELINE_CRASH_POINTS  # noqa: E402
 from tapeline.samples import sample_video  # noqa: E402
@@ -100,23 +98,13 @@ def main() -> int:
     args = parser.parse_args()
     random.seed(args.seed)
 
-    base = Settings()
-    stack.up(base)
-    tag = uuid.uuid4().hex[:8]
-    dbname = f"bench_chaos_{tag}"
-    with psycopg.connect(base.database_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{dbname}"')
     work = Path(tempfile.mkdtemp(prefix="bench-chaos-"))
     provider = ProviderProcess(work)
-    settings = base.model_copy(update={
-        "topic_prefix": f"chaos{tag}", "app_name": f"chaos-{tag}", "jobs_partitions": 3, "work_partitions": 2,
-        "uploads_partitions": 2, "database_url": base.database_url.rsplit("/", 1)[0] + "/" + dbname,
+    settings = bench_settings("chaos", **{
         "lease_s": 4.0, "heartbeat_interval_s": 0.5, "no_progress_timeout_s": 8.0, "handoff_timeout_s": 15.0,
         "tick_interval_s": 0.5, "caught_up_timeout_s": 20.0, "x264_preset": "ultrafast",
         "transaction_timeout_ms": 3000, "webhook_url": provider.url, "webhook_dedupes": False,
         "restart_backoff_s": (0.5,), "max_attempts": 6})
-    stack.ensure_topics(settings)
-    migrate(settings.database_url)
     points_file, once = work / "crash-points", work / "crashed"
     points_file.write_text("")
     log = open(work / "run.log", "ab")

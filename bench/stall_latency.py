@@ -32,9 +32,8 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import bench_settings, drop_bench_database  # noqa: E402
 from producers.submit import publish, upload  # noqa: E402
-from projections.sql import migrate  # noqa: E402
-from tapeline import stack  # noqa: E402
 from tapeline.samples import sample_video  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402
 
@@ -105,19 +104,9 @@ def main() -> int:
     parser.add_argument("--hang-runs", type=int, default=3, help="SIGSTOP-ffmpeg runs")
     args = parser.parse_args()
 
-    base = Settings()
-    stack.up(base)
-    tag = uuid.uuid4().hex[:8]
-    dbname = f"bench_stall_{tag}"
-    with psycopg.connect(base.database_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{dbname}"')
-    settings = base.model_copy(update={
-        "topic_prefix": f"bench{tag}", "app_name": f"bench-{tag}", "jobs_partitions": 3, "work_partitions": 2,
-        "uploads_partitions": 2, "database_url": base.database_url.rsplit("/", 1)[0] + "/" + dbname,
-        "lease_s": args.lease, "no_progress_timeout_s": args.lease, "tick_interval_s": 0.25,
-        "handoff_timeout_s": 600.0, "x264_preset": "ultrafast", "transaction_timeout_ms": int(args.lease * 600)})
-    stack.ensure_topics(settings)
-    migrate(settings.database_url)
+    settings = bench_settings(
+        "stall", lease_s=args.lease, no_progress_timeout_s=args.lease, tick_interval_s=0.25, handoff_timeout_s=600.0,
+        x264_preset="ultrafast", transaction_timeout_ms=int(args.lease * 600))
     work = Path(tempfile.mkdtemp(prefix="bench-stall-"))
     video = work / "long.mp4"
     subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-stream_loop", "5", "-i", str(sample_video()), "-c", "copy",
@@ -158,8 +147,7 @@ def main() -> int:
         for process in processes + workers:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
-        with psycopg.connect(base.database_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        drop_bench_database(settings)
     lease = args.lease
     print(f"\nlease L = {lease:g} s, heartbeat every {settings.heartbeat_s:g} s, watchdog tick {settings.tick_s:g} s")
     print(f"kill -9 -> StallDetected:   median {statistics.median(detect):.2f} s ({statistics.median(detect) / lease:.2f} L), "

@@ -32,18 +32,17 @@ import time
 import uuid
 from pathlib import Path
 
-import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import bench_settings, drop_bench_database  # noqa: E402
 from processors import media, segments  # noqa: E402
 from processors.runtime import AttemptIdentity, Runtime, new_claim_token  # noqa: E402
 from processors.transcode import TranscodeWorker  # noqa: E402
 from processors.worker import Attempt  # noqa: E402
-from projections.sql import migrate  # noqa: E402
 from schemas import models as ev  # noqa: E402
-from tapeline import kafka, stack  # noqa: E402
+from tapeline import kafka  # noqa: E402
 from tapeline.objectstore import ObjectStore  # noqa: E402
 from tapeline.samples import sample_video  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402
@@ -105,25 +104,14 @@ def main() -> int:
     parser.add_argument("--preset", default=None, help="x264 preset (default: the setting, veryfast)")
     args = parser.parse_args()
 
-    base = Settings()
-    stack.up(base)
-    tag = uuid.uuid4().hex[:8]
-    dbname = f"bench_overhead_{tag}"
-    with psycopg.connect(base.database_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{dbname}"')
-    settings = base.model_copy(update={
-        "topic_prefix": f"bench{tag}", "app_name": f"bench-{tag}", "jobs_partitions": 3, "work_partitions": 2,
-        "uploads_partitions": 2, "database_url": base.database_url.rsplit("/", 1)[0] + "/" + dbname,
-        **({"x264_preset": args.preset} if args.preset else {})})
-    stack.ensure_topics(settings)
-    migrate(settings.database_url)
+    settings = bench_settings("overhead", **({"x264_preset": args.preset} if args.preset else {}))
     work = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
     source = work / "source.mp4"
     subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-stream_loop", str(args.loops - 1), "-i", str(sample_video()),
                     "-c", "copy", "-y", str(source)], check=True)
     probe = media.probe_source(source)
     ladder = media.plan_ladder(probe, settings.ladder)
-    source_key = f"uploads/bench-{tag}/source.mp4"
+    source_key = f"uploads/{settings.topic_prefix}/source.mp4"
     ObjectStore(settings).upload_file(source, source_key, "video/mp4")
     runtime = Runtime(settings, "transcode")
     print(f"source: {probe.duration_s:.1f} s {probe.width}x{probe.height} {probe.fps:g} fps, ladder "
@@ -152,8 +140,7 @@ def main() -> int:
                           f"{ffmpeg_s:.2f} s, {checkpoints} checkpoints)")
     finally:
         runtime.close()
-        with psycopg.connect(base.database_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        drop_bench_database(settings)
     b, p, e = statistics.median(bare_s), statistics.median(pipe_s), statistics.median(encode_s)
     sg = statistics.median(seg_s)
     overhead = (p / b - 1) * 100

@@ -8,6 +8,7 @@ ids) and a fresh PostgreSQL database.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -151,3 +152,30 @@ def tapeline_cli(settings: Settings, *args: str, timeout_s: float = 300.0) -> su
 
 def make_dsn(settings: Settings) -> str:
     return make_conninfo(settings.database_url)
+
+
+@contextlib.contextmanager
+def private_moto_server(settings: Settings, directory: Path, **overrides: Any) -> Iterator[tuple[Settings, subprocess.Popen]]:
+    """A moto_server of the caller's own on a free port, with the bucket and policy `tapeline stack up`
+    creates: for tests that pause S3 or sweep the whole bucket, which the shared endpoint (objects in
+    memory, used by every test) must never see. Yields (settings pointing at it + `overrides`, process)."""
+    import socket
+
+    from tapeline import stack
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = open(directory / "moto.log", "wb")
+    server = subprocess.Popen([stack._moto_server(), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log,
+                              cwd=directory, start_new_session=True)
+    private = settings.model_copy(update={"s3_endpoint": f"http://127.0.0.1:{port}", **overrides})
+    try:
+        wait_for(lambda: stack._s3_answers(private)[0], 30, "the private moto_server to answer")
+        stack._ensure_bucket(private, None)
+        yield private, server
+    finally:
+        os.kill(server.pid, signal.SIGCONT)  # it may have been paused
+        server.terminate()
+        server.wait(10)
+        log.close()

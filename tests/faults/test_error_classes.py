@@ -19,8 +19,7 @@ import pytest
 
 from tapeline.samples import sample_video
 from tests.conftest import Pipeline, tapeline_cli, wait_for
-from tests.faults.test_worker_faults import (_name, _parent, assert_completed_once, submit, wait_state,
-                                             wait_transcoding)
+from tests.faults.test_worker_faults import assert_completed_once, ffmpeg_of, submit, wait_state, wait_transcoding
 from tests.integration.helpers import committed_events, of_job
 
 pytestmark = pytest.mark.integration
@@ -33,8 +32,7 @@ def test_ffmpeg_killed_like_the_oom_killer_is_out_of_memory_and_retried(fault_se
         job_id = submit(settings, long_video)
         wait_transcoding(settings, job_id)
         worker = pipeline.children()["transcode"]
-        ffmpeg = wait_for(lambda: [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == worker
-                                   and _name(int(p)) == "ffmpeg"], 10, "the worker's ffmpeg")[0]
+        ffmpeg = ffmpeg_of(worker)
         os.kill(ffmpeg, signal.SIGKILL)
         wait_state(settings, job_id, timeout_s=180)
         events = assert_completed_once(settings, job_id)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -18,10 +17,9 @@ from typing import Iterator
 import psycopg
 import pytest
 
-from tapeline import stack
 from tapeline.samples import sample_video
 from tapeline.settings import Settings
-from tests.conftest import Pipeline, wait_for
+from tests.conftest import Pipeline, private_moto_server, wait_for
 from tests.faults.conftest import job_row
 from tests.faults.test_worker_faults import assert_completed_once, submit, wait_state
 from tests.integration.helpers import of_job
@@ -29,32 +27,12 @@ from tests.integration.helpers import of_job
 pytestmark = pytest.mark.integration
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture()
 def private_s3(isolated: Settings, tmp_path: Path) -> Iterator[tuple[Settings, subprocess.Popen]]:
-    """A moto_server of this test's own, with the bucket and policy `tapeline stack up` creates."""
-    port = _free_port()
-    log = open(tmp_path / "moto.log", "wb")
-    server = subprocess.Popen([stack._moto_server(), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log,
-                              cwd=tmp_path, start_new_session=True)
-    settings = isolated.model_copy(update={
-        "s3_endpoint": f"http://127.0.0.1:{port}", "s3_read_timeout_s": 1.0, "s3_connect_timeout_s": 1.0,
-        "s3_max_attempts": 1, "max_attempts": 6, "retry_backoff_s": (2.0,), "retry_jitter": 0.0,
-        "tick_interval_s": 0.5})
-    try:
-        wait_for(lambda: stack._s3_answers(settings)[0], 30, "the private moto_server to answer")
-        stack._ensure_bucket(settings, None)
-        yield settings, server
-    finally:
-        os.kill(server.pid, signal.SIGCONT)
-        server.terminate()
-        server.wait(10)
-        log.close()
+    """A moto_server of this test's own (it gets paused), with short S3 timeouts and fast retries."""
+    with private_moto_server(isolated, tmp_path, s3_read_timeout_s=1.0, s3_connect_timeout_s=1.0, s3_max_attempts=1,
+                             max_attempts=6, retry_backoff_s=(2.0,), retry_jitter=0.0, tick_interval_s=0.5) as running:
+        yield running
 
 
 def failures(settings: Settings, job_id: str) -> list[tuple[int, str]]:

@@ -66,9 +66,7 @@ def test_kill_9_transcode_worker_mid_job(fault_settings, fault_pipeline, long_vi
 def test_sigstop_ffmpeg_is_caught_by_progress_not_liveness(fault_settings, fault_pipeline, long_video):
     job_id = submit(fault_settings, long_video)
     wait_transcoding(fault_settings, job_id)
-    worker = fault_pipeline.children()["transcode"]
-    ffmpeg = wait_for(lambda: [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == worker
-                               and _name(int(p)) == "ffmpeg"], 10, "the worker's ffmpeg")[0]
+    ffmpeg = ffmpeg_of(fault_pipeline.children()["transcode"])
     os.kill(ffmpeg, signal.SIGSTOP)
     try:
         wait_for(lambda: any(s.kind == "no_progress" for s in of_job(committed_events(fault_settings), job_id,
@@ -96,6 +94,12 @@ def test_sigterm_yields_and_the_next_attempt_starts_at_once(fault_settings, faul
     assert [e.attempt for e in yielded] == [1]
     started = [e for e in of_job(events, job_id, "AttemptStarted") if e.stage == "transcode"]
     assert [e.attempt for e in started] == [1, 2]
+
+
+def ffmpeg_of(worker: int, timeout_s: float = 10.0) -> int:
+    """The pid of the ffmpeg the worker process `worker` runs (waits up to `timeout_s` seconds)."""
+    return wait_for(lambda: [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == worker
+                             and _name(int(p)) == "ffmpeg"], timeout_s, "the worker's ffmpeg")[0]
 
 
 def _parent(pid: int) -> int:

@@ -8,21 +8,17 @@ the shared one holds every other test's objects.
 
 from __future__ import annotations
 
-import signal
-import socket
-import subprocess
 import uuid
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from tapeline import stack
 from tapeline.chaos import keys_under
 from tapeline.objectstore import ObjectStore
 from tapeline.samples import sample_video
 from tapeline.settings import Settings
-from tests.conftest import Pipeline, wait_for
+from tests.conftest import Pipeline, private_moto_server, wait_for
 from tests.faults.conftest import FAULT_TIMING
 from tests.faults.test_worker_faults import submit, wait_state
 from tests.integration.helpers import decodes
@@ -30,31 +26,13 @@ from tests.integration.helpers import decodes
 pytestmark = pytest.mark.integration
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture()
 def private_s3(isolated: Settings, tmp_path: Path) -> Iterator[Settings]:
-    """A moto_server of this test's own, with the bucket and policy `tapeline stack up` creates; cleanup
-    with no retention and the orphan sweep on (the bucket is ours alone)."""
-    port = _free_port()
-    log = open(tmp_path / "moto.log", "wb")
-    server = subprocess.Popen([stack._moto_server(), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log,
-                              cwd=tmp_path, start_new_session=True)
-    settings = isolated.model_copy(update={
-        **FAULT_TIMING, "s3_endpoint": f"http://127.0.0.1:{port}", "cleanup_retention_s": 0.0,
-        "cleanup_orphans": True, "multipart_stale_s": 0.0, "cleanup_page_keys": 50, "cleanup_interval_s": 0.0})
-    try:
-        wait_for(lambda: stack._s3_answers(settings)[0], 30, "the private moto_server to answer")
-        stack._ensure_bucket(settings, None)
+    """A moto_server of this test's own; cleanup with no retention and the orphan sweep on (the
+    bucket is ours alone)."""
+    with private_moto_server(isolated, tmp_path, **FAULT_TIMING, cleanup_retention_s=0.0, cleanup_orphans=True,
+                             multipart_stale_s=0.0, cleanup_page_keys=50, cleanup_interval_s=0.0) as (settings, _):
         yield settings
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(10)
-        log.close()
 
 
 def test_completed_job_objects_and_orphans_are_removed_and_published_outputs_stay(private_s3, tmp_path):
