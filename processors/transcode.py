@@ -190,13 +190,18 @@ class TranscodeWorker(StageWorker):
             """Upload completed segments and record them in one transaction (this thread owns the producer)."""
             if not done:
                 return
+            last: dict[str, LocalSegment] = {}  # the batch may hold several segments of one rendition
             for segment in done:
-                previous = (new[segment.rendition] or plan.video.get(segment.rendition) or [None])[-1]
+                previous = last.get(segment.rendition)
+                joins_reused = previous is None and not new[segment.rendition]  # the first new segment
+                if previous is None:
+                    previous = (new[segment.rendition] or plan.video.get(segment.rendition) or [None])[-1]
+                last[segment.rendition] = segment
                 if previous is not None and segment.rendition != AUDIO:
                     try:
                         segments.check_join(previous, segment, frame_s)
                     except TranscodeFailed as exc:
-                        if not new[segment.rendition]:
+                        if joins_reused:
                             raise ResumeMismatch(str(exc)) from exc
                         raise
             events = []

@@ -87,8 +87,11 @@ def isolated(base_settings: Settings) -> Iterator[Settings]:
     stack.ensure_topics(settings)
     migrate(settings.database_url)
     yield settings
-    with psycopg.connect(base_settings.database_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+    try:
+        with psycopg.connect(base_settings.database_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+    except psycopg.Error as exc:  # a leftover session of another role: the database leaks, the test stands
+        print(f"could not drop test database {dbname}: {exc}")
 
 
 class Pipeline:
