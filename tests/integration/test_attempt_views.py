@@ -197,8 +197,7 @@ def test_views_are_documented_and_live_in_each_schema(isolated, handmade):
 
 def test_reader_role_may_read_the_views(isolated, handmade):
     role = select(isolated, "SELECT 1 FROM pg_roles WHERE rolname = 'tapeline_reader'")
-    if not role:
-        pytest.skip("role tapeline_reader does not exist here (the migrating user lacks CREATEROLE)")
+    assert role, "role tapeline_reader is missing: `tapeline stack up` (as root) creates it"
     granted = select(isolated, "SELECT has_table_privilege('tapeline_reader', %s, 'SELECT') AS a,"
                                " has_table_privilege('tapeline_reader', %s, 'SELECT') AS b",
                      f"{SCHEMA}.attempts", f"{SCHEMA}.stage_durations")
