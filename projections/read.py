@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -9,7 +10,7 @@ import psycopg
 
 from projections.fold import TERMINAL_STATES
 from projections.sql import connect, q
-from tapeline.settings import Settings
+from tapeline.settings import TIERS, Settings
 
 STAGE_SHARE = {"intake": (0.0, 0.05), "transcode": (0.05, 0.90), "publish": (0.90, 1.0)}
 """Share of the whole job each stage represents in `percent_done`."""
@@ -218,6 +219,42 @@ def checkpoints(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
     media_duration_s (seconds of media). Empty until checkpointed transcoding writes them."""
     return [{k: (_iso(v) if k == "broker_ts" else v) for k, v in row.items() if k != "claim_token"}
             for row in conn.execute(q("job_checkpoint_evidence"), {"job_id": job_id}).fetchall()]
+
+
+@dataclass(frozen=True)
+class TierBacklog:
+    """One priority tier's load, from `job_state`: jobs `waiting` (accepted, queued or
+    retry_scheduled), `running`, and `completed_recently` (in the last `window_s` seconds)."""
+
+    tier: str
+    waiting: int
+    running: int
+    completed_recently: int
+    window_s: float
+
+    @property
+    def backlog(self) -> int:
+        """Jobs accepted and not yet ended: waiting + running."""
+        return self.waiting + self.running
+
+    def drain_estimate_s(self, excess: int = 1) -> float | None:
+        """Seconds until `excess` jobs of this tier have ended at the recent completion rate
+        (completed_recently / window_s); None when nothing completed in the window."""
+        if self.completed_recently <= 0:
+            return None
+        return excess * self.window_s / self.completed_recently
+
+
+def tier_backlog(conn: psycopg.Connection, window_s: float = 300.0) -> dict[str, TierBacklog]:
+    """Every tier of `TIERS` (zeros for a tier with no jobs) -> its `TierBacklog`, completion
+    rate measured over the last `window_s` seconds of the database clock."""
+    found = {row["tier"]: row for row in conn.execute(q("tier_backlog"), {"window_s": window_s}).fetchall()}
+    result = {}
+    for tier in TIERS:
+        row = found.get(tier) or {}
+        result[tier] = TierBacklog(tier, int(row.get("waiting") or 0), int(row.get("running") or 0),
+                                   int(row.get("completed_recently") or 0), window_s)
+    return result
 
 
 def dead_letter_counts(conn: psycopg.Connection) -> dict[str, int]:

@@ -222,3 +222,14 @@ WHERE e.job_id = ANY(%(job_ids)s) AND e.event_type = 'AttemptSucceeded' AND e.ap
 -- name: log_clock_oldest
 -- The oldest partition's log clock: every partition has passed it (NULL before the first tick).
 SELECT min(now) AS now FROM log_clock;
+
+-- name: tier_backlog
+-- Per priority tier: jobs waiting (accepted, queued, retry_scheduled), running, and completed in the last %(window_s)s seconds (database clock).
+SELECT COALESCE(priority, 'standard') AS tier,
+       count(*) FILTER (WHERE state IN ('accepted', 'queued', 'retry_scheduled')) AS waiting,
+       count(*) FILTER (WHERE state = 'running') AS running,
+       count(*) FILTER (WHERE state = 'completed' AND completed_at >= now() - make_interval(secs => %(window_s)s)) AS completed_recently
+FROM job_state
+WHERE state IN ('accepted', 'queued', 'retry_scheduled', 'running')
+   OR (state = 'completed' AND completed_at >= now() - make_interval(secs => %(window_s)s))
+GROUP BY 1;
