@@ -26,15 +26,29 @@ SEGMENT_S = 4.0
 PRESET = "ultrafast"
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory) -> Path:
-    """The real bigbuckbunny sample looped three times: about 15.9 s of 1280x720 H.264/AAC, 25 fps,
-    keyframes only at each loop start (5.3 s GOPs, so every resume seeks into a GOP)."""
+@pytest.fixture(scope="module", params=["looped", "one-keyframe"])
+def source(request, tmp_path_factory) -> Path:
+    """The real bigbuckbunny sample looped three times: about 15.9 s of 1280x720 H.264/AAC, 25 fps.
+
+    `looped`: keyframes only at each loop start (5.3 s GOPs, so every resume seeks into a GOP and no
+    source keyframe sits where the split wants one). `one-keyframe`: the video re-encoded with a
+    single keyframe at 0 (one 15.9 s GOP, the "very long GOP" of issue 4's bad input): a resume
+    decodes from the very start, and the split must still be exact since the output's keyframes are
+    forced at the boundaries, not taken from the source."""
     from tapeline.samples import sample_video
 
-    path = tmp_path_factory.mktemp("media") / "bigbuckbunny-x3.mp4"
+    folder = tmp_path_factory.mktemp("media")
+    path = folder / "bigbuckbunny-x3.mp4"
     subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-stream_loop", "2", "-i", str(sample_video()),
                     "-c", "copy", "-y", str(path)], check=True, timeout=120)
+    if request.param == "one-keyframe":
+        reencoded = folder / "bigbuckbunny-x3-one-keyframe.mp4"
+        subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-i", str(path), "-map", "0", "-c:a", "copy",
+                        "-fps_mode", "passthrough", "-c:v", "libx264", "-preset", "ultrafast", "-g", "100000", "-keyint_min", "100000",
+                        "-sc_threshold", "0", "-y", str(reencoded)], check=True, timeout=300)
+        path = reencoded
+    keyframes = [p for p in packets([path], "v:0") if p["key"]]
+    assert len(keyframes) == (3 if request.param == "looped" else 1)
     return path
 
 
