@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from collections import deque
+from fractions import Fraction
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -144,6 +145,31 @@ class Probe:
     media: SourceMedia
     video_stream: int
     audio_stream: int | None
+    encoder_frame_rate: Fraction | None = None
+    """Frames per second ffmpeg derives for the video stream and makes its encoder time base
+    (`encoder_frame_rate_of`); None when the file states no rate."""
+
+
+def _fraction(text: Any) -> Fraction | None:
+    """A ffprobe rate ("30000/1001") as a positive Fraction, else None."""
+    num, _, den = str(text or "").replace(":", "/").partition("/")
+    try:
+        value = Fraction(int(num), int(den or 1))
+    except (ValueError, ZeroDivisionError):
+        return None
+    return value if 0 < value < 1_000_000 else None
+
+
+def encoder_frame_rate_of(video: dict) -> Fraction | None:
+    """The frame rate ffmpeg guesses for a video stream (`av_guess_frame_rate` in libavformat):
+    `r_frame_rate`, unless it is implausibly high (> 210) while `avg_frame_rate` is under 70, then
+    `avg_frame_rate`. ffmpeg encodes with time base 1/rate, so every frame timestamp is rounded to
+    that grid (source: libavformat/utils.c `av_guess_frame_rate`, fftools/ffmpeg.c
+    `init_output_stream_encode` in ffmpeg 5.1)."""
+    real, average = _fraction(video.get("r_frame_rate")), _fraction(video.get("avg_frame_rate"))
+    if real and average and average < 70 and real > 210:
+        return average
+    return real or average
 
 
 def interpret_probe(info: dict) -> Probe:
@@ -193,7 +219,8 @@ def interpret_probe(info: dict) -> Probe:
     index = _count(video.get("index"))
     audio_index = _count(audio.get("index")) if audio else None
     return Probe(media=media, video_stream=index if index is not None else 0,
-                 audio_stream=audio_index if audio is not None and audio_index is not None else None)
+                 audio_stream=audio_index if audio is not None and audio_index is not None else None,
+                 encoder_frame_rate=encoder_frame_rate_of(video))
 
 
 def inspect_source(path: Path, *, count_packets: bool = True, timeout_s: float = 300.0) -> Probe:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from fractions import Fraction
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -60,6 +61,24 @@ def boundary_s(index: int, segment_s: float) -> float:
     return 0.0 if index <= 0 else index * segment_s - BOUNDARY_EPS_S
 
 
+def resume_seek_s(index: int, segment_s: float, frame_rate: Fraction | None) -> float:
+    """Source time (s) a run resuming at segment `index` seeks to (`-ss`, accurate: frames before
+    it are decoded and dropped).
+
+    The encoder rounds every frame timestamp to its time base 1/`frame_rate`, and compares the
+    rounded value with the forced keyframe times (rounded the same way). So segment `index` starts
+    with the first frame whose *rounded* time reaches the rounded boundary, which in source time is
+    half a frame before the rounded boundary: a source whose frames sit off the grid (a loop, a
+    timestamp jump) otherwise loses the frame that rounds up onto the boundary when resuming.
+    Without a frame rate: the boundary itself."""
+    boundary = boundary_s(index, segment_s)
+    if index <= 0 or not frame_rate:
+        return boundary
+    tick = 1 / Fraction(frame_rate)
+    first = round(Fraction(boundary) / tick)  # the boundary on the encoder's grid, in frames
+    return float((first - Fraction(1, 2)) * tick)
+
+
 def expected_segments(duration_s: float, segment_s: float) -> int:
     """How many segments a source of `duration_s` seconds should give (the last may be short)."""
     return max(1, math.ceil((duration_s - BOUNDARY_EPS_S) / segment_s))
@@ -72,7 +91,7 @@ def segment_name(index: int) -> str:
 def build_segment_command(source: Path, out_dir: Path, ladder: list[Rendition], *, with_audio: bool,
                           segment_s: float, preset: str, duration_s: float, start_index: int = 0,
                           list_dir: Path | None = None, video_stream: int | None = None,
-                          audio_stream: int | None = None) -> list[str]:
+                          audio_stream: int | None = None, frame_rate: Fraction | None = None) -> list[str]:
     """ffmpeg arguments encoding segments `start_index..` of every rung (and all audio, if asked;
     with an empty `ladder`, only the audio).
 
@@ -81,13 +100,15 @@ def build_segment_command(source: Path, out_dir: Path, ladder: list[Rendition], 
     lists go to `list_dir` (default `out_dir/../lists`), so `out_dir` holds only media.
     `video_stream` / `audio_stream`: absolute stream indexes from the probe (`media.Probe`; default:
     ffmpeg's own choice), so cover art or a second audio track is never encoded by mistake.
+    `frame_rate`: the probe's `encoder_frame_rate`; the encoder time base is set to its inverse
+    explicitly and a resumed run seeks to `resume_seek_s`, so full and resumed runs cut alike.
     """
     list_dir = list_dir or out_dir.parent / "lists"
     list_dir.mkdir(parents=True, exist_ok=True)
-    start_s = boundary_s(start_index, segment_s)
     last = expected_segments(duration_s, segment_s) + 1
     keyframes = ",".join(f"{boundary_s(j, segment_s):.6f}" for j in range(start_index, last + 1))
-    seek = {"ss": f"{start_s:.6f}"} if start_index > 0 and ladder else {}
+    seek = {"ss": f"{resume_seek_s(start_index, segment_s, frame_rate):.6f}"} if start_index > 0 and ladder else {}
+    time_base = {"enc_time_base:v": f"{frame_rate.denominator}:{frame_rate.numerator}"} if frame_rate else {}
     video_in = ffmpeg.input(str(source), protocol_whitelist="file", format_whitelist=media.ALLOWED_CONTAINERS,
                             **seek)
     video = video_in[str(video_stream)] if video_stream is not None else video_in.video
@@ -105,7 +126,7 @@ def build_segment_command(source: Path, out_dir: Path, ladder: list[Rendition], 
             # Keyframes only at boundaries: forced there, no scene cuts, no periodic ones.
             "force_key_frames": keyframes, "sc_threshold": 0, "g": 1_000_000,
             # One frame out per decoded frame, with its own timestamp (frame-exact against the source).
-            "fps_mode": "passthrough",
+            "fps_mode": "passthrough", **time_base,
             # A cut at every keyframe: the boundaries are the keyframes.
             "segment_time": "0.001", "segment_start_number": start_index,
             "segment_list": str(list_dir / f"{rung.name}.csv"), **segment}))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -128,13 +129,15 @@ class TranscodeWorker(StageWorker):
                      reused_video=sum(len(v) for v in plan.video.values()), reused_audio=len(plan.audio))
             # Step 3
             try:
-                new, elapsed_s = self.encode(attempt, store, source, probe, plan, out_dir, prefix, streams)
+                new, elapsed_s = self.encode(attempt, store, source, probe, plan, out_dir, prefix, streams,
+                                                 inspected.encoder_frame_rate)
             except ResumeMismatch as exc:
                 log.warning("resumed encode does not join the reused segments; encoding from the start",
                             job_id=identity.job_id, error=str(exc))
                 shutil.rmtree(out_dir)
                 plan, sizes = ResumePlan(0, {}, []), {}
-                new, elapsed_s = self.encode(attempt, store, source, probe, plan, out_dir, prefix, streams)
+                new, elapsed_s = self.encode(attempt, store, source, probe, plan, out_dir, prefix, streams,
+                                                 inspected.encoder_frame_rate)
             # Step 4
             outputs, playlist_keys = self.assemble(store, item.renditions, probe, has_audio, plan, sizes, new,
                                                    out_dir, prefix, frame_s)
@@ -157,8 +160,8 @@ class TranscodeWorker(StageWorker):
         ]
 
     def encode(self, attempt: Attempt, store: ObjectStore, source: Path, probe: ev.SourceMedia, plan: ResumePlan,
-               out_dir: Path, prefix: str, streams: tuple[int, int | None] = (0, None)
-               ) -> tuple[dict[str, list[LocalSegment]], float]:
+               out_dir: Path, prefix: str, streams: tuple[int, int | None] = (0, None),
+               frame_rate: Fraction | None = None) -> tuple[dict[str, list[LocalSegment]], float]:
         """Step 3: encode segments `plan.start_index..` (and the audio unless reused), checkpointing
         each one as it completes. Returns the new segments per rendition and ffmpeg's wall time (s).
 
@@ -166,7 +169,8 @@ class TranscodeWorker(StageWorker):
         attempt owns the job, `ResumeMismatch` when the first new segment does not join the last
         reused one, `TranscodeFailed` when ffmpeg fails (`TranscodeTimeout` past its wall-clock
         limit), `StorageError` when an upload fails. `streams`: the source's (video, audio) stream
-        indexes from the probe (audio None when there is none).
+        indexes from the probe (audio None when there is none); `frame_rate`: the probe's
+        `encoder_frame_rate` (`segments.build_segment_command`).
         """
         item, settings = attempt.item, self.settings
         with_audio = streams[1] is not None and not plan.audio
@@ -180,7 +184,8 @@ class TranscodeWorker(StageWorker):
         command = segments.build_segment_command(
             source, out_dir, ladder, with_audio=with_audio, segment_s=settings.segment_s,
             preset=settings.x264_preset, duration_s=probe.duration_s, start_index=plan.start_index,
-            list_dir=out_dir.parent / "lists", video_stream=streams[0], audio_stream=streams[1])
+            list_dir=out_dir.parent / "lists", video_stream=streams[0], audio_stream=streams[1],
+            frame_rate=frame_rate)
         limit_s = media.wall_clock_limit_s(probe.duration_s, settings)
         watcher = segments.SegmentWatcher(out_dir, names, plan.start_index)
         reused_frames = sum(c.frames for c in plan.video.get(item.renditions[0].name, []))

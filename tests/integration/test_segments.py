@@ -53,8 +53,13 @@ def source(request, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def probe(source):
-    return media.probe_source(source)
+def inspected(source):
+    return media.inspect_source(source)
+
+
+@pytest.fixture(scope="module")
+def probe(inspected):
+    return inspected.media
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +73,8 @@ def encode(source, probe, ladder, out_dir: Path, start_index: int = 0, with_audi
     rendition are complete (as a crash would) and keep only the completed ones."""
     names = [r.name for r in ladder]
     command = segments.build_segment_command(source, out_dir, ladder, with_audio=with_audio, segment_s=SEGMENT_S,
-                                             preset=PRESET, duration_s=probe.duration_s, start_index=start_index)
+                                             preset=PRESET, duration_s=probe.duration_s, start_index=start_index,
+                                             frame_rate=media.inspect_source(source).encoder_frame_rate)
     watcher = segments.SegmentWatcher(out_dir, names, start_index)
     done: dict[str, list[segments.LocalSegment]] = {name: [] for name in names + [AUDIO]}
     stop = [False]
@@ -138,6 +144,20 @@ def test_resume_starts_after_the_recorded_segments_and_encodes_only_the_rest(res
     for rung in ladder:
         assert [c.index for c in plan.video[rung.name]] == list(range(plan.start_index))
         assert [s.index for s in rest[rung.name]] == list(range(plan.start_index, total))
+
+
+def test_a_resume_at_any_boundary_starts_with_the_frames_of_the_single_pass(source, probe, ladder, single_pass,
+                                                                             tmp_path):
+    """The looped source's third loop has frames 0.54 of a frame off the 40 ms grid (11.981 s,
+    12.021 s): the encoder rounds 11.981 s onto the 12 s boundary, so a resume at segment 3 must
+    keep that frame (it seeks half a frame before the rounded boundary, not to the boundary)."""
+    total = len(single_pass[ladder[0].name])
+    for start in range(1, total):
+        rest = encode(source, probe, ladder[-1:], tmp_path / str(start), start_index=start, with_audio=False)
+        first, expected = rest[ladder[-1].name][0], single_pass[ladder[-1].name][start]
+        assert (first.index, first.start_s, first.frames) == (start, expected.start_s, expected.frames), start
+        assert [(s.start_s, s.frames) for s in rest[ladder[-1].name]] == \
+            [(s.start_s, s.frames) for s in single_pass[ladder[-1].name][start:]]
 
 
 def test_assembled_renditions_match_a_single_pass_packet_for_packet(resumed, single_pass, ladder, probe):

@@ -158,3 +158,26 @@ def test_a_zombie_checkpoint_after_the_next_attempt_started_is_superseded():
     assert (late.applied, late.superseded) == (False, True)
     current = evolve(row, new(ev.CheckpointRecorded, attempt=2, token="tok-2", **checkpoint), T0)
     assert (current.applied, current.superseded) == (True, False)
+
+
+def test_a_resume_seeks_half_a_frame_before_the_boundary_on_the_encoder_grid():
+    from fractions import Fraction
+
+    # 25 fps: boundary 11.999 s rounds to frame 300 (12 s); frames from 11.98 s round onto it.
+    assert segments.resume_seek_s(3, 4.0, Fraction(25)) == pytest.approx(11.98)
+    # NTSC 30000/1001: boundary 3.999 s is frame 119.88 -> 120; the cut is at 119.5 frames.
+    assert segments.resume_seek_s(1, 4.0, Fraction(30000, 1001)) == pytest.approx(119.5 * 1001 / 30000)
+    # No rate known, or the first segment: the boundary itself.
+    assert segments.resume_seek_s(3, 4.0, None) == segments.boundary_s(3, 4.0)
+    assert segments.resume_seek_s(0, 4.0, Fraction(25)) == 0.0
+
+
+def test_the_encoder_frame_rate_follows_ffmpegs_guess():
+    from fractions import Fraction
+
+    from processors.media import encoder_frame_rate_of
+
+    assert encoder_frame_rate_of({"r_frame_rate": "25/1", "avg_frame_rate": "50688/2031"}) == Fraction(25)
+    assert encoder_frame_rate_of({"r_frame_rate": "90000/1", "avg_frame_rate": "30000/1001"}) == Fraction(30000, 1001)
+    assert encoder_frame_rate_of({"r_frame_rate": "0/0", "avg_frame_rate": "24/1"}) == Fraction(24)
+    assert encoder_frame_rate_of({"r_frame_rate": "N/A"}) is None
