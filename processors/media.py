@@ -358,6 +358,25 @@ class FfmpegResult:
     timed_out: bool = False
 
 
+def keyframe_before(path: Path, time_s: float, stream: int | None = None, timeout_s: float = 60.0) -> float | None:
+    """Presentation time (s) of the video keyframe at or before `time_s`: where an accurate seek to
+    `time_s` starts decoding. Reads one packet after ffprobe's own seek (`-read_intervals T%+#1`,
+    which lands on the keyframe before T); no decoding. `stream`: the absolute stream index (default:
+    the first video stream). None when ffprobe cannot tell (no index, an error)."""
+    selector = str(stream) if stream is not None else "v:0"
+    try:
+        done = subprocess.run(["ffprobe", "-v", "error", "-protocol_whitelist", "file", "-read_intervals",
+                               f"{max(0.0, time_s):.6f}%+#1", "-select_streams", selector, "-show_entries",
+                               "packet=pts_time,flags", "-of", "json", str(path)],
+                              capture_output=True, text=True, timeout=timeout_s, check=False)
+        packets = _dicts(json.loads(done.stdout or "{}").get("packets"))
+    except (subprocess.TimeoutExpired, json.JSONDecodeError, OSError):
+        return None
+    if done.returncode != 0 or not packets or "K" not in str(packets[0].get("flags", "")):
+        return None
+    return _number(packets[0].get("pts_time"))
+
+
 def wall_clock_limit_s(duration_s: float, settings: Settings) -> float:
     """How long one transcode's ffmpeg may run, in seconds: `ffmpeg_timeout_s` plus
     `ffmpeg_timeout_factor` seconds per second of source media."""

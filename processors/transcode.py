@@ -159,6 +159,23 @@ class TranscodeWorker(StageWorker):
                                             media_duration_s=probe.duration_s, **common)),
         ]
 
+    def seek_grace_s(self, source: Path, start_index: int, frame_rate: Fraction | None,
+                     video_stream: int | None) -> float | None:
+        """Seconds of grace on the no-progress timeout for a run resuming at `start_index`: ffmpeg
+        decodes from the keyframe before the seek point without emitting a frame, so the media
+        seconds between them divided by `seek_decode_min_speed`; None for a run from the start, a
+        seek within a second of its keyframe, or a keyframe ffprobe cannot find."""
+        if start_index <= 0:
+            return None
+        seek_s = segments.resume_seek_s(start_index, self.settings.segment_s, frame_rate)
+        keyframe_s = media.keyframe_before(source, seek_s, video_stream, timeout_s=self.settings.probe_timeout_s)
+        if keyframe_s is None or seek_s - keyframe_s < 1.0:
+            return None
+        grace = round((seek_s - keyframe_s) / self.settings.seek_decode_min_speed, 3)
+        log.info("resume seeks into a long GOP: no-progress grace while ffmpeg decodes to the resume point",
+                 keyframe_s=keyframe_s, seek_s=round(seek_s, 3), grace_s=grace)
+        return grace
+
     def encode(self, attempt: Attempt, store: ObjectStore, source: Path, probe: ev.SourceMedia, plan: ResumePlan,
                out_dir: Path, prefix: str, streams: tuple[int, int | None] = (0, None),
                frame_rate: Fraction | None = None) -> tuple[dict[str, list[LocalSegment]], float]:
@@ -190,6 +207,7 @@ class TranscodeWorker(StageWorker):
         watcher = segments.SegmentWatcher(out_dir, names, plan.start_index)
         reused_frames = sum(c.frames for c in plan.video.get(item.renditions[0].name, []))
         latest = [media.Progress(0, 0.0, None, False)]
+        grace_s = self.seek_grace_s(source, plan.start_index if ladder else 0, frame_rate, streams[0])
 
         def record(done: list[LocalSegment]) -> None:
             """Upload completed segments and record them in one transaction (this thread owns the producer)."""
@@ -227,7 +245,7 @@ class TranscodeWorker(StageWorker):
             record(watcher.poll())
             p = latest[0]
             attempt.heartbeat(reused_frames + p.frames, min(probe.duration_s, plan.start_s + p.out_time_s), p.speed,
-                              probe.frames)
+                              probe.frames, progress_grace_s=grace_s if p.frames == 0 else None)
 
         def progressed(p: media.Progress) -> None:
             latest[0] = p

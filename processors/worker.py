@@ -101,15 +101,17 @@ class Attempt:
     def event(self, cls: type[ev.Event], **fields: Any) -> ev.Event:
         return self.identity.event(cls, **fields)
 
-    def heartbeat(self, frames_done: int, out_time_s: float, speed: float | None, frames_total: int | None) -> None:
-        """Emit a `Heartbeat` if the heartbeat interval has passed (monotonic clock)."""
+    def heartbeat(self, frames_done: int, out_time_s: float, speed: float | None, frames_total: int | None,
+                  progress_grace_s: float | None = None) -> None:
+        """Emit a `Heartbeat` if the heartbeat interval has passed (monotonic clock). `progress_grace_s`:
+        seconds the no-progress timeout is extended by while ffmpeg seeks silently (`Heartbeat`)."""
         if time.monotonic() - self.last_heartbeat < self.runtime.settings.heartbeat_s:
             return
         self.heartbeats += 1
         self.last_heartbeat = time.monotonic()
         self.send([(self.runtime.settings.jobs_topic, self.identity.event(
             ev.Heartbeat, sequence=self.heartbeats, frames_done=frames_done, frames_total=frames_total,
-            out_time_s=out_time_s, speed=speed))])
+            out_time_s=out_time_s, speed=speed, progress_grace_s=progress_grace_s))])
         self.check_still_owner()
 
     def prove_ownership(self) -> None:

@@ -66,19 +66,25 @@ def evolve(row: dict[str, Any] | None, event: ev.Event, broker_ts: datetime) -> 
     if isinstance(event, ev.StageQueued):
         new.update(state="queued", stage=event.stage, attempt=event.attempt, claim_token=None, worker=None,
                    leased_until=None, progress_frames=None, progress_out_time_s=None, progress_speed=None,
-                   progress_at=None, queued_at=broker_ts, redrives=0, retry_next_attempt=None, retry_due_at=None)
+                   progress_at=None, queued_at=broker_ts, redrives=0, retry_next_attempt=None, retry_due_at=None,
+                   progress_grace_s=None)
     elif isinstance(event, ev.AttemptStarted):
         new.update(state="running", stage=event.stage, attempt=event.attempt, claim_token=event.claim_token,
                    worker=event.worker, lease_s=event.lease_s,
                    leased_until=broker_ts + timedelta(seconds=event.lease_s),
                    attempts=max(row["attempts"], event.attempt), progress_frames=0, progress_out_time_s=0.0,
-                   progress_speed=None, progress_at=broker_ts, last_heartbeat_at=broker_ts)
+                   progress_speed=None, progress_at=broker_ts, last_heartbeat_at=broker_ts, progress_grace_s=None)
     elif isinstance(event, ev.Heartbeat):
         advanced = event.frames_done > (row.get("progress_frames") or 0) or \
             event.out_time_s > (row.get("progress_out_time_s") or 0.0)
         new.update(leased_until=broker_ts + timedelta(seconds=row.get("lease_s") or 0.0), last_heartbeat_at=broker_ts,
                    progress_frames=event.frames_done, progress_out_time_s=event.out_time_s,
                    progress_speed=event.speed, progress_at=broker_ts if advanced else row.get("progress_at"))
+        # A grace for a silent decode holds until a heartbeat without one shows the counters moving.
+        if event.progress_grace_s:
+            new.update(progress_grace_s=event.progress_grace_s)
+        elif advanced:
+            new.update(progress_grace_s=None)
     elif isinstance(event, ev.AttemptSucceeded):
         if event.stage == "transcode":
             new.update(outputs=_dump(event.outputs), ladder=_dump(event.renditions),
@@ -162,5 +168,6 @@ JOB_STATE_COLUMNS: tuple[str, ...] = (
     "ladder", "outputs", "renditions", "master_url", "error_class", "reason", "lease_s", "leased_until",
     "progress_frames", "progress_out_time_s", "progress_speed", "progress_at", "events", "last_event_type",
     "created_at", "updated_at", "completed_at", "log_partition", "queued_at", "yields", "redrives",
-    "audio_playlist_key", "last_heartbeat_at", "retry_next_attempt", "retry_due_at", "budget_base")
+    "audio_playlist_key", "last_heartbeat_at", "retry_next_attempt", "retry_due_at", "budget_base",
+    "progress_grace_s")
 """Columns of `job_state`, in table order (a test checks them against the migration)."""

@@ -185,6 +185,8 @@ class Heartbeat(Event):
     frames_total: int | None = None
     out_time_s: float
     speed: float | None = None
+    progress_grace_s: float | None = None
+    """Seconds added to the no-progress timeout while ffmpeg decodes silently up to a resume point."""
 
 
 class CheckpointRecorded(Event):

@@ -56,6 +56,10 @@ class Settings(BaseSettings):
     lease_s: float = 120.0
     heartbeat_interval_s: float | None = None
     no_progress_timeout_s: float = 120.0
+    seek_decode_min_speed: float = Field(
+        1.0, description="Media seconds ffmpeg decodes per wall second at least while it seeks silently to a "
+                         "resume point (from the keyframe before it); the no-progress timeout of a resumed "
+                         "attempt grows by that distance divided by this speed until frames come out")
     handoff_timeout_s: float = Field(120.0, description="A queued stage nobody claims this long is a stalled handoff")
     intake_timeout_s: float = Field(120.0, description="An upload with no job this long is expected work missing")
     tick_interval_s: float | None = Field(None, description="Watchdog tick period, seconds (default: lease / 8, at most 5)")

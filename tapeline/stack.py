@@ -557,6 +557,25 @@ def _wait_for_kafka(settings: Settings, paths: StackPaths, proc: subprocess.Pope
                      f"{_tail(paths.kafka_log)}")
 
 
+def delete_topics(settings: Settings, timeout_s: float = 30.0) -> list[str]:
+    """Delete every topic of `settings.all_topics()` (tests and benchmarks with their own prefix clean
+    up after themselves, so a long-lived local broker does not collect thousands of topics). Best
+    effort: returns the topics that could not be deleted (missing ones count as deleted)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    admin = _admin(settings)
+    failed = []
+    for topic, future in admin.delete_topics(list(settings.all_topics()), operation_timeout=timeout_s).items():
+        try:
+            future.result(timeout=timeout_s)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                failed.append(topic)
+        except Exception:  # a timeout: the broker may still delete it
+            failed.append(topic)
+    return failed
+
+
 def ensure_topics(settings: Settings, timeout_s: float = TOPICS_TIMEOUT_S) -> None:
     """Create every topic of `settings.all_topics()` that is missing; idempotent.
 

@@ -87,6 +87,9 @@ def isolated(base_settings: Settings) -> Iterator[Settings]:
     stack.ensure_topics(settings)
     migrate(settings.database_url)
     yield settings
+    leftover = stack.delete_topics(settings)
+    if leftover:
+        print(f"could not delete test topics {leftover}")
     try:
         with psycopg.connect(base_settings.database_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')

@@ -35,7 +35,8 @@ from schemas.codec import MAGIC, REGISTERED_DIR, Codec, default_codec, schema_fi
 GOLDEN_DIR = Path(__file__).resolve().parent
 RECORDS = GOLDEN_DIR / "lifecycle-v1.records.jsonl"
 EXPECTED = GOLDEN_DIR / "lifecycle-v1.expected.jsonl"
-FIELDS_ADDED_AFTER_V1 = {"Heartbeat": "speed", "JobCompleted": "media_duration_s"}
+FIELDS_ADDED_AFTER_V1 = {"Heartbeat": ("speed", "progress_grace_s"), "JobCompleted": ("media_duration_s",)}
+"""Fields each evolved event type gained after the v1 writer schema of the golden records, in order."""
 UPLOAD_ID = "golden-upload-v1"
 T0 = datetime(2024, 6, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -44,8 +45,8 @@ def v1_schema(event_type: str) -> dict:
     """The v1 writer schema of `event_type`: the current one without the field added later."""
     current = default_codec().schemas[event_type]
     plain = {k: copy.deepcopy(v) for k, v in current.items() if not k.startswith("__")}
-    plain["fields"] = [f for f in plain["fields"] if f["name"] != FIELDS_ADDED_AFTER_V1[event_type]]
-    plain["doc"] = f"{plain.get('doc', '')} (v1: before {FIELDS_ADDED_AFTER_V1[event_type]} was added)".strip()
+    plain["fields"] = [f for f in plain["fields"] if f["name"] not in FIELDS_ADDED_AFTER_V1[event_type]]
+    plain["doc"] = f"{plain.get('doc', '')} (v1: before {FIELDS_ADDED_AFTER_V1[event_type][0]} was added)".strip()
     return expand_schema(parse_schema(plain))
 
 
@@ -107,7 +108,8 @@ def encode_v1(event: ev.Event) -> bytes:
         return codec.encode(event.to_record())
     schema = v1_schema(event.event_type)
     record = event.to_record()
-    record.pop(FIELDS_ADDED_AFTER_V1[event.event_type])
+    for name in FIELDS_ADDED_AFTER_V1[event.event_type]:
+        record.pop(name)
     buf = io.BytesIO()
     buf.write(MAGIC)
     buf.write(schema_fingerprint(schema))

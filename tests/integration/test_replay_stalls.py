@@ -6,7 +6,7 @@ missing work the live one listed, and an as-of replay must list what the live on
 
 The log, against real Kafka and PostgreSQL, with stall thresholds of one second:
 - phase 1: an attempt whose heartbeats stop (lease_expired), an attempt that heartbeats with frozen
-  counters (no_progress), a queued stage nobody claims (handoff), an upload with no job (expected
+  counters (no_progress), one frozen but within the grace of a silent seek (not stalled), a queued stage nobody claims (handoff), an upload with no job (expected
   work missing), a healthy job; one second later, ticks on every partition. Live snapshot 1.
 - phase 2: the lease_expired attempt is retried and its next attempt runs (it leaves the view), the
   frozen attempt makes progress (it leaves the view), the handoff is claimed; one second later,
@@ -76,10 +76,10 @@ class Job:
                                      lease_s=lease_s, worker="w1", work_topic="work.transcode.standard",
                                      work_partition=0, work_offset=attempt, **self.common)
 
-    def heartbeat(self, attempt: int, sequence: int, frames: int) -> ev.Event:
+    def heartbeat(self, attempt: int, sequence: int, frames: int, grace_s: float | None = None) -> ev.Event:
         return ev.Heartbeat.new(stage="transcode", attempt=attempt, claim_token=self.tokens[attempt],
                                 sequence=sequence, frames_done=frames, frames_total=3000, out_time_s=frames / 25,
-                                speed=1.0, **self.common)
+                                speed=1.0, progress_grace_s=grace_s, **self.common)
 
 
 def ticks(settings, producer, sequence: int) -> list[ev.Event]:
@@ -103,21 +103,23 @@ def produce_ticks(settings, producer, sequence: int) -> None:
 def test_a_replay_and_an_as_of_replay_reach_the_live_stall_decisions(isolated):
     set_policy(isolated, "public")
     producer = kafka.transactional_producer(isolated, f"{isolated.app_name}.stall-writer")
-    lost, frozen, unclaimed, healthy = Job(), Job(), Job(), lifecycles.job(random.Random(3), heartbeats=3,
-                                                                           checkpoints=1)
+    lost, frozen, unclaimed, seeking = Job(), Job(), Job(), Job()
+    healthy = lifecycles.job(random.Random(3), heartbeats=3, checkpoints=1)
     orphan = lifecycles.upload(f"u-{uuid.uuid4()}")
     produce(isolated, producer, [*lost.accepted(), lost.started(1, lease_s=1.0), lost.heartbeat(1, 1, 100),
                                  *frozen.accepted(), frozen.started(1, lease_s=600.0), frozen.heartbeat(1, 1, 100),
-                                 *unclaimed.accepted(), *healthy],
-            uploads=[lifecycles.upload(j.upload_id) for j in (lost, frozen, unclaimed)] + [orphan])
+                                 *unclaimed.accepted(), *healthy,
+                                 *seeking.accepted(), seeking.started(1, lease_s=600.0), seeking.heartbeat(1, 1, 100, 60.0)],
+            uploads=[lifecycles.upload(j.upload_id) for j in (lost, frozen, unclaimed, seeking)] + [orphan])
     time.sleep(1.5)
-    produce(isolated, producer, [frozen.heartbeat(1, 2, 100)])  # alive, counters frozen
+    # Alive with counters frozen; the seeking one decodes silently to its resume point, with a grace.
+    produce(isolated, producer, [frozen.heartbeat(1, 2, 100), seeking.heartbeat(1, 2, 100, 60.0)])
     produce_ticks(isolated, producer, 1)
     run_projector_until_caught_up(isolated)
     first = decisions(isolated, "public")
     cut = rows(isolated, "SELECT max(now) AS t FROM log_clock")[0]["t"]  # the ticks: the newest records
 
-    # What the live projection decided at the cut: one of each kind.
+    # What the live projection decided at the cut: one of each kind (the seeking attempt is in its grace).
     assert [(r["job_id"], r["kind"], r["attempt"]) for r in first["stalled_attempts"]] == sorted(
         [(lost.job_id, "lease_expired", 1), (frozen.job_id, "no_progress", 1)])
     assert [r["job_id"] for r in first["stalled_handoffs"]] == [unclaimed.job_id]

@@ -49,6 +49,8 @@ def source(request, tmp_path_factory) -> Path:
         path = reencoded
     keyframes = [p for p in packets([path], "v:0") if p["key"]]
     assert len(keyframes) == (3 if request.param == "looped" else 1)
+    # Where a resume at 12 s starts decoding (the no-progress grace of a resumed attempt).
+    assert media.keyframe_before(path, 12.0) == (10.581406 if request.param == "looped" else 0.0)
     return path
 
 

@@ -132,3 +132,20 @@ def test_retry_due_time_is_the_writers_delay_on_the_broker_clock():
     outcome = evolve(row, retry, T0 + timedelta(seconds=10))
     assert outcome.applied and outcome.row["state"] == "retry_scheduled"
     assert outcome.row["retry_due_at"] == T0 + timedelta(seconds=70) and outcome.row["retry_next_attempt"] == 2
+
+
+def test_a_seek_grace_holds_until_frames_move_and_a_new_attempt_drops_it():
+    start = new(ev.AttemptStarted, token="t1", lease_s=30.0, worker="w1", work_topic="w", work_partition=0,
+                work_offset=0)
+    row, _ = fold_all([accepted(), new(ev.StageQueued, tier="standard", work_topic="w"), start,
+                       # resumed at 400 reused frames; ffmpeg decodes silently to the resume point
+                       new(ev.Heartbeat, token="t1", sequence=1, frames_done=400, out_time_s=16.0, progress_grace_s=90.0),
+                       new(ev.Heartbeat, token="t1", sequence=2, frames_done=400, out_time_s=16.0, progress_grace_s=90.0)])
+    assert row["progress_grace_s"] == 90.0 and row["progress_at"] == T0 + timedelta(seconds=3)
+    still, _ = fold_all([new(ev.Heartbeat, token="t1", sequence=3, frames_done=400, out_time_s=16.0)], row)
+    assert still["progress_grace_s"] == 90.0  # no movement yet: the grace stays
+    moved, _ = fold_all([new(ev.Heartbeat, token="t1", sequence=4, frames_done=425, out_time_s=17.0)], row)
+    assert moved["progress_grace_s"] is None
+    restarted, _ = fold_all([new(ev.AttemptStarted, attempt=2, token="t2", lease_s=30.0, worker="w2", work_topic="w",
+                                 work_partition=0, work_offset=1)], row)
+    assert restarted["progress_grace_s"] is None

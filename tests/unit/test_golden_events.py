@@ -31,7 +31,7 @@ def test_golden_records_are_old_versions_where_the_schema_evolved():
             assert fingerprint != codec.fingerprints[record["event_type"]]
             writer_fields = [f["name"] for f in old[fingerprint]["fields"]]
             current_fields = [f["name"] for f in codec.schemas[record["event_type"]]["fields"]]
-            assert [f for f in current_fields if f not in writer_fields] == [FIELDS_ADDED_AFTER_V1[record["event_type"]]]
+            assert [f for f in current_fields if f not in writer_fields] == list(FIELDS_ADDED_AFTER_V1[record["event_type"]])
 
 
 def test_golden_records_decode_to_the_expected_events():
