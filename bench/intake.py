@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     args = parser.parse_args()
 
-    settings = bench_settings("intake", intake_tokens={TOKEN: "bench"}, intake_max_in_flight_per_submitter=None,
+    settings = bench_settings("intake", intake_tokens={TOKEN: "bench"}, intake_max_in_flight_per_submitter=1_000_000,
                               intake_tier_capacity={"standard": 100_000}, intake_total_capacity=100_000)
     work = Path(tempfile.mkdtemp(prefix="bench-intake-"))
     clip = work / "clip.mp4"
@@ -120,6 +120,7 @@ def main() -> None:
         answered: dict[str, float] = {}
         seen: dict[str, float] = {}
         statuses: list[int] = []
+        refused: list[str] = []
         lock = threading.Lock()
         done_posting = threading.Event()
 
@@ -131,6 +132,8 @@ def main() -> None:
                 t1 = time.time()
                 with lock:
                     statuses.append(answer.status_code)
+                    if answer.status_code != 202:
+                        refused.append(f"{answer.status_code} {answer.text[:300]}")
                     if answer.status_code == 202:
                         job = answer.json()["job_id"]
                         started[job], answered[job] = t0, t1
@@ -164,6 +167,8 @@ def main() -> None:
         watcher.join()
 
         ok = [s for s in statuses if s == 202]
+        for line in refused[:5]:
+            print(f"not accepted: {line}")
         missing = [j for j in started if j not in seen]
         jobs = list(started)
         copies = db.execute("SELECT count(*), COALESCE(max(copies), 0) FROM uploads WHERE job_id = ANY(%s)",
