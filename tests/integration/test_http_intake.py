@@ -22,7 +22,7 @@ from producers.http_intake import upload_id_for_key
 from projections.read import open_reader
 from schemas import models as ev
 from tapeline.samples import sample_video
-from tests.conftest import REPO, settings_env, tapeline_cli, wait_for
+from tests.conftest import REPO, settings_env, wait_for
 from tests.integration.helpers import committed_events
 
 pytestmark = pytest.mark.integration
@@ -182,17 +182,42 @@ def test_submit_url_waits_out_a_503_then_completes(isolated, pipeline, clip, tmp
         "intake_retry_after_min_s": 1.0, "intake_retry_after_max_s": 2.0})
     path = tmp_path / "clip.mp4"
     path.write_bytes(clip)
+    release, answers, stderr = threading.Event(), {}, []
+
+    def held_body() -> Iterator[bytes]:  # holds the index tier's one slot until the CLI has been refused
+        yield clip[:1000]
+        release.wait(90)
+        yield clip[1000:]
     with intake_server(settings, tmp_path / "serve.log") as url:
-        busy = post(url, clip, params={"priority": "index"})  # fills the tier until its job ends
-        done = tapeline_cli(settings, "submit", str(path), "--url", url, "--token", "tok-bob", "--priority", "index",
-                            "--wait", "--json", "--timeout", "120", timeout_s=180)
-        assert done.returncode == 0, done.stderr[-3000:]
+        holder = threading.Thread(target=lambda: answers.update(busy=post(url, held_body(), params={"priority": "index"})))
+        holder.start()
+
+        def holding() -> bool:
+            with psycopg.connect(settings.database_url) as conn:
+                return conn.execute("SELECT count(*) FROM intake_uploads WHERE priority = 'index' AND submitter = 'alice' "
+                                    "AND state = 'uploading'").fetchone()[0] == 1
+        wait_for(holding, 20, "the held upload to be admitted", interval_s=0.05)
+        cli = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "submit", str(path), "--url", url, "--token",
+                                "tok-bob", "--priority", "index", "--retries", "60", "--wait", "--json", "--timeout", "120"],
+                               env=settings_env(settings), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        reader = threading.Thread(target=lambda: stderr.extend(cli.stderr))
+        reader.start()
+        try:
+            wait_for(lambda: any("intake busy" in line for line in stderr), 60, "submit to be refused and wait")
+        finally:
+            release.set()
+        stdout = cli.stdout.read()
+        assert cli.wait(180) == 0, "".join(stderr)[-3000:]
+        reader.join(10)
+        holder.join(60)
+        busy = answers["busy"]
         first = httpx.get(f"{url}{busy.json()['status_url']}", timeout=10).json()["job"]
     assert busy.status_code == 202
-    summary = json.loads(done.stdout)
+    summary = json.loads(stdout)
     assert summary["state"] == "completed" and summary["job_id"] != busy.json()["job_id"]
     assert first["state"] == "completed" and first["completed_at"] <= summary["completed_at"]
-    assert "intake busy (503 overloaded: tier 'index' has 1 jobs waiting or running" in done.stderr
-    assert "retrying in 2 s" in done.stderr  # nothing completed yet: the ceiling
+    text = "".join(stderr)
+    assert "intake busy (503 overloaded: tier 'index' has 1 jobs waiting or running, at or past its capacity 1" in text
+    assert "retrying in 2 s" in text  # the estimate clamped to intake_retry_after_max_s
     submitted = [e for e in uploads_published(settings) if e.job_id == summary["job_id"]]
     assert len(submitted) == 1 and submitted[0].submitter == "bob" and submitted[0].priority == "index"
