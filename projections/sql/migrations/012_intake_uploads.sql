@@ -24,3 +24,6 @@ CREATE UNIQUE INDEX intake_uploads_key ON intake_uploads (submitter, idempotency
     WHERE idempotency_key IS NOT NULL;
 CREATE INDEX intake_uploads_submitter ON intake_uploads (submitter, created_at);
 COMMENT ON TABLE intake_uploads IS 'HTTP intake: uploads admitted by POST /uploads (idempotency keys, in-flight accounting before the projection sees the job)';
+-- Admission counts rows still uploading or published recently (intake_pending_by_tier, submitter_in_flight).
+CREATE INDEX intake_uploads_uploading ON intake_uploads (priority) WHERE state = 'uploading';
+CREATE INDEX intake_uploads_updated ON intake_uploads (updated_at);
