@@ -105,7 +105,7 @@ def retry_after(excess: int, completed_recently: int, window_s: float, settings:
     nothing completed recently. Pure."""
     low, high = settings.intake_retry_after_min_s, settings.intake_retry_after_max_s
     estimate = high if completed_recently <= 0 else max(1, excess) * window_s / completed_recently
-    return int(math.ceil(min(high, max(low, estimate))))
+    return math.ceil(min(high, max(low, estimate)))
 
 
 def admission(tier: str, backlog: dict[str, TierBacklog], pending: dict[str, int], in_flight: int,
@@ -318,9 +318,9 @@ class IntakeService:
         except BaseException as exc:
             reader.fail(exc)
             try:
-                await upload
-            except Exception:
-                pass
+                await upload  # aborted by the failed read: its multipart upload is abandoned
+            except Exception as aborted:  # noqa: BLE001 (the body's error, raised below, is the one to report)
+                log.info("upload to object storage aborted", key=key, reason=str(aborted))
             raise
         return await upload
 

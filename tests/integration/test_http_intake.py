@@ -135,9 +135,11 @@ def test_in_flight_cap_429_storage_507_and_no_token_401(isolated, clip, tmp_path
     assert nobody.status_code == 401
     assert len(uploads_published(settings)) == before + 3
 
-    full = settings.model_copy(update={"storage_limit_bytes": 1})
+    full = settings.model_copy(update={"storage_limit_bytes": 1, "max_upload_bytes": 1000})
     with intake_server(full, tmp_path / "serve-full.log") as url:
-        refused = post(url, clip)
+        too_big = post(url, clip)  # Content-Length past max_upload_bytes: refused before admission
+        refused = post(url, clip[:500])
+    assert too_big.status_code == 413 and f"{len(clip)} bytes exceeds max_upload_bytes = 1000" in too_big.json()["reason"]
     assert refused.status_code == 507 and refused.json()["error"] == "storage_full"
     assert "at or past its limit storage_limit_bytes = 1" in refused.json()["reason"]
     assert "retry-after" not in refused.headers

@@ -3,8 +3,8 @@ retention of cleanup (issue 9)."""
 
 from __future__ import annotations
 
-from producers.http_intake import admission, retry_after, upload_id_for_key
 from processors.cleanup import retention_under_pressure
+from producers.http_intake import admission, retry_after, upload_id_for_key
 from projections.read import TierBacklog
 from schemas import models as ev
 from tapeline.settings import Settings
