@@ -150,3 +150,12 @@ def plan_cleanup(objects: Iterable[StoredObject], jobs: dict[str, dict[str, Any]
         else:
             plan.deferred += 1
     return plan
+
+
+def retention_under_pressure(settings: Settings, over_limit: bool) -> Settings:
+    """The settings cleanup plans with: while object storage is past `storage_limit_bytes`
+    (`over_limit`), ended jobs' work objects and unreferenced checkpoints are kept only
+    `storage_pressure_retention_s` (when shorter than `cleanup_retention_s`). Pure."""
+    if not over_limit or settings.storage_pressure_retention_s >= settings.cleanup_retention_s:
+        return settings
+    return settings.model_copy(update={"cleanup_retention_s": settings.storage_pressure_retention_s})

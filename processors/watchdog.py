@@ -31,7 +31,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from processors.cleanup import SWEPT_PREFIXES, CleanupPlan, job_ids_of, plan_cleanup
+from processors.cleanup import SWEPT_PREFIXES, CleanupPlan, job_ids_of, plan_cleanup, retention_under_pressure
 from processors.retry import Action, retry_decision, retry_scheduled
 from processors.runtime import Outgoing, Runtime, transact
 from projections.fold import attempts_used
@@ -40,7 +40,7 @@ from schemas import models as ev
 from tapeline import kafka
 from tapeline.errors import ServiceUnavailable, StorageError
 from tapeline.health import HealthState
-from tapeline.objectstore import ObjectStore
+from tapeline.objectstore import ObjectStore, StorageGauge
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.watchdog")
@@ -175,6 +175,8 @@ class Watchdog:
         self.last_result: RunResult | None = None
         self.health = HealthState("watchdog", settings.instance_id)  # `tapeline run` replaces it with the served one
         self.store: ObjectStore | None = None
+        self.gauge: StorageGauge | None = None  # the bucket's bytes, when a storage limit is set
+        self.storage_pressure = False
         self.sweep_prefix, self.sweep_token = 0, None  # where the orphan sweep resumes (in memory)
         self.cleanup_totals = {"objects_removed": 0, "multipart_aborted": 0, "deferred": 0, "errors": 0}
         self.last_cleanup: CleanupPlan | None = None
@@ -270,6 +272,10 @@ class Watchdog:
         if now is None:
             return None
         store = self.store = self.store or ObjectStore(settings)
+        if settings.storage_limit_bytes is not None:  # storage guard: shorter retention while over the limit
+            self.gauge = self.gauge or StorageGauge(settings, store)
+            self.storage_pressure = self.gauge.over_limit()
+            settings = retention_under_pressure(settings, self.storage_pressure)
         prefix = SWEPT_PREFIXES[self.sweep_prefix]
         starting_pass = self.sweep_prefix == 0 and self.sweep_token is None
         objects, next_token = store.list_page(prefix, self.sweep_token, settings.cleanup_page_keys)

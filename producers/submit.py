@@ -46,7 +46,8 @@ def check_file(path: Path) -> int:
 
 
 def upload(settings: Settings, path: Path, priority: str = "standard", submitter: str = "cli",
-           on_bytes: Callable[[int], None] | None = None, upload_id: str | None = None) -> Submission:
+           on_bytes: Callable[[int], None] | None = None, upload_id: str | None = None,
+           profile: str = "default") -> Submission:
     """Store `path` and build its `UploadCompleted` (not yet published). Raises `SubmitError`."""
     if priority not in TIERS:
         raise SubmitError(f"unknown priority {priority!r}; choose one of {', '.join(TIERS)}")
@@ -56,12 +57,18 @@ def upload(settings: Settings, path: Path, priority: str = "standard", submitter
     content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
     with open(path, "rb") as fh:
         sha, size = ObjectStore(settings).upload_stream(fh, key, content_type, on_bytes=on_bytes)
-    job_id = ev.job_id_for(upload_id)
-    event = ev.UploadCompleted.new(job_id=job_id, stage="intake", attempt=0, recorded_by=f"submit@{settings.instance_id}",
-                                   correlation_id=upload_id, upload_id=upload_id, bucket=settings.s3_bucket,
-                                   object_key=key, size_bytes=size, sha256=sha, filename=path.name,
-                                   priority=priority, submitter=submitter)
-    return Submission(upload_id, job_id, key, size, sha, event)
+    event = upload_completed(settings, upload_id, key, size, sha, path.name, priority, submitter,
+                             recorded_by=f"submit@{settings.instance_id}", profile=profile)
+    return Submission(upload_id, event.job_id, key, size, sha, event)
+
+
+def upload_completed(settings: Settings, upload_id: str, key: str, size: int, sha: str, filename: str,
+                     priority: str, submitter: str, recorded_by: str, profile: str = "default") -> ev.UploadCompleted:
+    """The `UploadCompleted` of a stored source (job id `uuid5(namespace, upload_id)`). Pure."""
+    return ev.UploadCompleted.new(job_id=ev.job_id_for(upload_id), stage="intake", attempt=0, recorded_by=recorded_by,
+                                  correlation_id=upload_id, upload_id=upload_id, bucket=settings.s3_bucket,
+                                  object_key=key, size_bytes=size, sha256=sha, filename=filename,
+                                  priority=priority, profile=profile, submitter=submitter)
 
 
 def publish(settings: Settings, event: ev.UploadCompleted, copies: int = 1, timeout_s: float = 30.0) -> None:

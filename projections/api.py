@@ -11,7 +11,10 @@ One FastAPI app (`create_app`) serves:
 - operator actions (replay a dead letter, resolve a review, cancel a job) as JSON endpoints with a
   bearer token and as dashboard forms with a token field. They call the same runners as the CLI
   (`processors/operator.py`): they emit events and never write a projection;
-- `/health/live`, `/health/ready` and `/metrics` (prometheus-client, this process's own registry).
+- `/health/live`, `/health/ready` and `/metrics` (prometheus-client, this process's own registry);
+- the HTTP intake `POST /uploads` (`producers/http_intake.py`: streamed uploads with API tokens,
+  idempotency keys and backpressure); it writes its own table `intake_uploads` as the login role,
+  never a projection.
 
 Every read goes through a `psycopg_pool` connection that has switched to the read-only role
 (`SET ROLE tapeline_reader`, `Settings.reader_role`) when it was opened, so the API cannot write a
@@ -42,6 +45,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import BaseModel, Field, model_validator
 
+from producers.http_intake import IntakeService, intake_router
 from projections import read
 from projections.sql import check_schema_name, connect
 from tapeline.errors import ConfigurationError, ServiceUnavailable, TapelineError
@@ -297,11 +301,13 @@ def create_app(settings: Settings) -> FastAPI:
         pool = reader_pool(settings)
         pool.open(wait=True, timeout=15.0)
         state["pool"] = app.state.pool = pool
+        intake.open()
         try:
             yield
         finally:
             lag.close()
             pool.close()
+            intake.close()
 
     app = FastAPI(title="Tapeline", version="1", lifespan=lifespan,
                   description="Read API over Tapeline's projections (broker time, UTC; seconds) and operator "
@@ -311,6 +317,8 @@ def create_app(settings: Settings) -> FastAPI:
     lag = LagCache(settings, settings.lag_cache_s)
     metrics = ApiMetrics(lambda: state["pool"], lag)
     app.state.settings, app.state.metrics = settings, metrics
+    intake = IntakeService(settings)  # POST /uploads (producers/http_intake.py): writes as the login role
+    app.include_router(intake_router(intake))
 
     def db() -> Iterator[psycopg.Connection]:
         try:

@@ -91,7 +91,8 @@ def swap(database_url: str, schema: str, live_schema: str, retired: str | None =
 
     Holds `SWAP_LOCK` exclusively, so no projector batch is in flight; the projector notices the new
     schema in its next batch and resumes from that schema's stored offsets. Settings tables that are
-    not derived from the log (`stall_policy`) are copied from the old live schema. The old schema is
+    not derived from the log (`stall_policy`, the HTTP intake's `intake_uploads`) are copied from the
+    old live schema. The old schema is
     kept under `retired` (default `<live>_retired_<UTC timestamp>`) for a swap back or a DROP.
     """
     check_schema_name(schema)
@@ -112,11 +113,25 @@ def swap(database_url: str, schema: str, live_schema: str, retired: str | None =
             copied = False
             if schema_oid(conn, live_schema) is not None:
                 copied = _copy_stall_policy(conn, live_schema, schema)
+                _copy_table(conn, live_schema, schema, "intake_uploads")  # the HTTP intake's claims and keys
                 conn.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(sql.Identifier(live_schema),
                                                                           sql.Identifier(retired)))
             conn.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(sql.Identifier(schema),
                                                                       sql.Identifier(live_schema)))
     return SwapResult(live=live_schema, retired=retired, stall_policy_copied=copied)
+
+
+def _copy_table(conn: psycopg.Connection, source: str, target: str, table: str) -> bool:
+    """Replace `target.table` by the rows of `source.table` (a table not derived from the log); False
+    when either is missing. Writes to the source racing the swap's transaction may be lost."""
+    present = conn.execute("SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL",
+                           (f'"{source}".{table}', f'"{target}".{table}')).fetchone()[0]
+    if not present:
+        return False
+    conn.execute(sql.SQL("DELETE FROM {}.{}").format(sql.Identifier(target), sql.Identifier(table)))
+    conn.execute(sql.SQL("INSERT INTO {}.{} SELECT * FROM {}.{}").format(
+        sql.Identifier(target), sql.Identifier(table), sql.Identifier(source), sql.Identifier(table)))
+    return True
 
 
 def _copy_stall_policy(conn: psycopg.Connection, source: str, target: str) -> bool:

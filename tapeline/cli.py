@@ -150,17 +150,29 @@ def submit(file: Path = typer.Argument(..., help="Video file to upload"),
                                          help="Who submits (quotas count per submitter)"),
            wait: bool = typer.Option(False, "--wait", help="Show progress until the job ends"),
            as_json: bool = typer.Option(False, "--json", help="Print one JSON object"),
-           timeout: float = typer.Option(1800.0, "--timeout", help="Seconds --wait waits at most")) -> None:
-    """Upload FILE to object storage and publish UploadCompleted; prints the job id."""
+           timeout: float = typer.Option(1800.0, "--timeout", help="Seconds --wait waits at most"),
+           url: Optional[str] = typer.Option(None, "--url", envvar="TAPELINE_INTAKE_URL",
+                                             help="Upload through the HTTP intake at this URL (e.g. "
+                                                  "http://127.0.0.1:8400) instead of to S3 and Kafka directly"),
+           token: Optional[str] = typer.Option(None, "--token", envvar="TAPELINE_INTAKE_TOKEN",
+                                               help="--url: API token (names the submitter; --submitter is ignored)"),
+           retries: int = typer.Option(10, "--retries", envvar="TAPELINE_SUBMIT_RETRIES",
+                                       help="--url: how many 503/429 answers to wait out (their Retry-After)"),
+           profile: str = typer.Option("default", "--profile", envvar="TAPELINE_PROFILE", help="Output profile")) -> None:
+    """Upload FILE to object storage and publish UploadCompleted (or, with --url, POST it to the HTTP intake,
+    waiting out 503/429 Retry-After); prints the job id."""
     from producers.submit import publish, upload
 
     settings = _settings()
+    if url:
+        _submit_http(settings, file, url, token, priority, profile, retries, wait, as_json, timeout)
+        return
     try:
         size = file.stat().st_size if file.is_file() else 0
         with Progress(TextColumn("uploading {task.fields[name]}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
                       console=console, disable=as_json or size < 8 * 1024**2, transient=True) as bar:
             task = bar.add_task("upload", total=size or 1, name=file.name)
-            submission = upload(settings, file, priority=priority, submitter=submitter,
+            submission = upload(settings, file, priority=priority, submitter=submitter, profile=profile,
                                 on_bytes=lambda n: bar.advance(task, n))
         publish(settings, submission.event)
         if not wait:
@@ -173,6 +185,57 @@ def submit(file: Path = typer.Argument(..., help="Video file to upload"),
         if not as_json:
             console.print(f"job {submission.job_id} submitted ({submission.size_bytes} bytes)")
         summary = _wait_for_job(settings, submission.job_id, timeout, show_progress=not as_json)
+    except TapelineError as exc:
+        _fail(exc)
+    if as_json:
+        out.print_json(json.dumps(summary))
+    else:
+        _print_summary(summary)
+    if summary["state"] != "completed":
+        raise typer.Exit(3)
+
+
+def _submit_http(settings: Settings, file: Path, url: str, token: str | None, priority: str, profile: str,
+                 retries: int, wait: bool, as_json: bool, timeout: float) -> None:
+    """`submit --url`: stream FILE to the HTTP intake, showing every Retry-After wait; --wait polls the
+    job's status URL (the read API of the same server)."""
+    from producers.http_submit import IntakeClient
+
+    def waiting(seconds: float, status: int, body: dict[str, Any]) -> None:
+        console.print(f"intake busy ({status} {body.get('error', '')}: {body.get('reason', '')}); "
+                      f"retrying in {seconds:.0f} s", highlight=False, soft_wrap=True)
+        end = time.monotonic() + seconds
+        with console.status("", spinner="clock") as shown:  # a countdown on a terminal; the line above for logs
+            while (left := end - time.monotonic()) > 0:
+                shown.update(f"retrying in {left:.0f} s")
+                time.sleep(min(0.5, left))
+
+    try:
+        client = IntakeClient(url, token)
+        try:
+            accepted = client.upload(file, priority=priority, profile=profile, retries=retries,
+                                     on_wait=waiting)
+            if not wait:
+                if as_json:
+                    out.print_json(json.dumps({**accepted, "state": "submitted"}))
+                else:
+                    out.print(accepted["job_id"])
+                return
+            if not as_json:
+                console.print(f"job {accepted['job_id']} accepted by the intake; status {url.rstrip('/')}"
+                              f"{accepted['status_url']}", highlight=False)
+            deadline = time.monotonic() + timeout
+            while True:
+                job = client.job(accepted["status_url"])
+                if job is not None and job["state"] in FINAL:
+                    summary = job
+                    break
+                if time.monotonic() > deadline:
+                    raise TapelineError(f"job {accepted['job_id']} did not finish within {timeout:.0f} s "
+                                        f"(state: {job['state'] if job else 'not yet accepted'})")
+                time.sleep(0.5)
+        finally:
+            client.close()
     except TapelineError as exc:
         _fail(exc)
     if as_json:

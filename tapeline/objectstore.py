@@ -8,6 +8,8 @@ publicly readable prefix).
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable
 
@@ -217,3 +219,36 @@ class ObjectStore:
             first = result["Errors"][0]
             raise StorageError(f"delete of {len(result['Errors'])} objects failed, first {first.get('Key')}: "
                                f"{first.get('Code')} {first.get('Message')}")
+
+
+class StorageGauge:
+    """The bucket's total bytes, measured by listing it at most once per `storage_usage_cache_s`
+    (thread-safe). `bytes()` raises `StorageError` when the listing fails."""
+
+    def __init__(self, settings: Settings, store: ObjectStore | None = None) -> None:
+        self.settings = settings
+        self.store = store or ObjectStore(settings)
+        self._lock = threading.Lock()
+        self._value: int | None = None
+        self._at = 0.0
+
+    def measure(self) -> int:
+        """List the whole bucket now; its total size in bytes."""
+        total = 0
+        try:
+            for page in self.store.s3.get_paginator("list_objects_v2").paginate(Bucket=self.store.bucket):
+                total += sum(o["Size"] for o in page.get("Contents", []))
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageError(f"measuring bucket {self.store.bucket} failed: {exc}") from exc
+        return total
+
+    def bytes(self) -> int:
+        with self._lock:
+            if self._value is None or time.monotonic() - self._at >= self.settings.storage_usage_cache_s:
+                self._value, self._at = self.measure(), time.monotonic()
+            return self._value
+
+    def over_limit(self) -> bool:
+        """True when a limit is set and the (cached) measurement is at or past it."""
+        limit = self.settings.storage_limit_bytes
+        return limit is not None and self.bytes() >= limit

@@ -130,6 +130,34 @@ class Settings(BaseSettings):
                                                             "require; unset: every action answers 401")
     lag_cache_s: float = Field(3.0, description="`tapeline serve`: reuse a projection-lag measurement this long, s")
 
+    # The HTTP intake (`POST /uploads` on `tapeline serve`, producers/http_intake.py).
+    intake_tokens: dict[str, str] = Field(default_factory=dict, description="HTTP intake API tokens (JSON): "
+                                          "{token: submitter name}; empty: every upload answers 401")
+    intake_tier_capacity: dict[str, int] = Field(
+        default_factory=lambda: {"archive": 200, "standard": 100, "index": 50},
+        description="Per tier (JSON): that tier's backlog (waiting + running + admitted uploads not yet decided) "
+                    "at which new uploads of the tier get 503 + Retry-After")
+    intake_total_capacity: int = Field(300, description="Backlog of every tier together at which archive uploads "
+                                       "get 503; each tier below archive is refused `intake_tier_reserve` jobs earlier")
+    intake_tier_reserve: int = Field(30, description="Jobs of the total capacity kept for each higher tier: "
+                                     "standard is refused at total - reserve, index at total - 2 x reserve")
+    intake_max_in_flight_per_submitter: int | None = Field(
+        50, description="Jobs one submitter may have accepted and not ended at once; past it 429 + Retry-After "
+                        "(unset: no cap)")
+    intake_retry_after_min_s: float = Field(1.0, description="Smallest Retry-After the intake answers, seconds")
+    intake_retry_after_max_s: float = Field(300.0, description="Largest Retry-After; also used when nothing "
+                                            "completed recently (no throughput to estimate from), seconds")
+    intake_throughput_window_s: float = Field(300.0, description="Recent completions over this many seconds "
+                                              "estimate Retry-After")
+    intake_idempotency_wait_s: float = Field(600.0, description="How long a request with a reused Idempotency-Key "
+                                             "waits for the first request with it to finish, seconds")
+    storage_limit_bytes: int | None = Field(None, description="Object storage budget, bytes (the bucket's total): "
+                                            "past it new uploads get 507 and cleanup uses storage_pressure_retention_s "
+                                            "(unset: no guard)")
+    storage_usage_cache_s: float = Field(30.0, description="Reuse one measurement of the bucket's bytes this long, s")
+    storage_pressure_retention_s: float = Field(300.0, description="Cleanup retention of ended jobs' work objects "
+                                                "and checkpoints while storage is past its limit, seconds")
+
     @property
     def heartbeat_s(self) -> float:
         """Heartbeat interval in seconds (default: a quarter of the lease)."""

@@ -233,3 +233,46 @@ FROM job_state
 WHERE state IN ('accepted', 'queued', 'retry_scheduled', 'running')
    OR (state = 'completed' AND completed_at >= now() - make_interval(secs => %(window_s)s))
 GROUP BY 1;
+
+-- name: intake_admission_lock
+-- Serialise the HTTP intake's admission decisions (capacity checks and claims) for the current transaction.
+SELECT pg_advisory_xact_lock(hashtext('tapeline.intake.admission'));
+
+-- name: intake_upload_by_key
+-- The HTTP intake's row of one (submitter, Idempotency-Key), if any.
+SELECT * FROM intake_uploads WHERE submitter = %(submitter)s AND idempotency_key = %(key)s;
+
+-- name: intake_upload_claim
+-- Claim an upload at admission (state uploading); nothing returned when the (submitter, key) is already claimed.
+INSERT INTO intake_uploads (upload_id, job_id, submitter, idempotency_key, priority, profile, filename, state)
+VALUES (%(upload_id)s, %(job_id)s, %(submitter)s, %(key)s, %(priority)s, %(profile)s, %(filename)s, 'uploading')
+ON CONFLICT DO NOTHING
+RETURNING upload_id;
+
+-- name: intake_upload_published
+-- Record a published upload with the response every replay of its Idempotency-Key gets.
+UPDATE intake_uploads SET state = 'published', sha256 = %(sha256)s, size_bytes = %(size_bytes)s,
+       response = %(response)s, updated_at = now()
+WHERE upload_id = %(upload_id)s;
+
+-- name: intake_upload_release
+-- Forget an upload that failed before it was published (its key may be used again).
+DELETE FROM intake_uploads WHERE upload_id = %(upload_id)s AND state = 'uploading';
+
+-- name: intake_pending_by_tier
+-- Uploads the HTTP intake admitted whose job the projection does not know yet (uploading, or published in the last %(window_s)s seconds and not yet decided), per tier.
+SELECT i.priority AS tier, count(*) AS pending FROM intake_uploads i
+WHERE (i.state = 'uploading' OR i.updated_at >= now() - make_interval(secs => %(window_s)s))
+  AND NOT EXISTS (SELECT 1 FROM job_state j WHERE j.job_id = i.job_id)
+GROUP BY 1;
+
+-- name: submitter_in_flight
+-- Jobs of one submitter accepted and not ended (job_state, joined through uploads), plus its HTTP uploads the projection does not know yet.
+SELECT (SELECT count(*) FROM uploads u JOIN job_state j ON j.job_id = u.job_id
+        WHERE u.submitter = %(submitter)s
+          AND j.state NOT IN ('completed', 'rejected', 'failed', 'cancelled', 'dead_lettered', 'needs_review'))
+     + (SELECT count(*) FROM intake_uploads i
+        WHERE i.submitter = %(submitter)s
+          AND (i.state = 'uploading' OR i.updated_at >= now() - make_interval(secs => %(window_s)s))
+          AND NOT EXISTS (SELECT 1 FROM job_state j WHERE j.job_id = i.job_id))
+       AS in_flight;

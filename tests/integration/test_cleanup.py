@@ -61,3 +61,22 @@ def test_completed_job_objects_and_orphans_are_removed_and_published_outputs_sta
     finally:
         pipeline.stop()
         print(pipeline.log_text()[-4000:])
+
+
+def test_storage_past_its_limit_shortens_the_retention_of_ended_jobs_objects(isolated, tmp_path):
+    """Retention is an hour, but storage is past its limit (1 byte): the watchdog keeps an ended job's
+    work objects only `storage_pressure_retention_s` (0 s here), so they go right after it completes."""
+    with private_moto_server(isolated, tmp_path, **FAULT_TIMING, cleanup_retention_s=3600.0, cleanup_interval_s=0.0,
+                             storage_limit_bytes=1, storage_usage_cache_s=1.0,
+                             storage_pressure_retention_s=0.0) as (settings, _):
+        pipeline = Pipeline(settings, tmp_path / "run.log").start()
+        try:
+            job_id = submit(settings, sample_video("carphone_pristine.mp4"))
+            row = wait_state(settings, job_id, timeout_s=120)
+            assert row["state"] == "completed"
+            wait_for(lambda: not keys_under(settings, f"work/{job_id}/"), 30,
+                     "the ended job's work objects to go under storage pressure")
+            assert keys_under(settings, f"published/{job_id}/")  # published outputs are never removed
+            assert "cleanup removed objects" in pipeline.log_text()  # there were work objects, and cleanup took them
+        finally:
+            pipeline.stop()

@@ -1,0 +1,463 @@
+"""The HTTP intake: `POST /uploads` on `tapeline serve` (issue 9).
+
+A client streams a source as the request body; the intake streams it on to object storage
+(`ObjectStore.upload_stream`: multipart above the chunk size, sha256 while streaming, never the
+whole file in memory) and publishes the same `UploadCompleted` as `tapeline submit`, then answers
+202 `{job_id, upload_id, status_url}` with a `Location` header (the job's read-API URL).
+
+    POST /uploads?priority=archive&profile=default&filename=clip.mp4
+    Authorization: Bearer <token>          (TAPELINE_INTAKE_TOKENS maps tokens to submitter names)
+    Idempotency-Key: <any string, at most 255 characters>   (optional)
+
+Admission (`admission`, pure) runs before a byte is stored, in one PostgreSQL transaction under an
+advisory lock, so concurrent requests are counted exactly:
+
+1. storage guard: the bucket's bytes (`StorageGauge`, one listing per `storage_usage_cache_s`)
+   at or past `storage_limit_bytes` -> 507 `storage_full`;
+2. the tier's load (waiting + running from `projections.read.tier_backlog`, plus uploads this
+   intake admitted that the projection does not know yet) at or past
+   `intake_tier_capacity[tier]` -> 503 `overloaded`;
+3. the reserve for higher tiers: the load of every tier together at or past
+   `intake_total_capacity - rank x intake_tier_reserve` (rank: archive 0, standard 1, index 2), so
+   index is refused first and archive last -> 503 `overloaded`;
+4. the submitter's jobs in flight (accepted and not ended, plus admitted uploads not yet decided)
+   at or past `intake_max_in_flight_per_submitter` -> 429 `in_flight_cap`.
+
+`Retry-After` (seconds) is the time the recent completion rate (`intake_throughput_window_s`)
+needs to end the jobs over the limit, clamped to [`intake_retry_after_min_s`,
+`intake_retry_after_max_s`]; with no recent completion it is the maximum. Every refusal is an
+answer given before anything was stored. The daily quota stays with the intake processor
+(`JobRejected(quota_exceeded)`).
+
+Idempotency: a request with an `Idempotency-Key` gets upload id `uuid5(IDEMPOTENCY_NAMESPACE,
+submitter + key)`, so its job id is fixed by the key. Admission claims the row
+`intake_uploads(submitter, key)`; a later request with the same key (even while the first is still
+streaming) reads its own body through sha256 without storing it, waits for the first to finish and
+answers the first's response (202, same body). Different parameters or a different body under the
+key -> 422; the first request failed before publishing -> 409 (send again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import math
+import queue
+import re
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import structlog
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from psycopg_pool import ConnectionPool
+from starlette.requests import ClientDisconnect
+
+from producers.submit import upload_completed
+from projections.read import TierBacklog, tier_backlog
+from projections.sql import check_schema_name, q
+from schemas import models as ev
+from schemas.codec import default_codec
+from tapeline import kafka
+from tapeline.errors import ServiceUnavailable, StorageError
+from tapeline.objectstore import ObjectStore, StorageGauge
+from tapeline.settings import TIERS, Settings
+
+log = structlog.get_logger("tapeline.http_intake")
+IDEMPOTENCY_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "tapeline:intake:idempotency-key")
+"""Namespace of the upload ids derived from (submitter, Idempotency-Key)."""
+NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+QUEUED_CHUNKS = 16
+"""Request-body chunks (about 64 KiB each) held between the HTTP reader and the S3 writer."""
+
+
+def upload_id_for_key(submitter: str, key: str) -> str:
+    """The upload id of (submitter, Idempotency-Key): the same pair always names the same upload."""
+    return str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{submitter}\x00{key}"))
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An upload refused before anything was stored: HTTP `status`, `error` class, `reason` for a
+    person, and `retry_after_s` (whole seconds, None when retrying later does not help)."""
+
+    status: int
+    error: str
+    reason: str
+    retry_after_s: int | None = None
+
+    def response(self) -> JSONResponse:
+        headers = {"Retry-After": str(self.retry_after_s)} if self.retry_after_s is not None else {}
+        return JSONResponse({"error": self.error, "reason": self.reason, "retry_after_s": self.retry_after_s},
+                            status_code=self.status, headers=headers)
+
+
+def retry_after(excess: int, completed_recently: int, window_s: float, settings: Settings) -> int:
+    """Seconds until `excess` jobs end at the recent rate (`completed_recently` per `window_s`),
+    rounded up and clamped to [intake_retry_after_min_s, intake_retry_after_max_s]; the maximum when
+    nothing completed recently. Pure."""
+    low, high = settings.intake_retry_after_min_s, settings.intake_retry_after_max_s
+    estimate = high if completed_recently <= 0 else max(1, excess) * window_s / completed_recently
+    return math.ceil(min(high, max(low, estimate)))
+
+
+def admission(tier: str, backlog: dict[str, TierBacklog], pending: dict[str, int], in_flight: int,
+              storage_bytes: int | None, submitter: str, settings: Settings) -> Refusal | None:
+    """Whether one more upload of `tier` from `submitter` may be stored: None, or the `Refusal`.
+    Pure. `backlog`: `tier_backlog` rows; `pending`: per tier, admitted uploads the projection does
+    not know yet; `in_flight`: the submitter's jobs not ended (pending included); `storage_bytes`:
+    the bucket's measured size (None: not measured). The rules are the module docstring's."""
+    limit = settings.storage_limit_bytes
+    if limit is not None and storage_bytes is not None and storage_bytes >= limit:
+        return Refusal(507, "storage_full", f"object storage holds {storage_bytes} bytes, at or past its limit "
+                                            f"storage_limit_bytes = {limit}; new uploads are refused until cleanup "
+                                            f"frees space")
+    load = {t: backlog[t].backlog + pending.get(t, 0) for t in TIERS}
+    done = {t: backlog[t].completed_recently for t in TIERS}
+    window = backlog[tier].window_s
+    capacity = settings.intake_tier_capacity.get(tier)
+    if capacity is not None and load[tier] >= capacity:
+        wait = retry_after(load[tier] - capacity + 1, done[tier], window, settings)
+        return Refusal(503, "overloaded", f"tier {tier!r} has {load[tier]} jobs waiting or running, at or past its "
+                                          f"capacity {capacity}; retry in {wait} s", wait)
+    total = sum(load.values())
+    ceiling = settings.intake_total_capacity - TIERS.index(tier) * settings.intake_tier_reserve
+    if total >= ceiling:
+        wait = retry_after(total - ceiling + 1, sum(done.values()), window, settings)
+        return Refusal(503, "overloaded", f"{total} jobs waiting or running in every tier, at or past the {ceiling} "
+                                          f"that tier {tier!r} may use (higher tiers keep a reserve); retry in "
+                                          f"{wait} s", wait)
+    cap = settings.intake_max_in_flight_per_submitter
+    if cap is not None and in_flight >= cap:
+        wait = retry_after(in_flight - cap + 1, sum(done.values()), window, settings)
+        return Refusal(429, "in_flight_cap", f"submitter {submitter!r} has {in_flight} jobs in flight, at or past "
+                                             f"its cap {cap}; retry in {wait} s", wait)
+    return None
+
+
+class _QueueReader:
+    """A file-like `read(size)` over chunks handed over by the event loop (`None` ends the body);
+    `fail(exc)` makes the next read raise, so boto3 aborts the upload."""
+
+    def __init__(self, chunks: "queue.Queue[bytes | None]") -> None:
+        self.chunks = chunks
+        self.buffer = bytearray()
+        self.eof = False
+        self.error: BaseException | None = None
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        try:
+            self.chunks.put_nowait(None)
+        except queue.Full:
+            pass
+
+    def read(self, size: int = -1) -> bytes:
+        while not self.eof and (size < 0 or len(self.buffer) < size):
+            if self.error is not None:
+                raise OSError(f"request body failed: {self.error}")
+            try:
+                chunk = self.chunks.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if chunk is None:
+                self.eof = True
+            else:
+                self.buffer += chunk
+        if self.error is not None:
+            raise OSError(f"request body failed: {self.error}")
+        n = len(self.buffer) if size < 0 else min(size, len(self.buffer))
+        out = bytes(self.buffer[:n])
+        del self.buffer[:n]
+        return out
+
+
+class BodyTooLarge(Exception):
+    """The request body passed `max_upload_bytes`."""
+
+
+class IntakeService:
+    """The state of one intake process: a writer connection pool (the login role, not the read
+    API's read-only role: it writes `intake_uploads`), the object store, one idempotent producer,
+    the storage gauge and a thread pool for blocking calls. `open()` before use, `close()` after."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.store = ObjectStore(settings)
+        self.gauge = StorageGauge(settings, self.store)
+        self.pool = ConnectionPool(settings.database_url, min_size=1, max_size=8, open=False, timeout=10.0,
+                                   name="tapeline-intake",
+                                   kwargs={"autocommit": True, "row_factory": psycopg.rows.dict_row,
+                                           "connect_timeout": 10,
+                                           "options": f"-c search_path={check_schema_name(settings.db_schema)}"})
+        self.executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix="intake")
+        self._producer = None
+        self._partitions: int | None = None
+        self._producer_lock = threading.Lock()
+        self.codec = default_codec()
+
+    def open(self) -> None:
+        self.pool.open(wait=False)
+
+    def close(self) -> None:
+        self.pool.close()
+        if self._producer is not None:
+            self._producer.flush(10.0)
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def call(self, fn, *args):
+        """Run a blocking call on the intake's own threads (uploads hold one each for their duration)."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    # -- PostgreSQL ------------------------------------------------------------------------------
+
+    def row_by_key(self, submitter: str, key: str) -> dict[str, Any] | None:
+        with self.pool.connection() as conn:
+            return conn.execute(q("intake_upload_by_key"), {"submitter": submitter, "key": key}).fetchone()
+
+    def admit(self, submitter: str, key: str | None, upload_id: str, priority: str, profile: str,
+              filename: str) -> Refusal | None | bool:
+        """Admission then claim, in one transaction under the admission lock. Returns a `Refusal`,
+        None when the upload is claimed, or False when its Idempotency-Key was claimed first by
+        another request (read its row and replay)."""
+        storage = self.gauge.bytes() if self.settings.storage_limit_bytes is not None else None
+        window = self.settings.intake_throughput_window_s
+        with self.pool.connection() as conn, conn.transaction():
+            conn.execute(q("intake_admission_lock"))
+            if key is not None and conn.execute(q("intake_upload_by_key"),
+                                                {"submitter": submitter, "key": key}).fetchone():
+                return False
+            backlog = tier_backlog(conn, window)
+            pending = {r["tier"]: int(r["pending"]) for r in
+                       conn.execute(q("intake_pending_by_tier"), {"window_s": self.settings.intake_timeout_s})}
+            in_flight = int(conn.execute(q("submitter_in_flight"), {"submitter": submitter,
+                                                                    "window_s": self.settings.intake_timeout_s}
+                                         ).fetchone()["in_flight"])
+            refusal = admission(priority, backlog, pending, in_flight, storage, submitter, self.settings)
+            if refusal is not None:
+                return refusal
+            claimed = conn.execute(q("intake_upload_claim"), {
+                "upload_id": upload_id, "job_id": ev.job_id_for(upload_id), "submitter": submitter, "key": key,
+                "priority": priority, "profile": profile, "filename": filename}).fetchone()
+            return None if claimed else False
+
+    def published(self, upload_id: str, sha256: str, size: int, response: dict[str, Any]) -> None:
+        with self.pool.connection() as conn:
+            conn.execute(q("intake_upload_published"), {"upload_id": upload_id, "sha256": sha256, "size_bytes": size,
+                                                        "response": json.dumps(response)})
+
+    def release(self, upload_id: str) -> None:
+        with self.pool.connection() as conn:
+            conn.execute(q("intake_upload_release"), {"upload_id": upload_id})
+
+    # -- Kafka -----------------------------------------------------------------------------------
+
+    def publish(self, event: ev.UploadCompleted, timeout_s: float = 30.0) -> None:
+        """Publish `event` keyed by upload id, as `producers.submit.publish` does, through this
+        process's idempotent producer; waits for its own acknowledgement. Raises `ServiceUnavailable`."""
+        with self._producer_lock:
+            if self._producer is None:
+                self._producer = kafka.idempotent_producer(self.settings)
+                self._partitions = kafka.partition_count(self._producer, self.settings.uploads_topic)
+        producer, topic = self._producer, self.settings.uploads_topic
+        done, errors = threading.Event(), []
+
+        def delivered(err, _msg) -> None:
+            if err:
+                errors.append(str(err))
+            done.set()
+
+        producer.produce(topic, key=event.upload_id.encode(), value=self.codec.encode(event.to_record()),
+                         partition=kafka.partition_for(event.upload_id, self._partitions), on_delivery=delivered)
+        deadline = time.monotonic() + timeout_s
+        while not done.is_set():
+            producer.poll(0.05)  # serves every thread's delivery callbacks, ours included
+            if time.monotonic() > deadline:
+                raise ServiceUnavailable(f"Kafka at {self.settings.kafka_bootstrap} did not acknowledge the upload "
+                                         f"within {timeout_s:.0f} s")
+        if errors:
+            raise ServiceUnavailable(f"Kafka refused the upload: {errors[0]}")
+
+    # -- the request body ------------------------------------------------------------------------
+
+    async def _hand_over(self, chunks: queue.Queue, item: bytes | None, upload: asyncio.Future) -> None:
+        while True:
+            try:
+                chunks.put_nowait(item)
+                return
+            except queue.Full:
+                if upload.done():
+                    return  # the writer stopped (failed): awaiting it raises
+                await asyncio.sleep(0.002)
+
+    async def stream_to_store(self, request: Request, key: str, content_type: str) -> tuple[str, int]:
+        """Stream the request body to `key`; (hex sha256, bytes). At most `QUEUED_CHUNKS` chunks plus
+        one multipart part are in memory. Raises `BodyTooLarge`, `ClientDisconnect` or `StorageError`."""
+        chunks: queue.Queue = queue.Queue(maxsize=QUEUED_CHUNKS)
+        reader = _QueueReader(chunks)
+        upload = asyncio.ensure_future(self.call(self.store.upload_stream, reader, key, content_type))
+        received, limit = 0, self.settings.max_upload_bytes
+        try:
+            async for chunk in request.stream():
+                if upload.done():
+                    break  # the writer failed: awaiting it raises
+                if not chunk:
+                    continue
+                received += len(chunk)
+                if received > limit:
+                    raise BodyTooLarge(f"the body passed max_upload_bytes = {limit}")
+                await self._hand_over(chunks, chunk, upload)
+            await self._hand_over(chunks, None, upload)
+        except BaseException as exc:
+            reader.fail(exc)
+            try:
+                await upload  # aborted by the failed read: its multipart upload is abandoned
+            except Exception as aborted:  # noqa: BLE001 (the body's error, raised below, is the one to report)
+                log.info("upload to object storage aborted", key=key, reason=str(aborted))
+            raise
+        return await upload
+
+    @staticmethod
+    async def hash_body(request: Request) -> tuple[str, int]:
+        """Read the request body through sha256 without keeping it: (hex sha256, bytes)."""
+        digest, size = hashlib.sha256(), 0
+        async for chunk in request.stream():
+            digest.update(chunk)
+            size += len(chunk)
+        return digest.hexdigest(), size
+
+
+def _param(request: Request, name: str, default: str | None) -> str | None:
+    return request.query_params.get(name) or request.headers.get(f"x-tapeline-{name}") or default
+
+
+def intake_router(service: IntakeService) -> APIRouter:
+    """`POST /uploads` over `service` (see the module docstring)."""
+    settings = service.settings
+    router = APIRouter(tags=["intake"])
+
+    def submitter_of(request: Request) -> str | None:
+        scheme, _, presented = (request.headers.get("authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not presented:
+            return None
+        for token, name in settings.intake_tokens.items():
+            if hmac.compare_digest(token.encode(), presented.strip().encode()):
+                return name
+        return None
+
+    def accepted(response: dict[str, Any], replayed: bool = False) -> JSONResponse:
+        headers = {"Location": response["status_url"]}
+        if replayed:
+            headers["Idempotent-Replayed"] = "true"
+        return JSONResponse(response, status_code=202, headers=headers)
+
+    def problem(status: int, error: str, reason: str, retry_after_s: int | None = None) -> JSONResponse:
+        return Refusal(status, error, reason, retry_after_s).response()
+
+    async def replay(request: Request, row: dict[str, Any], priority: str, profile: str, filename: str) -> Response:
+        """A request under a key someone already used: the first's response, or why not."""
+        if (row["priority"], row["profile"], row["filename"]) != (priority, profile, filename):
+            return problem(422, "idempotency_key_reused",
+                           f"Idempotency-Key already used with priority={row['priority']}, profile={row['profile']}, "
+                           f"filename={row['filename']}; a key names one request")
+        sha, size = await service.hash_body(request)
+        deadline = time.monotonic() + settings.intake_idempotency_wait_s
+        while row is not None and row["state"] == "uploading":
+            if time.monotonic() > deadline:
+                return problem(409, "idempotency_key_in_use", "the first request with this Idempotency-Key is "
+                                                               "still uploading; retry later", 5)
+            await asyncio.sleep(0.1)
+            row = await service.call(service.row_by_key, row["submitter"], row["idempotency_key"])
+        if row is None:
+            return problem(409, "idempotency_key_failed", "the first request with this Idempotency-Key failed before "
+                                                           "it was published; send the upload again", 1)
+        if (row["sha256"], row["size_bytes"]) != (sha, size):
+            return problem(422, "idempotency_key_reused", "Idempotency-Key already used with a different body "
+                                                           f"(sha256 {row['sha256'][:12]}..., {row['size_bytes']} "
+                                                           f"bytes); a key names one upload")
+        return accepted(row["response"], replayed=True)
+
+    @router.post("/uploads", status_code=202, responses={
+        202: {"description": "Stored and published: `{job_id, upload_id, status_url}`, `Location` the status URL"},
+        401: {"description": "No or unknown API token"}, 409: {"description": "Idempotency-Key's first request failed"},
+        413: {"description": "Larger than max_upload_bytes"}, 422: {"description": "Bad parameters or key reuse"},
+        429: {"description": "The submitter's jobs in flight are at its cap (Retry-After)"},
+        503: {"description": "The tier is over capacity (Retry-After) or a service is down"},
+        507: {"description": "Object storage is at its limit"}})
+    async def post_upload(request: Request) -> Response:
+        """Stream the request body to object storage as a new upload and publish `UploadCompleted`.
+
+        Query parameters (or headers `X-Tapeline-<name>`): `priority` (archive, standard, index;
+        default standard), `profile` (default `default`), `filename` (default `source`)."""
+        submitter = submitter_of(request)
+        if submitter is None:
+            return problem(401, "unauthorized", "an API token is required: Authorization: Bearer <token> "
+                                                "(one of TAPELINE_INTAKE_TOKENS)")
+        priority = _param(request, "priority", "standard")
+        profile = _param(request, "profile", "default")
+        filename = _param(request, "filename", "source")
+        if priority not in TIERS:
+            return problem(422, "invalid_request", f"unknown priority {priority!r}; choose one of {', '.join(TIERS)}")
+        for name, value in (("profile", profile), ("filename", filename)):
+            if not NAME.match(value) or value in (".", ".."):
+                return problem(422, "invalid_request", f"{name} {value!r}: 1-128 characters of A-Z a-z 0-9 . _ -")
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > settings.max_upload_bytes:
+            return problem(413, "limits_exceeded", f"{length} bytes exceeds max_upload_bytes = "
+                                                   f"{settings.max_upload_bytes}")
+        key = request.headers.get("idempotency-key")
+        if key is not None and not 1 <= len(key) <= 255:
+            return problem(422, "invalid_request", "Idempotency-Key must be 1-255 characters")
+        if key is not None:
+            row = await service.call(service.row_by_key, submitter, key)
+            if row is not None:
+                return await replay(request, row, priority, profile, filename)
+        upload_id = upload_id_for_key(submitter, key) if key is not None else str(uuid.uuid4())
+        verdict = await service.call(service.admit, submitter, key, upload_id, priority, profile, filename)
+        if verdict is False:  # another request with this key was admitted between our look-up and claim
+            return await replay(request, await service.call(service.row_by_key, submitter, key), priority, profile,
+                                filename)
+        if isinstance(verdict, Refusal):
+            log.info("upload refused", submitter=submitter, priority=priority, status=verdict.status,
+                     error=verdict.error, retry_after_s=verdict.retry_after_s)
+            return verdict.response()
+        object_key = f"uploads/{upload_id}/{filename}"
+        content_type = request.headers.get("content-type") or "application/octet-stream"
+        try:
+            sha, size = await service.stream_to_store(request, object_key, content_type)
+            if size == 0:
+                await service.call(service.store.delete, object_key)
+                await service.call(service.release, upload_id)
+                return problem(422, "invalid_input", "the body is empty; send the video's bytes")
+            event = upload_completed(settings, upload_id, object_key, size, sha, filename, priority, submitter,
+                                     recorded_by=f"http-intake@{settings.instance_id}", profile=profile)
+            await service.call(service.publish, event)
+        except BodyTooLarge as exc:
+            await service.call(service.release, upload_id)
+            return problem(413, "limits_exceeded", str(exc))
+        except ClientDisconnect:
+            await service.call(service.release, upload_id)
+            log.info("client went away mid-upload", upload_id=upload_id)
+            return problem(400, "client_disconnected", "the request body ended early")
+        except (StorageError, ServiceUnavailable) as exc:
+            await service.call(service.release, upload_id)
+            log.warning("upload failed", upload_id=upload_id, error=str(exc))
+            return problem(503, "unavailable", str(exc), int(settings.intake_retry_after_min_s) or 1)
+        except BaseException:
+            await asyncio.shield(service.call(service.release, upload_id))
+            raise
+        job_id = event.job_id
+        response = {"job_id": job_id, "upload_id": upload_id, "status_url": f"/api/jobs/{job_id}"}
+        await service.call(service.published, upload_id, sha, size, response)
+        log.info("upload accepted", job_id=job_id, upload_id=upload_id, submitter=submitter, priority=priority,
+                 size_bytes=size)
+        return accepted(response)
+
+    return router
