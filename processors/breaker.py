@@ -96,6 +96,15 @@ def on_success(breaker: Breaker, job_id: str) -> Breaker | None:
     return None
 
 
+def on_abandoned(breaker: Breaker, job_id: str, now: datetime) -> Breaker | None:
+    """The half-open probe's attempt stopped without a provider answer (a review stop, fenced): the
+    probe lapses now, so the next attempt probes instead of waiting for its deadline. Pure."""
+    if breaker.state == "half_open" and breaker.probe_job == job_id:
+        return _change(breaker, "half_open", now, probe_job=None, reason=f"probe by {job_id} stopped without an answer",
+                       http_status=None)
+    return None
+
+
 def on_failure(breaker: Breaker, job_id: str, now: datetime, policy: BreakerPolicy, *, http_status: int | None,
                retry_after_s: float | None, detail: str) -> Breaker | None:
     """A post failed with 429, 5xx or no answer (`http_status` None). Opens (or reopens, with the

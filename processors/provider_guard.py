@@ -32,10 +32,10 @@ from typing import Any, Callable
 
 import structlog
 
-from processors.breaker import Breaker, BreakerPolicy, admit, on_failure, on_success, quota_wait
+from processors.breaker import Breaker, BreakerPolicy, admit, on_abandoned, on_failure, on_success, quota_wait
 from projections.sql import q
 from schemas import models as ev
-from tapeline.errors import ProviderDeferred, ProviderError
+from tapeline.errors import Fenced, ProviderDeferred, ProviderError
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.provider_guard")
@@ -172,10 +172,18 @@ class ProviderGuard:
 
     def abandoned(self, ticket: Ticket) -> None:
         """Step 3 when the attempt stopped without a provider answer (a review stop, fenced, a bug):
-        the reservation keeps its slot as if the call was made (it may have been)."""
+        the reservation keeps its slot as if the call was made (it may have been); a probe lapses at
+        once. Best effort: a fenced attempt cannot record the lapse, and the probe's deadline ends it."""
         with self.conn.transaction():
-            self._lock()
+            now = self._lock()
             self.conn.execute(q("finish_provider_call"), {"id": ticket.call_id, "outcome": "failed"})
+            breaker = self.breaker()
+            change = on_abandoned(breaker, self.job_id, now) if ticket.probe else None
+            if change is not None:
+                try:
+                    self._change(breaker, change)
+                except Fenced:
+                    log.info("fenced: the probe lapses at its deadline instead")
 
 
 def deferred_event(make_event: Callable[..., ev.Event], deferral: ProviderDeferred) -> ev.Event:

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from processors.breaker import Breaker, BreakerPolicy, admit, on_failure, on_success, quota_wait
+from processors.breaker import Breaker, BreakerPolicy, admit, on_abandoned, on_failure, on_success, quota_wait
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 POLICY = BreakerPolicy(base_cooldown_s=5.0, max_cooldown_s=60.0, probe_timeout_s=20.0)
@@ -106,3 +106,11 @@ def test_quota_takes_the_window_that_frees_last_and_skips_unset_limits():
 
 def test_a_zero_quota_never_admits():
     assert quota_wait([], T0, [("day", 60.0, 0)]).until == s(60)
+
+
+def test_a_probe_that_stopped_without_an_answer_lapses_at_once():
+    half = admit(fail(Breaker(), "a", 0), "b", s(5), POLICY).change
+    assert on_abandoned(half, "c", s(6)) is None  # not the probe
+    lapsed = on_abandoned(half, "b", s(6))
+    assert (lapsed.state, lapsed.probe_job, lapsed.until, lapsed.version) == ("half_open", None, s(6), 3)
+    assert admit(lapsed, "c", s(6), POLICY).change.probe_job == "c"
