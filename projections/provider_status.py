@@ -8,7 +8,7 @@ limits, and its last `PublishDeferred` (`provider_waits`).
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
@@ -34,13 +34,18 @@ def provider_overview(conn: psycopg.Connection, settings: Settings) -> list[dict
     return found
 
 
+def _clock(iso: str) -> str:
+    """`2026-11-29T12:00:05.123456+00:00` -> `12:00:05.123` (UTC, milliseconds). Pure."""
+    return datetime.fromisoformat(iso).astimezone(timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+
+
 def describe(item: dict[str, Any]) -> str:
     """One line for the terminal: state, cooldown, posts against quotas, last wait. Pure."""
     state = item["state"]
     if state == "open":
-        state += f" until {item['until'][11:23]} UTC ({item['failures']} failure(s), HTTP {item['http_status'] or '-'})"
+        state += f" until {_clock(item['until'])} UTC ({item['failures']} failure(s), HTTP {item['http_status'] or '-'})"
     elif state == "half_open":
-        state += f": probe by job {item['probe_job']} until {item['until'][11:23]} UTC"
+        state += f": probe by job {item['probe_job']} until {_clock(item['until'])} UTC"
 
     def quota(posts: int, limit: int | None, window_s: float) -> str:
         return f"{posts}/{limit if limit is not None else '-'} per {window_s:g} s"
@@ -50,5 +55,5 @@ def describe(item: dict[str, Any]) -> str:
     if item["last_wait"]:
         line += (f"; {item['deferrals']} deferral(s), last: {item['last_wait']}"
                  f"{' (' + item['last_wait_window'] + ')' if item['last_wait_window'] else ''} until "
-                 f"{item['last_wait_until'][11:23]} UTC")
+                 f"{_clock(item['last_wait_until'])} UTC")
     return line

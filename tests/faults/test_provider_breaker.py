@@ -130,3 +130,17 @@ def test_5xx_opens_a_failed_probe_reopens_longer_and_open_means_no_request(runni
         assert job_row(settings, job_id)["yields"] == len(of_job(events, job_id, "PublishDeferred"))
         assert of_job(events, job_id, "JobDeadLettered") == [] and of_job(events, job_id, "NeedsReview") == []
     assert breaker_row(settings)["state"] == "closed"
+
+
+def test_provider_state_is_rebuilt_from_the_log_by_a_replay(running):
+    settings, _ = running
+    done = tapeline_cli(settings, "replay", "--into", "rebuilt_providers", "--json")
+    assert done.returncode == 0, done.stderr
+    with psycopg.connect(settings.database_url, row_factory=psycopg.rows.dict_row) as conn:
+        live = conn.execute("SELECT * FROM public.provider_state ORDER BY provider").fetchall()
+        rebuilt = conn.execute("SELECT * FROM rebuilt_providers.provider_state ORDER BY provider").fetchall()
+        waits = conn.execute("SELECT * FROM public.provider_waits").fetchall()
+        rebuilt_waits = conn.execute("SELECT * FROM rebuilt_providers.provider_waits").fetchall()
+    assert live and live == rebuilt  # the live row (written by the workers and the projector) is the log's
+    assert waits and waits == rebuilt_waits
+
