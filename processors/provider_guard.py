@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Callable
 
+import psycopg
 import structlog
 
 from processors.breaker import Breaker, BreakerPolicy, admit, on_abandoned, on_failure, on_success, quota_wait
@@ -45,6 +46,9 @@ PROVIDER_GATE_LOCK = 0x7A9E_0030
 
 MIN_DEFER_S = 0.1
 """A deferral waits at least this long (seconds): never a retry loop at full speed."""
+
+ADMIT_LOCK_TIMEOUT_S = 10.0
+"""Admission waits at most this long for the provider's lock (seconds), then defers the attempt."""
 
 
 @dataclass(frozen=True)
@@ -85,8 +89,11 @@ class ProviderGuard:
         self.stale_s = 3 * settings.webhook_timeout_s + 5.0
         self.lock_id = zlib.crc32(provider.encode()) - 2**31  # a signed int4
 
-    def _lock(self) -> datetime:
-        """Take the provider's lock (call inside a transaction); returns the database's clock."""
+    def _lock(self, timeout_s: float | None = None) -> datetime:
+        """Take the provider's lock (call inside a transaction; `timeout_s`: raise
+        `psycopg.errors.LockNotAvailable` after that long); returns the database's clock."""
+        if timeout_s is not None:
+            self.conn.execute(f"SET LOCAL lock_timeout = '{int(timeout_s * 1000)}ms'")
         row = self.conn.execute(q("provider_gate_lock"), {"lock_class": PROVIDER_GATE_LOCK,
                                                           "lock_id": self.lock_id}).fetchone()
         return row["now"]
@@ -111,8 +118,16 @@ class ProviderGuard:
 
     def admit(self, attempt: int, claim_token: str | None) -> Ticket:
         """Step 1. Returns the reservation; raises `ProviderDeferred` (nothing changed) or `Fenced`."""
+        try:
+            return self._admit(attempt, claim_token)
+        except psycopg.errors.LockNotAvailable as exc:  # another process holds the lock too long (a slow broker)
+            now = ev.utc_now()
+            raise self._defer(now, now + timedelta(seconds=1), "in_flight",
+                              f"{self.provider}: admission lock busy for {ADMIT_LOCK_TIMEOUT_S:g} s") from exc
+
+    def _admit(self, attempt: int, claim_token: str | None) -> Ticket:
         with self.conn.transaction():
-            now = self._lock()
+            now = self._lock(ADMIT_LOCK_TIMEOUT_S)
             breaker = self.breaker()
             admission = admit(breaker, self.job_id, now, self.policy)
             if admission.decision == "wait":
