@@ -299,6 +299,12 @@ def _detail(row: dict[str, Any]) -> str:
         reused = _reused_segments(payload, row["attempt"])
         return (f"objects={len(payload.get('outputs', []))} elapsed_s={payload.get('elapsed_s', 0):.2f} "
                 f"reused={reused or 'none'}")
+    if row["event_type"] == "ProviderBreakerChanged":
+        return (f"{payload['provider']} {payload['from_state']}->{payload['to_state']} until={payload.get('until') or '-'} "
+                f"http={payload.get('http_status') or '-'} failures={payload['failures']} reason={payload['reason']}")
+    if row["event_type"] == "PublishDeferred":
+        quota = f" {payload['window']} {payload['used']}/{payload['limit']}" if payload.get("window") else ""
+        return f"{payload['provider']} wait={payload['wait']}{quota} until={payload['until']}"
     for keys in (("error_class", "reason"), ("kind", "detail"), ("master_url",), ("frames_done", "out_time_s"),
                  ("worker", "lease_s"), ("filename", "size_bytes"), ("tier", "work_topic"), ("reason",)):
         if all(k in payload for k in keys):

@@ -63,6 +63,7 @@ def test_a_429_opens_the_breaker_for_its_retry_after_and_the_retry_posts_once(ru
     row = wait_state(settings, job_id, timeout_s=120)
     status = tapeline_cli(settings, "status", "--json")
     text = tapeline_cli(settings, "status")
+    timeline = tapeline_cli(settings, "timeline", job_id, "--json")
     events = of_job(committed_events(settings), job_id)
     opened, probing, closed = breaker_changes(events)
     assert [(c.from_state, c.to_state, c.version - before) for c in (opened, probing, closed)] == \
@@ -85,6 +86,9 @@ def test_a_429_opens_the_breaker_for_its_retry_after_and_the_retry_posts_once(ru
     [webhook] = [p for p in json.loads(status.stdout)["providers"] if p["provider"] == "webhook"]
     assert (webhook["state"], webhook["posts_minute"], webhook["quota_minute"]) == ("closed", 1, None)
     assert "provider webhook: closed; posts 1/- per 60 s, 1/- per 86400 s" in text.stdout
+    details = [r["detail"] for r in json.loads(timeline.stdout) if r["event_type"] == "ProviderBreakerChanged"]
+    assert details[0].startswith("webhook closed->open until=") and "http=429 failures=1" in details[0]
+    assert details[2] == "webhook half_open->closed until=- http=- failures=0 reason=probe succeeded"
 
 
 def test_5xx_opens_a_failed_probe_reopens_longer_and_open_means_no_request(running):

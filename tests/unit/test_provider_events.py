@@ -4,7 +4,7 @@ does not use up an attempt in the fold, and per-stage worker processes of `run -
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 from projections.fold import attempts_used
 from projections.provider_status import describe
