@@ -61,3 +61,27 @@ def test_the_highest_version_wins_in_any_order_and_the_trigger_applies_evidence(
         conn.execute(INSERT_EVIDENCE, evidence_row(half, 902))
         row = conn.execute(q("provider_breaker"), {"provider": "webhook-y"}).fetchone()
         assert (row["state"], row["probe_job"], row["version"]) == ("half_open", half.job_id, 2)
+
+
+def test_the_read_api_shows_each_providers_breaker_and_quota_use(isolated):
+    from fastapi.testclient import TestClient
+
+    from projections.api import create_app
+
+    settings = isolated.model_copy(update={"webhook_quota": 30, "webhook_daily_quota": 5000})
+    with psycopg.connect(isolated.database_url, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
+        opened = change(7, "open", provider="webhook")
+        conn.execute(q("apply_provider_breaker_changed"), {"payload": opened.model_dump_json()})
+        now = conn.execute("SELECT clock_timestamp() AS now").fetchone()["now"]
+        for n in range(3):  # three calls: one ended 2 s ago, one in flight, one ended two minutes ago
+            call = conn.execute(q("reserve_provider_call"), {"provider": "webhook", "job_id": f"job-{n}", "attempt": 1,
+                                                             "claim_token": None, "now": now}).fetchone()["id"]
+            if n != 1:
+                conn.execute("UPDATE provider_calls SET done_at = %s WHERE id = %s",
+                             (now - timedelta(seconds=2 if n == 0 else 120), call))
+    with TestClient(create_app(settings)) as client:
+        providers = client.get("/api/providers").json()
+    [webhook] = [p for p in providers if p["provider"] == "webhook"]
+    assert (webhook["state"], webhook["failures"], webhook["http_status"], webhook["version"]) == ("open", 7, 503, 7)
+    assert webhook["until"] == (T0 + timedelta(seconds=70)).isoformat()
+    assert (webhook["posts_minute"], webhook["quota_minute"], webhook["posts_day"], webhook["quota_day"]) == (2, 30, 3, 5000)
