@@ -21,6 +21,9 @@ Protocol for one publish attempt (reconcile, then act):
 Crash points `publish.*` mark each side-effect boundary (tests only, `tapeline.crashpoints`).
 A 429 from the provider (refused before processing, RFC 6585) releases the marker so the retry
 starts clean; any other failure keeps it, and the successor reconciles as in step 4.
+Steps 3-6 run inside the provider's limits (`processors/provider_guard.py`): an in-flight slot, then
+admission by its circuit breaker and quotas, which may defer the attempt (`PublishDeferred`) before
+step 3; the call's outcome then feeds the breaker.
 """
 
 from __future__ import annotations
@@ -105,9 +108,11 @@ class PublishWorker(StageWorker):
 
     def announce(self, attempt: Attempt, store: ObjectStore, provider: WebhookProvider, request: PublishRequest,
                  origin_post: ProviderPost) -> ProviderPost:
-        """Steps 3-6 for one non-origin provider; returns its post. Raises `NeedsReviewStop`,
-        `ProviderError` (retried by policy: a provider failure, or its concurrency limit or quota
-        reached) or `Fenced` (stop, commit nothing)."""
+        """Steps 3-6 for one non-origin provider, inside its limits; returns its post. Raises
+        `NeedsReviewStop`, `ProviderDeferred` (an in-flight slot, its quota or its breaker: nothing
+        claimed or posted, retried at the deferral's end without using an attempt), `ProviderError`
+        (the provider failed; retried at the end of the breaker's cooldown) or `Fenced` (stop,
+        commit nothing)."""
         identity = attempt.identity
         key = idempotency_key(identity.job_id, provider.name)
         jobs = self.settings.jobs_topic
