@@ -181,6 +181,7 @@ class WebhookProvider:
         error = ProviderError(f"webhook answered {response.status_code}: {response.text[:200]}",
                               retry_after_s=retry_after)
         error.sent = response.status_code != 429  # 429: refused before processing (RFC 6585)
+        error.http_status = response.status_code
         if response.status_code == 429 or response.status_code >= 500:
             raise error
         error.error_class = "unknown"  # another 4xx: our request is wrong; retrying will not help much
@@ -218,55 +219,35 @@ PROVIDER_SLOT_LOCK = 0x7A9E_0020
 
 
 class ProviderLimits:
-    """A provider's own limits, shared by every publish process through PostgreSQL:
-
-    - concurrency: at most `max_in_flight` calls at once, each holding one session-level advisory
-      lock `(PROVIDER_SLOT_LOCK + crc32(provider) % 1000, slot)` for the call (a crashed process's
-      session ends and frees its slot);
-    - quota: at most `quota` posts per `window_s` seconds, counted from the applied `Published`
-      events of that provider in the projection.
-    Either limit reached raises `ProviderError` (provider_throttled) with the wait in seconds as
-    `retry_after_s`, before anything was claimed or posted.
+    """A provider's concurrency limit, shared by every publish process through PostgreSQL: at most
+    `max_in_flight` calls at once, each holding one session-level advisory lock
+    `(PROVIDER_SLOT_LOCK + crc32(provider) % 1000, slot)` for the call (a crashed process's session
+    ends and frees its slot). No free slot raises `ProviderDeferred` (wait `in_flight`, one second)
+    before anything was claimed or posted. Quotas and the circuit breaker are
+    `processors/provider_guard.py`.
     """
 
-    def __init__(self, conn, provider: str, max_in_flight: int, quota: int | None, window_s: float) -> None:
+    def __init__(self, conn, provider: str, max_in_flight: int) -> None:
         import zlib
 
         self.conn, self.provider = conn, provider
-        self.max_in_flight, self.quota, self.window_s = max(1, max_in_flight), quota, window_s
+        self.max_in_flight = max(1, max_in_flight)
         self.lock_class = PROVIDER_SLOT_LOCK + zlib.crc32(provider.encode()) % 1000
         self.slot: int | None = None
 
-    def check_quota(self) -> None:
-        """Raise `ProviderError` when the quota window is full."""
-        if self.quota is None:
-            return
-        from datetime import datetime, timedelta, timezone
-
-        from projections.sql import q
-
-        now = datetime.now(timezone.utc)
-        rows = self.conn.execute(q("provider_posts_since"),
-                                 {"provider": self.provider, "since": now - timedelta(seconds=self.window_s)}).fetchall()
-        if len(rows) >= self.quota:
-            oldest = rows[len(rows) - self.quota]["broker_ts"]
-            wait_s = max(0.5, (oldest + timedelta(seconds=self.window_s) - now).total_seconds())
-            error = ProviderError(f"{self.provider} quota reached: {len(rows)} posts in the last "
-                                  f"{self.window_s:g} s (limit {self.quota})", retry_after_s=round(wait_s, 3))
-            error.sent = False
-            raise error
-
     def __enter__(self) -> "ProviderLimits":
-        self.check_quota()
+        from datetime import timedelta
+
+        from tapeline.errors import ProviderDeferred
+
         for slot in range(self.max_in_flight):
             row = self.conn.execute("SELECT pg_try_advisory_lock(%s, %s) AS got", (self.lock_class, slot)).fetchone()
             if (row["got"] if isinstance(row, dict) else row[0]):
                 self.slot = slot
                 return self
-        error = ProviderError(f"{self.provider} has {self.max_in_flight} posts in flight (its concurrency limit)",
-                              retry_after_s=1.0)
-        error.sent = False
-        raise error
+        raise ProviderDeferred(f"{self.provider} has {self.max_in_flight} posts in flight (its concurrency limit)",
+                               provider=self.provider, wait="in_flight", until=ev.utc_now() + timedelta(seconds=1),
+                               retry_after_s=1.0, limit=self.max_in_flight)
 
     def __exit__(self, *exc_info) -> None:
         if self.slot is not None:

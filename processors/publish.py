@@ -21,6 +21,9 @@ Protocol for one publish attempt (reconcile, then act):
 Crash points `publish.*` mark each side-effect boundary (tests only, `tapeline.crashpoints`).
 A 429 from the provider (refused before processing, RFC 6585) releases the marker so the retry
 starts clean; any other failure keeps it, and the successor reconciles as in step 4.
+Steps 3-6 run inside the provider's limits (`processors/provider_guard.py`): an in-flight slot, then
+admission by its circuit breaker and quotas, which may defer the attempt (`PublishDeferred`) before
+step 3; the call's outcome then feeds the breaker.
 """
 
 from __future__ import annotations
@@ -32,11 +35,12 @@ import structlog
 
 from processors.providers import (OriginProvider, ProviderLimits, ProviderPost, PublishRequest, WebhookProvider,
                                   published_prefix)
+from processors.provider_guard import ProviderGuard, deferred_event
 from processors.runtime import Outgoing
 from processors.worker import Attempt, StageWorker
 from schemas import models as ev
 from tapeline.crashpoints import crash_point
-from tapeline.errors import ProviderError, ProviderLookupFailed
+from tapeline.errors import ProviderDeferred, ProviderError, ProviderLookupFailed
 from tapeline.objectstore import ObjectStore
 
 log = structlog.get_logger("tapeline.publish")
@@ -85,6 +89,12 @@ class PublishWorker(StageWorker):
             except NeedsReviewStop as stop:
                 log.warning("publish needs review", job_id=identity.job_id, reason=str(stop))
                 return out + [(jobs, attempt.event(ev.NeedsReview, reason=str(stop)))]
+            except ProviderDeferred as deferral:  # the provider was not called: a wait, not a used attempt
+                log.info("publish deferred", job_id=identity.job_id, provider=deferral.provider, wait=deferral.wait,
+                         until=deferral.until.isoformat())
+                attempt.uncounted += 1
+                return [(jobs, deferred_event(attempt.event, deferral))] + self.failure_events(
+                    attempt, deferral.error_class, str(deferral), cooldown_s=deferral.retry_after_s)
             out.append((jobs, attempt.event(ev.Published, sequence=webhook.name, provider=webhook.name,
                                             provider_ref=announced.provider_ref, master_key=post.provider_ref,
                                             master_url=post.url, renditions=list(post.renditions))))
@@ -98,14 +108,30 @@ class PublishWorker(StageWorker):
 
     def announce(self, attempt: Attempt, store: ObjectStore, provider: WebhookProvider, request: PublishRequest,
                  origin_post: ProviderPost) -> ProviderPost:
-        """Steps 3-6 for one non-origin provider; returns its post. Raises `NeedsReviewStop`,
-        `ProviderError` (retried by policy: a provider failure, or its concurrency limit or quota
-        reached) or `Fenced` (stop, commit nothing)."""
-        key = idempotency_key(attempt.identity.job_id, provider.name)
-        limits = ProviderLimits(attempt.runtime.db, provider.name, self.settings.webhook_max_in_flight,
-                                self.settings.webhook_quota, self.settings.webhook_quota_window_s)
-        with limits:  # the provider's own concurrency limit and quota, before any claim (ProviderError)
-            return self._announce(attempt, store, provider, request, origin_post, key)
+        """Steps 3-6 for one non-origin provider, inside its limits; returns its post. Raises
+        `NeedsReviewStop`, `ProviderDeferred` (an in-flight slot, its quota or its breaker: nothing
+        claimed or posted, retried at the deferral's end without using an attempt), `ProviderError`
+        (the provider failed; retried at the end of the breaker's cooldown) or `Fenced` (stop,
+        commit nothing)."""
+        identity = attempt.identity
+        key = idempotency_key(identity.job_id, provider.name)
+        jobs = self.settings.jobs_topic
+        guard = ProviderGuard(attempt.runtime.db, provider.name, self.settings, identity.job_id,
+                              record=lambda events: attempt.send([(jobs, e) for e in events]), make_event=attempt.event)
+        # The provider's own limits before any claim: an in-flight slot, then its breaker and quotas
+        # (processors/provider_guard.py); a full one raises ProviderDeferred, nothing claimed or posted.
+        with ProviderLimits(attempt.runtime.db, provider.name, self.settings.webhook_max_in_flight):
+            ticket = guard.admit(identity.attempt, identity.claim_token)
+            try:
+                post = self._announce(attempt, store, provider, request, origin_post, key)
+            except ProviderError as exc:
+                guard.failed(ticket, exc)
+                raise
+            except BaseException:
+                guard.abandoned(ticket)
+                raise
+            guard.succeeded(ticket)
+            return post
 
     def _announce(self, attempt: Attempt, store: ObjectStore, provider: WebhookProvider, request: PublishRequest,
                   origin_post: ProviderPost, key: str) -> ProviderPost:

@@ -422,6 +422,8 @@ class StageWorker:
         decision = retry_decision(error_class, used, self.settings.retry_policy())
         if cooldown_s is not None and decision.action is Action.RETRY:
             decision = dataclasses.replace(decision, delay_s=cooldown_s)  # the provider said when
+        if decision.action is Action.RETRY:  # attempt numbers keep rising past uncounted ones (yields, deferrals)
+            decision = dataclasses.replace(decision, next_attempt=item.attempt + 1)
         out: list[Outgoing] = [(jobs, attempt.event(ev.AttemptFailed, error_class=error_class,
                                                     retryable=decision.action is not Action.FAIL, reason=reason))]
         common = dict(job_id=item.job_id, recorded_by=attempt.identity.recorded_by, correlation_id=item.correlation_id,

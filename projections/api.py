@@ -47,6 +47,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from producers.http_intake import IntakeService, intake_router
 from projections import read
+from projections.provider_status import provider_overview
 from projections.sql import check_schema_name, connect
 from tapeline.errors import ConfigurationError, ServiceUnavailable, TapelineError
 from tapeline.settings import Settings
@@ -451,6 +452,12 @@ def create_app(settings: Settings) -> FastAPI:
         """Projection lag: committed events and seconds the projection is behind the log end, in total
         and per partition behind (measured at most every `lag_cache_s` seconds); 503 without Kafka."""
         return lag.get(conn)
+
+    @app.get("/api/providers", tags=["operations"])
+    def get_providers(conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
+        """Publish providers: circuit breaker (state, cooldown until, failures, probe), posts in the
+        per-minute and per-day quota windows against their limits, and the last deferral."""
+        return provider_overview(conn, settings)
 
     @app.get("/api/overview", tags=["operations"])
     def get_overview(conn: psycopg.Connection = Depends(db)) -> dict[str, Any]:

@@ -94,6 +94,8 @@ def evolve(row: dict[str, Any] | None, event: ev.Event, broker_ts: datetime) -> 
         new.update(error_class=event.error_class, reason=event.reason, leased_until=None)
     elif isinstance(event, ev.AttemptYielded):
         new.update(leased_until=None, reason=event.reason, yields=row["yields"] + 1)
+    elif isinstance(event, ev.PublishDeferred):  # the provider was not called: like a yield, no attempt used
+        new.update(yields=row["yields"] + 1)
     elif isinstance(event, ev.StallDetected):
         new.update(reason=f"stalled ({event.kind}) for {event.since_s:.1f} s: {event.detail}".rstrip(": "))
         if event.kind == "handoff":
@@ -130,8 +132,9 @@ def evolve(row: dict[str, Any] | None, event: ev.Event, broker_ts: datetime) -> 
 
 
 def attempts_used(row: dict[str, Any], attempt: int | None = None) -> int:
-    """Attempts of the current budget used once `attempt` (default: the row's) has run: yields and
-    attempts before the last operator replay do not count (DESIGN.md "Error classes")."""
+    """Attempts of the current budget used once `attempt` (default: the row's) has run: yields (and
+    publish deferrals, counted with them) and attempts before the last operator replay do not count
+    (DESIGN.md "Error classes")."""
     current = row["attempt"] if attempt is None else attempt
     return current - (row.get("budget_base") or 0) - (row.get("yields") or 0)
 

@@ -264,6 +264,33 @@ class Published(Event):
     renditions: list[Rendition]
 
 
+class PublishDeferred(Event):
+    """The provider was not called (quota, breaker cooldown, probe in flight, in-flight slots); the
+    attempt is retried at `until` and does not use up an attempt (see processors/provider_guard.py)."""
+
+    provider: str
+    wait: str
+    until: datetime
+    window: str | None = None
+    window_s: float | None = None
+    limit: int | None = None
+    used: int | None = None
+    detail: str = ""
+
+
+class ProviderBreakerChanged(Event):
+    """A provider's circuit breaker changed state (processors/breaker.py); `version` orders changes."""
+
+    provider: str
+    from_state: str
+    to_state: str
+    until: datetime | None = None
+    reason: str
+    http_status: int | None = None
+    failures: int
+    version: int
+
+
 class NeedsReview(Event):
     reason: str
 

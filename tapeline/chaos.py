@@ -60,6 +60,10 @@ class ProviderProcess:
         posts = httpx.get(f"{self.url}/posts", timeout=5).json()
         return [p for p in posts if job_id is None or p["payload"]["job_id"] == job_id]
 
+    def requests(self) -> list[dict[str, Any]]:
+        """Every `POST /posts` request the server received, refused ones included, in order."""
+        return httpx.get(f"{self.url}/requests", timeout=5).json()
+
     def control(self, **change: Any) -> None:
         """Inject faults (see tapeline/provider_server.py `/_control`)."""
         httpx.post(f"{self.url}/_control", json=change, timeout=5).raise_for_status()

@@ -114,7 +114,9 @@ def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f
         if role == "all":
             raise typer.Exit(supervisor.supervise(supervisor.ROLES, grace_s=settings.shutdown_grace_s,
                                                   health_port_base=settings.health_port_base,
-                                                  backoff_s=settings.restart_backoff_s))
+                                                  backoff_s=settings.restart_backoff_s,
+                                                  workers={"transcode": settings.transcode_workers,
+                                                           "publish": settings.publish_workers}))
         raise typer.Exit(run_role(settings, role))
     except TapelineError as exc:
         _fail(exc)
@@ -259,9 +261,12 @@ def _print_summary(summary: dict[str, Any]) -> None:
 @app.command()
 def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, the most recent jobs"),
            as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
-    """Show a job's current state, or the most recent jobs and the projection's lag (events and seconds
-    behind the log end; --json: {"jobs": [...], "projection_lag": {...}})."""
+    """Show a job's current state, or the most recent jobs, the publish providers (breaker state,
+    cooldown, posts against quotas, last wait) and the projection's lag (events and seconds behind the
+    log end; --json: {"jobs": [...], "projection_lag": {...}, "providers": [...]})."""
     from projections import read
+    from projections.provider_status import describe as describe_provider
+    from projections.provider_status import provider_overview
 
     settings = _settings()
     try:
@@ -285,6 +290,7 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
                               f"wasted {a['wasted_s'] if a['wasted_s'] is not None else '-'} s", highlight=False)
                 return
             rows = [read.job_summary(r) for r in read.recent_jobs(conn)]
+            providers = provider_overview(conn, settings)  # breakers, quota use, last waits (migration 014)
             try:  # events and seconds behind the log end, per partition (projections/lag.py)
                 lag, lag_error = read.projection_lag(settings, conn).as_dict(), None
             except TapelineError as exc:
@@ -292,12 +298,15 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
     except TapelineError as exc:
         _fail(exc)
     if as_json:
-        out.print_json(json.dumps({"jobs": rows, "projection_lag": lag or {"error": lag_error}}))
+        out.print_json(json.dumps({"jobs": rows, "projection_lag": lag or {"error": lag_error},
+                                   "providers": providers}))
         return
     table = Table("job", "state", "stage", "attempts", "%", "updated (UTC)")
     for r in rows:
         table.add_row(r["job_id"], r["state"], r["stage"], str(r["attempts"]), f"{r['percent']:.0f}", r["updated_at"][:19])
     out.print(table)
+    for item in providers:
+        out.print(f"provider {describe_provider(item)}", highlight=False)
     if lag is None:
         out.print(f"projection lag: unknown ({lag_error})", highlight=False)
         return
@@ -353,6 +362,12 @@ def _detail(row: dict[str, Any]) -> str:
         reused = _reused_segments(payload, row["attempt"])
         return (f"objects={len(payload.get('outputs', []))} elapsed_s={payload.get('elapsed_s', 0):.2f} "
                 f"reused={reused or 'none'}")
+    if row["event_type"] == "ProviderBreakerChanged":
+        return (f"{payload['provider']} {payload['from_state']}->{payload['to_state']} until={payload.get('until') or '-'} "
+                f"http={payload.get('http_status') or '-'} failures={payload['failures']} reason={payload['reason']}")
+    if row["event_type"] == "PublishDeferred":
+        quota = f" {payload['window']} {payload['used']}/{payload['limit']}" if payload.get("window") else ""
+        return f"{payload['provider']} wait={payload['wait']}{quota} until={payload['until']}"
     for keys in (("error_class", "reason"), ("kind", "detail"), ("master_url",), ("frames_done", "out_time_s"),
                  ("worker", "lease_s"), ("filename", "size_bytes"), ("tier", "work_topic"), ("reason",)):
         if all(k in payload for k in keys):

@@ -103,6 +103,21 @@ class ProviderError(TapelineError):
     def __init__(self, message: str | None = None, *, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s  # the provider's cooldown (Retry-After), seconds, when it said
+        self.http_status: int | None = None  # the provider's answer; None when it did not answer
+
+
+class ProviderDeferred(ProviderError):
+    """The provider was not called: its quota window is full, its breaker is open, another attempt
+    is its half-open probe, or every in-flight slot is taken. The attempt is retried at `until` and
+    does not use up an attempt (`PublishDeferred`, processors/provider_guard.py)."""
+
+    def __init__(self, message: str, *, provider: str, wait: str, until, retry_after_s: float,
+                 window: str | None = None, window_s: float | None = None, limit: int | None = None,
+                 used: int | None = None) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.sent = False  # nothing reached the provider
+        self.provider, self.wait, self.until = provider, wait, until
+        self.window, self.window_s, self.limit, self.used = window, window_s, limit, used
 
 
 class ProviderLookupFailed(ProviderError):

@@ -7,7 +7,10 @@ It stands in for a social/video platform or a CMS webhook in tests, the demo and
   the first post (what Stripe-style idempotency keys do); in `nodedupe` mode every request creates
   a new post, so a test proves that Tapeline itself never posts twice.
 - `GET /posts/lookup?idempotency_key=K` answers 200 with the first post of that key, or 404.
-- `GET /posts` lists every post received, in order (the record a test asserts on).
+- `GET /posts` lists every post received, in order (the record a test asserts on); each carries
+  `received_at` (UNIX seconds, the server's clock when the request arrived).
+- `GET /requests` lists every `POST /posts` request, refused ones included:
+  `{"idempotency_key", "status", "received_at"}` (what a test of cooldowns and quotas asserts on).
 - `POST /_control` with `{"fail_next": N, "status": 503, "retry_after_s": 2, "lookups": "down"}`
   makes the next N posts fail with that status (and a `Retry-After` header) or every lookup
   answer 503 (`"lookups": "up"` restores them).
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -37,6 +41,7 @@ class ProviderState:
     mode: str = "nodedupe"
     record: Path | None = None
     posts: list[dict[str, Any]] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
     fail_next: int = 0
     fail_status: int = 503
     retry_after_s: float | None = None
@@ -71,6 +76,9 @@ def make_handler(state: ProviderState) -> type[BaseHTTPRequestHandler]:
             if url.path == "/posts":
                 with state.lock:
                     return self.reply(200, list(state.posts))
+            if url.path == "/requests":
+                with state.lock:
+                    return self.reply(200, list(state.requests))
             if url.path == "/posts/lookup":
                 key = (parse_qs(url.query).get("idempotency_key") or [""])[0]
                 with state.lock:
@@ -97,6 +105,7 @@ def make_handler(state: ProviderState) -> type[BaseHTTPRequestHandler]:
                 return self.reply(200, {"ok": True})
             if url.path != "/posts":
                 return self.reply(404, {"error": "not found"})
+            received_at = time.time()
             key = self.headers.get("Idempotency-Key")
             if not key:
                 return self.reply(400, {"error": "Idempotency-Key header required"})
@@ -104,13 +113,17 @@ def make_handler(state: ProviderState) -> type[BaseHTTPRequestHandler]:
             with state.lock:
                 if state.fail_next > 0:
                     state.fail_next -= 1
+                    state.requests.append({"idempotency_key": key, "status": state.fail_status,
+                                           "received_at": received_at})
                     headers = {"Retry-After": f"{state.retry_after_s:g}"} if state.retry_after_s else {}
                     return self.reply(state.fail_status, {"error": "injected failure"}, headers)
                 existing = state.first_with_key(key)
                 if state.mode == "dedupe" and existing is not None:
+                    state.requests.append({"idempotency_key": key, "status": 200, "received_at": received_at})
                     return self.reply(200, existing)
+                state.requests.append({"idempotency_key": key, "status": 201, "received_at": received_at})
                 post = {"id": f"post-{len(state.posts) + 1}", "idempotency_key": key, "payload": payload,
-                        "url": f"http://provider.local/posts/{len(state.posts) + 1}"}
+                        "url": f"http://provider.local/posts/{len(state.posts) + 1}", "received_at": received_at}
                 state.posts.append(post)
                 if state.record is not None:
                     with open(state.record, "a") as fh:

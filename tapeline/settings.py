@@ -104,7 +104,19 @@ class Settings(BaseSettings):
                                                       "every publish process (PostgreSQL advisory-lock slots)")
     webhook_quota: int | None = Field(None, description="At most this many posts per `webhook_quota_window_s` "
                                                         "(unset: no quota); past it, provider_throttled until a slot frees")
-    webhook_quota_window_s: float = Field(60.0, description="Quota window, seconds")
+    webhook_quota_window_s: float = Field(60.0, description="Quota window (the per-minute quota), seconds")
+    webhook_daily_quota: int | None = Field(None, description="At most this many posts per `webhook_daily_window_s` "
+                                                              "(unset: no daily quota)")
+    webhook_daily_window_s: float = Field(86400.0, description="Daily quota window, seconds (a sliding 24 h)")
+    webhook_cooldown_s: float = Field(5.0, description="Breaker cooldown after a 5xx or no answer without "
+                                                       "Retry-After, seconds; doubles per consecutive failure")
+    webhook_cooldown_max_s: float = Field(300.0, description="Longest breaker cooldown, seconds")
+    webhook_probe_timeout_s: float = Field(30.0, description="How long a half-open breaker waits for its one "
+                                                             "probe post before another attempt may probe, seconds")
+
+    # Per-stage concurrency: worker processes of each stage that `tapeline run --role all` starts.
+    transcode_workers: int = Field(1, ge=1, description="`run --role all`: transcode worker processes")
+    publish_workers: int = Field(1, ge=1, description="`run --role all`: publish worker processes")
 
     submitter_daily_quota: int | None = Field(None, description="Jobs one submitter may have accepted per 24 h "
                                                                 "(log time); past it, JobRejected(quota_exceeded)")

@@ -28,20 +28,39 @@ def child_command(role: str, extra: list[str] | None = None) -> list[str]:
     return [sys.executable, "-m", "tapeline.cli", "run", "--role", role, *(extra or [])]
 
 
-def child_env(role: str, health_port_base: int = 0) -> dict[str, str]:
+def child_env(role: str, health_port_base: int = 0, extra_index: int | None = None) -> dict[str, str]:
     """The child's environment: with a health port base, TAPELINE_HEALTH_PORT = base + the role's index
-    in ROLES (projector 0, intake 1, transcode 2, publish 3, ...); without one, no child inherits a port."""
+    in ROLES (projector 0, intake 1, transcode 2, publish 3, ...), and for the n-th extra worker of a
+    stage (`extra_index` n, 0-based) base + len(ROLES) + n; without a base, no child inherits a port."""
     env = dict(os.environ)
     env.pop("TAPELINE_HEALTH_PORT", None)  # one port shared by every child would make all but one crash-loop
     if health_port_base:
-        env["TAPELINE_HEALTH_PORT"] = str(health_port_base + ROLES.index(role))
+        offset = ROLES.index(role) if extra_index is None else len(ROLES) + extra_index
+        env["TAPELINE_HEALTH_PORT"] = str(health_port_base + offset)
     return env
 
 
+def instances(roles: tuple[str, ...], workers: dict[str, int] | None = None) -> list[tuple[str, str, int | None]]:
+    """`(name, role, extra_index)` of every child: one per role, and `workers[role]` processes of a
+    stage (the first named after its role, then `publish#2`, `publish#3`, ...; extra ones numbered
+    0, 1, ... across stages for their health ports). Pure."""
+    found, extra = [], 0
+    for role in roles:
+        found.append((role, role, None))
+        for n in range(2, (workers or {}).get(role, 1) + 1):
+            found.append((f"{role}#{n}", role, extra))
+            extra += 1
+    return found
+
+
 def supervise(roles: tuple[str, ...], stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
-              grace_s: float = 30.0, health_port_base: int = 0, backoff_s: tuple[float, ...] = BACKOFF_S) -> int:
+              grace_s: float = 30.0, health_port_base: int = 0, backoff_s: tuple[float, ...] = BACKOFF_S,
+              workers: dict[str, int] | None = None) -> int:
     """Run `roles` as children until a stop signal; restart any that exits, after `backoff_s[n-1]`
-    seconds for its n-th consecutive crash (the last entry repeats). Returns 0."""
+    seconds for its n-th consecutive crash (the last entry repeats). `workers`: processes per stage
+    (`{"publish": 2}`; default one per role, see `instances`). Returns 0."""
+    plan = {name: (role, extra) for name, role, extra in instances(roles, workers)}
+    roles = tuple(plan)  # child names from here on
     stopping = False
 
     def on_signal(signum, _frame) -> None:
@@ -67,7 +86,8 @@ def supervise(roles: tuple[str, ...], stop_signals: tuple[int, ...] = (signal.SI
                 restart_at[role] = now + delay
                 del children[role]
             if role not in children and now >= restart_at[role]:
-                children[role] = subprocess.Popen(child_command(role), env=child_env(role, health_port_base))
+                kind, extra = plan[role]
+                children[role] = subprocess.Popen(child_command(kind), env=child_env(kind, health_port_base, extra))
                 started_at[role] = now
                 log.info("child started", role=role, pid=children[role].pid)
         time.sleep(0.2)

@@ -129,11 +129,68 @@ SELECT * FROM attempts WHERE job_id = %(job_id)s ORDER BY claim_offset;
 SELECT * FROM stage_durations WHERE job_id = %(job_id)s
 ORDER BY queued_at, CASE stage WHEN 'intake' THEN 0 WHEN 'transcode' THEN 1 ELSE 2 END;
 
--- name: provider_posts_since
--- Posts recorded at one provider (applied `Published` events) since a time, oldest first.
-SELECT broker_ts FROM lifecycle_evidence
-WHERE event_type = 'Published' AND applied AND payload->>'provider' = %(provider)s AND broker_ts > %(since)s
-ORDER BY broker_ts;
+-- name: provider_gate_lock
+-- The provider's check-and-reserve lock (transaction-scoped), and the PostgreSQL clock every quota and cooldown uses.
+SELECT pg_advisory_xact_lock(%(lock_class)s, %(lock_id)s), clock_timestamp() AS now;
+
+-- name: provider_breaker
+-- One provider's breaker row (migration 014), or nothing while it has never changed (closed).
+SELECT * FROM provider_state WHERE provider = %(provider)s;
+
+-- name: apply_provider_breaker_changed
+-- Apply one ProviderBreakerChanged (its JSON payload) to provider_state, as the projector's trigger does.
+SELECT apply_provider_breaker_changed(%(payload)s::jsonb);
+
+-- name: provider_call_ends
+-- When each call that may still occupy a quota window of one provider ended: reservations (in flight: now; its worker gone after stale_s: reserved_at + stale_s) and, for jobs without a reservation, applied Published events (broker time).
+SELECT coalesce(done_at, least(%(now)s::timestamptz, reserved_at + make_interval(secs => %(stale_s)s))) AS ends_at
+FROM provider_calls
+WHERE provider = %(provider)s AND coalesce(done_at, reserved_at + make_interval(secs => %(stale_s)s)) > %(since)s
+UNION ALL
+SELECT e.broker_ts FROM lifecycle_evidence e
+WHERE e.event_type = 'Published' AND e.applied AND e.payload->>'provider' = %(provider)s AND e.broker_ts > %(since)s
+  AND NOT EXISTS (SELECT 1 FROM provider_calls c WHERE c.provider = %(provider)s AND c.job_id = e.job_id);
+
+-- name: reserve_provider_call
+-- Reserve one call to a provider (under provider_gate_lock); returns its id.
+INSERT INTO provider_calls (provider, job_id, attempt, claim_token, reserved_at)
+VALUES (%(provider)s, %(job_id)s, %(attempt)s, %(claim_token)s, %(now)s) RETURNING id;
+
+-- name: finish_provider_call
+-- A reserved call ended (posted | failed) at the database's clock.
+UPDATE provider_calls SET done_at = clock_timestamp(), outcome = %(outcome)s WHERE id = %(id)s;
+
+-- name: release_provider_call
+-- A reserved call that never reached the provider (refused with 429, no connection, or not made): it counts for no quota.
+DELETE FROM provider_calls WHERE id = %(id)s;
+
+-- name: forget_provider_calls
+-- Reservations that can no longer occupy any quota window.
+DELETE FROM provider_calls WHERE provider = %(provider)s AND coalesce(done_at, reserved_at) < %(before)s;
+
+-- name: provider_overview
+-- Every provider seen (breaker row, reservation, or deferral) with its breaker, last wait, and posts in the last %(minute_s)s and %(day_s)s seconds (reservations and, for jobs without one, applied Published events).
+WITH names AS (
+    SELECT provider FROM provider_state UNION SELECT provider FROM provider_calls UNION SELECT provider FROM provider_waits
+), posts AS (
+    SELECT provider, coalesce(done_at, clock_timestamp()) AS ends_at FROM provider_calls
+    UNION ALL
+    SELECT e.payload->>'provider', e.broker_ts FROM lifecycle_evidence e
+    WHERE e.event_type = 'Published' AND e.applied AND e.broker_ts > clock_timestamp() - make_interval(secs => %(day_s)s)
+      AND e.payload->>'provider' IN (SELECT provider FROM names)
+      AND NOT EXISTS (SELECT 1 FROM provider_calls c WHERE c.provider = e.payload->>'provider' AND c.job_id = e.job_id)
+)
+SELECT n.provider, coalesce(s.state, 'closed') AS state, s.until, coalesce(s.failures, 0) AS failures, s.probe_job,
+       s.reason, s.http_status, coalesce(s.version, 0) AS version, s.changed_at,
+       (SELECT count(*) FROM posts p WHERE p.provider = n.provider
+          AND p.ends_at > clock_timestamp() - make_interval(secs => %(minute_s)s)) AS posts_minute,
+       (SELECT count(*) FROM posts p WHERE p.provider = n.provider
+          AND p.ends_at > clock_timestamp() - make_interval(secs => %(day_s)s)) AS posts_day,
+       w.wait AS last_wait, w.until AS last_wait_until, w."window" AS last_wait_window, coalesce(w.deferrals, 0) AS deferrals
+FROM names n
+LEFT JOIN provider_state s ON s.provider = n.provider
+LEFT JOIN provider_waits w ON w.provider = n.provider
+ORDER BY n.provider;
 
 -- name: job_checkpoints
 -- Checkpoints of a job's stage recorded by attempts that owned the job then (applied; a superseded claim token or a duplicate is never used), log order.
