@@ -46,7 +46,8 @@ def check_file(path: Path) -> int:
 
 
 def upload(settings: Settings, path: Path, priority: str = "standard", submitter: str = "cli",
-           on_bytes: Callable[[int], None] | None = None, upload_id: str | None = None) -> Submission:
+           on_bytes: Callable[[int], None] | None = None, upload_id: str | None = None,
+           profile: str = "default") -> Submission:
     """Store `path` and build its `UploadCompleted` (not yet published). Raises `SubmitError`."""
     if priority not in TIERS:
         raise SubmitError(f"unknown priority {priority!r}; choose one of {', '.join(TIERS)}")
@@ -60,7 +61,7 @@ def upload(settings: Settings, path: Path, priority: str = "standard", submitter
     event = ev.UploadCompleted.new(job_id=job_id, stage="intake", attempt=0, recorded_by=f"submit@{settings.instance_id}",
                                    correlation_id=upload_id, upload_id=upload_id, bucket=settings.s3_bucket,
                                    object_key=key, size_bytes=size, sha256=sha, filename=path.name,
-                                   priority=priority, submitter=submitter)
+                                   priority=priority, submitter=submitter, profile=profile)
     return Submission(upload_id, job_id, key, size, sha, event)
 
 
