@@ -11,9 +11,9 @@ never delayed.
 How a worker sees what waits (`HeadBuffer`, the I/O side): one consumer subscribed to every tier's
 topic. Each record it polls is kept as the *head* of its partition and that partition is paused
 (librdkafka drops what it prefetched there and, on resume, fetches again from the position after
-the head). After the first record arrives the worker keeps polling for `tier_gather_s` (or until
-every assigned partition has a head), so the heads of every tier that has work are in hand; then it
-chooses. Heads that were not chosen are never committed: a claim leaves the group (worker.py step 5)
+the head). After the first record arrives the worker keeps polling until every assigned partition
+has either a head or reported its end (`enable.partition.eof`), or nothing arrived for
+`tier_gather_s`, so the heads of every tier that has work are in hand; then it chooses. Heads that were not chosen are never committed: a claim leaves the group (worker.py step 5)
 and everything not claimed is read again from the committed offsets; a skipped head is committed
 past and its partition resumed. Counting lag from watermarks does not work here: every work item is
 its own transaction, so a commit marker follows it and `high watermark - position` is never 0.
@@ -25,7 +25,7 @@ import time
 from typing import Collection, Mapping
 
 import structlog
-from confluent_kafka import KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from tapeline.settings import TIERS
 
@@ -69,6 +69,7 @@ class HeadBuffer:
         self.consumer, self.gather_s = consumer, gather_s
         self.heads: dict[tuple[str, int], Message] = {}
         self.paused: set[tuple[str, int]] = set()  # heads, and taken heads not yet released
+        self.at_end: set[tuple[str, int]] = set()  # partitions that reported their end and have no head
 
     def _tp(self, message: Message, offset: int | None = None) -> TopicPartition:
         if offset is None:
@@ -94,18 +95,31 @@ class HeadBuffer:
         keys = [(p.topic, p.partition) for p in partitions]
         for key in keys:
             self.heads.pop(key, None)
+            self.at_end.discard(key)
         self._resume(keys)
 
     def clear(self) -> None:
         """Before leaving the group: no head stays ours; every paused partition is resumed."""
         self.heads.clear()
+        self.at_end.clear()
         self._resume(list(self.paused))
+
+    def offer(self, message: Message) -> None:
+        """A polled record (`add`), or a partition-end event (the partition has nothing waiting)."""
+        error = message.error()
+        if error is None:
+            self.add(message)
+        elif error.code() == KafkaError._PARTITION_EOF:
+            key = (message.topic(), message.partition())
+            if key not in self.heads:
+                self.at_end.add(key)
 
     def add(self, message: Message) -> None:
         """Keep `message` as its partition's head and pause the partition. A second record of a
         partition that already has a head (librdkafka delivered it before the pause took effect) is
         not kept: the partition is rewound to it, so it is read again after the head is done."""
         key = (message.topic(), message.partition())
+        self.at_end.discard(key)
         try:
             if key in self.heads:
                 self.consumer.seek(self._tp(message, message.offset()))
@@ -118,20 +132,20 @@ class HeadBuffer:
             self.heads.pop(key, None)
 
     def gather(self, poll) -> None:
-        """Poll (`poll(timeout_s) -> Message | None`) for up to `gather_s` seconds after the last
-        arrival, adding each record as a head, until nothing more arrives or every assigned
-        partition has a head."""
+        """Poll (`poll(timeout_s) -> Message | None`, partition-end events included) and `offer`
+        what arrives, until every assigned partition has a head or reported its end, or nothing
+        arrived for `gather_s` seconds."""
         deadline = time.monotonic() + self.gather_s
         while time.monotonic() < deadline:
             try:
                 assigned = {(p.topic, p.partition) for p in self.consumer.assignment()}
             except KafkaException:
                 assigned = set()
-            if assigned and assigned <= set(self.heads):
+            if assigned and assigned <= set(self.heads) | self.at_end:
                 return
             message = poll(max(0.0, deadline - time.monotonic()))
             if message is not None:
-                self.add(message)
+                self.offer(message)
                 deadline = time.monotonic() + self.gather_s
 
     def waiting(self) -> set[str]:
@@ -147,4 +161,5 @@ class HeadBuffer:
     def release(self, message: Message) -> None:
         """`message` (taken) was not claimed and is done with (committed past, or rewound by the
         claim): resume its partition so its next record is fetched."""
+        self.at_end.discard((message.topic(), message.partition()))
         self._resume([(message.topic(), message.partition())])

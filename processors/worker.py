@@ -26,11 +26,11 @@ import time
 from typing import Any
 
 import structlog
-from confluent_kafka import KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from processors.retry import Action, retry_decision, retry_scheduled
 from processors.runtime import (AttemptIdentity, Outgoing, Runtime, dead_letter_record, new_claim_token,
-                                poll_record, transact)
+                                transact)
 from processors.tiers import HeadBuffer, after_claim, choose_tier, tier_of
 from projections.fold import STAGE_ORDER, TERMINAL_STATES, attempts_used
 from projections.sql import q
@@ -206,6 +206,7 @@ class StageWorker:
         self.buffer: HeadBuffer | None = None  # the head work item of each partition (Step 0)
         self.passed_over: dict[str, int] = {}  # claims in a row another tier got while this one waited
         self.waiting_at_choice: set[str] = set()
+        self.gather_ms = 0  # how long the last Step 0 polled for heads
 
     def work(self, attempt: Attempt, store: ObjectStore) -> list[Outgoing]:
         """Do the stage's work for a claimed attempt; return the completion events."""
@@ -218,7 +219,9 @@ class StageWorker:
         store = ObjectStore(settings)
         topics = settings.work_topics(self.stage)
         # fetch.wait.max.ms 100: a work item reaches an idle worker within 0.1 s (default 0.5 s).
-        consumer = kafka.consumer(settings, f"{settings.app_name}.{self.stage}", **{"fetch.wait.max.ms": 100})
+        # enable.partition.eof: Step 0 learns which partitions have nothing waiting (processors/tiers.py).
+        consumer = kafka.consumer(settings, f"{settings.app_name}.{self.stage}",
+                                  **{"fetch.wait.max.ms": 100, "enable.partition.eof": True})
         self.buffer = HeadBuffer(consumer, settings.tier_gather_s)
         self.subscribe(consumer, topics)
         self.health.mark_ready()
@@ -255,14 +258,32 @@ class StageWorker:
         buffer = self.buffer
         assert buffer is not None
         if not buffer.heads:
-            message = poll_record(consumer, self.health)
+            message = self.poll_work(consumer, 0.5)
             if message is None:
                 return None
-            buffer.add(message)
-        buffer.gather(lambda timeout_s: poll_record(consumer, self.health, timeout_s))
+            buffer.offer(message)
+            if not buffer.heads:
+                return None  # a partition-end event
+        started = time.monotonic()
+        buffer.gather(lambda timeout_s: self.poll_work(consumer, timeout_s))
+        self.gather_ms = round(1000 * (time.monotonic() - started))
         self.waiting_at_choice = buffer.waiting()
         tier = choose_tier(self.waiting_at_choice, self.passed_over, self.settings.tier_starvation_limit)
         return buffer.take(tier) if tier is not None else None
+
+    def poll_work(self, consumer, timeout_s: float) -> Message | None:
+        """One work record or partition-end event, or None (nothing, or a consumer error, logged)."""
+        message = consumer.poll(timeout_s)
+        if message is None:
+            return None
+        error = message.error()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                return message
+            log.warning("consumer error", error=str(error))
+            return None
+        self.health.consumed_messages([message])
+        return message
 
     def handle(self, runtime: Runtime, store: ObjectStore, consumer, message: Message, topics: list[str]) -> None:
         """Claim one work item and, when claimed, run the attempt outside the consumer group."""
@@ -284,7 +305,7 @@ class StageWorker:
             self.buffer.release(message)  # skipped (committed past) or rewound: fetch its partition again
             return
         tier = tier_of(message.topic())
-        log.info("tier claimed", tier=tier, waiting=sorted(self.waiting_at_choice),
+        log.info("tier claimed", tier=tier, waiting=sorted(self.waiting_at_choice), gather_ms=self.gather_ms,
                  passed_over={t: n for t, n in self.passed_over.items() if n})
         self.passed_over = after_claim(self.waiting_at_choice, self.passed_over, tier)
         self.buffer.clear()  # unclaimed heads are read again from the committed offsets after rejoining

@@ -94,8 +94,8 @@ class Settings(BaseSettings):
     # Priority tiers (processors/tiers.py), result reuse and the degradation ladder (processors/reuse.py).
     tier_starvation_limit: int = Field(4, ge=1, description="A worker passes over a tier with waiting work at most "
                                        "this many claims in a row; then that tier goes first (aging)")
-    tier_gather_s: float = Field(0.05, description="After the first work item arrives, how long a free worker "
-                                 "keeps polling for the other tiers' heads before choosing, seconds")
+    tier_gather_s: float = Field(0.2, description="A free worker choosing a tier polls until every partition it "
+                                 "holds has a head or reported its end, or nothing arrived for this long, seconds")
     reuse_results: bool = Field(True, description="A source whose sha256 and output profile match a completed job "
                                 "reuses that job's published outputs (verified to exist) instead of transcoding")
     degrade_backlog_threshold: int | None = Field(100, description="While a tier's backlog (waiting + running jobs) "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 from processors.tiers import HeadBuffer, after_claim, choose_tier, tier_of
 
@@ -84,6 +84,17 @@ class FakeMessage:
     def timestamp(self):
         return (1, self._ts)
 
+    def error(self):
+        return None
+
+
+@dataclass
+class FakeEnd(FakeMessage):
+    """A partition-end event (`enable.partition.eof`)."""
+
+    def error(self):
+        return KafkaError(KafkaError._PARTITION_EOF)
+
 
 class FakeConsumer:
     """What HeadBuffer calls on a confluent-kafka Consumer, recorded."""
@@ -124,6 +135,20 @@ def test_head_buffer_keeps_one_head_per_partition_and_resumes_everything_it_paus
     buffer.take("archive")
     buffer.clear()  # before leaving the group: a pause would outlive the assignment
     assert consumer.paused == set() and buffer.heads == {}
+
+
+def test_head_buffer_gather_ends_once_every_partition_has_a_head_or_reported_its_end():
+    a, i, s = "p.work.transcode.archive", "p.work.transcode.index", "p.work.transcode.standard"
+    consumer = FakeConsumer([(a, 0), (i, 0), (s, 0)])
+    buffer = HeadBuffer(consumer, gather_s=30.0)  # a quiet window this long would fail the test by time
+    arrivals = [FakeMessage(i, 0, 3, 1), FakeEnd(s, 0, 0, 0), FakeEnd(a, 0, 0, 0), FakeMessage(a, 0, 9, 2)]
+    buffer.gather(lambda timeout_s: arrivals.pop(0) if arrivals else None)
+    assert len(arrivals) == 1 and buffer.waiting() == {"index"} and buffer.at_end == {(s, 0), (a, 0)}
+    buffer.offer(arrivals.pop())  # new work on a partition that had ended: a head again
+    assert buffer.waiting() == {"index", "archive"} and buffer.at_end == {(s, 0)}
+    taken = buffer.take("archive")
+    buffer.release(taken)
+    assert (a, 0) not in buffer.at_end and (a, 0) not in consumer.paused
 
 
 def test_head_buffer_gather_ends_after_quiet_time():
