@@ -28,7 +28,9 @@ def bench_settings(name: str, **overrides: Any) -> Settings:
         conn.execute(f'CREATE DATABASE "{dbname}"')
     settings = base.model_copy(update={
         "topic_prefix": f"{name}{tag}", "app_name": f"bench-{name}-{tag}", "jobs_partitions": 3, "work_partitions": 2,
-        "uploads_partitions": 2, "database_url": base.database_url.rsplit("/", 1)[0] + "/" + dbname, **overrides})
+        "uploads_partitions": 2, "database_url": base.database_url.rsplit("/", 1)[0] + "/" + dbname,
+        "reuse_results": False,  # benches resubmit one clip to measure transcodes, not result reuse
+        **overrides})
     stack.ensure_topics(settings)
     migrate(settings.database_url)
     return settings

@@ -18,7 +18,8 @@ from typing import Any
 import structlog
 from confluent_kafka import Message, TopicPartition
 
-from processors import media
+from processors import media, reuse
+from projections import read
 from projections.projector import broker_time
 from projections.sql import q
 from processors.runtime import Outgoing, Runtime, dead_letter_event, dead_letter_record, poll_record, transact
@@ -37,14 +38,19 @@ INTAKE_MAX_FAILURES = 3
 
 
 def decide(existing: dict[str, Any] | None, upload: ev.UploadCompleted, probe: ev.SourceMedia | TapelineError,
-           settings: Settings, recorded_by: str) -> list[Outgoing]:
+           settings: Settings, recorded_by: str, profile: reuse.OutputProfile | None = None,
+           reusable: reuse.Reusable | None = None) -> list[Outgoing]:
     """The intake decision for one upload. Pure.
 
     - the job already exists (a duplicate upload event): nothing;
     - the probe failed, or the submitter's quota is used up (`probe` is then the `TapelineError`):
       `JobRejected` with the error's class and message;
-    - otherwise `JobAccepted` (with the probe and the planned ladder), `StageQueued(transcode)` and
-      the transcode `WorkItem` for attempt 1 on the upload's priority tier.
+    - a `reusable` result (same source sha256 and profile fingerprint, outputs verified to exist):
+      `JobAccepted` + `ResultReused` + `JobCompleted` pointing at that job's published outputs, with
+      no transcode attempt;
+    - otherwise `JobAccepted` (with the probe, the ladder and preset of `profile`, its fingerprint
+      and whether it is degraded), `StageQueued(transcode)` and the transcode `WorkItem` for attempt 1
+      on the upload's priority tier. `profile` None: the full profile (`reuse.full_profile`).
     """
     if existing is not None:
         return []
@@ -54,17 +60,53 @@ def decide(existing: dict[str, Any] | None, upload: ev.UploadCompleted, probe: e
     if isinstance(probe, TapelineError):
         return [(jobs, ev.JobRejected.new(stage="intake", attempt=0, upload_id=upload.upload_id,
                                           error_class=probe.error_class, reason=str(probe), **common))]
-    ladder = media.plan_ladder(probe, settings.ladder)
+    if profile is None:
+        profile = reuse.full_profile(upload.profile, media.plan_ladder(probe, settings.ladder), settings)
+    ladder = list(profile.ladder)
     work_topic = settings.work_topic("transcode", upload.priority)
-    return [
-        (jobs, ev.JobAccepted.new(stage="intake", attempt=0, upload_id=upload.upload_id, source_key=upload.object_key,
+    accepted = ev.JobAccepted.new(stage="intake", attempt=0, upload_id=upload.upload_id, source_key=upload.object_key,
                                   source_sha256=upload.sha256, source_size_bytes=upload.size_bytes,
                                   priority=upload.priority, profile=upload.profile, media=probe, ladder=ladder,
-                                  **common)),
+                                  profile_fingerprint=profile.fingerprint, degraded=profile.degraded,
+                                  degraded_reason=profile.reason, x264_preset=profile.x264_preset, **common)
+    if reusable is not None:
+        duration = reusable.media_duration_s if reusable.media_duration_s is not None else probe.duration_s
+        return [
+            (jobs, accepted),
+            (jobs, ev.ResultReused.new(stage="intake", attempt=0, reused_job_id=reusable.origin_job_id,
+                                       profile_fingerprint=reusable.fingerprint, master_key=reusable.master_key,
+                                       master_url=reusable.master_url, renditions=reusable.renditions,
+                                       outputs=reusable.outputs, media_duration_s=duration, **common)),
+            (jobs, ev.JobCompleted.new(stage="intake", attempt=0, master_url=reusable.master_url,
+                                       media_duration_s=duration, **common)),
+        ]
+    return [
+        (jobs, accepted),
         (jobs, ev.StageQueued.new(stage="transcode", attempt=1, tier=upload.priority, work_topic=work_topic, **common)),
         (work_topic, ev.WorkItem.new(stage="transcode", attempt=1, tier=upload.priority, source_key=upload.object_key,
-                                     inputs=[], renditions=ladder, media_duration_s=probe.duration_s, **common)),
+                                     inputs=[], renditions=ladder, media_duration_s=probe.duration_s,
+                                     x264_preset=profile.x264_preset, degraded=profile.degraded, **common)),
     ]
+
+
+def choose_profile(runtime: Runtime, store: ObjectStore, upload: ev.UploadCompleted, probe: ev.SourceMedia,
+                   settings: Settings) -> tuple[reuse.OutputProfile, reuse.Reusable | None]:
+    """The job's output profile (degraded while its tier's backlog, read from the projection, is above
+    the threshold) and a reusable result, if any: the full profile's result first (full quality at
+    no cost), then the degraded one's. Raises `StorageError` when S3 cannot answer a HEAD."""
+    full = media.plan_ladder(probe, settings.ladder)
+    backlog = None
+    if settings.degrade_backlog_threshold is not None and upload.priority in settings.degrade_tiers:
+        backlog = read.tier_backlog(runtime.db)[upload.priority].backlog
+    profile = reuse.plan_profile(upload.profile, upload.priority, full, backlog, settings)
+    if not settings.reuse_results:
+        return profile, None
+    best = reuse.full_profile(upload.profile, full, settings)
+    candidates = [best] + ([profile] if profile.fingerprint != best.fingerprint else [])
+    found = reuse.find_reusable(runtime.db, store, upload.sha256, [c.fingerprint for c in candidates])
+    if found is None:
+        return profile, None
+    return next(c for c in candidates if c.fingerprint == found.fingerprint), found
 
 
 def preflight(upload: ev.UploadCompleted, settings: Settings) -> MediaError | None:
@@ -254,6 +296,10 @@ class IntakeProcessor:
             return []
         probe = quota_check(runtime.db, event, broker_time(message), self.settings) or \
             inspect_upload(store, event, self.settings)
-        outgoing = decide(None, event, probe, self.settings, runtime.recorded_by)
-        log.info("intake decided", job_id=event.job_id, events=[e.event_type for _, e in outgoing])
+        profile, reusable = (None, None) if isinstance(probe, TapelineError) else \
+            choose_profile(runtime, store, event, probe, self.settings)
+        outgoing = decide(None, event, probe, self.settings, runtime.recorded_by, profile, reusable)
+        log.info("intake decided", job_id=event.job_id, events=[e.event_type for _, e in outgoing],
+                 degraded=bool(profile and profile.degraded),
+                 reused_from=reusable.origin_job_id if reusable else None)
         return outgoing

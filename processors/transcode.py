@@ -200,7 +200,7 @@ class TranscodeWorker(StageWorker):
             return new, 0.0
         command = segments.build_segment_command(
             source, out_dir, ladder, with_audio=with_audio, segment_s=settings.segment_s,
-            preset=settings.x264_preset, duration_s=probe.duration_s, start_index=plan.start_index,
+            preset=item.x264_preset or settings.x264_preset, duration_s=probe.duration_s, start_index=plan.start_index,
             list_dir=out_dir.parent / "lists", video_stream=streams[0], audio_stream=streams[1],
             frame_rate=frame_rate)
         limit_s = media.wall_clock_limit_s(probe.duration_s, settings)

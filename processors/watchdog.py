@@ -76,7 +76,9 @@ def _work_item(job: dict[str, Any], stage: str, attempt: int, common: dict[str, 
     return ev.WorkItem.new(stage=stage, attempt=attempt, tier=job.get("priority") or "standard",
                            source_key=job.get("source_key") or "", inputs=inputs, renditions=ladder,
                            audio_playlist_key=job.get("audio_playlist_key") if stage == "publish" else None,
-                           media_duration_s=job.get("source_duration_s"), **common)
+                           media_duration_s=job.get("source_duration_s"),
+                           x264_preset=job.get("x264_preset") if stage == "transcode" else None,
+                           degraded=bool(job.get("degraded")), **common)
 
 
 def queue_attempt(job: dict[str, Any], stage: str, attempt: int, common: dict[str, Any],

@@ -1,6 +1,9 @@
 """The stage worker loop shared by transcode and publish: reconcile, claim, work, complete.
 
 Claim protocol for one work item (DESIGN.md "The lease protocol"):
+  Step 0. choose: keep the head record of each work-topic partition (partition paused) and take the
+          head of the tier `tiers.choose_tier` picks: the highest tier with work, unless a lower one
+          has been passed over `tier_starvation_limit` times in a row (processors/tiers.py);
   Step 1. reconcile: wait until the projection has caught up with the job's partition of the
           lifecycle log, then skip an item whose job ended, whose stage passed, whose attempt is
           stale or already claimed (`should_skip`, pure);
@@ -23,11 +26,12 @@ import time
 from typing import Any
 
 import structlog
-from confluent_kafka import KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from processors.retry import Action, retry_decision, retry_scheduled
 from processors.runtime import (AttemptIdentity, Outgoing, Runtime, dead_letter_record, new_claim_token,
-                                poll_record, transact)
+                                transact)
+from processors.tiers import HeadBuffer, after_claim, choose_tier, tier_of
 from projections.fold import STAGE_ORDER, TERMINAL_STATES, attempts_used
 from projections.sql import q
 from schemas import models as ev
@@ -201,6 +205,10 @@ class StageWorker:
         self.dlq_producer = None  # created on the first undecodable work item
         self.stop = threading.Event()
         self.health = HealthState(self.stage, settings.instance_id)  # `tapeline run` replaces it with the served one
+        self.buffer: HeadBuffer | None = None  # the head work item of each partition (Step 0)
+        self.passed_over: dict[str, int] = {}  # claims in a row another tier got while this one waited
+        self.waiting_at_choice: set[str] = set()
+        self.gather_ms = 0  # how long the last Step 0 polled for heads
 
     def work(self, attempt: Attempt, store: ObjectStore) -> list[Outgoing]:
         """Do the stage's work for a claimed attempt; return the completion events."""
@@ -213,12 +221,15 @@ class StageWorker:
         store = ObjectStore(settings)
         topics = settings.work_topics(self.stage)
         # fetch.wait.max.ms 100: a work item reaches an idle worker within 0.1 s (default 0.5 s).
-        consumer = kafka.consumer(settings, f"{settings.app_name}.{self.stage}", **{"fetch.wait.max.ms": 100})
-        consumer.subscribe(topics, on_assign=_log_assignment("assigned"), on_revoke=_log_assignment("revoked"))
+        # enable.partition.eof: Step 0 learns which partitions have nothing waiting (processors/tiers.py).
+        consumer = kafka.consumer(settings, f"{settings.app_name}.{self.stage}",
+                                  **{"fetch.wait.max.ms": 100, "enable.partition.eof": True})
+        self.buffer = HeadBuffer(consumer, settings.tier_gather_s)
+        self.subscribe(consumer, topics)
         self.health.mark_ready()
         try:
             while not stop.is_set():
-                message = poll_record(consumer, self.health)
+                message = self.next_item(consumer)
                 if message is None:
                     continue
                 if self.stop.is_set():
@@ -229,8 +240,56 @@ class StageWorker:
             consumer.close()
             runtime.close()
 
+    def subscribe(self, consumer, topics: list[str]) -> None:
+        """Join the stage's group on every tier's work topic; revoked partitions lose their heads."""
+        revoked = _log_assignment("revoked")
+
+        def on_revoke(c, partitions) -> None:
+            revoked(c, partitions)
+            if self.buffer is not None:
+                self.buffer.forget(partitions)
+
+        consumer.subscribe(topics, on_assign=_log_assignment("assigned"), on_revoke=on_revoke, on_lost=on_revoke)
+
+    def next_item(self, consumer) -> Message | None:
+        """Step 0: the work item to reconcile next, or None (nothing arrived within a poll).
+
+        Gathers the head of every partition with work (`HeadBuffer.gather`), then takes the oldest
+        head of the tier `choose_tier` picks.
+        """
+        buffer = self.buffer
+        assert buffer is not None
+        if not buffer.heads:
+            message = self.poll_work(consumer, 0.5)
+            if message is None:
+                return None
+            buffer.offer(message)
+            if not buffer.heads:
+                return None  # a partition-end event
+        started = time.monotonic()
+        buffer.gather(lambda timeout_s: self.poll_work(consumer, timeout_s))
+        self.gather_ms = round(1000 * (time.monotonic() - started))
+        self.waiting_at_choice = buffer.waiting()
+        tier = choose_tier(self.waiting_at_choice, self.passed_over, self.settings.tier_starvation_limit)
+        return buffer.take(tier) if tier is not None else None
+
+    def poll_work(self, consumer, timeout_s: float) -> Message | None:
+        """One work record or partition-end event, or None (nothing, or a consumer error, logged)."""
+        message = consumer.poll(timeout_s)
+        if message is None:
+            return None
+        error = message.error()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                return message
+            log.warning("consumer error", error=str(error))
+            return None
+        self.health.consumed_messages([message])
+        return message
+
     def handle(self, runtime: Runtime, store: ObjectStore, consumer, message: Message, topics: list[str]) -> None:
         """Claim one work item and, when claimed, run the attempt outside the consumer group."""
+        assert self.buffer is not None
         try:
             attempt = self.claim(runtime, consumer, message)
         except ServiceUnavailable as exc:
@@ -241,18 +300,24 @@ class StageWorker:
                 consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
             except KafkaException:
                 pass  # no longer ours: its new owner reads it from the committed offset
+            self.buffer.release(message)
             self.stop.wait(1.0)
             return
         if attempt is None:
+            self.buffer.release(message)  # skipped (committed past) or rewound: fetch its partition again
             return
+        tier = tier_of(message.topic())
+        log.info("tier claimed", tier=tier, waiting=sorted(self.waiting_at_choice), gather_ms=self.gather_ms,
+                 passed_over={t: n for t, n in self.passed_over.items() if n})
+        self.passed_over = after_claim(self.waiting_at_choice, self.passed_over, tier)
+        self.buffer.clear()  # unclaimed heads are read again from the committed offsets after rejoining
         leave_group(consumer)  # Step 5: leave the group while busy
         try:
             self.execute(attempt, store)
         finally:
             self.current = None
             self.health.clear_attempt()
-            consumer.subscribe(topics, on_assign=_log_assignment("assigned"),
-                               on_revoke=_log_assignment("revoked"))  # Step 6 done: free again
+            self.subscribe(consumer, topics)  # Step 6 done: free again
 
     def row_covering(self, runtime: Runtime, item: ev.WorkItem) -> dict[str, Any] | None:
         """The job's row once the projection has applied the `StageQueued` committed with `item`.
@@ -401,7 +466,8 @@ class StageWorker:
             (work_topic, ev.WorkItem.new(
                 stage=self.stage, attempt=next_attempt, tier=item.tier, source_key=item.source_key,
                 inputs=item.inputs, renditions=item.renditions, audio_playlist_key=item.audio_playlist_key,
-                media_duration_s=item.media_duration_s, checkpoint_refs=item.checkpoint_refs, **common)),
+                media_duration_s=item.media_duration_s, checkpoint_refs=item.checkpoint_refs,
+                x264_preset=item.x264_preset, degraded=item.degraded, **common)),
         ]
 
     def yield_events(self, attempt: Attempt, reason: str) -> list[Outgoing]:

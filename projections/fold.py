@@ -104,6 +104,8 @@ def evolve(row: dict[str, Any] | None, event: ev.Event, broker_ts: datetime) -> 
         delay = max(timedelta(0), event.not_before - event.occurred_at)  # the writer's delay, on the broker's clock
         new.update(state="retry_scheduled", error_class=event.error_class, retry_next_attempt=event.next_attempt,
                    retry_due_at=broker_ts + delay, leased_until=None)
+    elif isinstance(event, ev.ResultReused):
+        new.update(reused_from=event.reused_job_id, master_url=event.master_url, renditions=_dump(event.renditions))
     elif isinstance(event, ev.Published):
         new.update(master_url=event.master_url, renditions=_dump(event.renditions))
     elif isinstance(event, ev.JobCompleted):
@@ -162,7 +164,9 @@ def _accepted(event: ev.JobAccepted, broker_ts: datetime) -> dict[str, Any]:
                     priority=event.priority, profile=event.profile, source_key=event.source_key,
                     source_sha256=event.source_sha256, source_size_bytes=event.source_size_bytes,
                     source_duration_s=media.duration_s, source_width=media.display_width,
-                    source_height=media.display_height, ladder=_dump(event.ladder))
+                    source_height=media.display_height, ladder=_dump(event.ladder),
+                    profile_fingerprint=event.profile_fingerprint, degraded=event.degraded,
+                    degraded_reason=event.degraded_reason, x264_preset=event.x264_preset)
 
 
 JOB_STATE_COLUMNS: tuple[str, ...] = (
@@ -172,5 +176,6 @@ JOB_STATE_COLUMNS: tuple[str, ...] = (
     "progress_frames", "progress_out_time_s", "progress_speed", "progress_at", "events", "last_event_type",
     "created_at", "updated_at", "completed_at", "log_partition", "queued_at", "yields", "redrives",
     "audio_playlist_key", "last_heartbeat_at", "retry_next_attempt", "retry_due_at", "budget_base",
+    "profile_fingerprint", "degraded", "degraded_reason", "x264_preset", "reused_from",
     "progress_grace_s")
 """Columns of `job_state`, in table order (a test checks them against the migration)."""

@@ -48,6 +48,11 @@ def job_summary(row: dict[str, Any]) -> dict[str, Any]:
     summary["outputs"] = [{"name": r["name"], "width": r["width"], "height": r["height"], "url": r.get("url")}
                           for r in (row["renditions"] or [])]
     summary["percent"] = percent_done(row)
+    # Issue 9: the tier, the degradation ladder and result reuse (migration 013).
+    summary["priority"] = row.get("priority")
+    summary["degraded"] = bool(row.get("degraded"))
+    summary["degraded_reason"] = row.get("degraded_reason")
+    summary["reused_from"] = row.get("reused_from")
     summary["leased_until"] = row["leased_until"].isoformat() if row["leased_until"] else None
     summary["progress_frames"] = row["progress_frames"]
     summary["updated_at"] = row["updated_at"].isoformat()

@@ -158,6 +158,10 @@ class JobAccepted(Event):
     profile: str
     media: SourceMedia
     ladder: list[Rendition]
+    profile_fingerprint: str | None = None
+    degraded: bool = False
+    degraded_reason: str | None = None
+    x264_preset: str | None = None
 
 
 class JobRejected(Event):
@@ -300,6 +304,19 @@ class JobCompleted(Event):
     media_duration_s: float | None = None
 
 
+class ResultReused(Event):
+    """Intake reused the published outputs of `reused_job_id` (same source sha256 and output profile,
+    every object verified to exist): the job completes without a transcode attempt."""
+
+    reused_job_id: str
+    profile_fingerprint: str
+    master_key: str
+    master_url: str
+    renditions: list[Rendition]
+    outputs: list[OutputFile]
+    media_duration_s: float | None = None
+
+
 class JobCancelled(Event):
     operator: str
     reason: str
@@ -320,6 +337,8 @@ class WorkItem(Event):
     audio_playlist_key: str | None = None
     media_duration_s: float | None = None
     checkpoint_refs: list[str] = Field(default_factory=list)
+    x264_preset: str | None = None
+    degraded: bool = False
 
 
 class DeadLetter(Event):

@@ -160,7 +160,11 @@ def audit(settings: Settings, jobs: dict[str, str], posts: list[dict[str, Any]])
         state = row["state"]
         mine = [p for p in posts if p["payload"]["job_id"] == job_id]
         completions = [e for e in events if e.job_id == job_id and isinstance(e, ev.JobCompleted)]
-        if state == "completed":
+        if state == "completed" and row.get("reused_from"):
+            # Reused another job's published outputs (ResultReused): no post, no output set of its own.
+            result.completed += 1
+            extra = len(mine) + max(0, len(completions) - 1) + len(keys_under(settings, f"published/{job_id}/"))
+        elif state == "completed":
             result.completed += 1
             extra = max(0, len(mine) - 1) + max(0, len(completions) - 1)
             publishes = [e for e in events if e.job_id == job_id and isinstance(e, ev.AttemptSucceeded)

@@ -150,6 +150,8 @@ def submit(file: Path = typer.Argument(..., help="Video file to upload"),
                                         help=f"Priority tier: {', '.join(TIERS)}"),
            submitter: str = typer.Option("cli", "--submitter", envvar="TAPELINE_SUBMITTER",
                                          help="Who submits (quotas count per submitter)"),
+           profile: str = typer.Option("default", "--profile", envvar="TAPELINE_PROFILE",
+                                       help="Output profile name (part of the result-reuse fingerprint)"),
            wait: bool = typer.Option(False, "--wait", help="Show progress until the job ends"),
            as_json: bool = typer.Option(False, "--json", help="Print one JSON object"),
            timeout: float = typer.Option(1800.0, "--timeout", help="Seconds --wait waits at most"),
@@ -159,8 +161,7 @@ def submit(file: Path = typer.Argument(..., help="Video file to upload"),
            token: Optional[str] = typer.Option(None, "--token", envvar="TAPELINE_INTAKE_TOKEN",
                                                help="--url: API token (names the submitter; --submitter is ignored)"),
            retries: int = typer.Option(10, "--retries", envvar="TAPELINE_SUBMIT_RETRIES",
-                                       help="--url: how many 503/429 answers to wait out (their Retry-After)"),
-           profile: str = typer.Option("default", "--profile", envvar="TAPELINE_PROFILE", help="Output profile")) -> None:
+                                       help="--url: how many 503/429 answers to wait out (their Retry-After)")) -> None:
     """Upload FILE to object storage and publish UploadCompleted (or, with --url, POST it to the HTTP intake,
     waiting out 503/429 Retry-After); prints the job id."""
     from producers.submit import publish, upload
@@ -252,6 +253,11 @@ def _print_summary(summary: dict[str, Any]) -> None:
     out.print(f"job {summary['job_id']}: [bold]{summary['state']}[/bold] after {summary['attempts']} attempt(s)")
     if summary["state"] != "completed":
         out.print(f"  {summary.get('error_class')}: {summary.get('reason')}")
+    if summary.get("reused_from"):
+        out.print(f"  reused the published outputs of job {summary['reused_from']} (same source and profile; "
+                  "no transcode)", highlight=False)
+    if summary.get("degraded"):
+        out.print(f"  degraded ladder: {summary.get('degraded_reason')}", highlight=False)
     if summary.get("master_url"):
         out.print(f"  master playlist: {summary['master_url']}")
     for rendition in summary.get("outputs", []):
@@ -281,7 +287,7 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
                     out.print_json(json.dumps(summary))
                     return
                 _print_summary(summary)
-                out.print(f"  stage {summary['stage']}, {summary['percent']}% done; lease until "
+                out.print(f"  tier {summary['priority']}, stage {summary['stage']}, {summary['percent']}% done; lease until "
                           f"{summary['leased_until'] or '-'}; frames {summary['progress_frames'] or 0}")
                 for a in summary["attempt_history"]:
                     out.print(f"  {a['stage']} attempt {a['attempt']} by {a['worker']}: {a['outcome']}"
@@ -358,6 +364,13 @@ def _detail(row: dict[str, Any]) -> str:
     if row["event_type"] == "CheckpointRecorded":
         return (f"{payload['rendition']} #{payload['segment_index']} {payload['media_start_s']:.3f}"
                 f"+{payload['media_duration_s']:.3f} s frames={payload['frames']} sha256={payload['sha256'][:12]}")
+    if row["event_type"] == "ResultReused":
+        return (f"reused_job_id={payload['reused_job_id']} objects={len(payload.get('outputs', []))} "
+                f"verified=all fingerprint={payload['profile_fingerprint'][:12]}")
+    if row["event_type"] == "JobAccepted":
+        ladder = ",".join(r["name"] for r in payload.get("ladder", []))
+        degraded = f" degraded ({payload.get('degraded_reason')})" if payload.get("degraded") else ""
+        return f"tier={payload['priority']} ladder={ladder} preset={payload.get('x264_preset') or '-'}{degraded}"
     if row["event_type"] == "AttemptSucceeded" and row["stage"] == "transcode":
         reused = _reused_segments(payload, row["attempt"])
         return (f"objects={len(payload.get('outputs', []))} elapsed_s={payload.get('elapsed_s', 0):.2f} "

@@ -152,6 +152,18 @@ class ObjectStore:
             raise StorageError(f"conditional put of {key} failed: {exc}") from exc
         return self.get_bytes(key)
 
+    def head(self, key: str) -> tuple[int, dict[str, str]] | None:
+        """(size in bytes, user metadata) of `key`, or None when it does not exist."""
+        try:
+            found = self.s3.head_object(Bucket=self.bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise StorageError(f"head of {key} failed: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StorageError(f"head of {key} failed: {exc}") from exc
+        return int(found.get("ContentLength", 0)), found.get("Metadata", {})
+
     def head_metadata(self, key: str) -> dict[str, str] | None:
         """The user metadata of `key`, or None when it does not exist."""
         try:

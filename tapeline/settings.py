@@ -95,6 +95,20 @@ class Settings(BaseSettings):
     ffmpeg_timeout_factor: float = Field(10.0, description="... this many seconds per second of source media")
     multipart_chunk_bytes: int = 8 * 1024**2
 
+    # Priority tiers (processors/tiers.py), result reuse and the degradation ladder (processors/reuse.py).
+    tier_starvation_limit: int = Field(4, ge=1, description="A worker passes over a tier with waiting work at most "
+                                       "this many claims in a row; then that tier goes first (aging)")
+    tier_gather_s: float = Field(0.2, description="A free worker choosing a tier polls until every partition it "
+                                 "holds has a head or reported its end, or nothing arrived for this long, seconds")
+    reuse_results: bool = Field(True, description="A source whose sha256 and output profile match a completed job "
+                                "reuses that job's published outputs (verified to exist) instead of transcoding")
+    degrade_backlog_threshold: int | None = Field(100, description="While a tier's backlog (waiting + running jobs) "
+                                                  "is above this, its new jobs get the cheaper ladder; unset: never")
+    degrade_tiers: tuple[str, ...] = Field(("standard", "index"), description="Tiers the degradation ladder applies "
+                                           "to (archive preservation keeps full quality by default)")
+    degraded_x264_preset: str = Field("superfast", description="x264 preset of a degraded job (faster than "
+                                      "`x264_preset`); a degraded job also drops the top rendition")
+
     # Publish providers (besides the object-store origin, which is always published to).
     webhook_url: str | None = Field(None, description="Base URL of an HTTP publish provider (POST {url}/posts)")
     webhook_dedupes: bool = Field(False, description="Whether that provider dedupes posts by Idempotency-Key; "

@@ -83,7 +83,10 @@ def isolated(base_settings: Settings) -> Iterator[Settings]:
     settings = base_settings.model_copy(update={"topic_prefix": f"t{tag}", "app_name": f"tapeline-test-{tag}",
                                                 "database_url": url, **SMALL_TOPICS,
                                                 # the bucket is shared by every test: never sweep others' objects
-                                                "cleanup_orphans": False})
+                                                "cleanup_orphans": False,
+                                                # many tests resubmit one sample and count its transcode
+                                                # attempts; tests/integration/test_reuse.py turns it on
+                                                "reuse_results": False})
     stack.ensure_topics(settings)
     migrate(settings.database_url)
     yield settings

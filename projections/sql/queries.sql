@@ -333,3 +333,17 @@ SELECT (SELECT count(*) FROM uploads u JOIN job_state j ON j.job_id = u.job_id
           AND (i.state = 'uploading' OR i.updated_at >= now() - make_interval(secs => %(window_s)s))
           AND NOT EXISTS (SELECT 1 FROM job_state j WHERE j.job_id = i.job_id))
        AS in_flight;
+
+-- name: reuse_candidates
+-- Completed jobs with this source sha256 and profile fingerprint, newest first, with the job whose published outputs they point at (migration 013).
+SELECT job_id, COALESCE(reused_from, job_id) AS origin_job_id, master_url, completed_at FROM job_state
+WHERE state = 'completed' AND source_sha256 = %(sha256)s AND profile_fingerprint = %(fingerprint)s
+ORDER BY completed_at DESC LIMIT %(limit)s;
+
+-- name: published_result
+-- The applied publish success of a job (its published objects and renditions) and its JobCompleted master URL.
+SELECT s.payload AS published, c.payload->>'master_url' AS master_url FROM lifecycle_evidence s
+JOIN lifecycle_evidence c ON c.job_id = s.job_id AND c.event_type = 'JobCompleted' AND c.applied
+WHERE s.job_id = %(job_id)s AND s.event_type = 'AttemptSucceeded' AND s.stage = 'publish' AND s.applied
+  AND NOT s.superseded
+ORDER BY s.broker_ts DESC LIMIT 1;

@@ -1,0 +1,165 @@
+"""Priority tiers: a free worker takes the highest tier with work first, with aging against starvation.
+
+The rule (pure, `choose_tier` / `after_claim`): among the tiers with a waiting work item, take the
+highest (`TIERS`: archive, standard, index) unless a tier has been passed over `limit` times
+(`tier_starvation_limit`, default 4) in a row while it had waiting work; then the most passed-over
+tier goes first (a tie goes to the higher tier). A claimed tier's count restarts at 0, and so does
+the count of a tier with no waiting work. So under a flood of every tier, the lowest tier still
+gets at least one claim in every `limit + len(TIERS) - 1` (6 by default), and a tier alone is
+never delayed.
+
+How a worker sees what waits (`HeadBuffer`, the I/O side): one consumer subscribed to every tier's
+topic. Each record it polls is kept as the *head* of its partition and that partition is paused
+(librdkafka drops what it prefetched there and, on resume, fetches again from the position after
+the head). After the first record arrives the worker keeps polling until every assigned partition
+has either a head or reported its end (`enable.partition.eof`), or nothing arrived for
+`tier_gather_s`, so the heads of every tier that has work are in hand; then it chooses. Heads that were not chosen are never committed: a claim leaves the group (worker.py step 5)
+and everything not claimed is read again from the committed offsets; a skipped head is committed
+past and its partition resumed. Counting lag from watermarks does not work here: every work item is
+its own transaction, so a commit marker follows it and `high watermark - position` is never 0.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Collection, Mapping
+
+import structlog
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+
+from tapeline.settings import TIERS
+
+log = structlog.get_logger("tapeline.tiers")
+
+
+def choose_tier(waiting: Collection[str], passed_over: Mapping[str, int], limit: int) -> str | None:
+    """The tier to claim from, or None when no tier waits. Pure.
+
+    `waiting`: tiers with at least one work item waiting; `passed_over`: per tier, how many claims in
+    a row went to another tier while it waited; `limit`: `tier_starvation_limit` (>= 1).
+    """
+    tiers = [t for t in TIERS if t in waiting]
+    if not tiers:
+        return None
+    starved = [t for t in tiers if passed_over.get(t, 0) >= limit]
+    if starved:
+        return max(starved, key=lambda t: (passed_over.get(t, 0), -TIERS.index(t)))
+    return tiers[0]
+
+
+def after_claim(waiting: Collection[str], passed_over: Mapping[str, int], claimed: str) -> dict[str, int]:
+    """The passed-over counts after a claim from `claimed` while `waiting` tiers had work. Pure:
+    +1 for every other waiting tier, 0 for the claimed tier and for tiers with nothing waiting."""
+    return {t: passed_over.get(t, 0) + 1 if t in waiting and t != claimed else 0 for t in TIERS}
+
+
+def tier_of(topic: str) -> str:
+    """The tier of a work topic `<prefix>.work.<stage>.<tier>` (its last dotted part)."""
+    return topic.rsplit(".", 1)[-1]
+
+
+class HeadBuffer:
+    """The head work item of each assigned work-topic partition, each such partition paused.
+
+    Not thread-safe: used by the worker's loop thread, including its rebalance callbacks (which run
+    inside `poll`).
+    """
+
+    def __init__(self, consumer, gather_s: float) -> None:
+        self.consumer, self.gather_s = consumer, gather_s
+        self.heads: dict[tuple[str, int], Message] = {}
+        self.paused: set[tuple[str, int]] = set()  # heads, and taken heads not yet released
+        self.at_end: set[tuple[str, int]] = set()  # partitions that reported their end and have no head
+
+    def _tp(self, message: Message, offset: int | None = None) -> TopicPartition:
+        if offset is None:
+            return TopicPartition(message.topic(), message.partition())
+        return TopicPartition(message.topic(), message.partition(), offset)
+
+    def _resume(self, keys) -> None:
+        """Resume partitions this buffer paused. librdkafka keeps a partition's pause across
+        unassign and a later assign (checked), so every paused partition is resumed before it
+        leaves us; otherwise it would never be fetched again after a rejoin."""
+        keys = [k for k in keys if k in self.paused]
+        if not keys:
+            return
+        self.paused.difference_update(keys)
+        try:
+            self.consumer.resume([TopicPartition(topic, partition) for topic, partition in keys])
+        except KafkaException as exc:
+            log.info("could not resume work partitions", error=str(exc))
+
+    def forget(self, partitions) -> None:
+        """Rebalance callback (revoked or lost partitions): drop their heads and resume them, their
+        new owner reads from the committed offset."""
+        keys = [(p.topic, p.partition) for p in partitions]
+        for key in keys:
+            self.heads.pop(key, None)
+            self.at_end.discard(key)
+        self._resume(keys)
+
+    def clear(self) -> None:
+        """Before leaving the group: no head stays ours; every paused partition is resumed."""
+        self.heads.clear()
+        self.at_end.clear()
+        self._resume(list(self.paused))
+
+    def offer(self, message: Message) -> None:
+        """A polled record (`add`), or a partition-end event (the partition has nothing waiting)."""
+        error = message.error()
+        if error is None:
+            self.add(message)
+        elif error.code() == KafkaError._PARTITION_EOF:
+            key = (message.topic(), message.partition())
+            if key not in self.heads:
+                self.at_end.add(key)
+
+    def add(self, message: Message) -> None:
+        """Keep `message` as its partition's head and pause the partition. A second record of a
+        partition that already has a head (librdkafka delivered it before the pause took effect) is
+        not kept: the partition is rewound to it, so it is read again after the head is done."""
+        key = (message.topic(), message.partition())
+        self.at_end.discard(key)
+        try:
+            if key in self.heads:
+                self.consumer.seek(self._tp(message, message.offset()))
+            else:
+                self.heads[key] = message
+            self.consumer.pause([self._tp(message)])
+            self.paused.add(key)
+        except KafkaException as exc:  # revoked meanwhile: not ours
+            log.info("could not pause a work partition; it is no longer ours", error=str(exc))
+            self.heads.pop(key, None)
+
+    def gather(self, poll) -> None:
+        """Poll (`poll(timeout_s) -> Message | None`, partition-end events included) and `offer`
+        what arrives, until every assigned partition has a head or reported its end, or nothing
+        arrived for `gather_s` seconds."""
+        deadline = time.monotonic() + self.gather_s
+        while time.monotonic() < deadline:
+            try:
+                assigned = {(p.topic, p.partition) for p in self.consumer.assignment()}
+            except KafkaException:
+                assigned = set()
+            if assigned and assigned <= set(self.heads) | self.at_end:
+                return
+            message = poll(max(0.0, deadline - time.monotonic()))
+            if message is not None:
+                self.offer(message)
+                deadline = time.monotonic() + self.gather_s
+
+    def waiting(self) -> set[str]:
+        """Tiers with at least one head."""
+        return {tier_of(topic) for topic, _ in self.heads}
+
+    def take(self, tier: str) -> Message:
+        """Remove and return the oldest head (broker timestamp) of `tier`; its partition stays
+        paused until `release`."""
+        key = min((k for k in self.heads if tier_of(k[0]) == tier), key=lambda k: self.heads[k].timestamp()[1])
+        return self.heads.pop(key)
+
+    def release(self, message: Message) -> None:
+        """`message` (taken) was not claimed and is done with (committed past, or rewound by the
+        claim): resume its partition so its next record is fetched."""
+        self.at_end.discard((message.topic(), message.partition()))
+        self._resume([(message.topic(), message.partition())])
