@@ -26,6 +26,7 @@ prefetch queue is capped by the caller (`logread.reader(..., queue_kbytes=...)`)
 from __future__ import annotations
 
 import gc
+import time
 from typing import Any
 
 import psycopg
@@ -52,11 +53,13 @@ class BulkReplay:
         self.conn, self.projection = conn, projection
         self.clock_topic, self.dlq_topic = clock_topic, dlq_topic
         self.rows: dict[str, dict[str, Any]] = {}
-        self.seen: set[str] = set()
+        self.seen = KeySet()
         self.uploads: dict[str, list] = {}
         self.clock: dict[int, Any] = {}
         self.positions: dict[tuple[str, int], int] = {}
         self.deferred: list[str] = []
+        self.phases: dict[str, float] = {}
+        """Seconds spent per phase (decode, fold, copy_evidence, write_final_rows, build_indexes, commit)."""
         self._gc_was_enabled = gc.isenabled()
         self._tx = conn.transaction()
         self._tx.__enter__()
@@ -68,13 +71,27 @@ class BulkReplay:
 
     def apply(self, messages: list, end_positions: dict[tuple[str, int], int] | None = None) -> BatchResult:
         """Fold one slice (in consumption order) and stream its evidence; returns its counts."""
+        started = time.perf_counter()
         result = BatchResult(records=len(messages), positions=self.positions)
         decoded: list[Decoded] = decode_batch(messages, result, end_positions)
+        decoded_at = time.perf_counter()
         folded = fold_batch(decoded, self.rows, self.seen, result, self.clock_topic, self.dlq_topic,
                             binary_payload=True)
+        folded_at = time.perf_counter()
         if folded.evidence:
             writes.copy_rows(self.conn, "lifecycle_evidence", writes.EVIDENCE_COLUMNS, folded.evidence,
                              writes.EVIDENCE_TYPES, queued=True)
+        # A job in a final state never changes again (fold.evolve returns it as is, not applied, for
+        # any later event, looking at its state only): write its row now and keep a stub.
+        final = [job_id for job_id in folded.changed if self.rows[job_id]["state"] in fold.FINAL_STATES]
+        if final:
+            writes.copy_rows(self.conn, "job_state", fold.JOB_STATE_COLUMNS,
+                             [_job_tuple(self.rows[job_id]) for job_id in final])
+            for job_id in final:
+                self.rows[job_id] = _FINAL_STUBS[self.rows[job_id]["state"]]
+        self._add("decode", decoded_at - started)
+        self._add("fold", folded_at - decoded_at)
+        self._add("copy_evidence", time.perf_counter() - folded_at)
         for upload in folded.uploads:  # upsert_upload: the first copy's fields, every copy counted
             kept = self.uploads.get(upload["upload_id"])
             if kept is None:
@@ -93,7 +110,9 @@ class BulkReplay:
         """Write the final rows and offsets, rebuild the deferred indexes, and commit."""
         try:
             conn = self.conn
-            writes.copy_rows(conn, "job_state", fold.JOB_STATE_COLUMNS, (_job_tuple(row) for row in self.rows.values()))
+            started = time.perf_counter()
+            writes.copy_rows(conn, "job_state", fold.JOB_STATE_COLUMNS,
+                             (_job_tuple(row) for row in self.rows.values() if row.get("job_id") is not None))
             writes.copy_rows(conn, "applied_dedup_keys", ("dedup_key",), ((key,) for key in self.seen))
             writes.copy_rows(conn, "uploads", UPLOAD_COLUMNS, (tuple(row) for row in self.uploads.values()))
             with conn.cursor() as cur:
@@ -101,9 +120,14 @@ class BulkReplay:
                     cur.executemany(q("advance_log_clock"),
                                     [{"partition": p, "now": now} for p, now in self.clock.items()])
                 write_offsets(cur, self.projection, self.positions)
+                indexed_at = time.perf_counter()
+                self._add("write_final_rows", indexed_at - started)
                 for statement in self.deferred:
                     cur.execute(statement)
+            committing = time.perf_counter()
+            self._add("build_indexes", committing - indexed_at)
             self._tx.__exit__(None, None, None)
+            self._add("commit", time.perf_counter() - committing)
         finally:
             self._restore_gc()
 
@@ -115,6 +139,9 @@ class BulkReplay:
             pass
         finally:
             self._restore_gc()
+
+    def _add(self, phase: str, seconds: float) -> None:
+        self.phases[phase] = self.phases.get(phase, 0.0) + seconds
 
     def _restore_gc(self) -> None:
         if self._gc_was_enabled:
@@ -139,6 +166,54 @@ class BulkReplay:
             conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(name)))
             recreate.append(definition)
         return recreate
+
+
+_FINAL_STUBS = {state: {"state": state} for state in fold.FINAL_STATES}
+"""What stays in memory of a job whose row was written in a final state (no `job_id`: not written again)."""
+
+
+class KeySet:
+    """The set of applied dedup keys, stored compactly: `{job_id}:{rest}` as one set of `rest` per
+    job id, each distinct `rest` (e.g. `transcode:1:Heartbeat:17`, shared by every job) stored once.
+    About 20 bytes per key instead of ~170 for a set of strings. Keys without `:` go in a plain set.
+    Supports what `fold_batch` uses (`in`, `add`) and iteration (the full keys, for the final COPY).
+    """
+
+    def __init__(self) -> None:
+        self.by_head: dict[str, set[str]] = {}
+        self.rests: dict[str, str] = {}
+        self.plain: set[str] = set()
+        self.count = 0
+
+    def __contains__(self, key: str) -> bool:
+        head, sep, rest = key.partition(":")
+        if not sep:
+            return key in self.plain
+        rests = self.by_head.get(head)
+        return rests is not None and rest in rests
+
+    def add(self, key: str) -> None:
+        head, sep, rest = key.partition(":")
+        if not sep:
+            if key not in self.plain:
+                self.plain.add(key)
+                self.count += 1
+            return
+        rests = self.by_head.get(head)
+        if rests is None:
+            rests = self.by_head[head] = set()
+        if rest not in rests:
+            rests.add(self.rests.setdefault(rest, rest))
+            self.count += 1
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self):
+        yield from self.plain
+        for head, rests in self.by_head.items():
+            for rest in rests:
+                yield f"{head}:{rest}"
 
 
 def _job_tuple(row: dict[str, Any]) -> tuple:

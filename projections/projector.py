@@ -59,6 +59,7 @@ def _upsert_job_sql() -> str:
 UPSERT_JOB = _upsert_job_sql()
 
 
+KeySetLike = Any  # `in` and `add` over dedup keys, e.g. `projections.bulk.KeySet`
 Decoded = tuple[Message, "ev.Event | None", "str | None"]
 """A message with its event, or None and why it could not be decoded."""
 
@@ -115,7 +116,7 @@ class Folded:
     clock: dict[int, datetime] = field(default_factory=dict)
 
 
-def fold_batch(decoded: list[Decoded], rows: dict[str, dict[str, Any]], seen: set[str], result: BatchResult,
+def fold_batch(decoded: list[Decoded], rows: dict[str, dict[str, Any]], seen: "set[str] | KeySetLike", result: BatchResult,
                clock_topic: str | None = None, dlq_topic: str | None = None, binary_payload: bool = False) -> Folded:
     """Step 3, shared by the projector and the bulk replay (`projections/bulk.py`): fold each
     decoded record onto `rows` (job id -> `job_state` row, updated in place) in log order, a dedup

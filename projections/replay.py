@@ -38,6 +38,9 @@ class ReplayResult:
     offsets_total: int = 0
     elapsed_s: float = 0.0
     rows: dict[str, int] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds per phase (bulk path): read (consume from Kafka), decode, fold, copy_evidence,
+    write_final_rows, build_indexes, commit."""
 
     @property
     def events_per_s(self) -> float:
@@ -72,8 +75,8 @@ def replay(settings: Settings, schema: str, *, as_of: datetime | None = None, fo
         stored = {} if fresh else {(r["topic"], r["partition"]): r["next_offset"]
                                    for r in conn.execute(q("offsets_of_projection"), {"projection": projection})}
         use_bulk = fresh and bulk
-        # The bulk path keeps its state in memory: cap what librdkafka prefetches (RSS) to 32 MB.
-        consumer = logread.reader(settings, "replay", queue_kbytes=32 * 1024 if use_bulk else 256 * 1024)
+        # The bulk path keeps its state in memory: cap what librdkafka prefetches (RSS) to 8 MB.
+        consumer = logread.reader(settings, "replay", queue_kbytes=8 * 1024 if use_bulk else 256 * 1024)
         writer = BulkReplay(conn, projection, clock_topic=settings.jobs_topic, dlq_topic=settings.dlq_topic) \
             if use_bulk else None
         try:
@@ -83,7 +86,13 @@ def replay(settings: Settings, schema: str, *, as_of: datetime | None = None, fo
             result.offsets_total = span.total
             if on_start is not None:
                 on_start(span.total)
-            for piece in logread.read(consumer, span, batch_size=batch_size, on_progress=on_progress):
+            pieces = logread.read(consumer, span, batch_size=batch_size, on_progress=on_progress)
+            while True:
+                reading = time.perf_counter()
+                piece = next(pieces, None)
+                result.phases["read"] = result.phases.get("read", 0.0) + time.perf_counter() - reading
+                if piece is None:
+                    break
                 if writer is not None:
                     batch = writer.apply(piece.records, piece.ends)
                 else:
@@ -96,6 +105,7 @@ def replay(settings: Settings, schema: str, *, as_of: datetime | None = None, fo
                 result.dead_letters += batch.dead_letters
             if writer is not None:
                 writer.finish()
+                result.phases.update(writer.phases)
                 writer = None
         except BaseException as exc:
             if writer is not None:
