@@ -31,10 +31,10 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.copy import QueuedLibpqWriter
 
 from projections import fold, writes
-from projections.projector import BatchResult, Decoded, decode_batch, fold_batch, job_params, write_dead_letters, \
-    write_offsets
+from projections.projector import BatchResult, Decoded, decode_batch, fold_batch, job_params, write_offsets
 from projections.sql import q
 
 UPLOAD_COLUMNS = ("upload_id", "job_id", "filename", "size_bytes", "sha256", "priority", "broker_ts", "submitter",
@@ -49,7 +49,9 @@ class BulkReplay:
     """
 
     def __init__(self, conn: psycopg.Connection, projection: str = "main", clock_topic: str | None = None,
-                 dlq_topic: str | None = None, defer_indexes: bool = True) -> None:
+                 dlq_topic: str | None = None, defer_indexes: bool = True, flush_rows: int = 2000) -> None:
+        """`flush_rows`: final job rows (or slices with dead letters) kept before the evidence COPY is
+        ended to write them (bounds memory; each flush makes the server catch up once)."""
         self.conn, self.projection = conn, projection
         self.clock_topic, self.dlq_topic = clock_topic, dlq_topic
         self.rows: dict[str, dict[str, Any]] = {}
@@ -58,6 +60,10 @@ class BulkReplay:
         self.clock: dict[int, Any] = {}
         self.positions: dict[tuple[str, int], int] = {}
         self.deferred: list[str] = []
+        self.flush_rows = flush_rows
+        self.pending_final: list[str] = []
+        self.pending_dead: list[tuple[list, list]] = []
+        self._copy = self._copy_cm = self._cursor = None
         self.phases: dict[str, float] = {}
         """Seconds spent per phase (decode, fold, copy_evidence, write_final_rows, build_indexes, commit)."""
         self._gc_was_enabled = gc.isenabled()
@@ -79,16 +85,16 @@ class BulkReplay:
                             binary_payload=True)
         folded_at = time.perf_counter()
         if folded.evidence:
-            writes.copy_rows(self.conn, "lifecycle_evidence", writes.EVIDENCE_COLUMNS, folded.evidence,
-                             writes.EVIDENCE_TYPES, queued=True)
+            copy = self._evidence_copy()
+            for row in folded.evidence:
+                copy.write_row(row)
         # A job in a final state never changes again (fold.evolve returns it as is, not applied, for
-        # any later event, looking at its state only): write its row now and keep a stub.
-        final = [job_id for job_id in folded.changed if self.rows[job_id]["state"] in fold.FINAL_STATES]
-        if final:
-            writes.copy_rows(self.conn, "job_state", fold.JOB_STATE_COLUMNS,
-                             [_job_tuple(self.rows[job_id]) for job_id in final])
-            for job_id in final:
-                self.rows[job_id] = _FINAL_STUBS[self.rows[job_id]["state"]]
+        # any later event, looking at its state only): its row is written at the next flush, then
+        # only a stub stays in memory.
+        self.pending_final.extend(job_id for job_id in folded.changed
+                                  if self.rows[job_id]["state"] in fold.FINAL_STATES)
+        if folded.dead or folded.replays:
+            self.pending_dead.append((folded.dead, folded.replays))
         self._add("decode", decoded_at - started)
         self._add("fold", folded_at - decoded_at)
         self._add("copy_evidence", time.perf_counter() - folded_at)
@@ -101,15 +107,15 @@ class BulkReplay:
         for partition, now in folded.clock.items():  # advance_log_clock: never backwards
             if partition not in self.clock or now > self.clock[partition]:
                 self.clock[partition] = now
-        if folded.dead or folded.replays:
-            with self.conn.cursor() as cur:
-                write_dead_letters(cur, folded)
+        if len(self.pending_final) >= self.flush_rows or len(self.pending_dead) >= self.flush_rows:
+            self._flush()
         return result
 
     def finish(self) -> None:
         """Write the final rows and offsets, rebuild the deferred indexes, and commit."""
         try:
             conn = self.conn
+            self._flush()
             started = time.perf_counter()
             writes.copy_rows(conn, "job_state", fold.JOB_STATE_COLUMNS,
                              (_job_tuple(row) for row in self.rows.values() if row.get("job_id") is not None))
@@ -131,8 +137,56 @@ class BulkReplay:
         finally:
             self._restore_gc()
 
+    def _evidence_copy(self):
+        """The evidence COPY, opened on first use and kept open across slices (the server parses
+        while the next slice is decoded), until a flush needs the connection for other statements."""
+        if self._copy is None:
+            self._cursor = self.conn.cursor()
+            names = ", ".join(f'"{c}"' for c in writes.EVIDENCE_COLUMNS)
+            self._copy_cm = self._cursor.copy(f"COPY lifecycle_evidence ({names}) FROM STDIN (FORMAT binary)",
+                                              writer=QueuedLibpqWriter(self._cursor))
+            self._copy = self._copy_cm.__enter__()
+            self._copy.set_types(list(writes.EVIDENCE_TYPES))
+        return self._copy
+
+    def _close_copy(self, exc: BaseException | None = None) -> None:
+        if self._copy is not None:
+            copy_cm, cursor = self._copy_cm, self._cursor
+            self._copy = self._copy_cm = self._cursor = None
+            try:
+                copy_cm.__exit__(type(exc) if exc else None, exc, None)
+            finally:
+                cursor.close()
+
+    def _flush(self) -> None:
+        """End the evidence COPY; write the final job rows and the dead-letter upserts pending (in
+        log order, each slice's dead letters before its replay marks, as `apply_batch` does)."""
+        started = time.perf_counter()
+        self._close_copy()
+        closed = time.perf_counter()
+        self._add("copy_evidence", closed - started)
+        if self.pending_final:
+            writes.copy_rows(self.conn, "job_state", fold.JOB_STATE_COLUMNS,
+                             [_job_tuple(self.rows[job_id]) for job_id in self.pending_final])
+            for job_id in self.pending_final:
+                self.rows[job_id] = _FINAL_STUBS[self.rows[job_id]["state"]]
+            self.pending_final = []
+        if self.pending_dead:
+            with self.conn.cursor() as cur:
+                for dead, replays in self.pending_dead:
+                    if dead:
+                        cur.executemany(q("upsert_dead_letter"), dead)
+                    if replays:
+                        cur.executemany(q("mark_dead_letter_replayed"), replays)
+            self.pending_dead = []
+        self._add("write_final_rows", time.perf_counter() - closed)
+
     def abort(self, exc: BaseException | None = None) -> None:
         """Roll back everything written so far."""
+        try:
+            self._close_copy(exc or Exception("replay aborted"))
+        except BaseException:  # noqa: BLE001 - ending a COPY with an error raises that error back
+            pass
         try:
             self._tx.__exit__(type(exc) if exc else Exception, exc or Exception("replay aborted"), None)
         except BaseException:  # noqa: BLE001 - the transaction re-raises the exception it rolled back for

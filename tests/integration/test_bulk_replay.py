@@ -106,8 +106,8 @@ def live_path(conn, messages, batch: int) -> None:
         apply_batch(conn, messages[start:start + batch], clock_topic=JOBS, dlq_topic=DLQ)
 
 
-def bulk_path(conn, messages, batch: int) -> BulkReplay:
-    writer = BulkReplay(conn, clock_topic=JOBS, dlq_topic=DLQ)
+def bulk_path(conn, messages, batch: int, flush_rows: int) -> BulkReplay:
+    writer = BulkReplay(conn, clock_topic=JOBS, dlq_topic=DLQ, flush_rows=flush_rows)
     for start in range(0, len(messages), batch):
         writer.apply(messages[start:start + batch])
     writer.finish()
@@ -129,8 +129,8 @@ def log():
     return build_log()
 
 
-@pytest.mark.parametrize("live_batch, bulk_batch", [(7, 5), (1000, 1)])
-def test_bulk_replay_equals_the_projector_row_for_row(isolated, log, live_batch, bulk_batch):
+@pytest.mark.parametrize("live_batch, bulk_batch, flush_rows", [(7, 5, 2000), (1000, 1, 1)])
+def test_bulk_replay_equals_the_projector_row_for_row(isolated, log, live_batch, bulk_batch, flush_rows):
     messages, jobs = log
     live, bulk = f"live_{live_batch}", f"bulk_{bulk_batch}"
     for schema in (live, bulk):
@@ -140,7 +140,7 @@ def test_bulk_replay_equals_the_projector_row_for_row(isolated, log, live_batch,
         live_path(conn, messages, live_batch)
     with connect(isolated.database_url, schema=bulk, autocommit=True) as conn:
         conn.row_factory = psycopg.rows.dict_row
-        writer = bulk_path(conn, messages, bulk_batch)
+        writer = bulk_path(conn, messages, bulk_batch, flush_rows)
     assert set(writer.phases) >= {"decode", "fold", "copy_evidence", "build_indexes"}
     with connect(isolated.database_url, autocommit=True) as conn:
         conn.row_factory = psycopg.rows.dict_row
@@ -168,9 +168,10 @@ def test_a_failed_bulk_replay_leaves_the_schema_empty_with_its_indexes(isolated,
     with connect(isolated.database_url, schema="broken", autocommit=True) as conn:
         conn.row_factory = psycopg.rows.dict_row
         before = indexes(conn, "broken")
-        writer = BulkReplay(conn, clock_topic=JOBS, dlq_topic=DLQ)
+        writer = BulkReplay(conn, clock_topic=JOBS, dlq_topic=DLQ, flush_rows=1)
         writer.apply(messages[:20])
-        assert conn.execute("SELECT count(*) AS n FROM lifecycle_evidence").fetchone()["n"] > 0  # inside the transaction
+        writer.apply(messages[20:25])
+        assert writer.phases["write_final_rows"] > 0 and writer._copy is not None  # rows written, a COPY open
         writer.abort(RuntimeError("the broker went away"))
         for name in ("lifecycle_evidence", "job_state", "applied_dedup_keys", "projector_offsets", "dead_letters"):
             assert conn.execute(f"SELECT count(*) AS n FROM {name}").fetchone()["n"] == 0, name
