@@ -1,26 +1,34 @@
 """The bulk path of `tapeline replay --into`: the projector's fold, held in memory, written with COPY.
 
 A fresh replay starts from an empty schema, so nothing it needs is in the database: the job rows,
-the applied dedup keys, the uploads and the log clock live in memory for the whole replay, and the
-projector's own `decode_batch` and `fold_batch` (`projections/projector.py`) fold every record onto
-them in log order, exactly as `apply_batch` would (same rules, same evidence flags, same dead
-letters). What changes is the writing:
+the applied dedup keys, the uploads and the log clock live in memory, and the projector's own
+`decode_batch` and `fold_batch` (`projections/projector.py`) fold every record onto them in log
+order, exactly as `apply_batch` would (same rules, same evidence flags, same dead letters; any new
+event type or fold rule added there applies here too). What changes is the writing:
 
-- evidence rows are streamed per slice with a binary `COPY` (never held beyond one slice);
-- dead letters and dead-letter replay marks go per slice with the projector's own upserts (rare);
-- job rows, dedup keys, uploads, the log clock and the offsets are written once, at the end;
+- evidence rows stream through ONE binary `COPY` kept open across slices (the server parses and
+  stores while the next slice is decoded; a psycopg thread sends), never held beyond one slice;
+- a job whose row reaches a final state (completed, rejected, failed, cancelled) never changes
+  again: every `flush_rows` such jobs the COPY is ended, their rows are COPYed into `job_state` and
+  only a `{"state": ...}` stub stays in memory (`fold.evolve` looks at nothing else of a final
+  row); dead letters and dead-letter replay marks wait for the same flush and are written with the
+  projector's own upserts, in log order;
+- the remaining job rows, the dedup keys, the uploads, the log clock and the offsets are written
+  once, at the end;
 - `lifecycle_evidence`'s indexes (primary key included) are dropped at the start and rebuilt at the
-  end from their own definitions (`pg_get_indexdef`, `pg_get_constraintdef`), one sort each
+  end from their own definitions (`pg_get_indexdef`, `pg_get_constraintdef`): one sort each
   instead of a b-tree insert per row.
 
 Everything runs in ONE transaction that `BulkReplay.finish` commits. A crash (or Ctrl-C) before
-that leaves the schema as `prepare_fresh` made it: migrated, every table empty, no offsets. That is
-"clearly incomplete and resumable": `replay --into SCHEMA --force` redoes it, and `replay --swap`
-would catch it up from offset 0 the slow way (`apply_batch`), since no offsets are stored.
+that leaves the schema as `prepare_fresh` made it: migrated, every table empty, no offsets, its
+indexes in place (DDL is transactional). That is "clearly incomplete and resumable": `replay
+--into SCHEMA --force` redoes it, and `replay --swap` would catch it up from offset 0 the slow way
+(`apply_batch`), since no offsets are stored.
 
-Memory (1M events, ~16k jobs): a job row is ~40 values; the dedup keys applied (one per applied
-event, ~60-byte strings) dominate, about 150 MB per million applied events. The consumer's
-prefetch queue is capped by the caller (`logread.reader(..., queue_kbytes=...)`).
+Memory: applied dedup keys are kept compactly (`KeySet`, ~20-30 bytes each), open jobs' rows in
+full, final jobs as stubs; the consumer's prefetch queue is capped by the caller
+(`logread.reader(..., queue_kbytes=...)`). The cyclic garbage collector is off during the replay
+(the state only grows and holds no cycles; re-scanning it cost a large share of the time).
 """
 
 from __future__ import annotations
