@@ -221,9 +221,10 @@ class BulkReplay:
             " AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)", (table,)).fetchall()
         recreate = []
         for name, definition in (tuple(r.values()) if isinstance(r, dict) else tuple(r) for r in constraints):
-            conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(sql.Identifier(table), sql.Identifier(name)))
-            recreate.append(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} ").format(sql.Identifier(table), sql.Identifier(name))
-                            .as_string(conn) + definition)
+            table_id, name_id = sql.Identifier(table), sql.Identifier(name)
+            conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(table_id, name_id))
+            recreate.append(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} ").format(table_id, name_id).as_string(conn)
+                            + definition)
         for name, definition in (tuple(r.values()) if isinstance(r, dict) else tuple(r) for r in indexes):
             conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(name)))
             recreate.append(definition)

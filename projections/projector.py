@@ -8,6 +8,7 @@ Commit protocol, per batch of records (one PostgreSQL transaction):
   Step 4. write evidence, uploads, job rows and applied dedup keys;
   Step 5. advance `projector_offsets` for each partition to the next offset;
   Step 6. commit. A crash before step 6 leaves nothing; the restart resumes at the stored offsets.
+Steps 1 and 3 (`decode_batch`, `fold_batch`) are shared with the bulk replay (`projections/bulk.py`).
 The consumer is assigned its partitions at the stored offsets (no consumer-group commits), reads
 committed records only, and on reaching a partition's end stores that position too, so "caught up"
 can be judged against the last stable offset even after transaction markers.
@@ -116,8 +117,9 @@ class Folded:
     clock: dict[int, datetime] = field(default_factory=dict)
 
 
-def fold_batch(decoded: list[Decoded], rows: dict[str, dict[str, Any]], seen: "set[str] | KeySetLike", result: BatchResult,
-               clock_topic: str | None = None, dlq_topic: str | None = None, binary_payload: bool = False) -> Folded:
+def fold_batch(decoded: list[Decoded], rows: dict[str, dict[str, Any]], seen: "set[str] | KeySetLike",
+               result: BatchResult, clock_topic: str | None = None, dlq_topic: str | None = None,
+               binary_payload: bool = False) -> Folded:
     """Step 3, shared by the projector and the bulk replay (`projections/bulk.py`): fold each
     decoded record onto `rows` (job id -> `job_state` row, updated in place) in log order, a dedup
     key already in `seen` (updated in place) only as evidence. Counts go to `result`.
@@ -225,7 +227,8 @@ def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: s
             if folded.new_keys:
                 writes.write_dedup_keys(conn, folded.new_keys)
             if folded.clock:
-                cur.executemany(q("advance_log_clock"), [{"partition": p, "now": now} for p, now in folded.clock.items()])
+                cur.executemany(q("advance_log_clock"),
+                                [{"partition": p, "now": now} for p, now in folded.clock.items()])
             # Step 5: offsets, in the same transaction.
             write_offsets(cur, projection, result.positions)
         if messages:

@@ -21,8 +21,9 @@ TABLES = {  # table -> (columns compared, order); wall-clock columns (now()) are
     "job_state": ("*", "job_id"),
     "lifecycle_evidence": ("*", 'topic, partition, "offset"'),
     "uploads": ("*", "upload_id"),
-    "dead_letters": ("id, kind, topic, partition, \"offset\", broker_ts, key, value, headers, error, job_id, stage, "
-                     "attempt, error_class, attempts, evidence, seen_by, replayed_at, replayed_by, replay_reason", "id"),
+    "dead_letters": ('id, kind, topic, partition, "offset", broker_ts, key, value, headers, error, job_id, stage, '
+                     "attempt, error_class, attempts, evidence, seen_by, replayed_at, replayed_by, replay_reason",
+                     "id"),
     "applied_dedup_keys": ("*", "dedup_key"),
     "log_clock": ("*", "partition"),
     "projector_offsets": ("projection, topic, partition, next_offset", "projection, topic, partition"),
@@ -148,7 +149,8 @@ def test_bulk_replay_equals_the_projector_row_for_row(isolated, log, live_batch,
             assert table(conn, bulk, name) == table(conn, live, name), f"{name} differs"
         assert indexes(conn, bulk) == indexes(conn, live)
         # The log really holds what this test is about.
-        flags = conn.execute(f"SELECT count(*) FILTER (WHERE duplicate) AS dup, count(*) FILTER (WHERE superseded) AS sup,"
+        flags = conn.execute(f"SELECT count(*) FILTER (WHERE duplicate) AS dup,"
+                             f" count(*) FILTER (WHERE superseded) AS sup,"
                              f" count(*) FILTER (WHERE NOT applied) AS not_applied FROM {bulk}.lifecycle_evidence"
                              ).fetchone()
         assert flags["dup"] == 2 and flags["sup"] == 2 and flags["not_applied"] == 6
