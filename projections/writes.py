@@ -9,9 +9,10 @@ ran inside a savepoint, so only it is rolled back and the rows go through the na
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Iterable, Sequence
 
 import psycopg
+from psycopg.copy import QueuedLibpqWriter
 
 from projections.sql import q
 
@@ -20,26 +21,48 @@ EVIDENCE_COLUMNS = ("topic", "partition", "offset", "broker_ts", "event_id", "ev
                     "superseded", "duplicate", "payload")
 
 
-def copy_or_insert(conn: psycopg.Connection, table: str, columns: Sequence[str], rows: list[dict[str, Any]],
+EVIDENCE_TYPES = ("text", "int4", "int8", "timestamptz", "text", "text", "text", "text", "int4", "text", "text",
+                  "timestamptz", "text", "text", "bool", "bool", "bool", "bytea")
+"""Types psycopg dumps `EVIDENCE_COLUMNS` as in a binary COPY. The payload (a jsonb column) is sent
+as raw bytes already in jsonb's binary format (b"\\x01" + JSON text): psycopg's own jsonb dumper
+would serialise a Python str again, as a JSON string."""
+
+
+def copy_or_insert(conn: psycopg.Connection, table: str, columns: Sequence[str], rows: list[tuple],
                    fallback_query: str) -> None:
-    """Write `rows` (dicts keyed by column) with COPY; on a unique violation, with `fallback_query`."""
+    """Write `rows` (tuples in `columns` order) with COPY; on a unique violation, with `fallback_query`
+    (named parameters, one per column)."""
     if not rows:
         return
-    names = ", ".join(f'"{c}"' for c in columns)
     try:
         with conn.transaction():  # a savepoint: a failed COPY leaves the batch's transaction usable
-            with conn.cursor() as cur, cur.copy(f"COPY {table} ({names}) FROM STDIN") as copy:
-                for row in rows:
-                    copy.write_row(tuple(row[c] for c in columns))
+            copy_rows(conn, table, columns, rows)
     except psycopg.errors.UniqueViolation:
         with conn.cursor() as cur:
-            cur.executemany(q(fallback_query), rows)
+            cur.executemany(q(fallback_query), [dict(zip(columns, row)) for row in rows])
 
 
-def write_evidence(conn: psycopg.Connection, rows: list[dict[str, Any]]) -> None:
-    """Evidence rows (`payload` may be JSON text: COPY and the jsonb cast take it as is)."""
+def copy_rows(conn: psycopg.Connection, table: str, columns: Sequence[str], rows: Iterable[tuple],
+              types: Sequence[str] | None = None, queued: bool = False) -> None:
+    """`COPY table (columns) FROM STDIN` of `rows` (tuples in `columns` order); binary when `types`
+    (the PostgreSQL type of each column) is given, text otherwise. `queued`: a thread of psycopg's
+    sends the data while this one formats more rows (the server parses while we decode). Raises what
+    PostgreSQL raises."""
+    names = ", ".join(f'"{c}"' for c in columns)
+    binary = " (FORMAT binary)" if types else ""
+    with conn.cursor() as cur, cur.copy(f"COPY {table} ({names}) FROM STDIN{binary}",
+                                        writer=QueuedLibpqWriter(cur) if queued else None) as copy:
+        if types:
+            copy.set_types(list(types))
+        for row in rows:
+            copy.write_row(row)
+
+
+def write_evidence(conn: psycopg.Connection, rows: list[tuple]) -> None:
+    """Evidence rows in `EVIDENCE_COLUMNS` order (`payload` is JSON text: COPY and the jsonb cast take it as is)."""
     copy_or_insert(conn, "lifecycle_evidence", EVIDENCE_COLUMNS, rows, "insert_evidence")
 
 
-def write_dedup_keys(conn: psycopg.Connection, rows: list[dict[str, Any]]) -> None:
-    copy_or_insert(conn, "applied_dedup_keys", ("dedup_key",), rows, "insert_dedup_key")
+def write_dedup_keys(conn: psycopg.Connection, keys: list[str]) -> None:
+    """Applied dedup keys."""
+    copy_or_insert(conn, "applied_dedup_keys", ("dedup_key",), [(key,) for key in keys], "insert_dedup_key")

@@ -8,6 +8,8 @@ drift. Build events with `EventClass.new(job_id=..., stage=..., attempt=..., ...
 from __future__ import annotations
 
 import os
+import types
+import typing
 import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any, ClassVar
@@ -135,6 +137,48 @@ class Event(_Frozen):
             return cls.model_validate(record)
         except ValueError as exc:
             raise SchemaError(f"{cls.__name__}: {exc}") from exc
+
+    @staticmethod
+    def from_decoded(record: dict) -> "Event":
+        """The model of a record the codec just decoded (so resolved to the current schema of its type).
+
+        For an event type whose fields are all plain scalars (`str`, `int`, `float`, `bool`,
+        `datetime`, or `None` for an optional one) and that has no validators, the Avro reader has
+        already guaranteed every field's type, so the model is built around `record` (which it then
+        owns) without validation: about 1 µs instead of 10-15 µs. Heartbeats and checkpoints, most of
+        the log, are such types. Anything else (nested records, lists, maps, bytes, a field count that
+        is not the model's) goes through `from_record`. Raises `SchemaError` like `from_record`.
+        """
+        cls = Event.registry.get(record.get("event_type", ""))
+        if cls is not None and len(record) == _scalar_field_count(cls):
+            event = cls.__new__(cls)
+            object.__setattr__(event, "__dict__", record)
+            object.__setattr__(event, "__pydantic_fields_set__", set(record))
+            object.__setattr__(event, "__pydantic_extra__", None)
+            object.__setattr__(event, "__pydantic_private__", None)
+            return event
+        return Event.from_record(record)
+
+
+_SCALARS = (str, int, float, bool, datetime, type(None))
+_scalar_counts: dict[type, int] = {}
+
+
+def _scalar_field_count(cls: type[Event]) -> int:
+    """How many fields `cls` has when every one is a plain scalar (or optional scalar) and the class
+    has no validators or private attributes; -1 otherwise (so no decoded record matches it)."""
+    count = _scalar_counts.get(cls)
+    if count is None:
+        decorators = cls.__pydantic_decorators__
+        plain = not (decorators.validators or decorators.field_validators or decorators.model_validators
+                     or decorators.root_validators or cls.__private_attributes__)
+        for field in cls.model_fields.values():
+            annotation = field.annotation
+            members = typing.get_args(annotation) if isinstance(annotation, types.UnionType) or \
+                typing.get_origin(annotation) is typing.Union else (annotation,)
+            plain = plain and all(member in _SCALARS for member in members) and not field.metadata
+        count = _scalar_counts[cls] = len(cls.model_fields) if plain else -1
+    return count
 
 
 class UploadCompleted(Event):

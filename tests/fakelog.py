@@ -24,6 +24,7 @@ class FakeMessage:
     _timestamp_ms: int
     _value: bytes
     _key: bytes | None = None
+    _headers: list[tuple[str, bytes]] | None = None
 
     def topic(self) -> str:
         return self._topic
@@ -42,6 +43,9 @@ class FakeMessage:
 
     def key(self) -> bytes | None:
         return self._key
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self._headers
 
     def error(self) -> None:
         return None

@@ -1,0 +1,284 @@
+"""The bulk path of `tapeline replay --into`: the projector's fold, held in memory, written with COPY.
+
+A fresh replay starts from an empty schema, so nothing it needs is in the database: the job rows,
+the applied dedup keys, the uploads and the log clock live in memory, and the projector's own
+`decode_batch` and `fold_batch` (`projections/projector.py`) fold every record onto them in log
+order, exactly as `apply_batch` would (same rules, same evidence flags, same dead letters; any new
+event type or fold rule added there applies here too). What changes is the writing:
+
+- evidence rows stream through ONE binary `COPY` kept open across slices (the server parses and
+  stores while the next slice is decoded; a psycopg thread sends), never held beyond one slice;
+- a job whose row reaches a final state (completed, rejected, failed, cancelled) never changes
+  again: every `flush_rows` such jobs the COPY is ended, their rows are COPYed into `job_state` and
+  only a `{"state": ...}` stub stays in memory (`fold.evolve` looks at nothing else of a final
+  row); dead letters and dead-letter replay marks wait for the same flush and are written with the
+  projector's own upserts, in log order;
+- the remaining job rows, the dedup keys, the uploads, the log clock and the offsets are written
+  once, at the end;
+- `lifecycle_evidence`'s indexes (primary key included) are dropped at the start and rebuilt at the
+  end from their own definitions (`pg_get_indexdef`, `pg_get_constraintdef`): one sort each
+  instead of a b-tree insert per row.
+
+Everything runs in ONE transaction that `BulkReplay.finish` commits. A crash (or Ctrl-C) before
+that leaves the schema as `prepare_fresh` made it: migrated, every table empty, no offsets, its
+indexes in place (DDL is transactional). That is "clearly incomplete and resumable": `replay
+--into SCHEMA --force` redoes it, and `replay --swap` would catch it up from offset 0 the slow way
+(`apply_batch`), since no offsets are stored.
+
+Memory: applied dedup keys are kept compactly (`KeySet`, ~20-30 bytes each), open jobs' rows in
+full, final jobs as stubs; the consumer's prefetch queue is capped by the caller
+(`logread.reader(..., queue_kbytes=...)`). The cyclic garbage collector is off during the replay
+(the state only grows and holds no cycles; re-scanning it cost a large share of the time).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.copy import QueuedLibpqWriter
+
+from projections import fold, writes
+from projections.projector import BatchResult, Decoded, decode_batch, fold_batch, job_params, write_offsets
+from projections.sql import q
+
+UPLOAD_COLUMNS = ("upload_id", "job_id", "filename", "size_bytes", "sha256", "priority", "broker_ts", "submitter",
+                  "copies")
+
+
+class BulkReplay:
+    """Folds slices of records into memory and writes them to the (fresh, empty) schema of `conn`.
+
+    `conn` must be in autocommit mode and its `search_path` the target schema. Call `apply(messages,
+    ends)` per slice in consumption order, then `finish()`; or `abort()` on failure (rolls back).
+    """
+
+    def __init__(self, conn: psycopg.Connection, projection: str = "main", clock_topic: str | None = None,
+                 dlq_topic: str | None = None, defer_indexes: bool = True, flush_rows: int = 2000) -> None:
+        """`flush_rows`: final job rows (or slices with dead letters) kept before the evidence COPY is
+        ended to write them (bounds memory; each flush makes the server catch up once)."""
+        self.conn, self.projection = conn, projection
+        self.clock_topic, self.dlq_topic = clock_topic, dlq_topic
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.seen = KeySet()
+        self.uploads: dict[str, list] = {}
+        self.clock: dict[int, Any] = {}
+        self.positions: dict[tuple[str, int], int] = {}
+        self.deferred: list[str] = []
+        self.flush_rows = flush_rows
+        self.pending_final: list[str] = []
+        self.pending_dead: list[tuple[list, list]] = []
+        self._copy = self._copy_cm = self._cursor = None
+        self.phases: dict[str, float] = {}
+        """Seconds spent per phase (decode, fold, copy_evidence, write_final_rows, build_indexes, commit)."""
+        self._gc_was_enabled = gc.isenabled()
+        self._tx = conn.transaction()
+        self._tx.__enter__()
+        if defer_indexes:
+            self.deferred = self._drop_indexes("lifecycle_evidence")
+        # The state only grows and holds no reference cycles: the cyclic collector would re-scan
+        # every job row and key at each collection (a large share of the time at a million events).
+        gc.disable()
+
+    def apply(self, messages: list, end_positions: dict[tuple[str, int], int] | None = None) -> BatchResult:
+        """Fold one slice (in consumption order) and stream its evidence; returns its counts."""
+        started = time.perf_counter()
+        result = BatchResult(records=len(messages), positions=self.positions)
+        decoded: list[Decoded] = decode_batch(messages, result, end_positions)
+        decoded_at = time.perf_counter()
+        folded = fold_batch(decoded, self.rows, self.seen, result, self.clock_topic, self.dlq_topic,
+                            binary_payload=True)
+        folded_at = time.perf_counter()
+        if folded.evidence:
+            copy = self._evidence_copy()
+            for row in folded.evidence:
+                copy.write_row(row)
+        # A job in a final state never changes again (fold.evolve returns it as is, not applied, for
+        # any later event, looking at its state only): its row is written at the next flush, then
+        # only a stub stays in memory.
+        self.pending_final.extend(job_id for job_id in folded.changed
+                                  if self.rows[job_id]["state"] in fold.FINAL_STATES)
+        if folded.dead or folded.replays:
+            self.pending_dead.append((folded.dead, folded.replays))
+        self._add("decode", decoded_at - started)
+        self._add("fold", folded_at - decoded_at)
+        self._add("copy_evidence", time.perf_counter() - folded_at)
+        for upload in folded.uploads:  # upsert_upload: the first copy's fields, every copy counted
+            kept = self.uploads.get(upload["upload_id"])
+            if kept is None:
+                self.uploads[upload["upload_id"]] = [upload[c] for c in UPLOAD_COLUMNS[:-1]] + [1]
+            else:
+                kept[-1] += 1
+        for partition, now in folded.clock.items():  # advance_log_clock: never backwards
+            if partition not in self.clock or now > self.clock[partition]:
+                self.clock[partition] = now
+        if len(self.pending_final) >= self.flush_rows or len(self.pending_dead) >= self.flush_rows:
+            self._flush()
+        return result
+
+    def finish(self) -> None:
+        """Write the final rows and offsets, rebuild the deferred indexes, and commit."""
+        try:
+            conn = self.conn
+            self._flush()
+            started = time.perf_counter()
+            writes.copy_rows(conn, "job_state", fold.JOB_STATE_COLUMNS,
+                             (_job_tuple(row) for row in self.rows.values() if row.get("job_id") is not None))
+            writes.copy_rows(conn, "applied_dedup_keys", ("dedup_key",), ((key,) for key in self.seen))
+            writes.copy_rows(conn, "uploads", UPLOAD_COLUMNS, (tuple(row) for row in self.uploads.values()))
+            with conn.cursor() as cur:
+                if self.clock:
+                    cur.executemany(q("advance_log_clock"),
+                                    [{"partition": p, "now": now} for p, now in self.clock.items()])
+                write_offsets(cur, self.projection, self.positions)
+                indexed_at = time.perf_counter()
+                self._add("write_final_rows", indexed_at - started)
+                for statement in self.deferred:
+                    cur.execute(statement)
+            committing = time.perf_counter()
+            self._add("build_indexes", committing - indexed_at)
+            self._tx.__exit__(None, None, None)
+            self._add("commit", time.perf_counter() - committing)
+        finally:
+            self._restore_gc()
+
+    def _evidence_copy(self):
+        """The evidence COPY, opened on first use and kept open across slices (the server parses
+        while the next slice is decoded), until a flush needs the connection for other statements."""
+        if self._copy is None:
+            self._cursor = self.conn.cursor()
+            names = ", ".join(f'"{c}"' for c in writes.EVIDENCE_COLUMNS)
+            self._copy_cm = self._cursor.copy(f"COPY lifecycle_evidence ({names}) FROM STDIN (FORMAT binary)",
+                                              writer=QueuedLibpqWriter(self._cursor))
+            self._copy = self._copy_cm.__enter__()
+            self._copy.set_types(list(writes.EVIDENCE_TYPES))
+        return self._copy
+
+    def _close_copy(self, exc: BaseException | None = None) -> None:
+        if self._copy is not None:
+            copy_cm, cursor = self._copy_cm, self._cursor
+            self._copy = self._copy_cm = self._cursor = None
+            try:
+                copy_cm.__exit__(type(exc) if exc else None, exc, None)
+            finally:
+                cursor.close()
+
+    def _flush(self) -> None:
+        """End the evidence COPY; write the final job rows and the dead-letter upserts pending (in
+        log order, each slice's dead letters before its replay marks, as `apply_batch` does)."""
+        started = time.perf_counter()
+        self._close_copy()
+        closed = time.perf_counter()
+        self._add("copy_evidence", closed - started)
+        if self.pending_final:
+            writes.copy_rows(self.conn, "job_state", fold.JOB_STATE_COLUMNS,
+                             [_job_tuple(self.rows[job_id]) for job_id in self.pending_final])
+            for job_id in self.pending_final:
+                self.rows[job_id] = _FINAL_STUBS[self.rows[job_id]["state"]]
+            self.pending_final = []
+        if self.pending_dead:
+            with self.conn.cursor() as cur:
+                for dead, replays in self.pending_dead:
+                    if dead:
+                        cur.executemany(q("upsert_dead_letter"), dead)
+                    if replays:
+                        cur.executemany(q("mark_dead_letter_replayed"), replays)
+            self.pending_dead = []
+        self._add("write_final_rows", time.perf_counter() - closed)
+
+    def abort(self, exc: BaseException | None = None) -> None:
+        """Roll back everything written so far."""
+        try:
+            self._close_copy(exc or Exception("replay aborted"))
+        except BaseException:  # noqa: BLE001 - ending a COPY with an error raises that error back
+            pass
+        try:
+            self._tx.__exit__(type(exc) if exc else Exception, exc or Exception("replay aborted"), None)
+        except BaseException:  # noqa: BLE001 - the transaction re-raises the exception it rolled back for
+            pass
+        finally:
+            self._restore_gc()
+
+    def _add(self, phase: str, seconds: float) -> None:
+        self.phases[phase] = self.phases.get(phase, 0.0) + seconds
+
+    def _restore_gc(self) -> None:
+        if self._gc_was_enabled:
+            gc.enable()
+
+    def _drop_indexes(self, table: str) -> list[str]:
+        """Drop every index of `table` (in the current schema); return the statements that recreate them."""
+        conn = self.conn
+        constraints = conn.execute(
+            "SELECT c.conname, pg_get_constraintdef(c.oid) FROM pg_constraint c"
+            " WHERE c.conrelid = to_regclass(%s) AND c.contype IN ('p', 'u')", (table,)).fetchall()
+        indexes = conn.execute(
+            "SELECT ic.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid"
+            " WHERE i.indrelid = to_regclass(%s)"
+            " AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)", (table,)).fetchall()
+        recreate = []
+        for name, definition in (tuple(r.values()) if isinstance(r, dict) else tuple(r) for r in constraints):
+            table_id, name_id = sql.Identifier(table), sql.Identifier(name)
+            conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(table_id, name_id))
+            recreate.append(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} ").format(table_id, name_id).as_string(conn)
+                            + definition)
+        for name, definition in (tuple(r.values()) if isinstance(r, dict) else tuple(r) for r in indexes):
+            conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(name)))
+            recreate.append(definition)
+        return recreate
+
+
+_FINAL_STUBS = {state: {"state": state} for state in fold.FINAL_STATES}
+"""What stays in memory of a job whose row was written in a final state (no `job_id`: not written again)."""
+
+
+class KeySet:
+    """The set of applied dedup keys, stored compactly: `{job_id}:{rest}` as one set of `rest` per
+    job id, each distinct `rest` (e.g. `transcode:1:Heartbeat:17`, shared by every job) stored once.
+    About 20 bytes per key instead of ~170 for a set of strings. Keys without `:` go in a plain set.
+    Supports what `fold_batch` uses (`in`, `add`) and iteration (the full keys, for the final COPY).
+    """
+
+    def __init__(self) -> None:
+        self.by_head: dict[str, set[str]] = {}
+        self.rests: dict[str, str] = {}
+        self.plain: set[str] = set()
+        self.count = 0
+
+    def __contains__(self, key: str) -> bool:
+        head, sep, rest = key.partition(":")
+        if not sep:
+            return key in self.plain
+        rests = self.by_head.get(head)
+        return rests is not None and rest in rests
+
+    def add(self, key: str) -> None:
+        head, sep, rest = key.partition(":")
+        if not sep:
+            if key not in self.plain:
+                self.plain.add(key)
+                self.count += 1
+            return
+        rests = self.by_head.get(head)
+        if rests is None:
+            rests = self.by_head[head] = set()
+        if rest not in rests:
+            rests.add(self.rests.setdefault(rest, rest))
+            self.count += 1
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self):
+        yield from self.plain
+        for head, rests in self.by_head.items():
+            for rest in rests:
+                yield f"{head}:{rest}"
+
+
+def _job_tuple(row: dict[str, Any]) -> tuple:
+    params = job_params(row)
+    return tuple(params[c] for c in fold.JOB_STATE_COLUMNS)
