@@ -85,7 +85,7 @@ def isolated(base_settings: Settings) -> Iterator[Settings]:
                                                 # the bucket is shared by every test: never sweep others' objects
                                                 "cleanup_orphans": False,
                                                 # many tests resubmit one sample and count its transcode
-                                                # attempts; tests/integration/test_reuse.py turns it on
+                                                # attempts; tests/integration/test_bounded_work.py turns it on
                                                 "reuse_results": False})
     stack.ensure_topics(settings)
     migrate(settings.database_url)
