@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import httpx
 
@@ -105,15 +105,20 @@ class OriginProvider:
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
 
-    def publish(self, request: PublishRequest, idempotency_key: str) -> ProviderPost:
+    def publish(self, request: PublishRequest, idempotency_key: str,
+                on_progress: Callable[[int, int], None] | None = None) -> ProviderPost:
         """Promote exactly `request.outputs` (sha256-checked) and write the master playlist.
+        `on_progress(done, total)` runs after each object (the caller heartbeats there: a long
+        rendition ladder is hundreds of objects, longer than a lease).
 
         Raises `StorageError` when an object does not match its recorded sha256 or a different
         object already sits at a published key (published bytes are never overwritten).
         """
         store, prefix = self.store, published_prefix(request.job_id)
         published, sizes = [], {}
-        for output in request.outputs:
+        for done, output in enumerate(request.outputs, start=1):
+            if on_progress is not None:
+                on_progress(done - 1, len(request.outputs))
             body = store.get_bytes(output.key)
             if hashlib.sha256(body).hexdigest() != output.sha256:
                 raise StorageError(f"{output.key} does not match the sha256 its attempt recorded")

@@ -77,7 +77,10 @@ class PublishWorker(StageWorker):
         crash_point("publish.before_promote")
         request = PublishRequest(job_id=identity.job_id, outputs=list(item.inputs), renditions=list(item.renditions),
                                  audio_playlist_key=item.audio_playlist_key, media_duration_s=item.media_duration_s or 0.0)
-        post = origin.publish(request, idempotency_key(identity.job_id, PROVIDER))
+        # Objects promoted count as the attempt's progress (frames_done/frames_total of its heartbeats).
+        post = origin.publish(request, idempotency_key(identity.job_id, PROVIDER),
+                              on_progress=lambda done, total: attempt.heartbeat(
+                                  done, 0.0, None, total, point="publish.promote.Heartbeat"))
         crash_point("publish.after_promote")
         out: list[Outgoing] = [
             (jobs, attempt.event(ev.Published, provider=PROVIDER, provider_ref=post.provider_ref,

@@ -97,25 +97,27 @@ class Attempt:
         self.last_heartbeat = time.monotonic()
         self.claimed_at = time.monotonic()  # for the stage duration histogram
 
-    def send(self, outgoing: list[Outgoing]) -> None:
-        """Commit `outgoing` in one transaction on the attempt's producer. Raises `Fenced`."""
+    def send(self, outgoing: list[Outgoing], point: str | None = None) -> None:
+        """Commit `outgoing` in one transaction on the attempt's producer. Raises `Fenced`.
+        `point`: the transaction's crash-point name (default `{stage}.{first event type}`)."""
         transact(self.producer, lambda: self.runtime.produce(self.producer, outgoing),
-                 name=f"{self.identity.stage}.{outgoing[0][1].event_type if outgoing else 'empty'}")
+                 name=point or f"{self.identity.stage}.{outgoing[0][1].event_type if outgoing else 'empty'}")
 
     def event(self, cls: type[ev.Event], **fields: Any) -> ev.Event:
         return self.identity.event(cls, **fields)
 
     def heartbeat(self, frames_done: int, out_time_s: float, speed: float | None, frames_total: int | None,
-                  progress_grace_s: float | None = None) -> None:
+                  progress_grace_s: float | None = None, point: str | None = None) -> None:
         """Emit a `Heartbeat` if the heartbeat interval has passed (monotonic clock). `progress_grace_s`:
-        seconds the no-progress timeout is extended by while ffmpeg seeks silently (`Heartbeat`)."""
+        seconds the no-progress timeout is extended by while ffmpeg seeks silently (`Heartbeat`);
+        `point`: the transaction's crash-point name (`send`)."""
         if time.monotonic() - self.last_heartbeat < self.runtime.settings.heartbeat_s:
             return
         self.heartbeats += 1
         self.last_heartbeat = time.monotonic()
         self.send([(self.runtime.settings.jobs_topic, self.identity.event(
             ev.Heartbeat, sequence=self.heartbeats, frames_done=frames_done, frames_total=frames_total,
-            out_time_s=out_time_s, speed=speed, progress_grace_s=progress_grace_s))])
+            out_time_s=out_time_s, speed=speed, progress_grace_s=progress_grace_s))], point=point)
         self.check_still_owner()
 
     def prove_ownership(self) -> None:
