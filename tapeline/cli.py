@@ -190,6 +190,11 @@ def submit(file: Path = typer.Argument(..., help="Video file to upload"),
         summary = _wait_for_job(settings, submission.job_id, timeout, show_progress=not as_json)
     except TapelineError as exc:
         _fail(exc)
+    _report(summary, as_json)
+
+
+def _report(summary: dict[str, Any], as_json: bool) -> None:
+    """Print a finished job's summary (JSON or text); exit 3 unless it completed."""
     if as_json:
         out.print_json(json.dumps(summary))
     else:
@@ -241,12 +246,7 @@ def _submit_http(settings: Settings, file: Path, url: str, token: str | None, pr
             client.close()
     except TapelineError as exc:
         _fail(exc)
-    if as_json:
-        out.print_json(json.dumps(summary))
-    else:
-        _print_summary(summary)
-    if summary["state"] != "completed":
-        raise typer.Exit(3)
+    _report(summary, as_json)
 
 
 def _print_summary(summary: dict[str, Any]) -> None:

@@ -165,15 +165,9 @@ class ObjectStore:
         return int(found.get("ContentLength", 0)), found.get("Metadata", {})
 
     def head_metadata(self, key: str) -> dict[str, str] | None:
-        """The user metadata of `key`, or None when it does not exist."""
-        try:
-            return self.s3.head_object(Bucket=self.bucket, Key=key).get("Metadata", {})
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise StorageError(f"head of {key} failed: {exc}") from exc
-        except BotoCoreError as exc:
-            raise StorageError(f"head of {key} failed: {exc}") from exc
+        """The user metadata of `key`, or None when it does not exist. Raises `StorageError`."""
+        found = self.head(key)
+        return None if found is None else found[1]
 
     def delete(self, key: str) -> None:
         """Remove `key` (no error when it is already gone)."""

@@ -128,9 +128,10 @@ class Pipeline:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def children(self) -> dict[str, int]:
-        """{role: pid} of the supervisor's live children, read from /proc."""
-        found = {}
+    def child_roles(self) -> list[tuple[str, int]]:
+        """(role, pid) of every live child of the supervisor, read from /proc (several per stage with
+        `*_workers`)."""
+        found = []
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -140,8 +141,12 @@ class Pipeline:
             except OSError:
                 continue
             if int(stat.rsplit(")", 1)[1].split()[1]) == self.process.pid and b"--role" in cmdline:
-                found[cmdline[cmdline.index(b"--role") + 1].decode()] = int(entry.name)
+                found.append((cmdline[cmdline.index(b"--role") + 1].decode(), int(entry.name)))
         return found
+
+    def children(self) -> dict[str, int]:
+        """{role: pid} of the supervisor's live children."""
+        return dict(self.child_roles())
 
 
 @pytest.fixture(scope="module")

@@ -57,15 +57,4 @@ def test_two_publish_workers_never_exceed_a_per_window_quota(fault_settings, tmp
 
 def _child_roles(pipeline: Pipeline) -> list[str]:
     """The `--role` of every live child of the supervisor (several per stage with `*_workers`)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pipeline.process.pid and b"--role" in cmdline:
-            found.append(cmdline[cmdline.index(b"--role") + 1].decode())
-    return found
+    return [role for role, _ in pipeline.child_roles()]
