@@ -31,16 +31,19 @@ import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
-from bench import lifecycles
-from projections import logread
-from projections.sql import connect
-from schemas import models as ev
-from schemas.codec import default_codec
-from tapeline import kafka, stack
-from tapeline.settings import Settings
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/replay.py` from the repo root
+
+from bench import lifecycles  # noqa: E402
+from projections import logread  # noqa: E402
+from projections.sql import connect  # noqa: E402
+from schemas import models as ev  # noqa: E402
+from schemas.codec import default_codec  # noqa: E402
+from tapeline import kafka, stack  # noqa: E402
+from tapeline.settings import Settings  # noqa: E402
 
 
 def generate(settings: Settings, events: int, seed: int = 7) -> tuple[int, float]:
