@@ -129,11 +129,16 @@ def fold_batch(decoded: list[Decoded], rows: dict[str, dict[str, Any]], seen: "s
     """
     out = Folded()
     evidence, clock = out.evidence, out.clock
+    last_millis, ts = None, None
     for message, event, error in decoded:
         topic, partition, offset = message.topic(), message.partition(), message.offset()
-        ts = broker_time(message)
+        millis = message.timestamp()[1]
+        if millis != last_millis:  # records of one producer batch share their LogAppendTime
+            last_millis, ts = millis, broker_time(message)
         if topic == clock_topic:
-            clock[partition] = max(ts, clock.get(partition, ts))
+            now = clock.get(partition)
+            if now is None or ts > now:
+                clock[partition] = ts
         if isinstance(event, ev.WatchdogTick):
             continue
         if event is None:

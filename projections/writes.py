@@ -43,14 +43,16 @@ def copy_or_insert(conn: psycopg.Connection, table: str, columns: Sequence[str],
 
 
 def copy_rows(conn: psycopg.Connection, table: str, columns: Sequence[str], rows: Iterable[tuple],
-              types: Sequence[str] | None = None, queued: bool = False) -> None:
+              types: Sequence[str] | None = None, queued: bool = False, freeze: bool = False) -> None:
     """`COPY table (columns) FROM STDIN` of `rows` (tuples in `columns` order); binary when `types`
     (the PostgreSQL type of each column) is given, text otherwise. `queued`: a thread of psycopg's
-    sends the data while this one formats more rows (the server parses while we decode). Raises what
+    sends the data while this one formats more rows (the server parses while we decode). `freeze`:
+    `COPY ... FREEZE` (the table must have been created or truncated in this transaction). Raises what
     PostgreSQL raises."""
     names = ", ".join(f'"{c}"' for c in columns)
-    binary = " (FORMAT binary)" if types else ""
-    with conn.cursor() as cur, cur.copy(f"COPY {table} ({names}) FROM STDIN{binary}",
+    options = [option for option, wanted in (("FORMAT binary", types), ("FREEZE", freeze)) if wanted]
+    with conn.cursor() as cur, cur.copy(f"COPY {table} ({names}) FROM STDIN"
+                                        + (f" ({', '.join(options)})" if options else ""),
                                         writer=QueuedLibpqWriter(cur) if queued else None) as copy:
         if types:
             copy.set_types(list(types))

@@ -143,42 +143,100 @@ class Event(_Frozen):
         """The model of a record the codec just decoded (so resolved to the current schema of its type).
 
         For an event type whose fields are all plain scalars (`str`, `int`, `float`, `bool`,
-        `datetime`, or `None` for an optional one) and that has no validators, the Avro reader has
-        already guaranteed every field's type, so the model is built around `record` (which it then
-        owns) without validation: about 1 µs instead of 10-15 µs. Heartbeats and checkpoints, most of
-        the log, are such types. Anything else (nested records, lists, maps, bytes, a field count that
-        is not the model's) goes through `from_record`. Raises `SchemaError` like `from_record`.
+        `datetime`, or `None` for an optional one), nested records of such scalars, or lists of
+        those, and that has no validators, the Avro reader has already guaranteed every field's
+        type, so the model is built around `record` (which it then owns) without validation: about
+        1 µs instead of 10-15 µs (40 µs for a `JobAccepted`). Heartbeats and checkpoints, most of
+        the log, are such types. Anything else (maps, bytes, a field count that is not the model's)
+        goes through `from_record`. Raises `SchemaError` like `from_record`.
         """
         cls = Event.registry.get(record.get("event_type", ""))
-        if cls is not None and len(record) == _scalar_field_count(cls):
-            event = cls.__new__(cls)
-            object.__setattr__(event, "__dict__", record)
-            object.__setattr__(event, "__pydantic_fields_set__", set(record))
-            object.__setattr__(event, "__pydantic_extra__", None)
-            object.__setattr__(event, "__pydantic_private__", None)
-            return event
+        plan = _plan(cls) if cls is not None else None
+        if plan is not None and len(record) == plan[0]:
+            try:
+                for name, model, many in plan[1]:
+                    value = record[name]
+                    if many:
+                        record[name] = [_bare(model, item) for item in value]
+                    elif value is not None:
+                        record[name] = _bare(model, value)
+            except _NotBare:
+                return Event.from_record(record)
+            return _bare(cls, record)
         return Event.from_record(record)
 
 
 _SCALARS = (str, int, float, bool, datetime, type(None))
-_scalar_counts: dict[type, int] = {}
+_plans: dict[type, "tuple[int, tuple[tuple[str, type | None, bool], ...]] | None"] = {}
 
 
-def _scalar_field_count(cls: type[Event]) -> int:
-    """How many fields `cls` has when every one is a plain scalar (or optional scalar) and the class
-    has no validators or private attributes; -1 otherwise (so no decoded record matches it)."""
-    count = _scalar_counts.get(cls)
-    if count is None:
-        decorators = cls.__pydantic_decorators__
-        plain = not (decorators.validators or decorators.field_validators or decorators.model_validators
-                     or decorators.root_validators or cls.__private_attributes__)
-        for field in cls.model_fields.values():
-            annotation = field.annotation
-            members = typing.get_args(annotation) if isinstance(annotation, types.UnionType) or \
-                typing.get_origin(annotation) is typing.Union else (annotation,)
-            plain = plain and all(member in _SCALARS for member in members) and not field.metadata
-        count = _scalar_counts[cls] = len(cls.model_fields) if plain else -1
-    return count
+class _NotBare(Exception):
+    """A nested record whose field count is not its model's: validate the whole event instead."""
+
+
+def _bare(cls: type[BaseModel], values: dict) -> BaseModel:
+    """An instance of `cls` around `values` (which it then owns), without validation."""
+    if type(values) is not dict or len(values) != len(cls.model_fields):
+        raise _NotBare(cls.__name__)
+    instance = cls.__new__(cls)
+    object.__setattr__(instance, "__dict__", values)
+    object.__setattr__(instance, "__pydantic_fields_set__", set(values))
+    object.__setattr__(instance, "__pydantic_extra__", None)
+    object.__setattr__(instance, "__pydantic_private__", None)
+    return instance
+
+
+def _members(annotation: Any) -> tuple:
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return typing.get_args(annotation)
+    return (annotation,)
+
+
+def _plain_class(cls: type[BaseModel]) -> bool:
+    decorators = cls.__pydantic_decorators__
+    return not (decorators.validators or decorators.field_validators or decorators.model_validators
+                or decorators.root_validators or cls.__private_attributes__)
+
+
+def _scalar_only(cls: Any) -> bool:
+    """A model class with no validators whose fields are all (optional) plain scalars."""
+    return isinstance(cls, type) and issubclass(cls, BaseModel) and _plain_class(cls) and all(
+        all(member in _SCALARS for member in _members(field.annotation)) and not field.metadata
+        for field in cls.model_fields.values())
+
+
+def _plan(cls: type[Event]) -> "tuple[int, tuple[tuple[str, type | None, bool], ...]] | None":
+    """How `from_decoded` builds `cls` without validation: (field count, nested fields as (name,
+    model or None for a list of scalars, is a list)); None when it cannot (a map, bytes, a validator,
+    a nested model with non-scalar fields)."""
+    if cls in _plans:
+        return _plans[cls]
+    plan: "tuple[int, tuple[tuple[str, type | None, bool], ...]] | None" = None
+    if _plain_class(cls):
+        nested = []
+        for name, field in cls.model_fields.items():
+            members = _members(field.annotation)
+            if field.metadata:
+                break
+            if all(member in _SCALARS for member in members):
+                continue
+            if len(members) == 1 and _scalar_only(members[0]):
+                nested.append((name, members[0], False))
+            elif len(members) == 2 and type(None) in members and _scalar_only(
+                    next(member for member in members if member is not type(None))):
+                nested.append((name, next(member for member in members if member is not type(None)), False))
+            elif len(members) == 1 and typing.get_origin(members[0]) is list and _scalar_only(
+                    typing.get_args(members[0])[0]):
+                nested.append((name, typing.get_args(members[0])[0], True))
+            elif len(members) == 1 and typing.get_origin(members[0]) is list and \
+                    typing.get_args(members[0])[0] in (str, int, float, bool):
+                continue  # a list of scalars: the Avro array is already that list
+            else:
+                break
+        else:
+            plan = (len(cls.model_fields), tuple(nested))
+    _plans[cls] = plan
+    return plan
 
 
 class UploadCompleted(Event):

@@ -9,6 +9,7 @@ import pytest
 from fastavro.utils import generate_many
 
 from schemas import models as ev
+from schemas import codec as codec_module
 from schemas.codec import MAGIC, Codec, default_codec, schema_fingerprint
 from schemas.register import incompatibilities, registered_versions
 from tapeline.errors import DecodeError, SchemaError
@@ -123,3 +124,20 @@ def test_encoding_a_record_that_does_not_fit_is_a_schema_error():
         codec.encode({"event_type": "JobFailed", "job_id": 5})
     with pytest.raises(SchemaError):
         codec.encode({"event_type": "NoSuchEvent"})
+
+
+@pytest.mark.parametrize("trailing", [b"x", b"\x00", codec_module._END[:-1], codec_module._END,
+                                      codec_module._END + b"more"])
+def test_trailing_bytes_after_a_valid_body_are_a_decode_error(trailing):
+    event = ev.JobFailed.new(job_id="j", stage="transcode", attempt=1, recorded_by="t", correlation_id="u",
+                             error_class="invalid_input", reason="bad")
+    with pytest.raises(DecodeError, match="trailing bytes"):
+        codec.decode(codec.encode(event.to_record()) + trailing, topic="t", partition=0, offset=1)
+
+
+def test_a_bytes_field_holding_the_fast_readers_end_mark_still_decodes():
+    value = b"raw " + codec_module._END + b" tail"  # the slow path reads it (no string can hold the mark: \xff)
+    event = ev.DeadLetter.new(job_id="j", stage="intake", attempt=0, recorded_by="t", correlation_id="u",
+                              source_topic="t.uploads", source_partition=0, source_offset=3, value=value,
+                              error_class="invalid_input", error="undecodable", processor="intake")
+    assert codec.decode(codec.encode(event.to_record()))["value"] == value
