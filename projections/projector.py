@@ -274,6 +274,19 @@ def _dead_letter(id: str, kind: str, topic: str | None, partition: int | None, o
             "evidence": evidence, "seen_by": [seen_by]}
 
 
+OTHER_CLUSTER = "this database's projections were built from another Kafka cluster; refusing to mix them"
+OTHER_CLUSTER_FIX = ("rebuild: `tapeline replay --into fresh` then `--swap fresh`, or point TAPELINE_DATABASE_URL "
+                     "at a new database (locally: `runuser -u postgres -- dropdb tapeline`, then `make demo`)")
+
+
+def other_cluster(conn: psycopg.Connection, cluster_id: str, projection: str = "main") -> str | None:
+    """The Kafka cluster id `projection` was built from, when it is not `cluster_id` (the broker's);
+    None when they match or nothing is recorded yet. The projector idles on a mismatch."""
+    row = conn.execute("SELECT cluster_id FROM projection_source WHERE projection = %s", (projection,)).fetchone()
+    stored = None if row is None else (row["cluster_id"] if isinstance(row, dict) else row[0])
+    return stored if stored is not None and stored != cluster_id else None
+
+
 def job_params(row: dict[str, Any]) -> dict[str, Any]:
     """`row` as parameters of `UPSERT_JOB` (JSON columns wrapped as jsonb)."""
     return {c: (Jsonb(row[c]) if c in JSON_COLUMNS and row.get(c) is not None else row.get(c))
@@ -302,13 +315,10 @@ class Projector:
         cluster = consumer.list_topics(timeout=10).cluster_id
         conn.execute("INSERT INTO projection_source (projection, cluster_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
                      (self.projection, cluster))
-        row = conn.execute("SELECT cluster_id FROM projection_source WHERE projection = %s", (self.projection,)).fetchone()
-        if row["cluster_id"] == cluster:
+        stored = other_cluster(conn, cluster, self.projection)
+        if stored is None:
             return True
-        log.error("this database's projections were built from another Kafka cluster; refusing to mix them",
-                  stored_cluster=row["cluster_id"], broker_cluster=cluster,
-                  fix="rebuild: `tapeline replay --into fresh` then `--swap fresh`, or point TAPELINE_DATABASE_URL "
-                      "at a new database (locally: dropdb and `tapeline migrate`)")
+        log.error(OTHER_CLUSTER, stored_cluster=stored, broker_cluster=cluster, fix=OTHER_CLUSTER_FIX)
         while not stop.wait(1.0):
             pass
         return False

@@ -125,13 +125,17 @@ def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f
 def _wait_for_job(settings: Settings, job_id: str, timeout_s: float, show_progress: bool) -> dict[str, Any]:
     from projections import read
 
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline, next_cluster_check = started + timeout_s, started + 3.0
     with read.open_reader(settings) as conn:
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
                       TimeElapsedColumn(), console=console, disable=not show_progress, transient=False) as bar:
             task = bar.add_task("waiting for intake", total=100)
             while True:
                 row = read.job_row(conn, job_id)
+                if row is None and time.monotonic() > next_cluster_check:
+                    _refuse_other_cluster(settings, conn)  # the projector would never show the job
+                    next_cluster_check = time.monotonic() + 15.0
                 if row is not None:
                     bar.update(task, completed=read.percent_done(row),
                                description=f"{row['stage']} attempt {row['attempt']}: {row['state']}")
@@ -142,6 +146,23 @@ def _wait_for_job(settings: Settings, job_id: str, timeout_s: float, show_progre
                                         f"(state: {row['state'] if row else 'not yet accepted'}); "
                                         "are the processors running? `tapeline run --role all --detach`")
                 time.sleep(0.3)
+
+
+def _refuse_other_cluster(settings: Settings, conn) -> None:
+    """Raise TapelineError when the projections were built from another Kafka cluster than the
+    broker's (the projector then idles, and a job is never shown)."""
+    from projections.projector import OTHER_CLUSTER, OTHER_CLUSTER_FIX, other_cluster
+    from tapeline import kafka
+
+    client = kafka.consumer(settings, f"{settings.app_name}.cli-check")
+    try:
+        cluster = client.list_topics(timeout=10).cluster_id
+    finally:
+        client.close()
+    stored = other_cluster(conn, cluster) if cluster else None
+    if stored is not None:
+        raise TapelineError(f"{OTHER_CLUSTER} (database: {stored}, broker: {cluster}); the projector waits "
+                            f"and shows no job. Fix: {OTHER_CLUSTER_FIX}")
 
 
 @app.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 import psycopg
@@ -148,6 +149,25 @@ def test_projector_refuses_offsets_from_another_kafka_cluster(isolated, written)
     with psycopg.connect(isolated.database_url, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM lifecycle_evidence").fetchone()[0] == before
         conn.execute("UPDATE projection_source SET cluster_id = %s", (_cluster_id(isolated),))
+
+
+def test_waiting_for_a_job_fails_fast_when_the_projections_come_from_another_cluster(isolated, written):
+    from tapeline.cli import _wait_for_job
+    from tapeline.errors import TapelineError
+
+    run_projector_until_caught_up(isolated)  # records this cluster
+    with psycopg.connect(isolated.database_url, autocommit=True) as conn:
+        conn.execute("UPDATE projection_source SET cluster_id = 'another-cluster'")
+    try:
+        started = time.monotonic()
+        with pytest.raises(TapelineError) as info:  # not the whole timeout's "are the processors running?"
+            _wait_for_job(isolated, str(uuid.uuid4()), timeout_s=60, show_progress=False)
+        assert time.monotonic() - started < 20
+        assert "another Kafka cluster" in str(info.value) and "another-cluster" in str(info.value)
+        assert _cluster_id(isolated) in str(info.value) and "tapeline replay --into" in str(info.value)
+    finally:
+        with psycopg.connect(isolated.database_url, autocommit=True) as conn:
+            conn.execute("UPDATE projection_source SET cluster_id = %s", (_cluster_id(isolated),))
 
 
 def _cluster_id(settings):
