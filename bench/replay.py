@@ -127,8 +127,10 @@ def measure_replay(settings: Settings, schema: str) -> tuple[dict, float]:
                           env=env, stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:
         raise SystemExit(f"replay failed ({done.returncode})")
-    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # Linux: kilobytes
-    return json.loads(done.stdout), peak_kb / 1024
+    summary = json.loads(done.stdout)
+    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # Linux: kilobytes; the largest process
+    # With workers, the sum of every process's peak (the replay's own figure); else the child's peak.
+    return summary, max(summary.get("rss_mb", 0.0), peak_kb / 1024)
 
 
 def measure_copy(settings: Settings, schema: str) -> tuple[int, float, float]:
@@ -187,7 +189,8 @@ def main() -> None:
         summary, rss_mb = measure_replay(settings, schema)
         replay_rate = summary["records"] / summary["elapsed_s"]
         print(f"(b) replay into PostgreSQL ({schema}): {summary['records']:,} in {summary['elapsed_s']:.1f} s = "
-              f"{replay_rate:,.0f} events/s, peak RSS {rss_mb:.0f} MB; rows {summary['rows']}")
+              f"{replay_rate:,.0f} events/s with {summary.get('workers', 1)} process(es), peak RSS {rss_mb:.0f} MB "
+              f"(all processes); rows {summary['rows']}")
         if summary.get("phases_s"):
             print(f"    seconds per phase: {summary['phases_s']}")
         rows, indexed_s, build_after_s = measure_copy(settings, schema)

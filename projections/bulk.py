@@ -35,14 +35,14 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import psycopg
 from psycopg import sql
 from psycopg.copy import QueuedLibpqWriter
 
 from projections import fold, writes
-from projections.projector import BatchResult, Decoded, decode_batch, fold_batch, job_params, write_offsets
+from projections.projector import BatchResult, Decoded, Folded, decode_batch, fold_batch, job_params, write_offsets
 from projections.sql import q
 
 BULK_TABLES = ("lifecycle_evidence", "applied_dedup_keys", "job_state", "uploads")
@@ -63,16 +63,8 @@ class BulkReplay:
         """`flush_rows`: final job rows (or slices with dead letters) kept before the evidence COPY is
         ended to write them (bounds memory; each flush makes the server catch up once)."""
         self.conn, self.projection = conn, projection
-        self.clock_topic, self.dlq_topic = clock_topic, dlq_topic
-        self.rows: dict[str, dict[str, Any]] = {}
-        self.seen = KeySet()
-        self.uploads: dict[str, list] = {}
-        self.clock: dict[int, Any] = {}
-        self.positions: dict[tuple[str, int], int] = {}
+        self.state = FoldState(clock_topic, dlq_topic, flush_rows)
         self.deferred: list[str] = []
-        self.flush_rows = flush_rows
-        self.pending_final: list[str] = []
-        self.pending_dead: list[tuple[list, list]] = []
         self._copy = self._copy_cm = self._cursor = None
         self.phases: dict[str, float] = {}
         """Seconds spent per phase (decode, fold, copy_evidence, write_final_rows, build_indexes, commit)."""
@@ -94,57 +86,33 @@ class BulkReplay:
 
     def apply(self, messages: list, end_positions: dict[tuple[str, int], int] | None = None) -> BatchResult:
         """Fold one slice (in consumption order) and stream its evidence; returns its counts."""
+        result, folded = self.state.fold(messages, end_positions, self.phases)
         started = time.perf_counter()
-        result = BatchResult(records=len(messages), positions=self.positions)
-        decoded: list[Decoded] = decode_batch(messages, result, end_positions)
-        decoded_at = time.perf_counter()
-        folded = fold_batch(decoded, self.rows, self.seen, result, self.clock_topic, self.dlq_topic,
-                            binary_payload=True)
-        folded_at = time.perf_counter()
         if folded.evidence:
             copy = self._evidence_copy()
             for row in folded.evidence:
                 copy.write_row(row)
-        # A job in a final state never changes again (fold.evolve returns it as is, not applied, for
-        # any later event, looking at its state only): its row is written at the next flush, then
-        # only a stub stays in memory.
-        self.pending_final.extend(job_id for job_id in folded.changed
-                                  if self.rows[job_id]["state"] in fold.FINAL_STATES)
-        if folded.dead or folded.replays:
-            self.pending_dead.append((folded.dead, folded.replays))
-        self._add("decode", decoded_at - started)
-        self._add("fold", folded_at - decoded_at)
-        self._add("copy_evidence", time.perf_counter() - folded_at)
-        for upload in folded.uploads:  # upsert_upload: the first copy's fields, every copy counted
-            kept = self.uploads.get(upload["upload_id"])
-            if kept is None:
-                self.uploads[upload["upload_id"]] = [upload[c] for c in UPLOAD_COLUMNS[:-1]] + [1]
-            else:
-                kept[-1] += 1
-        for partition, now in folded.clock.items():  # advance_log_clock: never backwards
-            if partition not in self.clock or now > self.clock[partition]:
-                self.clock[partition] = now
-        if len(self.pending_final) >= self.flush_rows or len(self.pending_dead) >= self.flush_rows:
+        self._add("copy_evidence", time.perf_counter() - started)
+        if self.state.flush_due():
             self._flush()
         return result
 
-    def finish(self) -> None:
-        """Write the final rows and offsets, rebuild the deferred indexes, and commit."""
+    def finish(self, before_final_rows: Callable[[psycopg.Connection], None] | None = None) -> None:
+        """Write the final rows and offsets, rebuild the deferred indexes, and commit.
+        `before_final_rows(conn)` runs once the evidence COPY has ended (to write more rows)."""
         try:
             conn = self.conn
             self._flush()
             started = time.perf_counter()
-            writes.copy_rows(conn, "job_state", fold.JOB_STATE_COLUMNS,
-                             (_job_tuple(row) for row in self.rows.values() if row.get("job_id") is not None),
-                             freeze=True)
-            writes.copy_rows(conn, "applied_dedup_keys", ("dedup_key",), ((key,) for key in self.seen), freeze=True)
-            writes.copy_rows(conn, "uploads", UPLOAD_COLUMNS, (tuple(row) for row in self.uploads.values()),
+            if before_final_rows is not None:
+                before_final_rows(conn)
+            state = self.state
+            writes.copy_rows(conn, "job_state", fold.JOB_STATE_COLUMNS, state.open_rows(), freeze=True)
+            writes.copy_rows(conn, "applied_dedup_keys", ("dedup_key",), ((key,) for key in state.seen), freeze=True)
+            writes.copy_rows(conn, "uploads", UPLOAD_COLUMNS, (tuple(row) for row in state.uploads.values()),
                              freeze=True)
             with conn.cursor() as cur:
-                if self.clock:
-                    cur.executemany(q("advance_log_clock"),
-                                    [{"partition": p, "now": now} for p, now in self.clock.items()])
-                write_offsets(cur, self.projection, self.positions)
+                write_clock_and_offsets(cur, self.projection, state.clock, state.positions)
                 indexed_at = time.perf_counter()
                 self._add("write_final_rows", indexed_at - started)
                 for statement in self.deferred:
@@ -156,23 +124,46 @@ class BulkReplay:
         finally:
             self._restore_gc()
 
-    def _evidence_copy(self):
+    def _evidence_copy(self, raw: bool = False):
         """The evidence COPY, opened on first use and kept open across slices (the server parses
-        while the next slice is decoded), until a flush needs the connection for other statements."""
+        while the next slice is decoded), until a flush needs the connection for other statements.
+        `raw`: the caller writes rows already in binary COPY format (`write_evidence_rows`)."""
         if self._copy is None:
             self._cursor = self.conn.cursor()
             names = ", ".join(f'"{c}"' for c in writes.EVIDENCE_COLUMNS)
+            # Rows formatted here: a thread of psycopg's sends while this one formats more. Rows
+            # formatted elsewhere (raw): sent directly, so at most one chunk waits in memory.
             self._copy_cm = self._cursor.copy(f"COPY lifecycle_evidence ({names}) FROM STDIN (FORMAT binary, FREEZE)",
-                                              writer=QueuedLibpqWriter(self._cursor))
+                                              writer=None if raw else QueuedLibpqWriter(self._cursor))
             self._copy = self._copy_cm.__enter__()
-            self._copy.set_types(list(writes.EVIDENCE_TYPES))
+            self._raw = raw
+            if raw:
+                self._copy.write(writes.BINARY_COPY_HEADER)
+            else:
+                self._copy.set_types(list(writes.EVIDENCE_TYPES))
         return self._copy
+
+    _raw = False
+
+    def write_evidence_rows(self, data: bytes) -> None:
+        """Evidence rows already encoded in binary COPY format (`writes.BinaryRows`), e.g. by a replay worker."""
+        started = time.perf_counter()
+        self._evidence_copy(raw=True).write(data)
+        self._add("copy_evidence", time.perf_counter() - started)
+
+    def queue_dead(self, dead: list, replays: list) -> None:
+        """Dead letters and replay marks to write at the next flush (in this order)."""
+        self.state.pending_dead.append((dead, replays))
+        if self.state.flush_due():
+            self._flush()
 
     def _close_copy(self, exc: BaseException | None = None) -> None:
         if self._copy is not None:
-            copy_cm, cursor = self._copy_cm, self._cursor
+            copy, copy_cm, cursor = self._copy, self._copy_cm, self._cursor
             self._copy = self._copy_cm = self._cursor = None
             try:
+                if self._raw and exc is None:
+                    copy.write(writes.BINARY_COPY_TRAILER)
                 copy_cm.__exit__(type(exc) if exc else None, exc, None)
             finally:
                 cursor.close()
@@ -184,20 +175,17 @@ class BulkReplay:
         self._close_copy()
         closed = time.perf_counter()
         self._add("copy_evidence", closed - started)
-        if self.pending_final:
-            writes.copy_rows(self.conn, "job_state", fold.JOB_STATE_COLUMNS,
-                             [_job_tuple(self.rows[job_id]) for job_id in self.pending_final], freeze=True)
-            for job_id in self.pending_final:
-                self.rows[job_id] = _FINAL_STUBS[self.rows[job_id]["state"]]
-            self.pending_final = []
-        if self.pending_dead:
+        final_rows = self.state.take_final_rows()
+        if final_rows:
+            writes.copy_rows(self.conn, "job_state", fold.JOB_STATE_COLUMNS, final_rows, freeze=True)
+        pending_dead = self.state.take_dead()
+        if pending_dead:
             with self.conn.cursor() as cur:
-                for dead, replays in self.pending_dead:
+                for dead, replays in pending_dead:
                     if dead:
                         cur.executemany(q("upsert_dead_letter"), dead)
                     if replays:
                         cur.executemany(q("mark_dead_letter_replayed"), replays)
-            self.pending_dead = []
         self._add("write_final_rows", time.perf_counter() - closed)
 
     def abort(self, exc: BaseException | None = None) -> None:
@@ -240,6 +228,88 @@ class BulkReplay:
             conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(name)))
             recreate.append(definition)
         return recreate
+
+
+class FoldState:
+    """The in-memory fold of a fresh replay: job rows, applied dedup keys, uploads, the log clock
+    and positions, folded slice by slice with the projector's own `decode_batch` and `fold_batch`.
+
+    Shared by the one-process bulk path (`BulkReplay`) and the replay workers
+    (`projections/partitioned.py`). A job whose row reaches a final state is queued for writing
+    (`take_final_rows`) and then kept as a `{"state": ...}` stub; dead letters and replay marks are
+    queued in log order (`take_dead`).
+    """
+
+    def __init__(self, clock_topic: str | None = None, dlq_topic: str | None = None, flush_rows: int = 2000) -> None:
+        """`flush_rows`: final job rows (or slices with dead letters) queued before `flush_due`."""
+        self.clock_topic, self.dlq_topic, self.flush_rows = clock_topic, dlq_topic, flush_rows
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.seen = KeySet()
+        self.uploads: dict[str, list] = {}
+        """upload id -> `UPLOAD_COLUMNS` values (the first copy's fields, then the count of copies)."""
+        self.clock: dict[int, Any] = {}
+        self.positions: dict[tuple[str, int], int] = {}
+        self.pending_final: list[str] = []
+        self.pending_dead: list[tuple[list, list]] = []
+
+    def fold(self, messages: list, end_positions: dict[tuple[str, int], int] | None,
+             phases: dict[str, float]) -> tuple[BatchResult, Folded]:
+        """Decode and fold one slice (in consumption order); seconds spent go to `phases` (decode, fold)."""
+        started = time.perf_counter()
+        result = BatchResult(records=len(messages), positions=self.positions)
+        decoded: list[Decoded] = decode_batch(messages, result, end_positions)
+        decoded_at = time.perf_counter()
+        folded = fold_batch(decoded, self.rows, self.seen, result, self.clock_topic, self.dlq_topic,
+                            binary_payload=True)
+        # A job in a final state never changes again (fold.evolve returns it as is, not applied, for
+        # any later event, looking at its state only): its row is written at the next flush, then
+        # only a stub stays in memory.
+        rows = self.rows
+        self.pending_final.extend(job_id for job_id in folded.changed if rows[job_id]["state"] in fold.FINAL_STATES)
+        if folded.dead or folded.replays:
+            self.pending_dead.append((folded.dead, folded.replays))
+        for upload in folded.uploads:  # upsert_upload: the first copy's fields, every copy counted
+            kept = self.uploads.get(upload["upload_id"])
+            if kept is None:
+                self.uploads[upload["upload_id"]] = [upload[c] for c in UPLOAD_COLUMNS[:-1]] + [1]
+            else:
+                kept[-1] += 1
+        for partition, now in folded.clock.items():  # advance_log_clock: never backwards
+            if partition not in self.clock or now > self.clock[partition]:
+                self.clock[partition] = now
+        phases["decode"] = phases.get("decode", 0.0) + decoded_at - started
+        phases["fold"] = phases.get("fold", 0.0) + time.perf_counter() - decoded_at
+        return result, folded
+
+    def flush_due(self) -> bool:
+        """Whether `flush_rows` final rows or slices with dead letters are queued."""
+        return len(self.pending_final) >= self.flush_rows or len(self.pending_dead) >= self.flush_rows
+
+    def take_final_rows(self) -> list[tuple]:
+        """The queued final jobs' rows (`fold.JOB_STATE_COLUMNS` order); they become stubs."""
+        rows, taken = self.rows, []
+        for job_id in self.pending_final:
+            taken.append(_job_tuple(rows[job_id]))
+            rows[job_id] = _FINAL_STUBS[rows[job_id]["state"]]
+        self.pending_final = []
+        return taken
+
+    def take_dead(self) -> list[tuple[list, list]]:
+        """The queued (dead letters, replay marks) of each slice that had some, in log order."""
+        taken, self.pending_dead = self.pending_dead, []
+        return taken
+
+    def open_rows(self) -> Iterator[tuple]:
+        """Rows of the jobs not written yet (`fold.JOB_STATE_COLUMNS` order); call after `take_final_rows`."""
+        return (_job_tuple(row) for row in self.rows.values() if row.get("job_id") is not None)
+
+
+def write_clock_and_offsets(cur: psycopg.Cursor, projection: str, clock: dict[int, Any],
+                            positions: dict[tuple[str, int], int]) -> None:
+    """The log clock (latest broker time per lifecycle partition) and the projection's offsets."""
+    if clock:
+        cur.executemany(q("advance_log_clock"), [{"partition": p, "now": now} for p, now in clock.items()])
+    write_offsets(cur, projection, positions)
 
 
 _FINAL_STUBS = {state: {"state": state} for state in fold.FINAL_STATES}

@@ -64,6 +64,10 @@ def replay(into: Optional[str] = typer.Option(None, "--into", help="Schema to re
                                          help="With --swap: first apply what the log gained since the replay"),
            batch_size: int = typer.Option(5000, "--batch-size", envvar="TAPELINE_REPLAY_BATCH_SIZE",
                                           help="Records per PostgreSQL transaction"),
+           workers: Optional[int] = typer.Option(None, "--workers", min=1, envvar="TAPELINE_REPLAY_WORKERS",
+                                                 help="Processes that decode and fold a fresh replay, the partitions "
+                                                      "split among them (default: one per core from 200,000 "
+                                                      "offsets; 1: no workers)"),
            as_json: bool = typer.Option(False, "--json", help="Print one JSON object")) -> None:
     """Rebuild the projections from offset 0 into a fresh schema (--into), or swap one in (--swap).
 
@@ -83,7 +87,7 @@ def replay(into: Optional[str] = typer.Option(None, "--into", help="Schema to re
         if into is not None:
             with progress_bar(f"replay into {into}", disable=as_json) as (on_start, on_progress):
                 result = run_replay(settings, into, as_of=parse_time(as_of), force=force, batch_size=batch_size,
-                                    on_start=on_start, on_progress=on_progress)
+                                    workers=workers, on_start=on_start, on_progress=on_progress)
             _print_replay(result, as_json)
             return
         if catch_up:
@@ -106,13 +110,14 @@ def _print_replay(result, as_json: bool) -> None:
     summary = {"schema": result.schema, "records": result.records, "applied": result.applied,
                "duplicates": result.duplicates, "superseded": result.superseded,
                "dead_letters": result.dead_letters, "elapsed_s": round(result.elapsed_s, 3),
-               "events_per_s": round(result.events_per_s), "rows": result.rows,
+               "events_per_s": round(result.events_per_s), "workers": result.workers,
+               "rss_mb": round(result.rss_mb, 1), "rows": result.rows,
                "phases_s": {name: round(seconds, 3) for name, seconds in result.phases.items()}}
     if as_json:
         out.print_json(json.dumps(summary))
         return
     out.print(f"replayed {result.records} records into {result.schema} in {result.elapsed_s:.1f} s "
-              f"({result.events_per_s:,.0f}/s): applied {result.applied}, duplicates {result.duplicates}, "
+              f"({result.events_per_s:,.0f}/s, {result.workers} process{'es' if result.workers > 1 else ''}): applied {result.applied}, duplicates {result.duplicates}, "
               f"superseded {result.superseded}, undecodable {result.dead_letters}")
     table = Table("table", "rows", title=f"schema {result.schema}")
     for name, count in result.rows.items():

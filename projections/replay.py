@@ -11,6 +11,7 @@ creates a producer.
 
 from __future__ import annotations
 
+import resource
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -19,7 +20,7 @@ from typing import Callable
 import psycopg
 from psycopg import sql
 
-from projections import logread
+from projections import logread, partitioned
 from projections.bulk import BulkReplay
 from projections.pgschema import prepare_fresh
 from projections.projector import Projector, apply_batch
@@ -40,7 +41,12 @@ class ReplayResult:
     rows: dict[str, int] = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)
     """Seconds per phase (bulk path): read (consume from Kafka), decode, fold, copy_evidence,
-    write_final_rows, build_indexes, commit."""
+    write_final_rows, build_indexes, commit; with workers, also wait (the writer idle) and encode,
+    and read, decode, fold and encode are summed over the workers."""
+    workers: int = 1
+    """Processes that decoded and folded (`projections/partitioned.py`); 1: the replay's own."""
+    rss_mb: float = 0.0
+    """Peak resident memory in MB: the replay process's, plus each worker's peak when there were workers."""
 
     @property
     def events_per_s(self) -> float:
@@ -49,7 +55,7 @@ class ReplayResult:
 
 def replay(settings: Settings, schema: str, *, as_of: datetime | None = None, force: bool = False,
            fresh: bool = True, batch_size: int = 5000, projection: str = "main", bulk: bool = True,
-           on_start: Callable[[int], None] | None = None,
+           workers: int | None = None, on_start: Callable[[int], None] | None = None,
            on_progress: Callable[[int], None] | None = None) -> ReplayResult:
     """Rebuild into `schema`. `fresh`: start from an empty schema (refusing a non-empty one unless
     `force`); otherwise continue from the offsets stored in `schema` (a catch-up before a swap).
@@ -57,7 +63,10 @@ def replay(settings: Settings, schema: str, *, as_of: datetime | None = None, fo
     `as_of` keeps records whose broker timestamp is at or before it. `on_start(total_offsets)` and
     `on_progress(offsets_done)` drive a progress bar. `bulk` (fresh only): the in-memory fold with
     COPY (`projections/bulk.py`, one transaction: a crash leaves the schema empty); False applies
-    `batch_size` records per transaction with `apply_batch`, like the projector.
+    `batch_size` records per transaction with `apply_batch`, like the projector. `workers` (bulk
+    only): processes that decode and fold, partitions split among them (`projections/partitioned.py`,
+    still one transaction); None picks `partitioned.default_workers`, 1 folds in this process.
+    Raises `partitioned.ReplayFailed` when a worker fails (rolled back).
     """
     check_schema_name(schema)
     if fresh:
@@ -77,8 +86,7 @@ def replay(settings: Settings, schema: str, *, as_of: datetime | None = None, fo
         use_bulk = fresh and bulk
         # The bulk path keeps its state in memory: cap what librdkafka prefetches (RSS) to 8 MB.
         consumer = logread.reader(settings, "replay", queue_kbytes=8 * 1024 if use_bulk else 256 * 1024)
-        writer = BulkReplay(conn, projection, clock_topic=settings.jobs_topic, dlq_topic=settings.dlq_topic) \
-            if use_bulk else None
+        writer = None
         try:
             # Until is exclusive in `bounds`; as-of includes its own millisecond.
             until = as_of + timedelta(milliseconds=1) if as_of is not None else None
@@ -86,6 +94,22 @@ def replay(settings: Settings, schema: str, *, as_of: datetime | None = None, fo
             result.offsets_total = span.total
             if on_start is not None:
                 on_start(span.total)
+            if use_bulk:
+                result.workers = workers or partitioned.default_workers(span.total)
+            if result.workers > 1:
+                consumer.close()
+                consumer = None
+                outcome = partitioned.run(settings, conn, span, result.workers, projection, batch_size=batch_size,
+                                          on_progress=on_progress)
+                result.workers = outcome.workers
+                for name in ("records", "applied", "duplicates", "superseded", "dead_letters"):
+                    setattr(result, name, getattr(outcome.counts, name))
+                result.phases, result.rss_mb = outcome.phases, outcome.rss_mb
+                result.elapsed_s = time.monotonic() - started
+                result.rows = row_counts(conn, schema)
+                return result
+            if use_bulk:
+                writer = BulkReplay(conn, projection, clock_topic=settings.jobs_topic, dlq_topic=settings.dlq_topic)
             pieces = logread.read(consumer, span, batch_size=batch_size, on_progress=on_progress)
             while True:
                 reading = time.perf_counter()
@@ -112,7 +136,9 @@ def replay(settings: Settings, schema: str, *, as_of: datetime | None = None, fo
                 writer.abort(exc)
             raise
         finally:
-            consumer.close()
+            if consumer is not None:
+                consumer.close()
+        result.rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         result.elapsed_s = time.monotonic() - started
         result.rows = row_counts(conn, schema)
     return result

@@ -12,7 +12,14 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 import psycopg
+from psycopg.adapt import Transformer
 from psycopg.copy import QueuedLibpqWriter
+from psycopg.pq import Format
+
+try:  # psycopg >= 3.2 (its C implementation when psycopg[binary] is installed)
+    from psycopg._copy_base import format_row_binary as _format_row_binary, format_row_text as _format_row_text
+except ImportError:  # pragma: no cover - older layouts
+    from psycopg.copy import format_row_binary as _format_row_binary, format_row_text as _format_row_text
 
 from projections.sql import q
 
@@ -26,6 +33,34 @@ EVIDENCE_TYPES = ("text", "int4", "int8", "timestamptz", "text", "text", "text",
 """Types psycopg dumps `EVIDENCE_COLUMNS` as in a binary COPY. The payload (a jsonb column) is sent
 as raw bytes already in jsonb's binary format (b"\\x01" + JSON text): psycopg's own jsonb dumper
 would serialise a Python str again, as a JSON string."""
+
+
+BINARY_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
+"""Start of a binary COPY stream: signature, flags (int32 0), header extension length (int32 0)
+(PostgreSQL documentation, "COPY", "Binary Format")."""
+BINARY_COPY_TRAILER = b"\xff\xff"
+"""End of a binary COPY stream: a field count of -1."""
+
+
+class RowEncoder:
+    """Rows of one table in COPY's binary (`types` given: PostgreSQL type names) or text format,
+    encoded without a connection (psycopg's own dumpers and row formatters), to be written later
+    with `copy.write` by a process that has one. `encode(rows)` returns the bytes of `rows` only:
+    a binary stream still needs `BINARY_COPY_HEADER` before and `BINARY_COPY_TRAILER` after.
+    """
+
+    def __init__(self, types: Sequence[str] | None = None) -> None:
+        self.transformer = Transformer()
+        self.binary = types is not None
+        if types is not None:
+            self.transformer.set_dumper_types([psycopg.adapters.types[name].oid for name in types], Format.BINARY)
+
+    def encode(self, rows: Iterable[tuple]) -> bytearray:
+        out = bytearray()
+        format_row, transformer = (_format_row_binary if self.binary else _format_row_text), self.transformer
+        for row in rows:
+            format_row(row, transformer, out)
+        return out
 
 
 def copy_or_insert(conn: psycopg.Connection, table: str, columns: Sequence[str], rows: list[tuple],

@@ -158,9 +158,10 @@ def pipeline(isolated: Settings, tmp_path_factory: pytest.TempPathFactory) -> It
     print(running.log_text()[-4000:])
 
 
-def tapeline_cli(settings: Settings, *args: str, timeout_s: float = 300.0) -> subprocess.CompletedProcess:
-    """Run the `tapeline` CLI as a user would, with the module's settings in the environment."""
-    return subprocess.run([sys.executable, "-m", "tapeline.cli", *args], env=settings_env(settings),
+def tapeline_cli(settings: Settings, *args: str, timeout_s: float = 300.0,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run the `tapeline` CLI as a user would, with the module's settings (and `env`) in the environment."""
+    return subprocess.run([sys.executable, "-m", "tapeline.cli", *args], env={**settings_env(settings), **(env or {})},
                           capture_output=True, text=True, timeout=timeout_s)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import random
+import subprocess
 import threading
 import uuid
 from datetime import datetime, timezone
@@ -108,16 +109,38 @@ def assert_same_tables(settings, schema_a, schema_b):
 
 def test_replay_into_a_fresh_schema_equals_the_live_projection_row_for_row(isolated, busy):
     before = watermarks(isolated)
-    done = tapeline_cli(isolated, "replay", "--into", "rebuilt", "--json")
+    done = tapeline_cli(isolated, "replay", "--into", "rebuilt", "--json", "--workers", "2")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["dead_letters"] == 1 and summary["duplicates"] > 0 and summary["superseded"] > 0
+    assert summary["workers"] == 2  # partitions split between two processes (projections/partitioned.py)
     assert_same_tables(isolated, "public", "rebuilt")
     assert rows(isolated, "SELECT * FROM rebuilt.log_clock ORDER BY partition") == \
         rows(isolated, "SELECT * FROM public.log_clock ORDER BY partition")
     states = {r["state"] for r in rows(isolated, "SELECT state FROM rebuilt.job_state")}
     assert {"completed", "failed"} <= states
     assert watermarks(isolated) == before  # a replay never produces
+
+
+def test_a_replay_worker_killed_mid_replay_fails_it_and_leaves_the_schema_empty(isolated, busy):
+    # The worker that reads first kills itself with SIGKILL right after sending its first slice.
+    killed = tapeline_cli(isolated, "replay", "--into", "killed", "--workers", "2", "--batch-size", "50",
+                          env={"TAPELINE_CRASH_POINTS": "replay.worker.after_slice"})
+    assert killed.returncode == 1
+    assert "died (exit code -9) before it finished; nothing was committed" in killed.stderr
+    counts = rows(isolated, "SELECT (SELECT count(*) FROM killed.lifecycle_evidence) AS evidence,"
+                            " (SELECT count(*) FROM killed.job_state) AS jobs,"
+                            " (SELECT count(*) FROM killed.projector_offsets) AS offsets,"
+                            " (SELECT count(*) FROM pg_indexes WHERE schemaname = 'killed'"
+                            "  AND tablename = 'lifecycle_evidence') AS evidence_indexes")[0]
+    assert counts == {"evidence": 0, "jobs": 0, "offsets": 0,
+                      "evidence_indexes": rows(isolated, "SELECT count(*) AS n FROM pg_indexes WHERE schemaname ="
+                                                         " 'public' AND tablename = 'lifecycle_evidence'")[0]["n"]}
+    workers = subprocess.run(["pgrep", "-f", "projections.partitioned"], capture_output=True, text=True)
+    assert workers.stdout == ""  # the other worker was stopped too
+    redone = tapeline_cli(isolated, "replay", "--into", "killed", "--force", "--workers", "2", "--json")
+    assert redone.returncode == 0, redone.stderr
+    assert_same_tables(isolated, "public", "killed")
 
 
 def test_replay_refuses_a_non_empty_schema_unless_forced(isolated, busy):

@@ -1,0 +1,335 @@
+"""Replay workers per partition: the bulk replay's decode and fold spread over processes, one writer.
+
+A fresh replay (`projections/replay.py`) spends most of its time in Python, decoding and folding
+(about 60 of the 80 µs a record costs on this project's 2-core machine); PostgreSQL needs far
+less. The fold is per job, and every event of a job is in one partition of the lifecycle log (its
+key is the job id, DESIGN.md "Topics"), so the partitions can be folded independently:
+
+- the parent computes the stop offsets once (`logread.bounds`) and splits the partitions of every
+  topic among `workers` child processes (`split`: largest first, onto the least loaded);
+- each worker reads its partitions with its own consumer and folds them with `bulk.FoldState`
+  (the projector's own `decode_batch` and `fold_batch`), and sends what the database must get,
+  already encoded as COPY rows (`writes.RowEncoder`): evidence per slice, final job rows as jobs
+  end, open job rows, dedup keys and uploads at the end; dead letters and replay marks as
+  parameters;
+- the parent is the only one with a database connection: it streams the workers' evidence bytes
+  into the one `COPY ... FREEZE` of `bulk.BulkReplay` as they arrive, spools job rows and keys to
+  temporary files until the evidence COPY ends, then writes them, the uploads (merged: the first
+  copy by broker time, every copy counted), the log clock, the offsets, the dead letters, and the
+  replay marks (after every dead letter, so a mark never misses a row written by another worker),
+  rebuilds the indexes and commits: still ONE transaction, so the crash contract of the bulk path
+  holds (a crash, a killed worker or Ctrl-C leaves the schema migrated and empty).
+
+A worker that fails sends its traceback and exits; one that dies is seen as its pipe closing. Either
+way the parent rolls back, stops the others and raises `ReplayFailed`. A job whose events are in
+two partitions (the lifecycle topic's partition count changed under a running system) would be
+folded by two workers; `job_state`'s primary key rejects it and the parent says so (use
+`--workers 1`, which folds in log order per partition in one process).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable, Iterable, Iterator
+
+import psycopg
+
+from projections import fold, logread, writes
+from projections.bulk import UPLOAD_COLUMNS, BulkReplay, FoldState
+from projections.projector import BatchResult
+from tapeline.crashpoints import crash_point
+from tapeline.errors import TapelineError
+from tapeline.settings import Settings
+
+Position = logread.Position
+KEYS_PER_MESSAGE = 50_000
+"""Dedup keys (or open job rows) a worker encodes per message at the end."""
+WORKER_SLICE_RECORDS = 1000
+"""Records a worker folds per slice. Smaller slices leave less freed-but-kept memory behind (measured
+on a 924k-record log, one worker's peak RSS: 170 MB at 1000, 197 MB at 5000, 285 MB at 20000) at no
+measurable cost in speed."""
+
+
+class ReplayFailed(TapelineError):
+    """A replay worker failed or died; the replay was rolled back."""
+
+
+def split(span: logread.Bounds, workers: int) -> list[logread.Bounds]:
+    """Partitions with records to read, split among at most `workers` parts of about equal offsets
+    (largest partition first, each onto the part with the fewest offsets so far)."""
+    sizes = sorted(((span.stop[p] - span.start[p], p) for p in span.stop if span.stop[p] > span.start[p]),
+                   key=lambda item: (-item[0], item[1]))
+    parts = [logread.Bounds() for _ in range(max(1, min(workers, len(sizes))))]
+    loads = [0] * len(parts)
+    for size, position in sizes:
+        least = loads.index(min(loads))
+        parts[least].start[position], parts[least].stop[position] = span.start[position], span.stop[position]
+        loads[least] += size
+    return [part for part in parts if part.stop]
+
+
+@dataclass
+class WorkerPlan:
+    """What one worker reads and how it reports."""
+
+    settings: Settings
+    span: logread.Bounds
+    clock_topic: str
+    dlq_topic: str
+    batch_size: int = 5000
+    flush_rows: int = 2000
+
+
+def worker_main(plan: WorkerPlan, pipe: Connection) -> None:
+    """A replay worker's process (`python -m projections.partitioned`, its plan pickled on stdin):
+    read `plan.span`, fold it, send encoded rows on `pipe` (its stdout).
+
+    Messages, each a `(tag, payload)` tuple: ("evidence", (bytes, offsets done)), ("job_rows",
+    bytes), ("keys", bytes), ("dead", (dead letters, replay marks)), then ("done", summary dict), or
+    ("error", traceback text).
+    """
+    import gc
+
+    gc.disable()  # as in BulkReplay: the state only grows and holds no cycles
+    try:
+        state, phases = FoldState(plan.clock_topic, plan.dlq_topic, plan.flush_rows), {}
+        evidence, text = writes.RowEncoder(writes.EVIDENCE_TYPES), writes.RowEncoder()
+        totals = BatchResult()
+        consumer = logread.reader(plan.settings, "replay-worker", queue_kbytes=8 * 1024)
+        try:
+            done_offsets = 0
+            pieces = logread.read(consumer, plan.span, batch_size=plan.batch_size)
+            while True:
+                reading = time.perf_counter()
+                piece = next(pieces, None)
+                phases["read"] = phases.get("read", 0.0) + time.perf_counter() - reading
+                if piece is None:
+                    break
+                result, folded = state.fold(piece.records, piece.ends, phases)
+                _add_counts(totals, result)
+                encoding = time.perf_counter()
+                chunk = bytes(evidence.encode(folded.evidence))
+                phases["encode"] = phases.get("encode", 0.0) + time.perf_counter() - encoding
+                done_offsets = sum(state.positions.get(p, plan.span.start[p]) - plan.span.start[p]
+                                   for p in plan.span.stop)
+                pipe.send(("evidence", (chunk, done_offsets)))
+                crash_point("replay.worker.after_slice")
+                dead = state.take_dead() if state.pending_dead else []
+                for dead_letters, replays in dead:
+                    pipe.send(("dead", (dead_letters, replays)))
+                if len(state.pending_final) >= plan.flush_rows:
+                    pipe.send(("job_rows", bytes(text.encode(state.take_final_rows()))))
+        finally:
+            consumer.close()
+        pipe.send(("job_rows", bytes(text.encode(state.take_final_rows()))))
+        for rows in _chunks(state.open_rows(), KEYS_PER_MESSAGE):
+            pipe.send(("job_rows", bytes(text.encode(rows))))
+        for keys in _chunks(((key,) for key in state.seen), KEYS_PER_MESSAGE):
+            pipe.send(("keys", bytes(text.encode(keys))))
+        pipe.send(("done", {"counts": (totals.records, totals.applied, totals.duplicates, totals.superseded,
+                                       totals.dead_letters),
+                            "uploads": state.uploads, "clock": state.clock, "positions": state.positions,
+                            "phases": phases, "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which rolls back and raises
+        try:
+            pipe.send(("error", traceback.format_exc()))
+        except (BrokenPipeError, OSError):
+            pass
+        raise SystemExit(1)
+    finally:
+        pipe.close()
+
+
+def _add_counts(totals: BatchResult, result: BatchResult) -> None:
+    totals.records += result.records
+    totals.applied += result.applied
+    totals.duplicates += result.duplicates
+    totals.superseded += result.superseded
+    totals.dead_letters += result.dead_letters
+
+
+def _chunks(items: Iterable, size: int) -> Iterator[list]:
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+@dataclass
+class ParallelOutcome:
+    """Totals of a replay by workers (what `replay` puts in its `ReplayResult`)."""
+
+    counts: BatchResult = field(default_factory=BatchResult)
+    phases: dict[str, float] = field(default_factory=dict)
+    """The parent's seconds per phase (wait, copy_evidence, write_final_rows, build_indexes, commit)
+    and the workers' summed (read, decode, fold, encode: CPU spread over processes)."""
+    workers: int = 0
+    rss_mb: float = 0.0
+    """Peak resident memory of the parent plus each worker's peak (MB): an upper bound of the total."""
+
+
+def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, workers: int, projection: str,
+        batch_size: int = 5000, on_progress: Callable[[int], None] | None = None) -> ParallelOutcome:
+    """Replay `span` into the fresh schema of `conn` (autocommit, search_path set) with `workers`
+    processes, in one transaction. Raises `ReplayFailed` (rolled back) when a worker fails or dies."""
+    parts = split(span, workers)
+    outcome = ParallelOutcome(workers=len(parts))
+    writer = BulkReplay(conn, projection, clock_topic=settings.jobs_topic, dlq_topic=settings.dlq_topic)
+    processes, pipes, progress = [], {}, {}
+    job_rows, keys = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    replays: list[dict[str, Any]] = []
+    summaries: list[dict[str, Any]] = []
+    try:
+        for number, part in enumerate(parts):
+            # A new interpreter (never a fork of one holding librdkafka and libpq state) that imports
+            # only what a worker needs; its stderr is ours (its log lines and tracebacks show).
+            process = subprocess.Popen([sys.executable, "-m", "projections.partitioned", str(number)],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            processes.append(process)
+            process.stdin.write(pickle.dumps(WorkerPlan(settings, part, settings.jobs_topic, settings.dlq_topic,
+                                                        min(batch_size, WORKER_SLICE_RECORDS),
+                                                        writer.state.flush_rows)))
+            process.stdin.close()
+            receiver = Connection(os.dup(process.stdout.fileno()), writable=False)
+            process.stdout.close()
+            pipes[receiver] = (f"replay worker {number} (pid {process.pid})", process)
+            progress[receiver] = 0
+        open_pipes = set(pipes)
+        while open_pipes:
+            waiting = time.perf_counter()
+            ready = wait(list(open_pipes))
+            writer._add("wait", time.perf_counter() - waiting)
+            for pipe in ready:
+                try:
+                    tag, payload = pipe.recv()
+                except EOFError:
+                    name, process = pipes[pipe]
+                    try:
+                        code = process.wait(5)
+                    except subprocess.TimeoutExpired:
+                        code = None
+                    raise ReplayFailed(f"{name} died (exit code {code}) before it finished; nothing was "
+                                       "committed") from None
+                if tag == "evidence":
+                    chunk, progress[pipe] = payload
+                    if chunk:
+                        writer.write_evidence_rows(chunk)
+                    if on_progress is not None:
+                        on_progress(sum(progress.values()))
+                elif tag == "job_rows":
+                    job_rows.write(payload)
+                elif tag == "keys":
+                    keys.write(payload)
+                elif tag == "dead":
+                    dead, marks = payload
+                    replays.extend(marks)  # after every dead letter: one may come from another worker
+                    if dead:
+                        writer.queue_dead(dead, [])
+                elif tag == "done":
+                    summaries.append(payload)
+                    open_pipes.discard(pipe)
+                elif tag == "error":
+                    raise ReplayFailed(f"{pipes[pipe][0]} failed; nothing was committed:\n{payload}")
+        for summary in summaries:
+            _merge(writer.state, outcome, summary)
+
+        def write_spooled(conn: psycopg.Connection) -> None:
+            if replays:
+                writer.queue_dead([], sorted(replays, key=lambda mark: mark["broker_ts"]))
+                writer._flush()
+            _copy_spooled(conn, "job_state", fold.JOB_STATE_COLUMNS, job_rows)
+            _copy_spooled(conn, "applied_dedup_keys", ("dedup_key",), keys)
+
+        try:
+            writer.finish(before_final_rows=write_spooled)
+        except psycopg.errors.UniqueViolation as exc:
+            raise ReplayFailed(f"{exc.diag.message_primary}: a job's events (or a dedup key) are in more than one "
+                               "partition, so two workers folded them; nothing was committed. Replay with "
+                               "--workers 1") from exc
+        outcome.phases.update(writer.phases)
+        writer = None
+    except BaseException as exc:
+        if writer is not None:
+            writer.abort(exc)
+        raise
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for pipe in pipes:
+            pipe.close()
+        job_rows.close()
+        keys.close()
+    outcome.rss_mb += resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return outcome
+
+
+def _merge(state: FoldState, outcome: ParallelOutcome, summary: dict[str, Any]) -> None:
+    """Fold one worker's end summary into the parent's state (uploads, clock, positions) and totals."""
+    records, applied, duplicates, superseded, dead_letters = summary["counts"]
+    counts = outcome.counts
+    counts.records += records
+    counts.applied += applied
+    counts.duplicates += duplicates
+    counts.superseded += superseded
+    counts.dead_letters += dead_letters
+    broker_ts = UPLOAD_COLUMNS.index("broker_ts")
+    for upload_id, row in summary["uploads"].items():  # upsert_upload: the first copy's fields, all copies counted
+        kept = state.uploads.get(upload_id)
+        if kept is None:
+            state.uploads[upload_id] = row
+        else:
+            first = row if row[broker_ts] < kept[broker_ts] else kept
+            state.uploads[upload_id] = first[:-1] + [kept[-1] + row[-1]]
+    for partition, now in summary["clock"].items():
+        if partition not in state.clock or now > state.clock[partition]:
+            state.clock[partition] = now
+    state.positions.update(summary["positions"])
+    for phase, seconds in summary["phases"].items():
+        outcome.phases[phase] = outcome.phases.get(phase, 0.0) + seconds
+    outcome.rss_mb += summary["rss_kb"] / 1024
+
+
+def _copy_spooled(conn: psycopg.Connection, table: str, columns: tuple[str, ...], spool) -> None:
+    """COPY the text-format rows spooled in `spool` into `table` (FREEZE: truncated in this transaction)."""
+    spool.seek(0)
+    names = ", ".join(f'"{c}"' for c in columns)
+    with conn.cursor() as cur, cur.copy(f"COPY {table} ({names}) FROM STDIN (FREEZE)") as copy:
+        while chunk := spool.read(1024 * 1024):
+            copy.write(chunk)
+
+
+def default_workers(total_offsets: int, cores: int | None = None) -> int:
+    """Workers for a replay of `total_offsets` when none is asked for: one process (no workers) below
+    200,000 offsets, where starting processes costs more than it saves; else the number of cores."""
+    return 1 if total_offsets < 200_000 else max(1, cores or os.cpu_count() or 1)
+
+
+def _worker_entry() -> None:
+    """`python -m projections.partitioned N`: read a pickled `WorkerPlan` from stdin, report on stdout."""
+    plan = pickle.load(sys.stdin.buffer)
+    pipe = Connection(os.dup(sys.stdout.fileno()), readable=False)
+    sys.stdout = sys.stderr  # nothing else may write into the message stream
+    worker_main(plan, pipe)
+
+
+if __name__ == "__main__":
+    _worker_entry()
