@@ -190,7 +190,7 @@ def main() -> None:
         replay_rate = summary["records"] / summary["elapsed_s"]
         print(f"(b) replay into PostgreSQL ({schema}): {summary['records']:,} in {summary['elapsed_s']:.1f} s = "
               f"{replay_rate:,.0f} events/s with {summary.get('workers', 1)} process(es), peak RSS {rss_mb:.0f} MB "
-              f"(all processes); rows {summary['rows']}")
+              f"(all processes; each: {summary.get('rss_mb_by_process') or [round(rss_mb)]} MB); rows {summary['rows']}")
         if summary.get("phases_s"):
             print(f"    seconds per phase: {summary['phases_s']}")
         rows, indexed_s, build_after_s = measure_copy(settings, schema)

@@ -111,7 +111,7 @@ def _print_replay(result, as_json: bool) -> None:
                "duplicates": result.duplicates, "superseded": result.superseded,
                "dead_letters": result.dead_letters, "elapsed_s": round(result.elapsed_s, 3),
                "events_per_s": round(result.events_per_s), "workers": result.workers,
-               "rss_mb": round(result.rss_mb, 1), "rows": result.rows,
+               "rss_mb": round(result.rss_mb, 1), "rss_mb_by_process": result.rss_mb_by_process, "rows": result.rows,
                "phases_s": {name: round(seconds, 3) for name, seconds in result.phases.items()}}
     if as_json:
         out.print_json(json.dumps(summary))

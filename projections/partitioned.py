@@ -179,6 +179,8 @@ class ParallelOutcome:
     workers: int = 0
     rss_mb: float = 0.0
     """Peak resident memory of the parent plus each worker's peak (MB): an upper bound of the total."""
+    rss_mb_by_process: list[float] = field(default_factory=list)
+    """Each process's peak (MB): the parent's first, then the workers'."""
 
 
 def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, workers: int, projection: str,
@@ -278,7 +280,9 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
             pipe.close()
         job_rows.close()
         keys.close()
-    outcome.rss_mb += resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    parent_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    outcome.rss_mb += parent_mb
+    outcome.rss_mb_by_process.insert(0, round(parent_mb, 1))
     return outcome
 
 
@@ -306,6 +310,7 @@ def _merge(state: FoldState, outcome: ParallelOutcome, summary: dict[str, Any]) 
     for phase, seconds in summary["phases"].items():
         outcome.phases[phase] = outcome.phases.get(phase, 0.0) + seconds
     outcome.rss_mb += summary["rss_kb"] / 1024
+    outcome.rss_mb_by_process.append(round(summary["rss_kb"] / 1024, 1))
 
 
 def _copy_spooled(conn: psycopg.Connection, table: str, columns: tuple[str, ...], spool) -> None:

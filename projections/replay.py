@@ -47,6 +47,8 @@ class ReplayResult:
     """Processes that decoded and folded (`projections/partitioned.py`); 1: the replay's own."""
     rss_mb: float = 0.0
     """Peak resident memory in MB: the replay process's, plus each worker's peak when there were workers."""
+    rss_mb_by_process: list[float] = field(default_factory=list)
+    """With workers: each process's peak in MB, the replay process's first."""
 
     @property
     def events_per_s(self) -> float:
@@ -105,6 +107,7 @@ def replay(settings: Settings, schema: str, *, as_of: datetime | None = None, fo
                 for name in ("records", "applied", "duplicates", "superseded", "dead_letters"):
                     setattr(result, name, getattr(outcome.counts, name))
                 result.phases, result.rss_mb = outcome.phases, outcome.rss_mb
+                result.rss_mb_by_process = outcome.rss_mb_by_process
                 result.elapsed_s = time.monotonic() - started
                 result.rows = row_counts(conn, schema)
                 return result
