@@ -8,7 +8,7 @@
 2. Measures, in one run:
    (a) decode: consume the whole log read_committed and Avro-decode every record, no database;
    (b) replay: `tapeline replay --into bench_<tag>` in a child process (the real CLI: the bulk path
-       of `projections/bulk.py`), events/s, the child's peak RSS (`getrusage(RUSAGE_CHILDREN)`) and
+       of `projections/bulk.py`), events/s, the peak RSS of its processes (VmHWM, summed) and
        its seconds per phase (read, decode, fold, copy_evidence, write_final_rows, build_indexes);
    (c) copy: a plain binary `COPY ... FROM STDIN` of the same `lifecycle_evidence` rows, the
        database's own ceiling for the rows a replay writes, the better of two ways: into a table
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -128,9 +127,9 @@ def measure_replay(settings: Settings, schema: str) -> tuple[dict, float]:
     if done.returncode != 0:
         raise SystemExit(f"replay failed ({done.returncode})")
     summary = json.loads(done.stdout)
-    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # Linux: kilobytes; the largest process
-    # With workers, the sum of every process's peak (the replay's own figure); else the child's peak.
-    return summary, max(summary.get("rss_mb", 0.0), peak_kb / 1024)
+    # The replay's own figure: each of its processes' VmHWM, summed (`partitioned.peak_rss_mb`; not
+    # getrusage(RUSAGE_CHILDREN), which Linux carries over from this big process into its child).
+    return summary, summary["rss_mb"]
 
 
 def measure_copy(settings: Settings, schema: str) -> tuple[int, float, float]:

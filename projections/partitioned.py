@@ -63,6 +63,20 @@ class ReplayFailed(TapelineError):
     """A replay worker failed or died; the replay was rolled back."""
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB since it started its program: `VmHWM` of
+    /proc/self/status (Linux). Not `getrusage().ru_maxrss`: Linux keeps that across fork and execve
+    (getrusage(2)), so a child of a big process (the benchmark) would report its parent's size."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def split(span: logread.Bounds, workers: int) -> list[logread.Bounds]:
     """Partitions with records to read, split among at most `workers` parts of about equal offsets
     (largest partition first, each onto the part with the fewest offsets so far)."""
@@ -138,7 +152,7 @@ def worker_main(plan: WorkerPlan, pipe: Connection) -> None:
         pipe.send(("done", {"counts": (totals.records, totals.applied, totals.duplicates, totals.superseded,
                                        totals.dead_letters),
                             "uploads": state.uploads, "clock": state.clock, "positions": state.positions,
-                            "phases": phases, "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+                            "phases": phases, "rss_mb": peak_rss_mb()}))
     except BaseException:  # noqa: BLE001 - reported to the parent, which rolls back and raises
         try:
             pipe.send(("error", traceback.format_exc()))
@@ -280,7 +294,7 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
             pipe.close()
         job_rows.close()
         keys.close()
-    parent_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    parent_mb = peak_rss_mb()
     outcome.rss_mb += parent_mb
     outcome.rss_mb_by_process.insert(0, round(parent_mb, 1))
     return outcome
@@ -309,8 +323,8 @@ def _merge(state: FoldState, outcome: ParallelOutcome, summary: dict[str, Any]) 
     state.positions.update(summary["positions"])
     for phase, seconds in summary["phases"].items():
         outcome.phases[phase] = outcome.phases.get(phase, 0.0) + seconds
-    outcome.rss_mb += summary["rss_kb"] / 1024
-    outcome.rss_mb_by_process.append(round(summary["rss_kb"] / 1024, 1))
+    outcome.rss_mb += summary["rss_mb"]
+    outcome.rss_mb_by_process.append(round(summary["rss_mb"], 1))
 
 
 def _copy_spooled(conn: psycopg.Connection, table: str, columns: tuple[str, ...], spool) -> None:

@@ -11,7 +11,6 @@ creates a producer.
 
 from __future__ import annotations
 
-import resource
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -141,7 +140,7 @@ def replay(settings: Settings, schema: str, *, as_of: datetime | None = None, fo
         finally:
             if consumer is not None:
                 consumer.close()
-        result.rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        result.rss_mb = partitioned.peak_rss_mb()
         result.elapsed_s = time.monotonic() - started
         result.rows = row_counts(conn, schema)
     return result

@@ -39,7 +39,7 @@ def test_merge_keeps_the_first_upload_by_broker_time_and_counts_every_copy():
         return ["u1", "j1", filename, 10, "abc", "standard", ts, "team", copies]
 
     summary = {"counts": (3, 2, 1, 0, 0), "clock": {0: early}, "positions": {("jobs", 0): 7},
-               "phases": {"fold": 1.5}, "rss_kb": 2048}
+               "phases": {"fold": 1.5}, "rss_mb": 2.0}
     partitioned._merge(state, outcome, {**summary, "uploads": {"u1": upload(late, "late.mp4", 1)}})
     partitioned._merge(state, outcome, {**summary, "uploads": {"u1": upload(early, "early.mp4", 2)},
                                         "clock": {0: late - timedelta(hours=1)}, "positions": {("jobs", 1): 4}})
@@ -60,3 +60,15 @@ def test_row_encoder_writes_copy_text_and_binary_rows():
     assert bytes(binary.encode([("ab", 5, b"\x01{}")])) == (
         b"\x00\x03" + b"\x00\x00\x00\x02ab" + b"\x00\x00\x00\x08" + (5).to_bytes(8, "big")
         + b"\x00\x00\x00\x03\x01{}")
+
+
+def test_peak_rss_is_this_program_s_own_not_its_parent_s():
+    import subprocess
+    import sys
+
+    ballast = bytearray(300 * 1024 * 1024)  # this process is over 300 MB resident; a child it starts is not
+    ballast[::4096] = b"x" * len(ballast[::4096])
+    child = subprocess.run([sys.executable, "-c", "from projections.partitioned import peak_rss_mb; print(peak_rss_mb())"],
+                           capture_output=True, text=True, check=True)
+    assert partitioned.peak_rss_mb() > 300
+    assert 5 < float(child.stdout) < 150
