@@ -23,8 +23,9 @@ key is the job id, DESIGN.md "Topics"), so the partitions can be folded independ
 A worker that fails sends its traceback and exits; one that dies is seen as its pipe closing. Either
 way the parent rolls back, stops the others and raises `ReplayFailed`. A job whose events are in
 two partitions (the lifecycle topic's partition count changed under a running system) would be
-folded by two workers; `job_state`'s primary key rejects it and the parent says so (use
-`--workers 1`, which folds in log order per partition in one process).
+folded by two workers, each seeing part of it: every worker reports the job ids it saw, and when
+two share one the parent rolls back and says to use `--workers 1` (one process folding every
+partition, as the projector does).
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def worker_main(plan: WorkerPlan, pipe: Connection) -> None:
     try:
         state, phases = FoldState(plan.clock_topic, plan.dlq_topic, plan.flush_rows), {}
         evidence, text = writes.RowEncoder(writes.EVIDENCE_TYPES), writes.RowEncoder()
-        totals = BatchResult()
+        totals, job_ids = BatchResult(), set()
         consumer = logread.reader(plan.settings, "replay-worker", queue_kbytes=8 * 1024)
         try:
             done_offsets = 0
@@ -130,6 +131,7 @@ def worker_main(plan: WorkerPlan, pipe: Connection) -> None:
                     break
                 result, folded = state.fold(piece.records, piece.ends, phases)
                 _add_counts(totals, result)
+                job_ids.update(row[6] for row in folded.evidence)  # writes.EVIDENCE_COLUMNS: job_id
                 encoding = time.perf_counter()
                 chunk = bytes(evidence.encode(folded.evidence))
                 phases["encode"] = phases.get("encode", 0.0) + time.perf_counter() - encoding
@@ -151,7 +153,7 @@ def worker_main(plan: WorkerPlan, pipe: Connection) -> None:
             pipe.send(("keys", bytes(text.encode(keys))))
         pipe.send(("done", {"counts": (totals.records, totals.applied, totals.duplicates, totals.superseded,
                                        totals.dead_letters),
-                            "uploads": state.uploads, "clock": state.clock, "positions": state.positions,
+                            "job_ids": job_ids, "uploads": state.uploads, "clock": state.clock, "positions": state.positions,
                             "phases": phases, "rss_mb": peak_rss_mb()}))
     except BaseException:  # noqa: BLE001 - reported to the parent, which rolls back and raises
         try:
@@ -161,6 +163,16 @@ def worker_main(plan: WorkerPlan, pipe: Connection) -> None:
         raise SystemExit(1)
     finally:
         pipe.close()
+
+
+def jobs_in_several_workers(job_ids: list[set[str]]) -> set[str]:
+    """Job ids that more than one worker saw events of (each worker's set of job ids given)."""
+    seen: set[str] = set()
+    shared: set[str] = set()
+    for ids in job_ids:
+        shared |= seen & ids
+        seen |= ids
+    return shared
 
 
 def _add_counts(totals: BatchResult, result: BatchResult) -> None:
@@ -259,6 +271,12 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
                     open_pipes.discard(pipe)
                 elif tag == "error":
                     raise ReplayFailed(f"{pipes[pipe][0]} failed; nothing was committed:\n{payload}")
+        shared = jobs_in_several_workers([summary["job_ids"] for summary in summaries])
+        if shared:
+            raise ReplayFailed(f"{len(shared)} job(s) have events in partitions read by different workers (e.g. "
+                               f"{sorted(shared)[0]}): the lifecycle topic's partition count changed under a running "
+                               "system, so a job's events are not in one partition; nothing was committed. Replay "
+                               "with --workers 1")
         for summary in summaries:
             _merge(writer.state, outcome, summary)
 
@@ -269,12 +287,7 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
             _copy_spooled(conn, "job_state", fold.JOB_STATE_COLUMNS, job_rows)
             _copy_spooled(conn, "applied_dedup_keys", ("dedup_key",), keys)
 
-        try:
-            writer.finish(before_final_rows=write_spooled)
-        except psycopg.errors.UniqueViolation as exc:
-            raise ReplayFailed(f"{exc.diag.message_primary}: a job's events (or a dedup key) are in more than one "
-                               "partition, so two workers folded them; nothing was committed. Replay with "
-                               "--workers 1") from exc
+        writer.finish(before_final_rows=write_spooled)
         outcome.phases.update(writer.phases)
         writer = None
     except BaseException as exc:

@@ -38,7 +38,7 @@ def test_merge_keeps_the_first_upload_by_broker_time_and_counts_every_copy():
     def upload(ts, filename, copies):
         return ["u1", "j1", filename, 10, "abc", "standard", ts, "team", copies]
 
-    summary = {"counts": (3, 2, 1, 0, 0), "clock": {0: early}, "positions": {("jobs", 0): 7},
+    summary = {"job_ids": {"j1"}, "counts": (3, 2, 1, 0, 0), "clock": {0: early}, "positions": {("jobs", 0): 7},
                "phases": {"fold": 1.5}, "rss_mb": 2.0}
     partitioned._merge(state, outcome, {**summary, "uploads": {"u1": upload(late, "late.mp4", 1)}})
     partitioned._merge(state, outcome, {**summary, "uploads": {"u1": upload(early, "early.mp4", 2)},
@@ -72,3 +72,8 @@ def test_peak_rss_is_this_program_s_own_not_its_parent_s():
                            capture_output=True, text=True, check=True)
     assert partitioned.peak_rss_mb() > 300
     assert 5 < float(child.stdout) < 150
+
+
+def test_a_job_seen_by_two_workers_is_found():
+    assert partitioned.jobs_in_several_workers([{"a", "b"}, {"c"}, {"d", "b"}, {"c", "e"}]) == {"b", "c"}
+    assert partitioned.jobs_in_several_workers([{"a"}, {"b"}, set()]) == set()
