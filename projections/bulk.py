@@ -146,7 +146,7 @@ class BulkReplay:
     _raw = False
 
     def write_evidence_rows(self, data: bytes) -> None:
-        """Evidence rows already encoded in binary COPY format (`writes.BinaryRows`), e.g. by a replay worker."""
+        """Evidence rows already encoded in binary COPY format (`writes.RowEncoder`), e.g. by a replay worker."""
         started = time.perf_counter()
         self._evidence_copy(raw=True).write(data)
         self._add("copy_evidence", time.perf_counter() - started)

@@ -117,7 +117,7 @@ def _print_replay(result, as_json: bool) -> None:
         out.print_json(json.dumps(summary))
         return
     out.print(f"replayed {result.records} records into {result.schema} in {result.elapsed_s:.1f} s "
-              f"({result.events_per_s:,.0f}/s, {result.workers} process{'es' if result.workers > 1 else ''}): applied {result.applied}, duplicates {result.duplicates}, "
+              f"({result.events_per_s:,.0f}/s, {result.workers} process{'' if result.workers == 1 else 'es'}): applied {result.applied}, duplicates {result.duplicates}, "
               f"superseded {result.superseded}, undecodable {result.dead_letters}")
     table = Table("table", "rows", title=f"schema {result.schema}")
     for name, count in result.rows.items():

@@ -227,13 +227,17 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
             process = subprocess.Popen([sys.executable, "-m", "projections.partitioned", str(number)],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             processes.append(process)
-            process.stdin.write(pickle.dumps(WorkerPlan(settings, part, settings.jobs_topic, settings.dlq_topic,
-                                                        min(batch_size, WORKER_SLICE_RECORDS),
-                                                        writer.state.flush_rows)))
-            process.stdin.close()
+            name = f"replay worker {number} (pid {process.pid})"
+            try:
+                process.stdin.write(pickle.dumps(WorkerPlan(settings, part, settings.jobs_topic, settings.dlq_topic,
+                                                            min(batch_size, WORKER_SLICE_RECORDS),
+                                                            writer.state.flush_rows)))
+                process.stdin.close()
+            except BrokenPipeError:
+                raise ReplayFailed(f"{name} exited before it read its plan; nothing was committed") from None
             receiver = Connection(os.dup(process.stdout.fileno()), writable=False)
             process.stdout.close()
-            pipes[receiver] = (f"replay worker {number} (pid {process.pid})", process)
+            pipes[receiver] = (name, process)
             progress[receiver] = 0
         open_pipes = set(pipes)
         while open_pipes:
@@ -243,7 +247,7 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
             for pipe in ready:
                 try:
                     tag, payload = pipe.recv()
-                except EOFError:
+                except (EOFError, OSError, pickle.UnpicklingError):  # closed between or inside a message
                     name, process = pipes[pipe]
                     try:
                         code = process.wait(5)
@@ -263,7 +267,7 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
                     keys.write(payload)
                 elif tag == "dead":
                     dead, marks = payload
-                    replays.extend(marks)  # after every dead letter: one may come from another worker
+                    replays.extend(marks)  # written after every dead letter, in each worker's log order
                     if dead:
                         writer.queue_dead(dead, [])
                 elif tag == "done":
@@ -282,7 +286,7 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
 
         def write_spooled(conn: psycopg.Connection) -> None:
             if replays:
-                writer.queue_dead([], sorted(replays, key=lambda mark: mark["broker_ts"]))
+                writer.queue_dead([], replays)
                 writer._flush()
             _copy_spooled(conn, "job_state", fold.JOB_STATE_COLUMNS, job_rows)
             _copy_spooled(conn, "applied_dedup_keys", ("dedup_key",), keys)
@@ -296,11 +300,11 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
         raise
     finally:
         for process in processes:
-            if process.poll() is None:
-                process.terminate()
             try:
+                if process.poll() is None:
+                    process.terminate()
                 process.wait(10)
-            except subprocess.TimeoutExpired:
+            except BaseException:  # noqa: BLE001 - a second Ctrl-C or a stuck worker: kill, reap the rest too
                 process.kill()
                 process.wait()
         for pipe in pipes:
@@ -359,7 +363,8 @@ def _worker_entry() -> None:
     """`python -m projections.partitioned N`: read a pickled `WorkerPlan` from stdin, report on stdout."""
     plan = pickle.load(sys.stdin.buffer)
     pipe = Connection(os.dup(sys.stdout.fileno()), readable=False)
-    sys.stdout = sys.stderr  # nothing else may write into the message stream
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nothing else may write into the message stream,
+    sys.stdout = sys.stderr  # not Python code nor a C library writing to fd 1
     worker_main(plan, pipe)
 
 

@@ -44,9 +44,13 @@ BINARY_COPY_TRAILER = b"\xff\xff"
 
 class RowEncoder:
     """Rows of one table in COPY's binary (`types` given: PostgreSQL type names) or text format,
-    encoded without a connection (psycopg's own dumpers and row formatters), to be written later
-    with `copy.write` by a process that has one. `encode(rows)` returns the bytes of `rows` only:
-    a binary stream still needs `BINARY_COPY_HEADER` before and `BINARY_COPY_TRAILER` after.
+    encoded without a connection (psycopg's own global dumpers and row formatters), to be written
+    later with `copy.write` by a process that has one. `encode(rows)` returns the bytes of `rows`
+    only: a binary stream still needs `BINARY_COPY_HEADER` before and `BINARY_COPY_TRAILER` after.
+
+    Without a connection, strings are encoded as UTF-8: the connection that writes the bytes must
+    use client_encoding UTF8 (`projections.replay` sets it). Text format refuses `bytes` values
+    (psycopg's bytea text dumper needs a connection to escape them right): use binary format.
     """
 
     def __init__(self, types: Sequence[str] | None = None) -> None:
@@ -56,9 +60,12 @@ class RowEncoder:
             self.transformer.set_dumper_types([psycopg.adapters.types[name].oid for name in types], Format.BINARY)
 
     def encode(self, rows: Iterable[tuple]) -> bytearray:
+        """The rows (tuples in column order) in COPY format. Raises TypeError for `bytes` in text format."""
         out = bytearray()
         format_row, transformer = (_format_row_binary if self.binary else _format_row_text), self.transformer
         for row in rows:
+            if not self.binary and any(isinstance(value, (bytes, bytearray, memoryview)) for value in row):
+                raise TypeError("RowEncoder: bytes need the binary format (types=...)")
             format_row(row, transformer, out)
         return out
 

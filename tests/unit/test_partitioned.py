@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 from projections import logread, partitioned, writes
 from projections.bulk import FoldState
 
@@ -56,6 +58,8 @@ def test_row_encoder_writes_copy_text_and_binary_rows():
     ts = datetime(2026, 11, 29, 12, 0, 0, 250000, tzinfo=timezone.utc)
     assert bytes(text.encode([("a\tb", 1, None, ts), ("c", 2, True, ts)])) == (
         b"a\\tb\t1\t\\N\t2026-11-29 12:00:00.250000+00:00\nc\t2\tt\t2026-11-29 12:00:00.250000+00:00\n")
+    with pytest.raises(TypeError, match="binary format"):
+        text.encode([("a", b"\x00")])
     binary = writes.RowEncoder(("text", "int8", "bytea"))
     assert bytes(binary.encode([("ab", 5, b"\x01{}")])) == (
         b"\x00\x03" + b"\x00\x00\x00\x02ab" + b"\x00\x00\x00\x08" + (5).to_bytes(8, "big")
