@@ -27,13 +27,21 @@ VALUES (%(upload_id)s, %(job_id)s, %(filename)s, %(size_bytes)s, %(sha256)s, %(p
 ON CONFLICT (upload_id) DO UPDATE SET copies = uploads.copies + 1;
 
 -- name: upsert_dead_letter
--- A dead letter (005); a second sighting of the same bad record only adds who saw it.
+-- A dead letter (005); a second sighting of the same bad record adds who saw it, and the row keeps
+-- the earliest sighting's broker_ts, evidence and headers (ties: the smaller evidence position), so
+-- the result does not depend on which sighting the projector happened to apply first.
 INSERT INTO dead_letters (id, kind, topic, partition, "offset", broker_ts, key, value, headers, error, job_id, stage,
     attempt, error_class, attempts, evidence, seen_by)
 VALUES (%(id)s, %(kind)s, %(topic)s, %(partition)s, %(offset)s, %(broker_ts)s, %(key)s, %(value)s, %(headers)s,
     %(error)s, %(job_id)s, %(stage)s, %(attempt)s, %(error_class)s, %(attempts)s, %(evidence)s, %(seen_by)s)
 ON CONFLICT (id) DO UPDATE SET
     seen_by = ARRAY(SELECT DISTINCT unnest(dead_letters.seen_by || EXCLUDED.seen_by) ORDER BY 1),
+    broker_ts = CASE WHEN (EXCLUDED.broker_ts, EXCLUDED.evidence) < (dead_letters.broker_ts, dead_letters.evidence)
+        THEN EXCLUDED.broker_ts ELSE dead_letters.broker_ts END,
+    headers = CASE WHEN (EXCLUDED.broker_ts, EXCLUDED.evidence) < (dead_letters.broker_ts, dead_letters.evidence)
+        THEN EXCLUDED.headers ELSE dead_letters.headers END,
+    evidence = CASE WHEN (EXCLUDED.broker_ts, EXCLUDED.evidence) < (dead_letters.broker_ts, dead_letters.evidence)
+        THEN EXCLUDED.evidence ELSE dead_letters.evidence END,
     kind = CASE WHEN dead_letters.kind = 'projection' THEN EXCLUDED.kind ELSE dead_letters.kind END,
     error = CASE WHEN dead_letters.kind = 'projection' THEN EXCLUDED.error ELSE dead_letters.error END;
 

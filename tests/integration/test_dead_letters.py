@@ -6,10 +6,14 @@ from __future__ import annotations
 import base64
 import json
 import uuid
+from datetime import datetime, timedelta, timezone
 
+import psycopg
 import pytest
 from confluent_kafka import Producer
 
+from projections.projector import _dead_letter
+from projections.sql import q
 from schemas import models as ev
 from schemas.codec import default_codec
 from tapeline.samples import sample_video
@@ -97,3 +101,28 @@ def test_replaying_an_unknown_dead_letter_is_a_clear_error(isolated):
     assert done.returncode == 2 and "no dead letter" in done.stderr
     usage = tapeline_cli(isolated, "dlq", "replay", "--why", "x")
     assert usage.returncode == 2 and "give one dead letter id" in usage.stderr
+
+
+def test_two_sightings_of_one_bad_record_keep_the_earliest_in_either_order(isolated):
+    """The projector's own sighting of an undecodable record and intake's `DeadLetter` for it are one
+    row whose broker_ts, evidence and headers are the earliest sighting's, whichever is applied first
+    (a replay's consumption order must not change the row)."""
+    at = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+
+    def sightings(id: str) -> list[dict]:
+        common = dict(key=b"k", value=b"\xff", error_class="invalid_input")
+        return [
+            _dead_letter(id, "projection", "uploads", 0, 7, at, "not Avro", "projector",
+                         headers=[("origin", b"test")], evidence="uploads/0/7", **common),
+            _dead_letter(id, "record", "uploads", 0, 7, at + timedelta(seconds=2), "undecodable", "intake",
+                         headers=[("origin", b"test"), ("retried", b"1")], evidence="dead-letters/0/3", **common)]
+
+    with psycopg.connect(isolated.database_url, autocommit=True) as conn:
+        first, second = sightings("uploads/0/7-a"), sightings("uploads/0/7-b")
+        conn.cursor().executemany(q("upsert_dead_letter"), first)
+        conn.cursor().executemany(q("upsert_dead_letter"), list(reversed(second)))
+        rows = conn.execute("SELECT id, kind, broker_ts, evidence, headers, error, seen_by FROM dead_letters "
+                            "WHERE id LIKE 'uploads/0/7-%%' ORDER BY id").fetchall()
+    assert [row[1:] for row in rows] == [
+        ("record", at, "uploads/0/7", {"origin": base64.b64encode(b"test").decode()}, "undecodable",
+         ["intake", "projector"])] * 2
