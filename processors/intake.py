@@ -221,7 +221,7 @@ class IntakeProcessor:
 
     def run(self, stop: threading.Event) -> None:
         settings = self.settings
-        runtime = Runtime(settings, "intake", health=self.health)
+        runtime = Runtime(settings, "intake", health=self.health, stop=stop)
         store = ObjectStore(settings)
         consumer = kafka.consumer(settings, f"{settings.app_name}.intake")
         # The pid keeps two intake processes on one host from fencing each other; consume-produce

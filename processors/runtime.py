@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -38,8 +39,10 @@ class Runtime:
     """Adapters one processor process holds: settings, a PostgreSQL connection for reads, a
     read_committed client for last stable offsets, and partition counts."""
 
-    def __init__(self, settings: Settings, role: str, health: HealthState | None = None) -> None:
-        self.settings, self.role = settings, role
+    def __init__(self, settings: Settings, role: str, health: HealthState | None = None,
+                 stop: threading.Event | None = None) -> None:
+        """`stop`: the processor's stop event; a wait for the projection gives up once it is set."""
+        self.settings, self.role, self.stop = settings, role, stop
         self.health = health or HealthState(role, settings.instance_id)  # counts events produced
         self.recorded_by = f"{role}@{settings.instance_id}:{os.getpid()}"  # which process, for evidence
         self.codec = default_codec()
@@ -74,10 +77,11 @@ class Runtime:
 
     def wait_caught_up(self, partition: int, timeout_s: float) -> None:
         """Wait until the projection has applied the lifecycle log's `partition` up to its LSO and past
-        this process's own writes there. Raises `ServiceUnavailable` after `timeout_s` seconds."""
+        this process's own writes there. Raises `ServiceUnavailable` after `timeout_s` seconds, or as
+        soon as the processor's stop event is set."""
         jobs = self.settings.jobs_topic
         wait_caught_up(self.db, self.lso_reader, jobs, partition, timeout_s,
-                       at_least=self.written.get((jobs, partition), -1) + 1)
+                       at_least=self.written.get((jobs, partition), -1) + 1, stop=self.stop)
 
     def _delivered(self, error, message) -> None:
         if error is None:

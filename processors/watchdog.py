@@ -197,7 +197,7 @@ class Watchdog:
             if stop.is_set():
                 return
             log.info("watchdog is the leader")
-            runtime = Runtime(settings, "watchdog", health=self.health)
+            runtime = Runtime(settings, "watchdog", health=self.health, stop=stop)
             producer = kafka.transactional_producer(settings, f"{settings.app_name}.watchdog")
             runtime.db.execute(q("set_stall_policy"), {
                 "no_progress_timeout_s": settings.no_progress_timeout_s,

@@ -219,7 +219,7 @@ class StageWorker:
     def run(self, stop: threading.Event) -> None:
         self.stop = stop
         settings = self.settings
-        runtime = Runtime(settings, self.stage, health=self.health)
+        runtime = Runtime(settings, self.stage, health=self.health, stop=stop)
         store = ObjectStore(settings)
         topics = settings.work_topics(self.stage)
         # fetch.wait.max.ms 100: a work item reaches an idle worker within 0.1 s (default 0.5 s).

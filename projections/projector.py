@@ -407,13 +407,15 @@ def next_batch(consumer, batch_size: int, wait_s: float = 0.5) -> list[Message]:
 
 
 def wait_caught_up(conn: psycopg.Connection, lso_reader, topic: str, partition: int, timeout_s: float,
-                   projection: str = "main", poll_s: float = 0.05, at_least: int = 0) -> None:
+                   projection: str = "main", poll_s: float = 0.05, at_least: int = 0,
+                   stop: threading.Event | None = None) -> None:
     """Block until the projection has applied `topic[partition]` up to its last stable offset
     (and at least up to `at_least`, the offset after the caller's own last write).
 
     `conn` must be in autocommit mode (each read sees the latest commit). `lso_reader` is a
     read_committed consumer (used only to ask the broker for the LSO). Raises
-    `ServiceUnavailable` after `timeout_s` seconds: a worker must not decide on a stale view.
+    `ServiceUnavailable` after `timeout_s` seconds (a worker must not decide on a stale view), or
+    at once when `stop` is set (a processor asked to stop does not wait out the timeout first).
     """
     from tapeline.errors import ServiceUnavailable
 
@@ -428,4 +430,8 @@ def wait_caught_up(conn: psycopg.Connection, lso_reader, topic: str, partition: 
         if time.monotonic() > deadline:
             raise ServiceUnavailable(f"projector is behind on {topic}[{partition}]: at {position}, log at "
                                      f"{target} after {timeout_s:.0f} s (is `tapeline run --role projector` running?)")
-        time.sleep(poll_s)
+        if stop is None:
+            time.sleep(poll_s)
+        elif stop.wait(poll_s):
+            raise ServiceUnavailable(f"stopping while the projector is behind on {topic}[{partition}] (at {position}, "
+                                     f"log at {target})")

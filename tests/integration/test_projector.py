@@ -170,6 +170,26 @@ def test_waiting_for_a_job_fails_fast_when_the_projections_come_from_another_clu
             conn.execute("UPDATE projection_source SET cluster_id = %s", (_cluster_id(isolated),))
 
 
+def test_a_processor_told_to_stop_gives_up_waiting_for_a_projection_at_once(isolated, written):
+    """A processor waiting for the projection (here one that never runs) stops when asked, not after
+    its caught-up timeout (a supervisor's SIGTERM would otherwise wait the whole grace)."""
+    from projections.projector import wait_caught_up
+    from tapeline.errors import ServiceUnavailable
+
+    reader = kafka.consumer(isolated, f"lso-{uuid.uuid4().hex[:6]}")
+    partition = kafka.partition_for(written[0][0].job_id, kafka.partition_count(reader, isolated.jobs_topic))
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    try:
+        with connect(isolated.database_url, autocommit=True) as conn:
+            started = time.monotonic()
+            with pytest.raises(ServiceUnavailable, match="stopping while the projector is behind"):
+                wait_caught_up(conn, reader, isolated.jobs_topic, partition, 60.0, projection="never-run", stop=stop)
+            assert time.monotonic() - started < 10  # the timeout is 60 s
+    finally:
+        reader.close()
+
+
 def _cluster_id(settings):
     consumer = kafka.consumer(settings, "cluster-id")
     try:
