@@ -57,7 +57,9 @@ def consumer(settings: Settings, group_id: str, **overrides: Any) -> Consumer:
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",  # a new group starts from the beginning: nothing is skipped
         "partition.assignment.strategy": "cooperative-sticky",  # cheap rebalances when workers leave while busy
-        "session.timeout.ms": 10_000,  # a dead worker's partitions move within seconds (broker minimum lowered locally)
+        # A dead worker's partitions move within seconds (the broker's minimum is lowered locally). A
+        # killed process restarted at once waits this long too: the group keeps its old member until then.
+        "session.timeout.ms": settings.kafka_session_timeout_ms,
         "heartbeat.interval.ms": 500,  # members learn of a rebalance (a worker leaving while busy) within 0.5 s, not 3 s
         "max.poll.interval.ms": 300_000,
     }

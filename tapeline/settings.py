@@ -67,6 +67,9 @@ class Settings(BaseSettings):
                                                  "delay after a child's n-th consecutive crash, seconds (last repeats)")
     shutdown_grace_s: float = Field(20.0, description="SIGTERM: how long `run --role all` waits for children to yield, then SIGKILL")
     transaction_timeout_ms: int = Field(10_000, description="Producer transaction.timeout.ms: well below the lease")
+    kafka_session_timeout_ms: int = Field(
+        10_000, ge=1000, description="Consumer session.timeout.ms: how long the group waits for a member that stopped "
+        "heartbeating (a killed process, even one restarted at once) before its partitions move")
     caught_up_timeout_s: float = Field(60.0, description="How long a processor waits for the projector to catch up")
 
     # Cleanup by the watchdog leader (processors/cleanup.py); times on the log clock.
