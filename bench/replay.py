@@ -13,7 +13,8 @@
    (c) copy: a plain binary `COPY ... FROM STDIN` of the same `lifecycle_evidence` rows, the
        database's own ceiling for the rows a replay writes, the better of two ways: into a table
        with the same indexes, and `COPY ... FREEZE` into an unindexed table then building those
-       indexes (what the replay does).
+       indexes (what the replay does); then the same rows with the payload column as json and as
+       bytea instead of jsonb (where the database's ceiling goes: parsing jsonb);
 3. Prints each rate, the ratios b/a and b/c, and one final line
    `RESULT decode_events_per_s=... replay_events_per_s=... copy_rows_per_s=... replay_vs_decode=...
    replay_vs_copy=... projector_rss_mb=...`.
@@ -38,7 +39,7 @@ from confluent_kafka.admin import AdminClient
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/replay.py` from the repo root
 
 from bench import lifecycles  # noqa: E402
-from projections import logread  # noqa: E402
+from projections import logread, writes  # noqa: E402
 from projections.sql import connect  # noqa: E402
 from schemas import models as ev  # noqa: E402
 from schemas.codec import default_codec  # noqa: E402
@@ -137,36 +138,72 @@ def measure_copy(settings: Settings, schema: str) -> tuple[int, float, float]:
     them in COPY binary: (rows, seconds into a table with the same indexes, seconds for COPY ...
     FREEZE into an unindexed table then building those indexes: the replay's own strategy)."""
     with connect(settings.database_url, autocommit=True) as conn, tempfile.TemporaryFile() as spool:
-        with conn.cursor().copy(f"COPY {schema}.lifecycle_evidence TO STDOUT (FORMAT binary)") as copy:
-            for chunk in copy:
-                spool.write(chunk)
-        indexes = [r[0] for r in conn.execute(
-            "SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = to_regclass(%s)",
-            (f"{schema}.lifecycle_evidence",)).fetchall()]
+        _spool_evidence(conn, schema, "payload", spool)
         timings = []
         for indexed_first in (True, False):
             conn.execute(f"DROP TABLE IF EXISTS {schema}.copy_ceiling")
             conn.execute(f"CREATE TABLE {schema}.copy_ceiling (LIKE {schema}.lifecycle_evidence"
                          f"{' INCLUDING ALL' if indexed_first else ''})")
-            spool.seek(0)
-            started = time.monotonic()
-            with conn.transaction():
-                if not indexed_first:
-                    conn.execute(f"TRUNCATE {schema}.copy_ceiling")
-                    conn.execute("SET LOCAL maintenance_work_mem = '256MB'")
-                options = "FORMAT binary" if indexed_first else "FORMAT binary, FREEZE"
-                with conn.cursor().copy(f"COPY {schema}.copy_ceiling FROM STDIN ({options})") as copy:
-                    while chunk := spool.read(1024 * 1024):
-                        copy.write(chunk)
-                if not indexed_first:
-                    for definition in indexes:
-                        conn.execute(definition.replace(f" ON {schema}.lifecycle_evidence ",
-                                                        f" ON {schema}.copy_ceiling ", 1)
-                                     .replace("CREATE UNIQUE INDEX ", "CREATE UNIQUE INDEX ceiling_", 1)
-                                     .replace("CREATE INDEX ", "CREATE INDEX ceiling_", 1))
-            timings.append(time.monotonic() - started)
+            timings.append(_timed_copy(conn, schema, "copy_ceiling", spool, build_indexes=not indexed_first))
         rows = conn.execute(f"SELECT count(*) FROM {schema}.copy_ceiling").fetchone()[0]
+        conn.execute(f"DROP TABLE {schema}.copy_ceiling")
     return rows, timings[0], timings[1]
+
+
+PAYLOAD_TYPES = {"json": "payload::json", "bytea": "convert_to(payload::text, 'UTF8')"}
+"""Other types the evidence payload could have, and how the jsonb payload is turned into each (bytea
+holds the JSON text's bytes here; an Avro body would be about half as long)."""
+
+
+def measure_payload_types(settings: Settings, schema: str) -> dict[str, float]:
+    """Where the database's ceiling goes: the same evidence rows COPYed (FREEZE, then the index
+    builds) with the payload column as json or bytea instead of jsonb. Returns rows/s per type."""
+    rates = {}
+    with connect(settings.database_url, autocommit=True) as conn:
+        rows = conn.execute(f"SELECT count(*) FROM {schema}.lifecycle_evidence").fetchone()[0]
+        for kind, expression in PAYLOAD_TYPES.items():
+            with tempfile.TemporaryFile() as spool:
+                _spool_evidence(conn, schema, expression, spool)
+                table = f"copy_ceiling_{kind}"
+                conn.execute(f"DROP TABLE IF EXISTS {schema}.{table}")
+                conn.execute(f"CREATE TABLE {schema}.{table} (LIKE {schema}.lifecycle_evidence)")
+                conn.execute(f"ALTER TABLE {schema}.{table} ALTER COLUMN payload TYPE {kind} USING {expression}")
+                rates[kind] = rows / _timed_copy(conn, schema, table, spool, build_indexes=True)
+                conn.execute(f"DROP TABLE {schema}.{table}")
+    return rates
+
+
+def _spool_evidence(conn, schema: str, payload: str, spool) -> None:
+    """The replayed evidence rows, in COPY binary, with `payload` (an SQL expression) as the payload."""
+    columns = ", ".join(f'"{name}"' for name in writes.EVIDENCE_COLUMNS[:-1])
+    with conn.cursor().copy(f"COPY (SELECT {columns}, {payload} FROM {schema}.lifecycle_evidence) "
+                            "TO STDOUT (FORMAT binary)") as copy:
+        for chunk in copy:
+            spool.write(chunk)
+
+
+def _timed_copy(conn, schema: str, table: str, spool, build_indexes: bool) -> float:
+    """Seconds to COPY `spool` into `table` in one transaction; with `build_indexes`, `COPY ...
+    FREEZE` and then lifecycle_evidence's own indexes built on `table` (what the replay does)."""
+    indexes = [r[0] for r in conn.execute(
+        "SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = to_regclass(%s)",
+        (f"{schema}.lifecycle_evidence",)).fetchall()]
+    spool.seek(0)
+    started = time.monotonic()
+    with conn.transaction():
+        if build_indexes:
+            conn.execute(f"TRUNCATE {schema}.{table}")
+            conn.execute("SET LOCAL maintenance_work_mem = '256MB'")
+        options = "FORMAT binary, FREEZE" if build_indexes else "FORMAT binary"
+        with conn.cursor().copy(f"COPY {schema}.{table} FROM STDIN ({options})") as copy:
+            while chunk := spool.read(1024 * 1024):
+                copy.write(chunk)
+        if build_indexes:
+            for definition in indexes:
+                conn.execute(definition.replace(f" ON {schema}.lifecycle_evidence ", f" ON {schema}.{table} ", 1)
+                             .replace("CREATE UNIQUE INDEX ", f"CREATE UNIQUE INDEX {table}_", 1)
+                             .replace("CREATE INDEX ", f"CREATE INDEX {table}_", 1))
+    return time.monotonic() - started
 
 
 def main() -> None:
@@ -196,6 +233,10 @@ def main() -> None:
         copy_rate = rows / min(indexed_s, build_after_s)
         print(f"(c) plain COPY of the evidence rows:  {rows:,}: into the indexed table {rows / indexed_s:,.0f} rows/s; "
               f"COPY FREEZE then index builds {rows / build_after_s:,.0f} rows/s; ceiling {copy_rate:,.0f} rows/s")
+        payload_rates = measure_payload_types(settings, schema)
+        print("    the same rows with the payload as " + ", as ".join(
+            f"{kind}: {rate:,.0f} rows/s" for kind, rate in payload_rates.items()) +
+            f" (COPY FREEZE then index builds; jsonb: {rows / build_after_s:,.0f} rows/s)")
         print(f"b/a = {replay_rate / decode_rate:.2f}   b/c = {replay_rate / copy_rate:.2f}")
         print(f"RESULT decode_events_per_s={decode_rate:.0f} replay_events_per_s={replay_rate:.0f} "
               f"copy_rows_per_s={copy_rate:.0f} replay_vs_decode={replay_rate / decode_rate:.3f} "
