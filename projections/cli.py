@@ -10,6 +10,7 @@ Timestamps are ISO 8601; one without a zone is UTC. Progress bars go to stderr, 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -28,15 +29,26 @@ console = Console(stderr=True)
 out = Console() if sys.stdout.isatty() else Console(width=160)
 
 
-def parse_time(value: Optional[str]) -> Optional[datetime]:
-    """An ISO 8601 timestamp as an aware UTC datetime (naive means UTC); None stays None."""
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def parse_time(value: Optional[str], option: str = "timestamp") -> Optional[datetime]:
+    """An ISO 8601 timestamp as an aware UTC datetime (naive means UTC); None stays None.
+
+    Raises `typer.BadParameter` naming `option` for text that is not one, and for a time before
+    1970-01-01 UTC (Kafka timestamps are milliseconds since the Unix epoch; the broker answers an
+    offset lookup before it with an error).
+    """
     if value is None:
         return None
     try:
         moment = datetime.fromisoformat(value.strip().replace(" ", "T"))
     except ValueError as exc:
-        raise typer.BadParameter(f"{value!r} is not an ISO 8601 timestamp (e.g. 2025-01-31T12:00:00Z)") from exc
-    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
+        raise typer.BadParameter(f"{option} {value!r} is not an ISO 8601 timestamp (e.g. 2025-01-31T12:00:00Z)") from exc
+    moment = (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
+    if moment < EPOCH:
+        raise typer.BadParameter(f"{option} {value!r} is before 1970-01-01T00:00:00Z, where Kafka timestamps start")
+    return moment
 
 
 def _fail(exc: Exception, code: int = 1) -> None:
@@ -85,9 +97,15 @@ def replay(into: Optional[str] = typer.Option(None, "--into", help="Schema to re
         _fail(typer.BadParameter("give exactly one of --into SCHEMA or --swap SCHEMA"), 2)
     try:
         if into is not None:
-            with progress_bar(f"replay into {into}", disable=as_json) as (on_start, on_progress):
-                result = run_replay(settings, into, as_of=parse_time(as_of), force=force, batch_size=batch_size,
-                                    workers=workers, on_start=on_start, on_progress=on_progress)
+            moment = parse_time(as_of, "--as-of")
+            try:
+                with progress_bar(f"replay into {into}", disable=as_json) as (on_start, on_progress):
+                    result = run_replay(settings, into, as_of=moment, force=force, batch_size=batch_size,
+                                        workers=workers, on_start=on_start, on_progress=on_progress)
+            except KeyboardInterrupt:
+                console.print(f"interrupted: nothing was committed; {into} is left empty (run the same command "
+                              "again to redo it)", highlight=False)
+                raise typer.Exit(130) from None
             _print_replay(result, as_json)
             return
         if catch_up:
@@ -130,24 +148,46 @@ def export(fmt: str = typer.Option("jsonl", "--format", envvar="TAPELINE_EXPORT_
            until: Optional[str] = typer.Option(None, "--until", help="Last broker timestamp (exclusive); "
                                                "default: the log end when the export starts"),
            job: Optional[str] = typer.Option(None, "--job", help="Only this job's events"),
-           output: Optional[Path] = typer.Option(None, "--output", "-o", help="File to write (default: stdout)")) -> None:
+           output: Optional[Path] = typer.Option(None, "--output", "-o", help="File to write (default: stdout); "
+                                                 "written as PATH.partial and renamed when complete")) -> None:
     """Stream the committed event history of the lifecycle log as Avro (a container file) or JSON lines."""
     from projections.export import FORMATS, export as run_export
     from tapeline.settings import Settings
 
     if fmt not in FORMATS:
         _fail(typer.BadParameter(f"--format must be one of {', '.join(FORMATS)}"), 2)
+    first, end = parse_time(since, "--since"), parse_time(until, "--until")
+    if first is not None and end is not None and first >= end:
+        _fail(typer.BadParameter(f"--since {since} is not before --until {until}"), 2)
     settings = Settings()
-    target = open(output, "wb") if output is not None else sys.stdout.buffer
+    # A file is written under a temporary name and renamed when complete: a file under the name asked
+    # for is always a whole export; an interrupted or failed one is removed (or, after kill -9, left as
+    # `<name>.partial`, which says what it is). Anything else (/dev/null, a pipe) is written directly.
+    regular = output is not None and (not output.exists() or output.is_file())
+    partial = output.with_name(output.name + ".partial") if regular else None
+    try:
+        target = open(partial if regular else output, "wb") if output is not None else sys.stdout.buffer
+    except OSError as exc:
+        _fail(TapelineError(f"cannot write {partial or output}: {exc.strerror or exc}"))
+    completed = False
     try:
         with progress_bar("export", disable=output is None and not console.is_terminal) as (on_start, on_progress):
-            result = run_export(settings, target, fmt, since=parse_time(since), until=parse_time(until), job=job,
+            result = run_export(settings, target, fmt, since=first, until=end, job=job,
                                 on_start=on_start, on_progress=on_progress)
+        if partial is not None:
+            target.close()
+            try:
+                os.replace(partial, output)
+            except OSError as exc:  # e.g. a directory of that name
+                _fail(TapelineError(f"cannot write {output}: {exc.strerror or exc}"))
+        completed = True
     except TapelineError as exc:
         _fail(exc)
     finally:
         if output is not None:
             target.close()
+            if partial is not None and not completed:
+                partial.unlink(missing_ok=True)
     console.print(f"exported {result.events} events"
                   + (f" to {output}" if output else "")
                   + (f"; skipped {result.skipped_undecodable} undecodable records" if result.skipped_undecodable else ""))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Callable, Iterator
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from tapeline import kafka
 from tapeline.errors import ServiceUnavailable
@@ -67,7 +67,16 @@ def offset_at(consumer: Consumer, topic: str, partition: int, moment: datetime |
 def bounds(consumer: Consumer, topics: list[str], *, since: datetime | None = None, until: datetime | None = None,
            start_at: dict[Position, int] | None = None, partitions: dict[str, list[int]] | None = None) -> Bounds:
     """Bounds of every partition of `topics`: from `start_at` (or `since`, or the log start) up to
-    `until` (exclusive; a broker timestamp) or else the last stable offset as of this call."""
+    `until` (exclusive; a broker timestamp) or else the last stable offset as of this call.
+    Raises `ServiceUnavailable` when the broker does not answer an offset lookup."""
+    try:
+        return _bounds(consumer, topics, since, until, start_at, partitions)
+    except KafkaException as exc:
+        raise ServiceUnavailable(f"cannot read the offsets of {', '.join(topics)}: {exc}") from exc
+
+
+def _bounds(consumer: Consumer, topics: list[str], since: datetime | None, until: datetime | None,
+            start_at: dict[Position, int] | None, partitions: dict[str, list[int]] | None) -> Bounds:
     result = Bounds()
     for topic in topics:
         chosen = (partitions or {}).get(topic) or range(kafka.partition_count(consumer, topic))

@@ -225,7 +225,8 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
             # A new interpreter (never a fork of one holding librdkafka and libpq state) that imports
             # only what a worker needs; its stderr is ours (its log lines and tracebacks show).
             process = subprocess.Popen([sys.executable, "-m", "projections.partitioned", str(number)],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       start_new_session=True)  # a terminal's Ctrl-C is ours to handle, not theirs
             processes.append(process)
             name = f"replay worker {number} (pid {process.pid})"
             try:

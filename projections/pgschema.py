@@ -65,17 +65,38 @@ class LiveGuard:
 def prepare_fresh(database_url: str, schema: str, live_schema: str, force: bool = False) -> None:
     """Make `schema` an empty, fully migrated schema for a replay.
 
-    Refuses the live schema, and an existing non-empty schema unless `force` (which drops it).
+    Refuses the live schema, and an existing non-empty schema unless `force` (which drops it). A
+    Tapeline schema whose projections hold no row (what a failed or interrupted replay leaves: its
+    one transaction rolled back) is dropped and rebuilt without `force`.
     """
     check_schema_name(schema)
     if schema == live_schema:
         raise ConfigurationError(f"{schema} is the live schema; replay into another one and swap it in")
     with connect(database_url, autocommit=True) as conn:
         if relation_count(conn, schema):
-            if not force:
+            if not force and not holds_no_projection(conn, schema):
                 raise ConfigurationError(f"schema {schema} exists and is not empty (use --force to drop it)")
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
     migrate(database_url, schema)
+
+
+PROJECTION_TABLES = ("projector_offsets", "lifecycle_evidence", "job_state", "applied_dedup_keys", "uploads",
+                     "dead_letters", "log_clock", "provider_calls", "provider_state", "intake_uploads")
+"""Tables a replay or the projector fills; a schema with all of them empty holds nothing to lose."""
+
+
+def holds_no_projection(conn: psycopg.Connection, schema: str) -> bool:
+    """True when `schema` has every table of `PROJECTION_TABLES` and all of them are empty; False for
+    any other schema (one that is not Tapeline's, or holds rows)."""
+    present = conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = %s AND tablename = ANY(%s)",
+                           (schema, list(PROJECTION_TABLES))).fetchone()
+    if (present["count"] if isinstance(present, dict) else present[0]) != len(PROJECTION_TABLES):
+        return False
+    any_row = sql.SQL(" OR ").join(
+        sql.SQL("EXISTS (SELECT 1 FROM {}.{})").format(sql.Identifier(schema), sql.Identifier(table))
+        for table in PROJECTION_TABLES)
+    row = conn.execute(sql.SQL("SELECT {} AS any_row").format(any_row)).fetchone()
+    return not (row["any_row"] if isinstance(row, dict) else row[0])
 
 
 @dataclass(frozen=True)

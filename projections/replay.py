@@ -12,9 +12,10 @@ creates a producer.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Callable
+from typing import Callable, Iterator
 
 import psycopg
 from psycopg import sql
@@ -24,6 +25,7 @@ from projections.bulk import BulkReplay
 from projections.pgschema import prepare_fresh
 from projections.projector import Projector, apply_batch
 from projections.sql import check_schema_name, connect, migrate, q
+from tapeline.errors import ConfigurationError
 from tapeline.settings import Settings
 
 
@@ -70,12 +72,49 @@ def replay(settings: Settings, schema: str, *, as_of: datetime | None = None, fo
     Raises `partitioned.ReplayFailed` when a worker fails (rolled back).
     """
     check_schema_name(schema)
+    with replay_lock(settings.database_url, schema):
+        return _replay(settings, schema, as_of=as_of, force=force, fresh=fresh, batch_size=batch_size,
+                       projection=projection, bulk=bulk, workers=workers, on_start=on_start, on_progress=on_progress)
+
+
+REPLAY_LOCK = 7_214_365
+"""First key of the session advisory lock a replay into a schema holds (the second: the schema name's hash)."""
+
+
+@contextmanager
+def replay_lock(database_url: str, schema: str) -> Iterator[None]:
+    """Hold `schema`'s replay lock (a PostgreSQL session advisory lock) for the block. Raises
+    `ConfigurationError` at once when another replay into `schema` holds it: two replays into one
+    schema would each commit a whole replay, the last silently replacing the first."""
+    with connect(database_url, autocommit=True) as conn:
+        held = conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (REPLAY_LOCK, schema)).fetchone()[0]
+        if not held:
+            raise ConfigurationError(f"another replay into {schema} is running; wait for it to end (or stop it)")
+        try:
+            yield
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (REPLAY_LOCK, schema))
+
+
+def _replay(settings: Settings, schema: str, *, as_of: datetime | None, force: bool, fresh: bool, batch_size: int,
+            projection: str, bulk: bool, workers: int | None, on_start: Callable[[int], None] | None,
+            on_progress: Callable[[int], None] | None) -> ReplayResult:
+    topics = Projector(settings).topics
+    # Until is exclusive in `bounds`; as-of includes its own millisecond.
+    until = as_of + timedelta(milliseconds=1) if as_of is not None else None
+    fresh_span = None
     if fresh:
+        # The log's bounds before the schema is touched: a replay that cannot read them (the broker
+        # down) fails with the old schema still in place, even with --force.
+        probe = logread.reader(settings, "replay-bounds")
+        try:
+            fresh_span = logread.bounds(probe, topics, until=until)
+        finally:
+            probe.close()
         prepare_fresh(settings.database_url, schema, settings.db_schema, force=force)
     else:
         migrate(settings.database_url, schema)
     result = ReplayResult(schema=schema)
-    topics = Projector(settings).topics
     started = time.monotonic()
     with connect(settings.database_url, schema=schema, autocommit=True) as conn:
         conn.row_factory = psycopg.rows.dict_row
@@ -91,9 +130,7 @@ def replay(settings: Settings, schema: str, *, as_of: datetime | None = None, fo
         consumer = logread.reader(settings, "replay", queue_kbytes=8 * 1024 if use_bulk else 256 * 1024)
         writer = None
         try:
-            # Until is exclusive in `bounds`; as-of includes its own millisecond.
-            until = as_of + timedelta(milliseconds=1) if as_of is not None else None
-            span = logread.bounds(consumer, topics, until=until, start_at=stored)
+            span = fresh_span or logread.bounds(consumer, topics, until=until, start_at=stored)
             result.offsets_total = span.total
             if on_start is not None:
                 on_start(span.total)

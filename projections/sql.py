@@ -65,9 +65,12 @@ def migrations() -> list[tuple[int, str, str]]:
 
 
 def check_schema_name(schema: str) -> str:
-    """`schema` if it is a plain PostgreSQL name (lowercase letters, digits, `_`); else `ConfigurationError`."""
-    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", schema) or schema.startswith("pg_"):
-        raise ConfigurationError(f"schema name {schema!r} must be lowercase letters, digits and _ (not pg_*)")
+    """`schema` if it is a plain PostgreSQL name (lowercase letters, digits, `_`; not a system schema:
+    pg_*, information_schema); else `ConfigurationError`."""
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", schema) or schema.startswith("pg_") or \
+            schema == "information_schema":
+        raise ConfigurationError(f"schema name {schema!r} must be lowercase letters, digits and _ (not pg_* "
+                                 "or information_schema)")
     return schema
 
 

@@ -19,7 +19,7 @@ from confluent_kafka import TopicPartition
 from bench import lifecycles
 from projections.export import export
 from projections.projector import Projector
-from projections.replay import replay
+from projections.replay import replay, replay_lock
 from schemas.codec import default_codec
 from tapeline import kafka
 from tests.conftest import tapeline_cli, wait_for
@@ -138,7 +138,8 @@ def test_a_replay_worker_killed_mid_replay_fails_it_and_leaves_the_schema_empty(
                                                          " 'public' AND tablename = 'lifecycle_evidence'")[0]["n"]}
     workers = subprocess.run(["pgrep", "-f", "projections.partitioned"], capture_output=True, text=True)
     assert workers.stdout == ""  # the other worker was stopped too
-    redone = tapeline_cli(isolated, "replay", "--into", "killed", "--force", "--workers", "2", "--json")
+    # What the failed replay left holds no row: the same command redoes it, no --force needed.
+    redone = tapeline_cli(isolated, "replay", "--into", "killed", "--workers", "2", "--json")
     assert redone.returncode == 0, redone.stderr
     assert_same_tables(isolated, "public", "killed")
 
@@ -151,6 +152,18 @@ def test_replay_refuses_a_non_empty_schema_unless_forced(isolated, busy):
     forced = tapeline_cli(isolated, "replay", "--into", "rebuilt", "--force", "--json")
     assert forced.returncode == 0, forced.stderr
     assert_same_tables(isolated, "public", "rebuilt")
+
+
+def test_a_second_replay_into_a_schema_being_replayed_refuses_at_once(isolated, busy):
+    with replay_lock(isolated.database_url, "contended"):  # what a running replay into it holds
+        second = tapeline_cli(isolated, "replay", "--into", "contended")
+    assert second.returncode == 1
+    assert "another replay into contended is running" in second.stderr
+    assert rows(isolated, "SELECT count(*) AS n FROM pg_namespace WHERE nspname = 'contended'")[0]["n"] == 0
+    before_1970 = tapeline_cli(isolated, "replay", "--into", "contended", "--as-of", "1960-01-01")
+    assert before_1970.returncode == 2 and "before 1970-01-01" in before_1970.stderr
+    system = tapeline_cli(isolated, "replay", "--into", "information_schema", "--force")
+    assert system.returncode == 1 and "not pg_* or information_schema" in system.stderr
 
 
 def test_as_of_replay_stops_at_the_broker_timestamp(isolated, busy):
@@ -209,6 +222,24 @@ def test_export_jsonl_and_avro_stream_the_committed_history(isolated, busy):
     assert len(later.getvalue().splitlines()) == expected_later
     cli = tapeline_cli(isolated, "export", "--format", "avro", "--job", job, "--output", "/dev/null")
     assert cli.returncode == 0 and f"exported {len(busy['first'][1])} events" in cli.stderr
+
+
+def test_export_writes_a_whole_file_or_none_and_checks_its_arguments_first(isolated, busy, tmp_path):
+    total = rows(isolated, "SELECT count(*) AS n FROM lifecycle_evidence")[0]["n"]
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text("an earlier export\n")
+    for args, message in ((("--since", "garbage"), "not an ISO 8601 timestamp"),
+                          (("--since", "1960-01-01"), "before 1970-01-01"),
+                          (("--since", "2026-01-02", "--until", "2026-01-01"), "is not before --until")):
+        refused = tapeline_cli(isolated, "export", *args, "--output", str(kept))
+        assert refused.returncode == 2 and message in refused.stderr, refused.stderr
+        assert kept.read_text() == "an earlier export\n"  # never opened
+    missing = tapeline_cli(isolated, "export", "--output", str(tmp_path / "no-such-dir" / "x.jsonl"))
+    assert missing.returncode == 1 and "cannot write" in missing.stderr and "Traceback" not in missing.stderr
+    done = tapeline_cli(isolated, "export", "--output", str(kept))
+    assert done.returncode == 0, done.stderr
+    assert len(kept.read_text().splitlines()) == total
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["kept.jsonl"]  # no .partial left
 
 
 def test_swap_pauses_the_projector_and_it_resumes_from_the_new_schema(isolated, busy):
