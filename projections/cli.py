@@ -107,6 +107,9 @@ def replay(into: Optional[str] = typer.Option(None, "--into", help="Schema to re
                               "again to redo it)", highlight=False)
                 raise typer.Exit(130) from None
             _print_replay(result, as_json)
+            if moment is not None and result.records == 0:
+                console.print(f"note: the log has no record at or before --as-of {moment.isoformat()}; {into} holds "
+                              "empty projections", highlight=False)
             return
         if catch_up:
             with progress_bar(f"catching {swap} up", disable=as_json) as (on_start, on_progress):
@@ -188,6 +191,8 @@ def export(fmt: str = typer.Option("jsonl", "--format", envvar="TAPELINE_EXPORT_
             target.close()
             if partial is not None and not completed:
                 partial.unlink(missing_ok=True)
+    if job is not None and result.events == 0:
+        console.print(f"note: no event of job {job!r} in that range (is the job id right?)", highlight=False)
     console.print(f"exported {result.events} events"
                   + (f" to {output}" if output else "")
                   + (f"; skipped {result.skipped_undecodable} undecodable records" if result.skipped_undecodable else ""))

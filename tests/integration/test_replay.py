@@ -164,6 +164,9 @@ def test_a_second_replay_into_a_schema_being_replayed_refuses_at_once(isolated, 
     assert before_1970.returncode == 2 and "before 1970-01-01" in before_1970.stderr
     system = tapeline_cli(isolated, "replay", "--into", "information_schema", "--force")
     assert system.returncode == 1 and "not pg_* or information_schema" in system.stderr
+    before_log = tapeline_cli(isolated, "replay", "--into", "before_log", "--as-of", "1971-01-01")
+    assert before_log.returncode == 0 and "replayed 0 records" in before_log.stdout
+    assert "the log has no record at or before --as-of 1971-01-01" in before_log.stderr
 
 
 def test_as_of_replay_stops_at_the_broker_timestamp(isolated, busy):
@@ -240,6 +243,8 @@ def test_export_writes_a_whole_file_or_none_and_checks_its_arguments_first(isola
     assert done.returncode == 0, done.stderr
     assert len(kept.read_text().splitlines()) == total
     assert sorted(path.name for path in tmp_path.iterdir()) == ["kept.jsonl"]  # no .partial left
+    unknown = tapeline_cli(isolated, "export", "--job", "no-such-job", "--output", "/dev/null")
+    assert unknown.returncode == 0 and "no event of job 'no-such-job'" in unknown.stderr
 
 
 def test_swap_pauses_the_projector_and_it_resumes_from_the_new_schema(isolated, busy):
