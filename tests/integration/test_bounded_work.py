@@ -63,8 +63,13 @@ def pile_up(settings, clips, tiers: list[str], one_by_one: bool = False) -> list
 
 
 def run_worker(settings, tmp_path, jobs: list[str]) -> Roles:
-    """ONE transcode worker until every job in `jobs` completed."""
-    worker = Roles(settings, tmp_path).start("transcode")
+    """ONE transcode worker until every job in `jobs` completed.
+
+    Every job is queued before it starts, and the tests predict the claim order from every tier's
+    head: its gather waits up to 3 s (not 0.2) for each partition's first fetch. It still chooses as
+    soon as every partition has a head or reported its end; on a loaded machine a first fetch slower
+    than 0.2 s hid a tier from the first choice (seen once in CI)."""
+    worker = Roles(settings.model_copy(update={"tier_gather_s": 3.0}), tmp_path).start("transcode")
     try:
         wait_for(lambda: all_in_state(settings, jobs, {"completed"}), 120, "every job to complete")
     finally:
