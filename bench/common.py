@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import resource
 import sys
 import uuid
 from pathlib import Path
@@ -44,3 +46,69 @@ def drop_bench_database(settings: Settings) -> None:
     dbname = settings.database_url.rsplit("/", 1)[1]
     with psycopg.connect(Settings().database_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(database_url: str) -> dict[str, float]:
+    """CPU seconds (user + system) used so far on this machine, by who used them, read from Linux's
+    `/proc` (proc(5): `/proc/stat`, `/proc/PID/stat` fields 14-17, in clock ticks). Subtract two
+    calls to get a window's figures. Keys:
+
+    - `machine_busy`, `machine_idle`: every CPU summed (`/proc/stat`: busy is user, nice, system, irq,
+      softirq, steal; idle is idle and iowait);
+    - `postgresql`: the server's postmaster, its reaped children (backends that ended) and its live
+      children (found from this connection's backend PID's parent);
+    - `kafka_broker`: every JVM whose command line runs `kafka.Kafka`;
+    - `children`: this process's reaped child processes, and theirs (`RUSAGE_CHILDREN`).
+
+    Only meaningful when PostgreSQL and Kafka run on this machine (the local stack); a group whose
+    process is not found is 0.
+    """
+    with open("/proc/stat") as stat:
+        ticks = [int(value) for value in stat.readline().split()[1:]]
+    busy = ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6] + (ticks[7] if len(ticks) > 7 else 0)
+    figures = {"machine_busy": busy / CLOCK_TICKS, "machine_idle": (ticks[3] + ticks[4]) / CLOCK_TICKS}
+    with psycopg.connect(database_url) as conn:
+        backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        postmaster = (_process_stat(backend) or (0, None))[1]  # None: the server is not on this machine
+    figures["postgresql"] = figures["kafka_broker"] = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = _process_stat(int(entry.name))
+        if stat is None:
+            continue
+        pid, parent, own, reaped = int(entry.name), stat[1], stat[2], stat[3]
+        if pid == postmaster:
+            figures["postgresql"] += own + reaped
+        elif parent == postmaster and pid != backend:
+            figures["postgresql"] += own
+        elif b"kafka.Kafka" in _read(entry / "cmdline"):
+            figures["kafka_broker"] += own + reaped
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    figures["children"] = usage.ru_utime + usage.ru_stime
+    return figures
+
+
+def _process_stat(pid: int) -> tuple[int, int, float, float] | None:
+    """(pid, parent pid, own CPU s, reaped children's CPU s) of a process, or None once it is gone."""
+    raw = _read(Path(f"/proc/{pid}/stat"))
+    if not raw:
+        return None
+    fields = raw[raw.rindex(b")") + 2:].split()  # after "pid (comm) ": state is field 3
+    return (pid, int(fields[1]), (int(fields[11]) + int(fields[12])) / CLOCK_TICKS,
+            (int(fields[13]) + int(fields[14])) / CLOCK_TICKS)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """`after - before` per key of `cpu_seconds`, rounded to 0.1 s."""
+    return {key: round(after[key] - before[key], 1) for key in before}

@@ -9,12 +9,15 @@
    (a) decode: consume the whole log read_committed and Avro-decode every record, no database;
    (b) replay: `tapeline replay --into bench_<tag>` in a child process (the real CLI: the bulk path
        of `projections/bulk.py`), events/s, the peak RSS of its processes (VmHWM, summed) and
-       its seconds per phase (read, decode, fold, copy_evidence, write_final_rows, build_indexes);
+       its seconds per phase (read, decode, fold, copy_evidence, write_final_rows, build_indexes),
+       and the CPU seconds of its window by who used them: the replay's processes, PostgreSQL, the
+       Kafka broker, the rest (`bench.common.cpu_seconds`);
    (c) copy: a plain binary `COPY ... FROM STDIN` of the same `lifecycle_evidence` rows, the
        database's own ceiling for the rows a replay writes, the better of two ways: into a table
        with the same indexes, and `COPY ... FREEZE` into an unindexed table then building those
-       indexes (what the replay does); then the same rows with the payload column as json and as
-       bytea instead of jsonb (where the database's ceiling goes: parsing jsonb);
+       indexes (what the replay does); then the same rows with other payloads: jsonb holding the
+       whole event (the envelope fields too, as before migration 017), json, bytea (where the
+       database's ceiling goes: parsing jsonb);
 3. Prints each rate, the ratios b/a and b/c, and one final line
    `RESULT decode_events_per_s=... replay_events_per_s=... copy_rows_per_s=... replay_vs_decode=...
    replay_vs_copy=... projector_rss_mb=...`.
@@ -39,6 +42,7 @@ from confluent_kafka.admin import AdminClient
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/replay.py` from the repo root
 
 from bench import lifecycles  # noqa: E402
+from bench.common import cpu_delta, cpu_seconds  # noqa: E402
 from projections import logread, writes  # noqa: E402
 from projections.sql import connect  # noqa: E402
 from schemas import models as ev  # noqa: E402
@@ -133,6 +137,17 @@ def measure_replay(settings: Settings, schema: str) -> tuple[dict, float]:
     return summary, summary["rss_mb"]
 
 
+def cpu_report(cpu: dict[str, float], records: int) -> str:
+    """One line: where the CPU of the replay's window went (`bench.common.cpu_seconds` deltas), in
+    seconds and in µs per record."""
+    other = cpu["machine_busy"] - cpu["children"] - cpu["postgresql"] - cpu["kafka_broker"]
+    parts = [("replay processes", cpu["children"]), ("PostgreSQL", cpu["postgresql"]),
+             ("Kafka broker", cpu["kafka_broker"]), ("other", other)]
+    return ("CPU during (b): " + ", ".join(f"{name} {seconds:.1f} s ({seconds / records * 1e6:.0f} µs/record)"
+                                           for name, seconds in parts) +
+            f"; busy {cpu['machine_busy']:.1f} s, idle {cpu['machine_idle']:.1f} s on {os.cpu_count()} cores")
+
+
 def measure_copy(settings: Settings, schema: str) -> tuple[int, float, float]:
     """The database's own ceiling for the evidence rows a replay writes, two ways, from a spool of
     them in COPY binary: (rows, seconds into a table with the same indexes, seconds for COPY ...
@@ -150,25 +165,32 @@ def measure_copy(settings: Settings, schema: str) -> tuple[int, float, float]:
     return rows, timings[0], timings[1]
 
 
-PAYLOAD_TYPES = {"json": "payload::json", "bytea": "convert_to(payload::text, 'UTF8')"}
-"""Other types the evidence payload could have, and how the jsonb payload is turned into each (bytea
-holds the JSON text's bytes here; an Avro body would be about half as long)."""
+PAYLOAD_TYPES = {
+    "jsonb holding the whole event (before migration 017)":
+        ("jsonb", "payload || jsonb_build_object(" + ", ".join(f"'{name}', {name}" for name in
+                                                               sorted(writes.PAYLOAD_OMITS)) + ")"),
+    "json": ("json", "payload::json"),
+    "bytea": ("bytea", "convert_to(payload::text, 'UTF8')"),
+}
+"""Other payloads the evidence rows could have: {label: (column type, SQL expression making it from a
+row)}. The first puts back the envelope fields the row has columns for (what every row carried before
+migration 017); bytea holds the JSON text's bytes (an Avro body would be about half as long)."""
 
 
 def measure_payload_types(settings: Settings, schema: str) -> dict[str, float]:
     """Where the database's ceiling goes: the same evidence rows COPYed (FREEZE, then the index
-    builds) with the payload column as json or bytea instead of jsonb. Returns rows/s per type."""
+    builds) with each payload of `PAYLOAD_TYPES` instead of the replay's. Returns rows/s per label."""
     rates = {}
     with connect(settings.database_url, autocommit=True) as conn:
         rows = conn.execute(f"SELECT count(*) FROM {schema}.lifecycle_evidence").fetchone()[0]
-        for kind, expression in PAYLOAD_TYPES.items():
+        for number, (label, (kind, expression)) in enumerate(PAYLOAD_TYPES.items()):
             with tempfile.TemporaryFile() as spool:
                 _spool_evidence(conn, schema, expression, spool)
-                table = f"copy_ceiling_{kind}"
+                table = f"copy_ceiling_{number}"
                 conn.execute(f"DROP TABLE IF EXISTS {schema}.{table}")
                 conn.execute(f"CREATE TABLE {schema}.{table} (LIKE {schema}.lifecycle_evidence)")
                 conn.execute(f"ALTER TABLE {schema}.{table} ALTER COLUMN payload TYPE {kind} USING {expression}")
-                rates[kind] = rows / _timed_copy(conn, schema, table, spool, build_indexes=True)
+                rates[label] = rows / _timed_copy(conn, schema, table, spool, build_indexes=True)
                 conn.execute(f"DROP TABLE {schema}.{table}")
     return rates
 
@@ -222,21 +244,23 @@ def main() -> None:
         decode_rate = decoded / decode_s
         print(f"(a) consume + Avro decode:           {decoded:,} in {decode_s:.1f} s = {decode_rate:,.0f} events/s "
               f"(+ event models: {decoded / models_s:,.0f}/s)")
+        cpu_before = cpu_seconds(settings.database_url)
         summary, rss_mb = measure_replay(settings, schema)
+        cpu = cpu_delta(cpu_before, cpu_seconds(settings.database_url))
         replay_rate = summary["records"] / summary["elapsed_s"]
         print(f"(b) replay into PostgreSQL ({schema}): {summary['records']:,} in {summary['elapsed_s']:.1f} s = "
               f"{replay_rate:,.0f} events/s with {summary.get('workers', 1)} process(es), peak RSS {rss_mb:.0f} MB "
               f"(all processes; each: {summary.get('rss_mb_by_process') or [round(rss_mb)]} MB); rows {summary['rows']}")
         if summary.get("phases_s"):
             print(f"    seconds per phase: {summary['phases_s']}")
+        print("    " + cpu_report(cpu, summary["records"]))
         rows, indexed_s, build_after_s = measure_copy(settings, schema)
         copy_rate = rows / min(indexed_s, build_after_s)
         print(f"(c) plain COPY of the evidence rows:  {rows:,}: into the indexed table {rows / indexed_s:,.0f} rows/s; "
               f"COPY FREEZE then index builds {rows / build_after_s:,.0f} rows/s; ceiling {copy_rate:,.0f} rows/s")
         payload_rates = measure_payload_types(settings, schema)
-        print("    the same rows with the payload as " + ", as ".join(
-            f"{kind}: {rate:,.0f} rows/s" for kind, rate in payload_rates.items()) +
-            f" (COPY FREEZE then index builds; jsonb: {rows / build_after_s:,.0f} rows/s)")
+        print(f"    the same rows (COPY FREEZE then index builds) with the payload as jsonb: {rows / build_after_s:,.0f}"
+              " rows/s (above), as " + ", as ".join(f"{label}: {rate:,.0f}" for label, rate in payload_rates.items()))
         print(f"b/a = {replay_rate / decode_rate:.2f}   b/c = {replay_rate / copy_rate:.2f}")
         print(f"RESULT decode_events_per_s={decode_rate:.0f} replay_events_per_s={replay_rate:.0f} "
               f"copy_rows_per_s={copy_rate:.0f} replay_vs_decode={replay_rate / decode_rate:.3f} "

@@ -35,6 +35,7 @@ import structlog
 
 from processors.breaker import Breaker, BreakerPolicy, admit, on_abandoned, on_failure, on_success, quota_wait
 from projections.sql import q
+from projections.writes import PAYLOAD_OMITS
 from schemas import models as ev
 from tapeline.errors import Fenced, ProviderDeferred, ProviderError
 from tapeline.settings import Settings
@@ -57,6 +58,14 @@ class Ticket:
 
     call_id: int
     probe: bool
+
+
+def breaker_change_params(event: ev.ProviderBreakerChanged) -> dict[str, Any]:
+    """Parameters of the `apply_provider_breaker_changed` query for `event`: its evidence payload (the
+    fields without a column, `writes.PAYLOAD_OMITS` left out) and the envelope values the function
+    takes from an evidence row's columns (event_id, job_id, occurred_at)."""
+    return {"payload": event.model_dump_json(exclude=PAYLOAD_OMITS), "event_id": event.event_id,
+            "job_id": event.job_id, "occurred_at": event.occurred_at}
 
 
 def breaker_from_row(row: dict[str, Any] | None) -> Breaker:
@@ -108,7 +117,7 @@ class ProviderGuard:
                                 reason=new.reason[:500], http_status=new.http_status, failures=new.failures,
                                 version=new.version)
         self.record([event])
-        self.conn.execute(q("apply_provider_breaker_changed"), {"payload": event.model_dump_json()})
+        self.conn.execute(q("apply_provider_breaker_changed"), breaker_change_params(event))
         log.warning("provider breaker changed", provider=self.provider, from_state=old.state, to_state=new.state,
                     until=new.until.isoformat() if new.until else None, reason=new.reason)
 

@@ -164,8 +164,10 @@ def _plain(row: dict[str, Any]) -> dict[str, Any]:
 
 def _event_json(row: dict[str, Any]) -> dict[str, Any]:
     flags = [f for f in ("superseded", "duplicate") if row[f]] or ([] if row["applied"] else ["evidence"])
-    return {"broker_ts": _iso(row["broker_ts"]), "event_type": row["event_type"], "stage": row["stage"],
-            "attempt": row["attempt"], "recorded_by": row["recorded_by"], "applied": row["applied"],
+    return {"broker_ts": _iso(row["broker_ts"]), "event_id": row["event_id"], "event_type": row["event_type"],
+            "stage": row["stage"], "attempt": row["attempt"], "claim_token": row["claim_token"],
+            "occurred_at": _iso(row["occurred_at"]), "recorded_by": row["recorded_by"],
+            "causation_id": row["causation_id"], "dedup_key": row["dedup_key"], "applied": row["applied"],
             "superseded": row["superseded"], "duplicate": row["duplicate"], "flags": flags,
             "partition": row["partition"], "offset": row["offset"], "payload": row["payload"]}
 

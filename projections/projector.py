@@ -124,8 +124,9 @@ def fold_batch(decoded: list[Decoded], rows: dict[str, dict[str, Any]], seen: "s
     decoded record onto `rows` (job id -> `job_state` row, updated in place) in log order, a dedup
     key already in `seen` (updated in place) only as evidence. Counts go to `result`.
 
-    An evidence row's `payload` is the event's JSON text, or with `binary_payload` the bytes of
-    jsonb's binary wire format (version byte 1, then the same JSON as UTF-8) for a binary COPY.
+    An evidence row's `payload` is the JSON text of the event's fields that have no evidence column
+    of their own (`writes.PAYLOAD_OMITS` left out), or with `binary_payload` the bytes of jsonb's binary
+    wire format (version byte 1, then the same JSON as UTF-8) for a binary COPY.
     """
     out = Folded()
     evidence, clock = out.evidence, out.clock
@@ -188,7 +189,8 @@ def fold_batch(decoded: list[Decoded], rows: dict[str, dict[str, Any]], seen: "s
             event.claim_token, event.dedup_key, event.occurred_at, event.recorded_by, event.causation_id, applied,
             superseded, duplicate,
             # JSON text (what model_dump_json returns): jsonb parses it once
-            b"\x01" + event.__pydantic_serializer__.to_json(event) if binary_payload else event.model_dump_json()))
+            b"\x01" + event.__pydantic_serializer__.to_json(event, exclude=writes.PAYLOAD_OMITS) if binary_payload
+            else event.model_dump_json(exclude=writes.PAYLOAD_OMITS)))
     return out
 
 

@@ -86,8 +86,8 @@ SELECT * FROM job_state ORDER BY updated_at DESC LIMIT %(limit)s;
 
 -- name: job_timeline
 -- Every event of a job in log order (broker time), with its flags.
-SELECT topic, partition, "offset", broker_ts, event_type, stage, attempt, claim_token, recorded_by,
-       applied, superseded, duplicate, payload
+SELECT topic, partition, "offset", broker_ts, event_id, event_type, stage, attempt, claim_token, occurred_at,
+       recorded_by, causation_id, dedup_key, applied, superseded, duplicate, payload
 FROM lifecycle_evidence WHERE job_id = %(job_id)s ORDER BY broker_ts, partition, "offset";
 
 -- name: count_events_of_type
@@ -146,8 +146,9 @@ SELECT pg_advisory_xact_lock(%(lock_class)s, %(lock_id)s), clock_timestamp() AS 
 SELECT * FROM provider_state WHERE provider = %(provider)s;
 
 -- name: apply_provider_breaker_changed
--- Apply one ProviderBreakerChanged (its JSON payload) to provider_state, as the projector's trigger does.
-SELECT apply_provider_breaker_changed(%(payload)s::jsonb);
+-- Apply one ProviderBreakerChanged (its evidence payload and envelope values) to provider_state, as the
+-- projector's trigger does.
+SELECT apply_provider_breaker_changed(%(payload)s::jsonb, %(event_id)s, %(job_id)s, %(occurred_at)s);
 
 -- name: provider_call_ends
 -- When each call that may still occupy a quota window of one provider ended: reservations (in flight: now; its worker gone after stale_s: reserved_at + stale_s) and, for jobs without a reservation, applied Published events (broker time).

@@ -8,7 +8,9 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 import pytest
 
+from processors.provider_guard import breaker_change_params
 from projections.sql import q
+from projections.writes import PAYLOAD_OMITS
 from schemas import models as ev
 
 pytestmark = pytest.mark.integration
@@ -30,7 +32,7 @@ def evidence_row(event: ev.Event, offset: int, duplicate: bool = False) -> dict:
             "event_type": event.event_type, "job_id": event.job_id, "stage": event.stage, "attempt": event.attempt,
             "claim_token": event.claim_token, "dedup_key": event.dedup_key, "occurred_at": event.occurred_at,
             "recorded_by": event.recorded_by, "causation_id": None, "applied": True, "superseded": False,
-            "duplicate": duplicate, "payload": event.model_dump_json()}
+            "duplicate": duplicate, "payload": event.model_dump_json(exclude=PAYLOAD_OMITS)}
 
 
 INSERT_EVIDENCE = """INSERT INTO lifecycle_evidence (topic, partition, "offset", broker_ts, event_id, event_type, job_id,
@@ -45,7 +47,7 @@ def test_the_highest_version_wins_in_any_order_and_the_trigger_applies_evidence(
         conn.execute("DELETE FROM provider_state WHERE provider LIKE 'webhook-%'")
         opened, probing, closed = change(1, "open"), change(2, "half_open", job="upload-b"), change(3, "closed")
         for event in (closed, opened, probing, closed):  # out of order and repeated (a replay, a worker + projector)
-            conn.execute(q("apply_provider_breaker_changed"), {"payload": event.model_dump_json()})
+            conn.execute(q("apply_provider_breaker_changed"), breaker_change_params(event))
         row = conn.execute(q("provider_breaker"), {"provider": "webhook-x"}).fetchone()
         assert (row["state"], row["version"], row["event_id"], row["until"], row["probe_job"], row["failures"]) == \
             ("closed", 3, closed.event_id, None, None, 3)
@@ -71,7 +73,7 @@ def test_the_read_api_shows_each_providers_breaker_and_quota_use(isolated):
     settings = isolated.model_copy(update={"webhook_quota": 30, "webhook_daily_quota": 5000})
     with psycopg.connect(isolated.database_url, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
         opened = change(7, "open", provider="webhook")
-        conn.execute(q("apply_provider_breaker_changed"), {"payload": opened.model_dump_json()})
+        conn.execute(q("apply_provider_breaker_changed"), breaker_change_params(opened))
         now = conn.execute("SELECT clock_timestamp() AS now").fetchone()["now"]
         for n in range(3):  # three calls: one ended 2 s ago, one in flight, one ended two minutes ago
             call = conn.execute(q("reserve_provider_call"), {"provider": "webhook", "job_id": f"job-{n}", "attempt": 1,
