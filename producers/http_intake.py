@@ -35,6 +35,15 @@ submitter + key)`, so its job id is fixed by the key. Admission claims the row
 streaming) reads its own body through sha256 without storing it, waits for the first to finish and
 answers the first's response (202, same body). Different parameters or a different body under the
 key -> 422; the first request failed before publishing -> 409 (send again).
+
+Claims are leases: while a request runs, a task beside it renews its row every third of
+`intake_claim_lease_s` (30 s). An intake killed mid-upload leaves a row in `uploading` that nobody
+renews; once the lease has passed it no longer counts against any capacity, a request with its
+key is admitted again (same upload id, so the same job id) and admission deletes it. The claim's
+identity is its `created_at`: the dead intake's row can only be released or renewed by its own
+claim, and a request whose claim was taken over (it stalled past the lease) does not publish.
+Published rows answer their key for `intake_key_retention_s` (a day), then admission deletes them;
+the key still maps to the same upload id, so a later retry is the same job to the pipeline.
 """
 
 from __future__ import annotations
@@ -97,6 +106,17 @@ class Refusal:
         headers = {"Retry-After": str(self.retry_after_s)} if self.retry_after_s is not None else {}
         return JSONResponse({"error": self.error, "reason": self.reason, "retry_after_s": self.retry_after_s},
                             status_code=self.status, headers=headers)
+
+
+@dataclass
+class Claim:
+    """An admitted upload's `intake_uploads` row: its upload id and `created_at` (the claim's
+    identity: a row deleted after it lapsed and claimed again has another). `lost` is set by
+    `IntakeService.keep_claim` when a renewal finds the row gone."""
+
+    upload_id: str
+    claimed_at: Any  # datetime, as PostgreSQL returned it (compared exactly)
+    lost: bool = False
 
 
 def retry_after(excess: int, completed_recently: int, window_s: float, settings: Settings) -> int:
@@ -219,26 +239,30 @@ class IntakeService:
     # -- PostgreSQL ------------------------------------------------------------------------------
 
     def row_by_key(self, submitter: str, key: str) -> dict[str, Any] | None:
+        """The `intake_uploads` row of (submitter, key), with `abandoned` (an uploading claim that
+        lapsed), or None."""
         with self.pool.connection() as conn:
-            return conn.execute(q("intake_upload_by_key"), {"submitter": submitter, "key": key}).fetchone()
+            return conn.execute(q("intake_upload_by_key"), {"submitter": submitter, "key": key,
+                                                            "lease_s": self.settings.intake_claim_lease_s}).fetchone()
 
     def admit(self, submitter: str, key: str | None, upload_id: str, priority: str, profile: str,
-              filename: str) -> Refusal | None | bool:
+              filename: str) -> Refusal | Claim | bool:
         """Admission then claim, in one transaction under the admission lock. Returns a `Refusal`,
-        None when the upload is claimed, or False when its Idempotency-Key was claimed first by
-        another request (read its row and replay)."""
+        the `Claim` when the upload is claimed, or False when its Idempotency-Key was claimed first
+        by another request (read its row and replay). Lapsed claims and expired keys are deleted
+        first (`expire`), so the key of an intake that died mid-upload can be claimed again."""
         storage = self.gauge.bytes() if self.settings.storage_limit_bytes is not None else None
         window = self.settings.intake_throughput_window_s
+        counted = {"window_s": self.settings.intake_timeout_s, "lease_s": self.settings.intake_claim_lease_s}
         with self.pool.connection() as conn, conn.transaction():
             conn.execute(q("intake_admission_lock"))
-            if key is not None and conn.execute(q("intake_upload_by_key"),
-                                                {"submitter": submitter, "key": key}).fetchone():
+            self.expire(conn)
+            if key is not None and conn.execute(q("intake_upload_by_key"), {
+                    "submitter": submitter, "key": key, "lease_s": self.settings.intake_claim_lease_s}).fetchone():
                 return False
             backlog = tier_backlog(conn, window)
-            pending = {r["tier"]: int(r["pending"]) for r in
-                       conn.execute(q("intake_pending_by_tier"), {"window_s": self.settings.intake_timeout_s})}
-            in_flight = int(conn.execute(q("submitter_in_flight"), {"submitter": submitter,
-                                                                    "window_s": self.settings.intake_timeout_s}
+            pending = {r["tier"]: int(r["pending"]) for r in conn.execute(q("intake_pending_by_tier"), counted)}
+            in_flight = int(conn.execute(q("submitter_in_flight"), {"submitter": submitter, **counted}
                                          ).fetchone()["in_flight"])
             refusal = admission(priority, backlog, pending, in_flight, storage, submitter, self.settings)
             if refusal is not None:
@@ -246,16 +270,50 @@ class IntakeService:
             claimed = conn.execute(q("intake_upload_claim"), {
                 "upload_id": upload_id, "job_id": ev.job_id_for(upload_id), "submitter": submitter, "key": key,
                 "priority": priority, "profile": profile, "filename": filename}).fetchone()
-            return None if claimed else False
+            return Claim(upload_id, claimed["created_at"]) if claimed else False
+
+    def expire(self, conn: psycopg.Connection) -> None:
+        """Delete lapsed claims (uploading, not renewed for `intake_claim_lease_s`: their intake
+        died mid-upload) and published rows older than `intake_key_retention_s`. Under the
+        admission lock, in the caller's transaction."""
+        gone = [row["state"] for row in conn.execute(q("intake_uploads_expire"), {
+            "lease_s": self.settings.intake_claim_lease_s,
+            "retention_s": self.settings.intake_key_retention_s}).fetchall()]
+        if gone:
+            log.info("intake rows expired", abandoned_claims=gone.count("uploading"),
+                     expired_keys=gone.count("published"))
+
+    def renew(self, claim: Claim) -> bool:
+        """Renew `claim`; False when it is gone (it lapsed and another request took its key over)."""
+        with self.pool.connection() as conn:
+            return conn.execute(q("intake_upload_renew"), {"upload_id": claim.upload_id,
+                                                           "claimed_at": claim.claimed_at}).fetchone() is not None
 
     def published(self, upload_id: str, sha256: str, size: int, response: dict[str, Any]) -> None:
         with self.pool.connection() as conn:
             conn.execute(q("intake_upload_published"), {"upload_id": upload_id, "sha256": sha256, "size_bytes": size,
                                                         "response": json.dumps(response)})
 
-    def release(self, upload_id: str) -> None:
+    def release(self, claim: Claim) -> None:
+        """Delete `claim`'s row (the upload failed before it was published); never another claim's."""
         with self.pool.connection() as conn:
-            conn.execute(q("intake_upload_release"), {"upload_id": upload_id})
+            conn.execute(q("intake_upload_release"), {"upload_id": claim.upload_id, "claimed_at": claim.claimed_at})
+
+    async def keep_claim(self, claim: Claim) -> None:
+        """Renew `claim` every third of `intake_claim_lease_s` until cancelled (a task beside the
+        request); sets `claim.lost` when it is gone. A failed renewal (database down) is logged and
+        retried at the next tick: the claim only lapses after a whole lease without one."""
+        interval = self.settings.intake_claim_lease_s / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if not await self.call(self.renew, claim):
+                    claim.lost = True
+                    log.warning("upload claim lost (it lapsed and its key was claimed again)",
+                                upload_id=claim.upload_id)
+                    return
+            except psycopg.Error as exc:
+                log.warning("upload claim not renewed", upload_id=claim.upload_id, error=str(exc))
 
     # -- Kafka -----------------------------------------------------------------------------------
 
@@ -369,13 +427,13 @@ def intake_router(service: IntakeService) -> APIRouter:
                            f"filename={row['filename']}; a key names one request")
         sha, size = await service.hash_body(request)
         deadline = time.monotonic() + settings.intake_idempotency_wait_s
-        while row is not None and row["state"] == "uploading":
+        while row is not None and row["state"] == "uploading" and not row["abandoned"]:
             if time.monotonic() > deadline:
                 return problem(409, "idempotency_key_in_use", "the first request with this Idempotency-Key is "
                                                                "still uploading; retry later", 5)
             await asyncio.sleep(0.1)
             row = await service.call(service.row_by_key, row["submitter"], row["idempotency_key"])
-        if row is None:
+        if row is None or row["abandoned"]:
             return problem(409, "idempotency_key_failed", "the first request with this Idempotency-Key failed before "
                                                            "it was published; send the upload again", 1)
         if (row["sha256"], row["size_bytes"]) != (sha, size):
@@ -417,7 +475,7 @@ def intake_router(service: IntakeService) -> APIRouter:
             return problem(422, "invalid_request", "Idempotency-Key must be 1-255 characters")
         if key is not None:
             row = await service.call(service.row_by_key, submitter, key)
-            if row is not None:
+            if row is not None and not row["abandoned"]:  # an abandoned claim is taken over by `admit`
                 return await replay(request, row, priority, profile, filename)
         upload_id = upload_id_for_key(submitter, key) if key is not None else str(uuid.uuid4())
         verdict = await service.call(service.admit, submitter, key, upload_id, priority, profile, filename)
@@ -428,31 +486,38 @@ def intake_router(service: IntakeService) -> APIRouter:
             log.info("upload refused", submitter=submitter, priority=priority, status=verdict.status,
                      error=verdict.error, retry_after_s=verdict.retry_after_s)
             return verdict.response()
+        claim = verdict
+        keeper = asyncio.ensure_future(service.keep_claim(claim))
         object_key = f"uploads/{upload_id}/{filename}"
         content_type = request.headers.get("content-type") or "application/octet-stream"
         try:
             sha, size = await service.stream_to_store(request, object_key, content_type)
             if size == 0:
                 await service.call(service.store.delete, object_key)
-                await service.call(service.release, upload_id)
+                await service.call(service.release, claim)
                 return problem(422, "invalid_input", "the body is empty; send the video's bytes")
+            if claim.lost:  # fencing: another request owns the key now; never publish over it
+                raise ServiceUnavailable("this upload's claim lapsed (not renewed for intake_claim_lease_s) and "
+                                         "another request took its Idempotency-Key; send it again")
             event = upload_completed(settings, upload_id, object_key, size, sha, filename, priority, submitter,
                                      recorded_by=f"http-intake@{settings.instance_id}", profile=profile)
             await service.call(service.publish, event)
         except BodyTooLarge as exc:
-            await service.call(service.release, upload_id)
+            await service.call(service.release, claim)
             return problem(413, "limits_exceeded", str(exc))
         except ClientDisconnect:
-            await service.call(service.release, upload_id)
+            await service.call(service.release, claim)
             log.info("client went away mid-upload", upload_id=upload_id)
             return problem(400, "client_disconnected", "the request body ended early")
         except (StorageError, ServiceUnavailable) as exc:
-            await service.call(service.release, upload_id)
+            await service.call(service.release, claim)
             log.warning("upload failed", upload_id=upload_id, error=str(exc))
             return problem(503, "unavailable", str(exc), int(settings.intake_retry_after_min_s) or 1)
         except BaseException:
-            await asyncio.shield(service.call(service.release, upload_id))
+            await asyncio.shield(service.call(service.release, claim))
             raise
+        finally:
+            keeper.cancel()
         job_id = event.job_id
         response = {"job_id": job_id, "upload_id": upload_id, "status_url": f"/api/jobs/{job_id}"}
         await service.call(service.published, upload_id, sha, size, response)

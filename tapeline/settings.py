@@ -180,6 +180,12 @@ class Settings(BaseSettings):
                                               "estimate Retry-After")
     intake_idempotency_wait_s: float = Field(600.0, description="How long a request with a reused Idempotency-Key "
                                              "waits for the first request with it to finish, seconds")
+    intake_claim_lease_s: float = Field(30.0, gt=0, description="An admitted upload's claim (its intake_uploads "
+                                        "row) is renewed every third of this while its request runs; one not renewed "
+                                        "this long belongs to an intake that went away: it stops counting against "
+                                        "capacity and its Idempotency-Key may be sent again, seconds")
+    intake_key_retention_s: float = Field(86400.0, gt=0, description="A published upload's Idempotency-Key answers "
+                                          "with the first response this long; later the row is deleted, seconds")
     storage_limit_bytes: int | None = Field(None, description="Object storage budget, bytes (the bucket's total): "
                                             "past it new uploads get 507 and cleanup uses storage_pressure_retention_s "
                                             "(unset: no guard)")

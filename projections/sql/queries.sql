@@ -305,15 +305,29 @@ GROUP BY 1;
 SELECT pg_advisory_xact_lock(hashtext('tapeline.intake.admission'));
 
 -- name: intake_upload_by_key
--- The HTTP intake's row of one (submitter, Idempotency-Key), if any.
-SELECT * FROM intake_uploads WHERE submitter = %(submitter)s AND idempotency_key = %(key)s;
+-- The HTTP intake's row of one (submitter, Idempotency-Key), if any; `abandoned`: still uploading but its claim was not renewed for %(lease_s)s seconds (its intake went away).
+SELECT *, (state = 'uploading' AND updated_at < now() - make_interval(secs => %(lease_s)s)) AS abandoned
+FROM intake_uploads WHERE submitter = %(submitter)s AND idempotency_key = %(key)s;
 
 -- name: intake_upload_claim
 -- Claim an upload at admission (state uploading); nothing returned when the (submitter, key) is already claimed.
 INSERT INTO intake_uploads (upload_id, job_id, submitter, idempotency_key, priority, profile, filename, state)
 VALUES (%(upload_id)s, %(job_id)s, %(submitter)s, %(key)s, %(priority)s, %(profile)s, %(filename)s, 'uploading')
 ON CONFLICT DO NOTHING
+RETURNING upload_id, created_at;
+
+-- name: intake_upload_renew
+-- Renew a claim (its request still runs); nothing returned when the claim is gone (released, or taken over after it lapsed).
+UPDATE intake_uploads SET updated_at = now()
+WHERE upload_id = %(upload_id)s AND created_at = %(claimed_at)s AND state = 'uploading'
 RETURNING upload_id;
+
+-- name: intake_uploads_expire
+-- Delete abandoned claims (uploading, not renewed for %(lease_s)s seconds) and published rows older than %(retention_s)s seconds; returns what went.
+DELETE FROM intake_uploads
+WHERE (state = 'uploading' AND updated_at < now() - make_interval(secs => %(lease_s)s))
+   OR (state = 'published' AND updated_at < now() - make_interval(secs => %(retention_s)s))
+RETURNING state;
 
 -- name: intake_upload_published
 -- Record a published upload with the response every replay of its Idempotency-Key gets.
@@ -322,13 +336,14 @@ UPDATE intake_uploads SET state = 'published', sha256 = %(sha256)s, size_bytes =
 WHERE upload_id = %(upload_id)s;
 
 -- name: intake_upload_release
--- Forget an upload that failed before it was published (its key may be used again).
-DELETE FROM intake_uploads WHERE upload_id = %(upload_id)s AND state = 'uploading';
+-- Forget an upload that failed before it was published (its key may be used again); only this claim's row.
+DELETE FROM intake_uploads WHERE upload_id = %(upload_id)s AND created_at = %(claimed_at)s AND state = 'uploading';
 
 -- name: intake_pending_by_tier
--- Uploads the HTTP intake admitted whose job the projection does not know yet (uploading, or published in the last %(window_s)s seconds and not yet decided), per tier.
+-- Uploads the HTTP intake admitted whose job the projection does not know yet (uploading with a claim renewed in the last %(lease_s)s seconds, or published in the last %(window_s)s seconds and not yet decided), per tier.
 SELECT i.priority AS tier, count(*) AS pending FROM intake_uploads i
-WHERE (i.state = 'uploading' OR i.updated_at >= now() - make_interval(secs => %(window_s)s))
+WHERE ((i.state = 'uploading' AND i.updated_at >= now() - make_interval(secs => %(lease_s)s))
+       OR (i.state = 'published' AND i.updated_at >= now() - make_interval(secs => %(window_s)s)))
   AND NOT EXISTS (SELECT 1 FROM job_state j WHERE j.job_id = i.job_id)
 GROUP BY 1;
 
@@ -339,7 +354,8 @@ SELECT (SELECT count(*) FROM uploads u JOIN job_state j ON j.job_id = u.job_id
           AND j.state NOT IN ('completed', 'rejected', 'failed', 'cancelled', 'dead_lettered', 'needs_review'))
      + (SELECT count(*) FROM intake_uploads i
         WHERE i.submitter = %(submitter)s
-          AND (i.state = 'uploading' OR i.updated_at >= now() - make_interval(secs => %(window_s)s))
+          AND ((i.state = 'uploading' AND i.updated_at >= now() - make_interval(secs => %(lease_s)s))
+               OR (i.state = 'published' AND i.updated_at >= now() - make_interval(secs => %(window_s)s)))
           AND NOT EXISTS (SELECT 1 FROM job_state j WHERE j.job_id = i.job_id))
        AS in_flight;
 

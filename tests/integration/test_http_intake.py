@@ -40,8 +40,9 @@ def clip(tmp_path_factory) -> bytes:
 
 
 @contextlib.contextmanager
-def intake_server(settings, log_path: Path) -> Iterator[str]:
-    """`tapeline serve` as a child process with `settings`; yields its base URL."""
+def intake_server(settings, log_path: Path, processes: list | None = None) -> Iterator[str]:
+    """`tapeline serve` as a child process with `settings`; yields its base URL (and appends its
+    `Popen` to `processes` when given)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -49,6 +50,8 @@ def intake_server(settings, log_path: Path) -> Iterator[str]:
     server = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "serve", "--port", str(port)],
                               env=settings_env(settings), stdout=log, stderr=log, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
+    if processes is not None:
+        processes.append(server)
 
     def live() -> bool:
         assert server.poll() is None, log_path.read_text()[-3000:]
