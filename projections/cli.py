@@ -71,7 +71,7 @@ def replay(into: Optional[str] = typer.Option(None, "--into", help="Schema to re
            swap: Optional[str] = typer.Option(None, "--swap", help="Schema to make the live one (after a replay)"),
            as_of: Optional[str] = typer.Option(None, "--as-of", envvar="TAPELINE_REPLAY_AS_OF",
                                                help="Keep only records with a broker timestamp at or before this"),
-           force: bool = typer.Option(False, "--force", help="Drop and rebuild SCHEMA when it exists and is not empty"),
+           force: bool = typer.Option(False, "--force", help="Drop and rebuild SCHEMA when it exists and is not empty (only a Tapeline projection schema)"),
            catch_up: bool = typer.Option(True, "--catch-up/--no-catch-up",
                                          help="With --swap: first apply what the log gained since the replay"),
            batch_size: int = typer.Option(5000, "--batch-size", envvar="TAPELINE_REPLAY_BATCH_SIZE",

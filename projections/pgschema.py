@@ -67,13 +67,19 @@ def prepare_fresh(database_url: str, schema: str, live_schema: str, force: bool 
 
     Refuses the live schema, and an existing non-empty schema unless `force` (which drops it). A
     Tapeline schema whose projections hold no row (what a failed or interrupted replay leaves: its
-    one transaction rolled back) is dropped and rebuilt without `force`.
+    one transaction rolled back) is dropped and rebuilt without `force`. `force` never drops a
+    schema that is not a Tapeline projection schema (`is_projection_schema`): a typo must not drop
+    another application's tables. Raises `ConfigurationError`.
     """
     check_schema_name(schema)
     if schema == live_schema:
         raise ConfigurationError(f"{schema} is the live schema; replay into another one and swap it in")
     with connect(database_url, autocommit=True) as conn:
         if relation_count(conn, schema):
+            if not is_projection_schema(conn, schema):
+                raise ConfigurationError(f"schema {schema} holds tables that are not a Tapeline projection (no "
+                                         f"schema_migrations of ours); refusing to drop it, even with --force: "
+                                         f"choose another name, or drop it yourself")
             if not force and not holds_no_projection(conn, schema):
                 raise ConfigurationError(f"schema {schema} exists and is not empty (use --force to drop it)")
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
@@ -83,6 +89,18 @@ def prepare_fresh(database_url: str, schema: str, live_schema: str, force: bool 
 PROJECTION_TABLES = ("projector_offsets", "lifecycle_evidence", "job_state", "applied_dedup_keys", "uploads",
                      "dead_letters", "log_clock", "provider_calls", "provider_state", "intake_uploads")
 """Tables a replay or the projector fills; a schema with all of them empty holds nothing to lose."""
+
+
+def is_projection_schema(conn: psycopg.Connection, schema: str) -> bool:
+    """True when `schema` holds a `schema_migrations` table recording Tapeline's first migration
+    (`001_init.sql`, by version and name): a schema this code (or an older version of it) migrated."""
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f'"{schema}".schema_migrations',)).fetchone()
+    if not (next(iter(row.values())) if isinstance(row, dict) else row[0]):
+        return False
+    version, name, _ = min(migrations())
+    row = conn.execute(sql.SQL("SELECT count(*) FROM {}.schema_migrations WHERE version = %s AND name = %s")
+                       .format(sql.Identifier(schema)), (version, name)).fetchone()
+    return (next(iter(row.values())) if isinstance(row, dict) else row[0]) == 1
 
 
 def holds_no_projection(conn: psycopg.Connection, schema: str) -> bool:

@@ -152,6 +152,13 @@ def test_replay_refuses_a_non_empty_schema_unless_forced(isolated, busy):
     forced = tapeline_cli(isolated, "replay", "--into", "rebuilt", "--force", "--json")
     assert forced.returncode == 0, forced.stderr
     assert_same_tables(isolated, "public", "rebuilt")
+    # Another application's schema is never dropped, --force or not.
+    with psycopg.connect(isolated.database_url, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA billing; CREATE TABLE billing.invoices (id int); INSERT INTO billing.invoices VALUES (1)")
+    for extra in ((), ("--force",)):
+        kept = tapeline_cli(isolated, "replay", "--into", "billing", *extra)
+        assert kept.returncode == 1 and "not a Tapeline projection" in kept.stderr, kept.stderr
+    assert rows(isolated, "SELECT count(*) AS n FROM billing.invoices")[0]["n"] == 1
 
 
 def test_a_second_replay_into_a_schema_being_replayed_refuses_at_once(isolated, busy):
