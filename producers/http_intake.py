@@ -36,12 +36,13 @@ streaming) reads its own body through sha256 without storing it, waits for the f
 answers the first's response (202, same body). Different parameters or a different body under the
 key -> 422; the first request failed before publishing -> 409 (send again).
 
-Claims are leases: while a request runs, a task beside it renews its row every third of
-`intake_claim_lease_s` (30 s). An intake killed mid-upload leaves a row in `uploading` that nobody
-renews; once the lease has passed it no longer counts against any capacity, a request with its
-key is admitted again (same upload id, so the same job id) and admission deletes it. The claim's
-identity is its `created_at`: the dead intake's row can only be released or renewed by its own
-claim, and a request whose claim was taken over (it stalled past the lease) does not publish.
+Claims are leases: while a request runs, the process's `ClaimKeeper` renews its row every third
+of `intake_claim_lease_s` (30 s). An intake killed mid-upload leaves a row in `uploading` that
+nobody renews; once the lease has passed it no longer counts against any capacity, a request with
+its key is admitted again (same upload id, so the same job id) and admission deletes it. The
+claim's identity is its `created_at`: the dead intake's row can only be released or renewed by its
+own claim, a request whose claim lapsed does not publish (it renews once more right before, and
+gives up when the row is gone), and each claim stores its body under its own object key.
 Published rows answer their key for `intake_key_retention_s` (a day), then admission deletes them;
 the key still maps to the same upload id, so a later retry is the same job to the pipeline.
 """
@@ -111,12 +112,84 @@ class Refusal:
 @dataclass
 class Claim:
     """An admitted upload's `intake_uploads` row: its upload id and `created_at` (the claim's
-    identity: a row deleted after it lapsed and claimed again has another). `lost` is set by
-    `IntakeService.keep_claim` when a renewal finds the row gone."""
+    identity: a row deleted after it lapsed and claimed again has another). `lost` is set by the
+    `ClaimKeeper` when a renewal finds the row gone."""
 
     upload_id: str
     claimed_at: Any  # datetime, as PostgreSQL returned it (compared exactly)
+    keyed: bool = False  # made for an Idempotency-Key (its upload id is derived from the key)
     lost: bool = False
+
+    @property
+    def object_key_prefix(self) -> str:
+        """`uploads/{upload_id}/{claim}/`: the claim's own place for its source object (`claim` is
+        `created_at` in microseconds since the epoch), so a later claim of the same key (after this
+        one lapsed, or after the key's retention) never overwrites a source a job was made from."""
+        return f"uploads/{self.upload_id}/{round(self.claimed_at.timestamp() * 1_000_000)}/"
+
+
+class ClaimKeeper:
+    """Renews every live claim of one intake process in ONE `UPDATE` every third of
+    `intake_claim_lease_s`, on its own thread and its own connection: never queued behind the
+    uploads, which hold the request threads for their whole duration (with them, renewals starved
+    once ~64 uploads were in flight and healthy claims lapsed). A claim whose row is gone (it
+    lapsed and was deleted or taken over) gets `lost`. A failed renewal (the database down) is
+    logged and retried at the next tick: a claim lapses only after a whole lease without one.
+    `start()` once, `add`/`discard` per upload, `stop()` at shutdown."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.claims: dict[tuple[str, Any], Claim] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="intake-claim-keeper", daemon=True)
+        self._conn: psycopg.Connection | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+
+    def add(self, claim: Claim) -> None:
+        with self._lock:
+            self.claims[(claim.upload_id, claim.claimed_at)] = claim
+
+    def discard(self, claim: Claim) -> None:
+        with self._lock:
+            self.claims.pop((claim.upload_id, claim.claimed_at), None)
+
+    def _run(self) -> None:
+        interval = self.settings.intake_claim_lease_s / 3
+        while not self._stop.wait(interval):
+            try:
+                self.renew_all()
+            except psycopg.Error as exc:
+                log.warning("upload claims not renewed", claims=len(self.claims), error=str(exc))
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+        if self._conn is not None:
+            self._conn.close()
+
+    def renew_all(self) -> None:
+        """Renew every claim held now; mark those whose row is gone `lost` and forget them."""
+        with self._lock:
+            held = list(self.claims.values())
+        if not held:
+            return
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.settings.database_url, autocommit=True, connect_timeout=10,
+                                         options=f"-c search_path={check_schema_name(self.settings.db_schema)}")
+        alive = {(row[0], row[1]) for row in self._conn.execute(q("intake_uploads_renew"), {
+            "upload_ids": [c.upload_id for c in held], "claimed_ats": [c.claimed_at for c in held]})}
+        for claim in held:
+            if (claim.upload_id, claim.claimed_at) not in alive:
+                claim.lost = True
+                self.discard(claim)
+                log.warning("upload claim lost (it lapsed and its row is gone)", upload_id=claim.upload_id)
 
 
 def retry_after(excess: int, completed_recently: int, window_s: float, settings: Settings) -> int:
@@ -222,11 +295,14 @@ class IntakeService:
         self._partitions: int | None = None
         self._producer_lock = threading.Lock()
         self.codec = default_codec()
+        self.keeper = ClaimKeeper(settings)
 
     def open(self) -> None:
         self.pool.open(wait=False)
+        self.keeper.start()
 
     def close(self) -> None:
+        self.keeper.stop()
         self.pool.close()
         if self._producer is not None:
             self._producer.flush(10.0)
@@ -240,10 +316,18 @@ class IntakeService:
 
     def row_by_key(self, submitter: str, key: str) -> dict[str, Any] | None:
         """The `intake_uploads` row of (submitter, key), with `abandoned` (an uploading claim that
-        lapsed), or None."""
+        lapsed) and `expired` (published longer ago than the key's retention), or None."""
         with self.pool.connection() as conn:
-            return conn.execute(q("intake_upload_by_key"), {"submitter": submitter, "key": key,
-                                                            "lease_s": self.settings.intake_claim_lease_s}).fetchone()
+            return conn.execute(q("intake_upload_by_key"), self._key_params(submitter, key)).fetchone()
+
+    def _key_params(self, submitter: str, key: str) -> dict[str, Any]:
+        return {"submitter": submitter, "key": key, "lease_s": self.settings.intake_claim_lease_s,
+                "retention_s": self.settings.intake_key_retention_s}
+
+    def projected_upload(self, upload_id: str) -> dict[str, Any] | None:
+        """The projection's `uploads` row of `upload_id` (its sha256 and size), or None."""
+        with self.pool.connection() as conn:
+            return conn.execute(q("upload_by_id"), {"upload_id": upload_id}).fetchone()
 
     def admit(self, submitter: str, key: str | None, upload_id: str, priority: str, profile: str,
               filename: str) -> Refusal | Claim | bool:
@@ -257,8 +341,7 @@ class IntakeService:
         with self.pool.connection() as conn, conn.transaction():
             conn.execute(q("intake_admission_lock"))
             self.expire(conn)
-            if key is not None and conn.execute(q("intake_upload_by_key"), {
-                    "submitter": submitter, "key": key, "lease_s": self.settings.intake_claim_lease_s}).fetchone():
+            if key is not None and conn.execute(q("intake_upload_by_key"), self._key_params(submitter, key)).fetchone():
                 return False
             backlog = tier_backlog(conn, window)
             pending = {r["tier"]: int(r["pending"]) for r in conn.execute(q("intake_pending_by_tier"), counted)}
@@ -270,7 +353,7 @@ class IntakeService:
             claimed = conn.execute(q("intake_upload_claim"), {
                 "upload_id": upload_id, "job_id": ev.job_id_for(upload_id), "submitter": submitter, "key": key,
                 "priority": priority, "profile": profile, "filename": filename}).fetchone()
-            return Claim(upload_id, claimed["created_at"]) if claimed else False
+            return Claim(upload_id, claimed["created_at"], keyed=key is not None) if claimed else False
 
     def expire(self, conn: psycopg.Connection) -> None:
         """Delete lapsed claims (uploading, not renewed for `intake_claim_lease_s`: their intake
@@ -284,36 +367,23 @@ class IntakeService:
                      expired_keys=gone.count("published"))
 
     def renew(self, claim: Claim) -> bool:
-        """Renew `claim`; False when it is gone (it lapsed and another request took its key over)."""
+        """Renew `claim` now (the check before publishing); False when it is gone (it lapsed, and
+        admission deleted it or another request took its key over)."""
         with self.pool.connection() as conn:
             return conn.execute(q("intake_upload_renew"), {"upload_id": claim.upload_id,
                                                            "claimed_at": claim.claimed_at}).fetchone() is not None
 
-    def published(self, upload_id: str, sha256: str, size: int, response: dict[str, Any]) -> None:
+    def published(self, claim: Claim, sha256: str, size: int, response: dict[str, Any]) -> None:
+        """Record `claim`'s upload as published with the response its key answers from now on."""
         with self.pool.connection() as conn:
-            conn.execute(q("intake_upload_published"), {"upload_id": upload_id, "sha256": sha256, "size_bytes": size,
+            conn.execute(q("intake_upload_published"), {"upload_id": claim.upload_id, "claimed_at": claim.claimed_at,
+                                                        "sha256": sha256, "size_bytes": size,
                                                         "response": json.dumps(response)})
 
     def release(self, claim: Claim) -> None:
         """Delete `claim`'s row (the upload failed before it was published); never another claim's."""
         with self.pool.connection() as conn:
             conn.execute(q("intake_upload_release"), {"upload_id": claim.upload_id, "claimed_at": claim.claimed_at})
-
-    async def keep_claim(self, claim: Claim) -> None:
-        """Renew `claim` every third of `intake_claim_lease_s` until cancelled (a task beside the
-        request); sets `claim.lost` when it is gone. A failed renewal (database down) is logged and
-        retried at the next tick: the claim only lapses after a whole lease without one."""
-        interval = self.settings.intake_claim_lease_s / 3
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                if not await self.call(self.renew, claim):
-                    claim.lost = True
-                    log.warning("upload claim lost (it lapsed and its key was claimed again)",
-                                upload_id=claim.upload_id)
-                    return
-            except psycopg.Error as exc:
-                log.warning("upload claim not renewed", upload_id=claim.upload_id, error=str(exc))
 
     # -- Kafka -----------------------------------------------------------------------------------
 
@@ -425,7 +495,10 @@ def intake_router(service: IntakeService) -> APIRouter:
             return problem(422, "idempotency_key_reused",
                            f"Idempotency-Key already used with priority={row['priority']}, profile={row['profile']}, "
                            f"filename={row['filename']}; a key names one request")
-        sha, size = await service.hash_body(request)
+        try:
+            sha, size = await service.hash_body(request)
+        except ClientDisconnect:
+            return problem(400, "client_disconnected", "the request body ended early")
         deadline = time.monotonic() + settings.intake_idempotency_wait_s
         while row is not None and row["state"] == "uploading" and not row["abandoned"]:
             if time.monotonic() > deadline:
@@ -475,20 +548,34 @@ def intake_router(service: IntakeService) -> APIRouter:
             return problem(422, "invalid_request", "Idempotency-Key must be 1-255 characters")
         if key is not None:
             row = await service.call(service.row_by_key, submitter, key)
-            if row is not None and not row["abandoned"]:  # an abandoned claim is taken over by `admit`
+            if row is not None and not (row["abandoned"] or row["expired"]):  # `admit` deletes those
                 return await replay(request, row, priority, profile, filename)
         upload_id = upload_id_for_key(submitter, key) if key is not None else str(uuid.uuid4())
         verdict = await service.call(service.admit, submitter, key, upload_id, priority, profile, filename)
         if verdict is False:  # another request with this key was admitted between our look-up and claim
-            return await replay(request, await service.call(service.row_by_key, submitter, key), priority, profile,
-                                filename)
+            row = await service.call(service.row_by_key, submitter, key)
+            if row is None:  # ... and released it again (it failed) before we looked: the key is free
+                return problem(409, "idempotency_key_failed", "a request with this Idempotency-Key failed just "
+                                                               "now before it was published; send the upload again", 1)
+            return await replay(request, row, priority, profile, filename)
         if isinstance(verdict, Refusal):
             log.info("upload refused", submitter=submitter, priority=priority, status=verdict.status,
                      error=verdict.error, retry_after_s=verdict.retry_after_s)
             return verdict.response()
-        claim = verdict
-        keeper = asyncio.ensure_future(service.keep_claim(claim))
-        object_key = f"uploads/{upload_id}/{filename}"
+        claim: Claim = verdict
+        service.keeper.add(claim)
+        try:
+            return await store_and_publish(request, claim, submitter, priority, profile, filename)
+        finally:
+            service.keeper.discard(claim)
+
+    async def store_and_publish(request: Request, claim: Claim, submitter: str, priority: str, profile: str,
+                                filename: str) -> Response:
+        """The claimed upload: stream the body to the claim's own key, check the claim is still ours,
+        publish `UploadCompleted`, record the response. Any failure before the publish releases the
+        claim (its key can be sent again)."""
+        upload_id = claim.upload_id
+        object_key = f"{claim.object_key_prefix}{filename}"
         content_type = request.headers.get("content-type") or "application/octet-stream"
         try:
             sha, size = await service.stream_to_store(request, object_key, content_type)
@@ -496,9 +583,27 @@ def intake_router(service: IntakeService) -> APIRouter:
                 await service.call(service.store.delete, object_key)
                 await service.call(service.release, claim)
                 return problem(422, "invalid_input", "the body is empty; send the video's bytes")
-            if claim.lost:  # fencing: another request owns the key now; never publish over it
+            # Fencing: renew the claim now; if it lapsed and its row is gone (deleted by an admission,
+            # perhaps claimed again by a retry of the key), another request may own the upload: never
+            # publish over it. A renewed claim cannot lapse during the publish (the keeper renews it).
+            if claim.lost or not await service.call(service.renew, claim):
                 raise ServiceUnavailable("this upload's claim lapsed (not renewed for intake_claim_lease_s) and "
-                                         "another request took its Idempotency-Key; send it again")
+                                         "was given up; send it again")
+            # A key names one upload for good: once its row has gone (the key's retention passed, or
+            # a claim lapsed after its publish), the projection's `uploads` row still knows the body.
+            known = await service.call(service.projected_upload, upload_id) if claim.keyed else None
+            if known is not None:  # nothing to publish: the job exists; our copy of the body goes
+                await service.call(service.store.delete, object_key)
+                if (known["sha256"], known["size_bytes"]) != (sha, size):
+                    await service.call(service.release, claim)
+                    return problem(422, "idempotency_key_reused", "Idempotency-Key already used with a different "
+                                                                   f"body (sha256 {known['sha256'][:12]}..., "
+                                                                   f"{known['size_bytes']} bytes); a key names one "
+                                                                   "upload")
+                response = {"job_id": known["job_id"], "upload_id": upload_id,
+                            "status_url": f"/api/jobs/{known['job_id']}"}
+                await service.call(service.published, claim, sha, size, response)
+                return accepted(response, replayed=True)
             event = upload_completed(settings, upload_id, object_key, size, sha, filename, priority, submitter,
                                      recorded_by=f"http-intake@{settings.instance_id}", profile=profile)
             await service.call(service.publish, event)
@@ -516,11 +621,9 @@ def intake_router(service: IntakeService) -> APIRouter:
         except BaseException:
             await asyncio.shield(service.call(service.release, claim))
             raise
-        finally:
-            keeper.cancel()
         job_id = event.job_id
         response = {"job_id": job_id, "upload_id": upload_id, "status_url": f"/api/jobs/{job_id}"}
-        await service.call(service.published, upload_id, sha, size, response)
+        await service.call(service.published, claim, sha, size, response)
         log.info("upload accepted", job_id=job_id, upload_id=upload_id, submitter=submitter, priority=priority,
                  size_bytes=size)
         return accepted(response)

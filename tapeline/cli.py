@@ -426,7 +426,8 @@ def timeline(job: str = typer.Argument(..., help="Job id"),
     if not rows:
         _fail(TapelineError(f"no events for job {job}"), 2)
     if as_json:
-        out.print_json(json.dumps([{**r, "broker_ts": r["broker_ts"].isoformat(), "detail": _detail(r)} for r in rows],
+        out.print_json(json.dumps([{**r, "broker_ts": r["broker_ts"].isoformat(),
+                                    "occurred_at": r["occurred_at"].isoformat(), "detail": _detail(r)} for r in rows],
                                   default=str))
         return
     table = Table("broker time (UTC)", "event", "stage", "attempt", "flags", "detail", title=f"job {job}")

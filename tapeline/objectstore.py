@@ -1,6 +1,7 @@
 """Object storage adapter (boto3 against any S3 endpoint: moto locally, MinIO or AWS elsewhere).
 
-Keys: sources at `uploads/{upload_id}/{filename}`, attempt outputs at
+Keys: sources at `uploads/{upload_id}/{filename}` (the HTTP intake's at
+`uploads/{upload_id}/{claim}/{filename}`), attempt outputs at
 `work/{job_id}/{stage}/{attempt}/...`, published outputs at `published/{job_id}/...` (the only
 publicly readable prefix).
 """

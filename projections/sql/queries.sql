@@ -305,9 +305,14 @@ GROUP BY 1;
 SELECT pg_advisory_xact_lock(hashtext('tapeline.intake.admission'));
 
 -- name: intake_upload_by_key
--- The HTTP intake's row of one (submitter, Idempotency-Key), if any; `abandoned`: still uploading but its claim was not renewed for %(lease_s)s seconds (its intake went away).
-SELECT *, (state = 'uploading' AND updated_at < now() - make_interval(secs => %(lease_s)s)) AS abandoned
+-- The HTTP intake's row of one (submitter, Idempotency-Key), if any; `abandoned`: still uploading but its claim was not renewed for %(lease_s)s seconds (its intake went away); `expired`: published more than %(retention_s)s seconds ago.
+SELECT *, (state = 'uploading' AND updated_at < now() - make_interval(secs => %(lease_s)s)) AS abandoned,
+       (state = 'published' AND updated_at < now() - make_interval(secs => %(retention_s)s)) AS expired
 FROM intake_uploads WHERE submitter = %(submitter)s AND idempotency_key = %(key)s;
+
+-- name: upload_by_id
+-- The projected upload (UploadCompleted) of one upload id, if the projection has it.
+SELECT upload_id, job_id, sha256, size_bytes FROM uploads WHERE upload_id = %(upload_id)s;
 
 -- name: intake_upload_claim
 -- Claim an upload at admission (state uploading); nothing returned when the (submitter, key) is already claimed.
@@ -322,6 +327,13 @@ UPDATE intake_uploads SET updated_at = now()
 WHERE upload_id = %(upload_id)s AND created_at = %(claimed_at)s AND state = 'uploading'
 RETURNING upload_id;
 
+-- name: intake_uploads_renew
+-- Renew many claims at once (one intake's ClaimKeeper); returns the claims still held.
+UPDATE intake_uploads AS i SET updated_at = now()
+FROM unnest(%(upload_ids)s::text[], %(claimed_ats)s::timestamptz[]) AS c(upload_id, created_at)
+WHERE i.upload_id = c.upload_id AND i.created_at = c.created_at AND i.state = 'uploading'
+RETURNING i.upload_id, i.created_at;
+
 -- name: intake_uploads_expire
 -- Delete abandoned claims (uploading, not renewed for %(lease_s)s seconds) and published rows older than %(retention_s)s seconds; returns what went.
 DELETE FROM intake_uploads
@@ -333,7 +345,7 @@ RETURNING state;
 -- Record a published upload with the response every replay of its Idempotency-Key gets.
 UPDATE intake_uploads SET state = 'published', sha256 = %(sha256)s, size_bytes = %(size_bytes)s,
        response = %(response)s, updated_at = now()
-WHERE upload_id = %(upload_id)s;
+WHERE upload_id = %(upload_id)s AND created_at = %(claimed_at)s;
 
 -- name: intake_upload_release
 -- Forget an upload that failed before it was published (its key may be used again); only this claim's row.

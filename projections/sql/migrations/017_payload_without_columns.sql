@@ -15,8 +15,9 @@ UPDATE lifecycle_evidence
 COMMENT ON COLUMN lifecycle_evidence.payload IS
     'The event''s own fields as JSON (timestamps ISO 8601 UTC), with correlation_id: every field of the event that has no column of its own. Event = these columns (event_id, event_type, job_id, stage, attempt, claim_token, occurred_at, recorded_by, causation_id, dedup_key) + payload';
 
--- The breaker change now takes the envelope values it needs from the row's columns.
-DROP FUNCTION apply_provider_breaker_changed(jsonb);
+-- The breaker change now takes the envelope values it needs from the row's columns. The
+-- one-argument form (a whole event's JSON) stays for publish workers of the previous version
+-- during a rolling upgrade.
 CREATE FUNCTION apply_provider_breaker_changed(p jsonb, change_event_id text, change_job_id text,
                                                change_occurred_at timestamptz)
     RETURNS void LANGUAGE sql AS $$
