@@ -186,9 +186,12 @@ class ClaimKeeper:
         alive = {(row[0], row[1]) for row in self._conn.execute(q("intake_uploads_renew"), {
             "upload_ids": [c.upload_id for c in held], "claimed_ats": [c.claimed_at for c in held]})}
         for claim in held:
-            if (claim.upload_id, claim.claimed_at) not in alive:
+            if (claim.upload_id, claim.claimed_at) in alive:
+                continue
+            with self._lock:  # a claim discarded meanwhile was published or released: not lost
+                still_held = self.claims.pop((claim.upload_id, claim.claimed_at), None) is not None
+            if still_held:
                 claim.lost = True
-                self.discard(claim)
                 log.warning("upload claim lost (it lapsed and its row is gone)", upload_id=claim.upload_id)
 
 
@@ -382,6 +385,7 @@ class IntakeService:
 
     def release(self, claim: Claim) -> None:
         """Delete `claim`'s row (the upload failed before it was published); never another claim's."""
+        self.keeper.discard(claim)
         with self.pool.connection() as conn:
             conn.execute(q("intake_upload_release"), {"upload_id": claim.upload_id, "claimed_at": claim.claimed_at})
 
@@ -602,6 +606,7 @@ def intake_router(service: IntakeService) -> APIRouter:
                                                                    "upload")
                 response = {"job_id": known["job_id"], "upload_id": upload_id,
                             "status_url": f"/api/jobs/{known['job_id']}"}
+                service.keeper.discard(claim)
                 await service.call(service.published, claim, sha, size, response)
                 return accepted(response, replayed=True)
             event = upload_completed(settings, upload_id, object_key, size, sha, filename, priority, submitter,
@@ -621,6 +626,7 @@ def intake_router(service: IntakeService) -> APIRouter:
         except BaseException:
             await asyncio.shield(service.call(service.release, claim))
             raise
+        service.keeper.discard(claim)  # published: its row is no longer a claim to renew
         job_id = event.job_id
         response = {"job_id": job_id, "upload_id": upload_id, "status_url": f"/api/jobs/{job_id}"}
         await service.call(service.published, claim, sha, size, response)
