@@ -33,7 +33,15 @@ def test_sigstop_worker_past_its_lease_is_fenced_on_waking(fault_settings, roles
     # Nothing the zombie wrote after waking changed state: no success of attempt 1 was applied.
     assert [e.attempt for e in of_job(events, job_id, "AttemptSucceeded") if e.stage == "transcode"] in ([2], [2, 1])
     row = job_row(fault_settings, job_id)
-    assert row["attempts"] == 2 and row["outputs"][0]["key"].startswith(f"work/{job_id}/transcode/2/")
+    assert row["attempts"] == 2
+    # Attempt 2 resumes from attempt 1's checkpoints: an output of attempt 1 is allowed only if it was
+    # checkpointed before the lease expired; everything else is attempt 2's own.
+    stall_position = events.index(of_job(events, job_id, "StallDetected")[0])
+    checkpointed_before_stall = {e.object_key for e in of_job(events[:stall_position], job_id, "CheckpointRecorded")
+                                 if e.attempt == 1}
+    keys = [output["key"] for output in row["outputs"]]
+    assert [k for k in keys if not (k.startswith(f"work/{job_id}/transcode/2/") or k in checkpointed_before_stall)] == []
+    assert any(k.startswith(f"work/{job_id}/transcode/2/") for k in keys)
     wait_for(lambda: "fenced" in roles.logs() or "no longer owns" in roles.logs(), 30, "the zombie to stop itself")
 
 
