@@ -17,6 +17,7 @@ can be judged against the last stable offset even after transaction markers.
 from __future__ import annotations
 
 import base64
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -142,6 +143,13 @@ def fold_batch(decoded: list[Decoded], rows: dict[str, dict[str, Any]], seen: "s
                 clock[partition] = ts
         if isinstance(event, ev.WatchdogTick):
             continue
+        payload = None
+        if event is not None and topic != dlq_topic:  # (a DeadLetter's raw bytes become bytea, not JSON)
+            # JSON text (what model_dump_json returns): jsonb parses it once
+            payload = event.__pydantic_serializer__.to_json(event, exclude=writes.PAYLOAD_OMITS)
+            error = unstorable(event, payload)
+            if error is not None:
+                event = None  # a dead letter, like an undecodable record: PostgreSQL cannot hold it
         if event is None:
             out.dead.append(_dead_letter(
                 f"{topic}/{partition}/{offset}", "projection", topic, partition, offset, ts, error, "projector",
@@ -166,7 +174,18 @@ def fold_batch(decoded: list[Decoded], rows: dict[str, dict[str, Any]], seen: "s
         duplicate = event.dedup_key in seen
         applied = superseded = False
         if not duplicate:
-            row, applied, superseded = fold.evolve(rows.get(event.job_id), event, ts)
+            try:
+                row, applied, superseded = fold.evolve(rows.get(event.job_id), event, ts)
+            except (ArithmeticError, ValueError, TypeError) as exc:  # e.g. a lease of NaN or 1e12 seconds
+                out.dead.append(_dead_letter(
+                    f"{topic}/{partition}/{offset}", "projection", topic, partition, offset, ts,
+                    f"{event.event_type} cannot be applied to its job: {type(exc).__name__}: {exc}", "projector",
+                    key=message.key(), value=message.value(), headers=message.headers(),
+                    error_class="invalid_input", job_id=event.job_id, stage=event.stage, attempt=event.attempt,
+                    evidence=f"{topic}/{partition}/{offset}"))
+                result.dead_letters += 1
+                row = None  # kept as evidence, not applied
+                applied = superseded = False
             if applied and row is not None:
                 row["log_partition"] = partition  # a new dict of evolve's own (fold.Outcome)
                 rows[event.job_id] = row
@@ -187,11 +206,36 @@ def fold_batch(decoded: list[Decoded], rows: dict[str, dict[str, Any]], seen: "s
         evidence.append((  # writes.EVIDENCE_COLUMNS order
             topic, partition, offset, ts, event.event_id, event.event_type, event.job_id, event.stage, event.attempt,
             event.claim_token, event.dedup_key, event.occurred_at, event.recorded_by, event.causation_id, applied,
-            superseded, duplicate,
-            # JSON text (what model_dump_json returns): jsonb parses it once
-            b"\x01" + event.__pydantic_serializer__.to_json(event, exclude=writes.PAYLOAD_OMITS) if binary_payload
-            else event.model_dump_json(exclude=writes.PAYLOAD_OMITS)))
+            superseded, duplicate, b"\x01" + payload if binary_payload else payload.decode()))
     return out
+
+
+def _holds_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(key) or _holds_nul(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(_holds_nul(item) for item in value)
+    return False
+
+
+_ENVELOPE_TEXT = ("event_id", "event_type", "job_id", "stage", "claim_token", "dedup_key", "recorded_by",
+                  "correlation_id", "causation_id")
+
+
+def unstorable(event: ev.Event, payload: bytes) -> str | None:
+    """Why PostgreSQL cannot store `event` (its envelope's text columns and `payload`, its other
+    fields as JSON text), or None. The one such value Avro allows: a NUL character in a string,
+    which neither `text` nor `jsonb` can hold (jsonb refuses the escape `\\u0000`)."""
+    if b"\\u0000" in payload and _holds_nul(json.loads(payload)):  # (not a literal backslash-u0000)
+        return f"{event.event_type} holds a NUL character in a string field; PostgreSQL text cannot store it"
+    values = event.__dict__
+    for name in _ENVELOPE_TEXT:
+        value = values.get(name)
+        if value is not None and "\x00" in value:
+            return f"{event.event_type} holds a NUL character in {name}; PostgreSQL text cannot store it"
+    return None
 
 
 def apply_batch(conn: psycopg.Connection, messages: list[Message], projection: str = "main",
@@ -295,6 +339,10 @@ def job_params(row: dict[str, Any]) -> dict[str, Any]:
             for c in fold.JOB_STATE_COLUMNS}
 
 
+PROJECTOR_LOCK = 0x7A9E_0003
+"""First key of the advisory lock the active projector of a schema holds (0001 migrations, 0002 swap)."""
+
+
 class Projector:
     """Runs the projection loop until `stop` is set. Stateless apart from PostgreSQL and Kafka."""
 
@@ -325,6 +373,33 @@ class Projector:
             pass
         return False
 
+    def hold_projection(self, conn: psycopg.Connection, stop: threading.Event, poll_s: float = 1.0) -> bool:
+        """Become the one projector of this schema's projection: take `PROJECTOR_LOCK` (a session
+        advisory lock, second key the schema and projection name's hash) on `conn`, the connection
+        every batch commits on, waiting in standby while another projector holds it.
+
+        Two projectors applying one projection at once read the same stored offsets and applied the
+        same records twice (upload copies counted twice, dedup keys and offsets racing, deadlocks on
+        the evidence key): the lock makes the second one a standby that takes over when the first
+        one's session ends (it stopped, crashed or lost its connection, which also ends its batches).
+        Returns False when `stop` was set first.
+        """
+        name = f"{self.settings.db_schema}:{self.projection}"
+        waiting = False
+        while not stop.is_set():
+            if conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s)) AS held",
+                            (PROJECTOR_LOCK, name)).fetchone()["held"]:
+                if waiting:
+                    log.info("projector took over the projection", projection=self.projection,
+                             schema=self.settings.db_schema)
+                return True
+            if not waiting:
+                log.warning("another projector applies this projection; standing by until it stops",
+                            projection=self.projection, schema=self.settings.db_schema)
+                waiting = True
+            stop.wait(poll_s)
+        return False
+
     def run(self, stop: threading.Event, ready: threading.Event | None = None) -> None:
         """Consume and apply batches until `stop` is set; sets `ready` once assigned and caught up once."""
         migrate(self.settings.database_url, self.settings.db_schema)
@@ -338,6 +413,8 @@ class Projector:
                                   **{"enable.partition.eof": True,  # learn "caught up" at each partition's end
                                      "fetch.wait.max.ms": 100})  # low latency: processors wait on the projection
         try:
+            if not self.hold_projection(conn, stop):
+                return
             if not self.same_cluster(conn, consumer, stop):
                 return
             stored = {(r["topic"], r["partition"]): r["next_offset"]

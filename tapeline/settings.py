@@ -25,7 +25,8 @@ TIERS: tuple[str, ...] = ("archive", "standard", "index")
 class Settings(BaseSettings):
     """Every tunable of a Tapeline process. Each field is also `TAPELINE_<FIELD>` in the environment."""
 
-    model_config = SettingsConfigDict(env_prefix="TAPELINE_", frozen=True, extra="ignore")
+    # No setting is NaN or infinite: `TAPELINE_LEASE_S=inf` would reach every worker's events.
+    model_config = SettingsConfigDict(env_prefix="TAPELINE_", frozen=True, extra="ignore", allow_inf_nan=False)
 
     app_name: str = Field("tapeline", description="Deployment name; part of every transactional.id and group id")
     home: Path = Field(PROJECT_ROOT / ".tapeline", description="Local stack state and logs directory")
@@ -53,7 +54,7 @@ class Settings(BaseSettings):
     work_partitions: int = 12
 
     # Lease protocol (seconds). DESIGN.md defaults: lease 120 s, heartbeat lease/4, no-progress 120 s.
-    lease_s: float = 120.0
+    lease_s: float = Field(120.0, gt=0, le=86400, description="Attempt lease, seconds (at most a day)")
     heartbeat_interval_s: float | None = None
     no_progress_timeout_s: float = 120.0
     seek_decode_min_speed: float = Field(

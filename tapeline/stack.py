@@ -93,6 +93,11 @@ JOBS_TOPIC_CONFIG = {
     "message.timestamp.type": "LogAppendTime",  # one lease clock: the broker stamps every event
 }
 UNLIMITED_RETENTION = {"retention.ms": "-1"}
+SIDE_TOPIC_CONFIG = {**UNLIMITED_RETENTION, "message.timestamp.type": "LogAppendTime"}
+"""The uploads and dead-letter topics: kept, and stamped by the broker too. With CreateTime a
+submitter whose clock ran an hour behind made a 3-second-old upload "expected work missing" for an
+hour, showed an hour of projection lag, and cut `replay --as-of` at the wrong offset (the broker's
+time index assumes timestamps that only grow)."""
 
 
 class StackError(RuntimeError):
@@ -581,7 +586,8 @@ def ensure_topics(settings: Settings, timeout_s: float = TOPICS_TIMEOUT_S) -> No
 
     Partition counts come from the settings, replication factor is 1 (one local broker). The jobs
     topic gets unlimited retention and `message.timestamp.type=LogAppendTime` (the broker's clock
-    is the only lease clock); the uploads and dead-letter topics get unlimited time retention.
+    is the only lease clock); the uploads and dead-letter topics get unlimited time retention and
+    LogAppendTime too (`SIDE_TOPIC_CONFIG`).
     An existing topic keeps its partition count; its required configs are set if they differ
     (a jobs topic created elsewhere with CreateTime would silently break the lease clock).
     Works for any Settings, e.g. tests with their own `topic_prefix` and small partition counts.
@@ -598,7 +604,7 @@ def ensure_topics(settings: Settings, timeout_s: float = TOPICS_TIMEOUT_S) -> No
         if topic == settings.jobs_topic:
             config = dict(JOBS_TOPIC_CONFIG)
         elif topic in (settings.uploads_topic, settings.dlq_topic):
-            config = dict(UNLIMITED_RETENTION)
+            config = dict(SIDE_TOPIC_CONFIG)
         wanted[topic] = (partitions, config)
 
     admin = _admin(settings)
@@ -1139,7 +1145,7 @@ def down_command() -> None:
 
 @stack_app.command("topics")
 def topics_command() -> None:
-    """Create any missing topic (with the jobs topic's LogAppendTime and unlimited retention)."""
+    """Create any missing topic (LogAppendTime and unlimited retention where `ensure_topics` says)."""
     settings = Settings()
     try:
         ensure_topics(settings)

@@ -28,8 +28,10 @@ ON CONFLICT (upload_id) DO UPDATE SET copies = uploads.copies + 1;
 
 -- name: upsert_dead_letter
 -- A dead letter (005); a second sighting of the same bad record adds who saw it, and the row keeps
--- the earliest sighting's broker_ts, evidence and headers (ties: the smaller evidence position), so
--- the result does not depend on which sighting the projector happened to apply first.
+-- the earliest sighting's broker_ts, evidence and headers (ties: the smaller evidence position), and
+-- the description (kind, error, error class, job, stage, attempt) of the processor's `DeadLetter`
+-- record over the projector's own sighting ('projection'), so the result does not depend on which
+-- sighting the projector happened to apply first.
 INSERT INTO dead_letters (id, kind, topic, partition, "offset", broker_ts, key, value, headers, error, job_id, stage,
     attempt, error_class, attempts, evidence, seen_by)
 VALUES (%(id)s, %(kind)s, %(topic)s, %(partition)s, %(offset)s, %(broker_ts)s, %(key)s, %(value)s, %(headers)s,
@@ -43,7 +45,12 @@ ON CONFLICT (id) DO UPDATE SET
     evidence = CASE WHEN (EXCLUDED.broker_ts, EXCLUDED.evidence) < (dead_letters.broker_ts, dead_letters.evidence)
         THEN EXCLUDED.evidence ELSE dead_letters.evidence END,
     kind = CASE WHEN dead_letters.kind = 'projection' THEN EXCLUDED.kind ELSE dead_letters.kind END,
-    error = CASE WHEN dead_letters.kind = 'projection' THEN EXCLUDED.error ELSE dead_letters.error END;
+    error = CASE WHEN dead_letters.kind = 'projection' THEN EXCLUDED.error ELSE dead_letters.error END,
+    error_class = CASE WHEN dead_letters.kind = 'projection' THEN EXCLUDED.error_class ELSE dead_letters.error_class END,
+    job_id = CASE WHEN dead_letters.kind = 'projection' THEN EXCLUDED.job_id ELSE dead_letters.job_id END,
+    stage = CASE WHEN dead_letters.kind = 'projection' THEN EXCLUDED.stage ELSE dead_letters.stage END,
+    attempt = CASE WHEN dead_letters.kind = 'projection' THEN EXCLUDED.attempt ELSE dead_letters.attempt END,
+    attempts = CASE WHEN dead_letters.kind = 'projection' THEN EXCLUDED.attempts ELSE dead_letters.attempts END;
 
 -- name: mark_dead_letter_replayed
 -- An operator's JobReplayed was applied: the dead letter is replayed (first replay wins).

@@ -110,19 +110,20 @@ def test_two_sightings_of_one_bad_record_keep_the_earliest_in_either_order(isola
     at = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 
     def sightings(id: str) -> list[dict]:
-        common = dict(key=b"k", value=b"\xff", error_class="invalid_input")
+        common = dict(key=b"k", value=b"\xff")
         return [
             _dead_letter(id, "projection", "uploads", 0, 7, at, "not Avro", "projector",
-                         headers=[("origin", b"test")], evidence="uploads/0/7", **common),
+                         headers=[("origin", b"test")], evidence="uploads/0/7", error_class="invalid_input", **common),
             _dead_letter(id, "record", "uploads", 0, 7, at + timedelta(seconds=2), "undecodable", "intake",
-                         headers=[("origin", b"test"), ("retried", b"1")], evidence="dead-letters/0/3", **common)]
+                         headers=[("origin", b"test"), ("retried", b"1")], evidence="dead-letters/0/3",
+                         error_class="unsupported_media", stage="intake", **common)]
 
     with psycopg.connect(isolated.database_url, autocommit=True) as conn:
         first, second = sightings("uploads/0/7-a"), sightings("uploads/0/7-b")
         conn.cursor().executemany(q("upsert_dead_letter"), first)
         conn.cursor().executemany(q("upsert_dead_letter"), list(reversed(second)))
-        rows = conn.execute("SELECT id, kind, broker_ts, evidence, headers, error, seen_by FROM dead_letters "
-                            "WHERE id LIKE 'uploads/0/7-%%' ORDER BY id").fetchall()
+        rows = conn.execute("SELECT id, kind, broker_ts, evidence, headers, error, seen_by, error_class, stage "
+                            "FROM dead_letters WHERE id LIKE 'uploads/0/7-%%' ORDER BY id").fetchall()
     assert [row[1:] for row in rows] == [
         ("record", at, "uploads/0/7", {"origin": base64.b64encode(b"test").decode()}, "undecodable",
-         ["intake", "projector"])] * 2
+         ["intake", "projector"], "unsupported_media", "intake")] * 2

@@ -196,3 +196,21 @@ def _cluster_id(settings):
         return consumer.list_topics(timeout=10).cluster_id
     finally:
         consumer.close()
+
+
+def test_an_upload_from_a_submitter_with_a_slow_clock_gets_the_brokers_time(isolated):
+    """The uploads topic is LogAppendTime like the lifecycle log: a submitter whose clock is an hour
+    behind does not make its upload an hour old (stall views, lag, as-of cuts read broker time)."""
+    from bench import lifecycles
+    from schemas.codec import default_codec
+
+    upload = lifecycles.upload(f"u-{uuid.uuid4()}")
+    producer = kafka.idempotent_producer(isolated)
+    an_hour_ago_ms = int((time.time() - 3600) * 1000)
+    producer.produce(isolated.uploads_topic, key=upload.upload_id.encode(),
+                     value=default_codec().encode(upload.to_record()), timestamp=an_hour_ago_ms,
+                     partition=kafka.partition_for(upload.upload_id, kafka.partition_count(producer, isolated.uploads_topic)))
+    assert producer.flush(30) == 0
+    run_projector_until_caught_up(isolated)
+    broker_ts = table(isolated, f"SELECT broker_ts FROM uploads WHERE upload_id = '{upload.upload_id}'")[0]["broker_ts"]
+    assert abs(broker_ts.timestamp() - time.time()) < 60

@@ -30,7 +30,8 @@ COMPARED = {  # table -> (columns compared, order); columns written with now() a
     "job_state": ("*", "job_id"),
     "lifecycle_evidence": ("*", "topic, partition, \"offset\""),
     "uploads": ("*", "upload_id"),
-    "dead_letters": ("topic, partition, \"offset\", broker_ts, key, value, error", "topic, partition, \"offset\""),
+    "dead_letters": ("topic, partition, \"offset\", broker_ts, key, value, error, kind, error_class, job_id, stage, "
+                     "attempt, attempts", "topic, partition, \"offset\""),
     "projector_offsets": ("projection, topic, partition, next_offset", "projection, topic, partition"),
     "applied_dedup_keys": ("*", "dedup_key"),  # the projector continues a swapped-in replay from these
 }
