@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 import psycopg
 from psycopg import sql
 
-from projections.sql import check_schema_name, connect, migrate, migrations
+from projections.sql import READER_ROLE, check_schema_name, connect, migrate, migrations
 from tapeline.errors import ConfigurationError, TapelineError
 
 SWAP_LOCK = 0x7A9E_0002  # advisory lock key: shared per projector batch, exclusive during a swap
@@ -62,7 +62,8 @@ class LiveGuard:
             raise SchemaSwapped(f"live schema changed (oid {current}); re-seeking at the stored offsets")
 
 
-def prepare_fresh(database_url: str, schema: str, live_schema: str, force: bool = False) -> None:
+def prepare_fresh(database_url: str, schema: str, live_schema: str, force: bool = False,
+                  reader_role: str = READER_ROLE) -> None:
     """Make `schema` an empty, fully migrated schema for a replay.
 
     Refuses the live schema, and an existing non-empty schema unless `force` (which drops it). A
@@ -83,7 +84,7 @@ def prepare_fresh(database_url: str, schema: str, live_schema: str, force: bool 
             if not force and not holds_no_projection(conn, schema):
                 raise ConfigurationError(f"schema {schema} exists and is not empty (use --force to drop it)")
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-    migrate(database_url, schema)
+    migrate(database_url, schema, reader_role)
 
 
 PROJECTION_TABLES = ("projector_offsets", "lifecycle_evidence", "job_state", "applied_dedup_keys", "uploads",

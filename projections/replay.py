@@ -111,9 +111,9 @@ def _replay(settings: Settings, schema: str, *, as_of: datetime | None, force: b
             fresh_span = logread.bounds(probe, topics, until=until)
         finally:
             probe.close()
-        prepare_fresh(settings.database_url, schema, settings.db_schema, force=force)
+        prepare_fresh(settings.database_url, schema, settings.db_schema, force=force, reader_role=settings.reader_role)
     else:
-        migrate(settings.database_url, schema)
+        migrate(settings.database_url, schema, settings.reader_role)
     result = ReplayResult(schema=schema)
     started = time.monotonic()
     with connect(settings.database_url, schema=schema, autocommit=True) as conn:

@@ -1,0 +1,112 @@
+"""What `replay --swap` refuses, the retired schema's name, the source a replay records, the reader
+grants `migrate` restores, read commands on an unmigrated schema, the schema `run` migrates, and
+export's counts and closed pipes: against real Kafka and PostgreSQL."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from datetime import datetime, timezone
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from projections import pgschema
+from projections.export import export
+from projections.replay import replay
+from projections.sql import migrate
+from tapeline import kafka
+from tests.conftest import settings_env, tapeline_cli, wait_for
+from tests.integration.test_projector import run_projector_until_caught_up
+from tests.integration.test_replay import phase, produce, rows
+
+pytestmark = pytest.mark.integration
+
+
+def execute(settings, statement, *params):
+    with psycopg.connect(settings.database_url, autocommit=True) as conn:
+        conn.execute(statement, params)
+
+
+def schemas_like(settings, pattern):
+    return sorted(r["nspname"] for r in rows(settings, "SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", pattern))
+
+
+def broker_cluster(settings):
+    consumer = kafka.consumer(settings, f"cluster-{uuid.uuid4().hex[:6]}")
+    try:
+        return consumer.list_topics(timeout=10).cluster_id
+    finally:
+        consumer.close()
+
+
+@pytest.fixture(scope="module")
+def log(isolated):
+    """A few jobs, a garbage record, and the live projection (`public`) caught up."""
+    producer = kafka.transactional_producer(isolated, f"{isolated.app_name}.guards-writer")
+    jobs = phase(isolated, producer, 11, 5)
+    produce(isolated, producer, [], raw=[(b"not-a-job", b"\x00garbage")])
+    run_projector_until_caught_up(isolated)
+    return {"producer": producer, "jobs": jobs}
+
+
+def test_migrate_restores_the_reader_grants_of_a_schema_every_run(isolated):
+    schema = "granted"
+    env = {"TAPELINE_DB_SCHEMA": schema}
+    first = tapeline_cli(isolated, "migrate", env=env)
+    assert first.returncode == 0 and "001_init.sql" in first.stderr, first.stderr
+    # What a schema migrated while the role was missing looks like (010 granted nothing).
+    execute(isolated, f"REVOKE SELECT ON ALL TABLES IN SCHEMA {schema} FROM tapeline_reader;"
+                      f" REVOKE USAGE ON SCHEMA {schema} FROM tapeline_reader;"
+                      f" ALTER DEFAULT PRIVILEGES IN SCHEMA {schema} REVOKE SELECT ON TABLES FROM tapeline_reader")
+
+    def can(what):
+        return rows(isolated, f"SELECT {what} AS ok")[0]["ok"]
+
+    assert not can(f"has_table_privilege('tapeline_reader', '{schema}.job_state', 'SELECT')")
+    second = tapeline_cli(isolated, "migrate", env=env)
+    assert second.returncode == 0 and "nothing (up to date)" in second.stderr, second.stderr
+    assert can(f"has_schema_privilege('tapeline_reader', '{schema}', 'USAGE')")
+    for relation in ("job_state", "lifecycle_evidence", "attempts", "stage_durations", "projector_offsets"):
+        assert can(f"has_table_privilege('tapeline_reader', '{schema}.{relation}', 'SELECT')"), relation
+    execute(isolated, f"CREATE TABLE {schema}.later (id int)")  # default privileges restored too
+    assert can(f"has_table_privilege('tapeline_reader', '{schema}.later', 'SELECT')")
+
+
+def test_read_commands_on_a_schema_never_migrated_say_so_in_one_line(isolated):
+    env = {"TAPELINE_DB_SCHEMA": "never_migrated"}
+    for args in (("status",), ("status", "some-job"), ("stalled",), ("timeline", "some-job"), ("dlq", "list"),
+                 ("review", "list")):
+        done = tapeline_cli(isolated, *args, env=env)
+        assert done.returncode == 1, (args, done.stderr)
+        assert "projection schema never_migrated has no tables yet" in done.stderr, (args, done.stderr)
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) <= 2, done.stderr
+
+
+def test_run_migrates_the_configured_schema_and_not_public(isolated, tmp_path):
+    dbname = f"tapeline_run_{uuid.uuid4().hex[:8]}"
+    execute(isolated, f'CREATE DATABASE "{dbname}"')
+    params = conninfo_to_dict(isolated.database_url)
+    url = (f"postgresql://{params['user']}:{params['password']}@{params.get('host', '127.0.0.1')}:"
+           f"{params.get('port', 5432)}/{dbname}")
+    settings = isolated.model_copy(update={"database_url": url, "db_schema": "live_x"})
+    logfile = open(tmp_path / "run.log", "wb")
+    process = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "projector"],
+                               env={**settings_env(settings), "TAPELINE_HEALTH_PORT": "0"}, stdout=logfile,
+                               stderr=logfile, start_new_session=True)
+    try:
+        wait_for(lambda: rows(settings, "SELECT to_regclass('live_x.job_state') IS NOT NULL AS ok")[0]["ok"], 60,
+                 "run to migrate live_x")
+        wait_for(lambda: rows(settings, "SELECT count(*) AS n FROM live_x.projector_offsets")[0]["n"] > 0, 60,
+                 "the projector to apply the log into live_x")
+        assert rows(settings, "SELECT count(*) AS n FROM pg_tables WHERE schemaname = 'public'")[0]["n"] == 0
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(30)
+        logfile.close()
+        execute(isolated, f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
