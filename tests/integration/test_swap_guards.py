@@ -55,6 +55,78 @@ def log(isolated):
     return {"producer": producer, "jobs": jobs}
 
 
+def test_swap_refuses_another_apps_schema_a_missing_one_the_live_one_and_an_unfinished_replay(isolated, log):
+    live_jobs = rows(isolated, "SELECT count(*) AS n FROM public.job_state")[0]["n"]
+    assert live_jobs == len(log["jobs"])
+    execute(isolated, "CREATE SCHEMA otherapp; CREATE TABLE otherapp.invoices (id int PRIMARY KEY, amount numeric);"
+                      " INSERT INTO otherapp.invoices VALUES (1, 9.99)")
+    migrate(isolated.database_url, "halfdone")  # what a replay that crashed leaves: migrated, empty, no offsets
+    refusals = [(("otherapp", "--no-catch-up"), "not a Tapeline projection"),
+                (("otherapp",), "not a Tapeline projection"),  # refused before a catch-up writes to it
+                (("o_rebuitl", "--no-catch-up"), "does not exist"),
+                (("o_rebuitl",), "does not exist"),
+                (("public", "--no-catch-up"), "already the live schema"),
+                (("public",), "already the live schema"),
+                (("halfdone", "--no-catch-up"), "no finished replay")]
+    for args, message in refusals:
+        refused = tapeline_cli(isolated, "replay", "--swap", *args)
+        assert refused.returncode == 2 and message in refused.stderr, (args, refused.stderr)
+        assert "Traceback" not in refused.stderr
+    # Nothing changed: the other application's table, the live projection, no retired or typo schema.
+    assert rows(isolated, "SELECT count(*) AS n FROM otherapp.invoices")[0]["n"] == 1
+    assert rows(isolated, "SELECT count(*) AS n FROM public.job_state")[0]["n"] == live_jobs
+    assert schemas_like(isolated, "public_retired_%") == [] and schemas_like(isolated, "o_rebuitl") == []
+    assert rows(isolated, "SELECT count(*) AS n FROM halfdone.job_state")[0]["n"] == 0
+
+    # A catch-up completes the unfinished replay (from offset 0), which may then be swapped in.
+    caught_up = tapeline_cli(isolated, "replay", "--swap", "halfdone", "--json")
+    assert caught_up.returncode == 0, caught_up.stderr
+    assert rows(isolated, "SELECT count(*) AS n FROM public.job_state")[0]["n"] == live_jobs
+    # Swapping the same schema again: it no longer exists under that name.
+    again = tapeline_cli(isolated, "replay", "--swap", "halfdone", "--no-catch-up")
+    assert again.returncode == 2 and "does not exist" in again.stderr, again.stderr
+    assert len(schemas_like(isolated, "public_retired_%")) == 1
+
+
+def test_two_swaps_in_one_second_retire_under_distinct_readable_names(isolated, log, monkeypatch):
+    moment = datetime(2026, 11, 30, 6, 24, 9, 123456, tzinfo=timezone.utc)
+
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return moment
+
+    monkeypatch.setattr(pgschema, "datetime", Frozen)
+    replay(isolated, "first_swap", force=True)
+    replay(isolated, "second_swap", force=True)
+    first = pgschema.swap(isolated.database_url, "first_swap", "public")
+    second = pgschema.swap(isolated.database_url, "second_swap", "public")
+    assert first.retired == "public_retired_20261130062409"
+    assert second.retired == "public_retired_20261130062409_2"
+    assert set(schemas_like(isolated, "public_retired_2026113006240%")) == {first.retired, second.retired}
+    taken = pgschema.swap  # an explicit name that exists is refused, not a raw DuplicateSchema
+    replay(isolated, "third_swap", force=True)
+    with pytest.raises(pgschema.SwapRefused, match="already exists"):
+        taken(isolated.database_url, "third_swap", "public", retired=first.retired)
+
+
+def test_a_replay_records_the_cluster_it_was_built_from(isolated, log):
+    cluster = broker_cluster(isolated)
+    for schema, workers in (("source_one", 1), ("source_two", 2)):
+        done = tapeline_cli(isolated, "replay", "--into", schema, "--force", "--workers", str(workers), "--json")
+        assert done.returncode == 0, done.stderr
+        assert rows(isolated, f"SELECT projection, cluster_id FROM {schema}.projection_source") == \
+            [{"projection": "main", "cluster_id": cluster}]
+    by_batches = replay(isolated, "source_batches", force=True, bulk=False)
+    assert by_batches.records > 0
+    assert rows(isolated, "SELECT cluster_id FROM source_batches.projection_source")[0]["cluster_id"] == cluster
+    # A catch-up of a schema built from another cluster is refused: its offsets mean nothing here.
+    execute(isolated, "UPDATE source_one.projection_source SET cluster_id = 'another-cluster'")
+    refused = tapeline_cli(isolated, "replay", "--swap", "source_one")
+    assert refused.returncode == 1 and "another Kafka cluster" in refused.stderr, refused.stderr
+    assert "source_one" in schemas_like(isolated, "source_one")
+
+
 def test_migrate_restores_the_reader_grants_of_a_schema_every_run(isolated):
     schema = "granted"
     env = {"TAPELINE_DB_SCHEMA": schema}
