@@ -182,3 +182,31 @@ def test_run_migrates_the_configured_schema_and_not_public(isolated, tmp_path):
         process.wait(30)
         logfile.close()
         execute(isolated, f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+
+
+def test_export_of_one_job_counts_other_jobs_apart_and_a_closed_pipe_ends_quietly(isolated, log):
+    job = log["jobs"][0][0].job_id
+    producer = log["producer"]
+    partitions = kafka.partition_count(producer, isolated.jobs_topic)
+    home = kafka.partition_for(job, partitions)
+    junk = next(f"junk-{n}" for n in range(1000) if kafka.partition_for(f"junk-{n}", partitions) == home)
+    produce(isolated, producer, [], raw=[(junk.encode(), b"\x00garbage of another key")])
+    others = sum(len(other) for other in log["jobs"][1:] if kafka.partition_for(other[0].job_id, partitions) == home)
+    others += 1 + (kafka.partition_for("not-a-job", partitions) == home)  # undecodable records keyed by others
+    result = export(isolated, io.BytesIO(), "jsonl", job=job)
+    assert result.events == len(log["jobs"][0])
+    assert result.skipped_undecodable == 0
+    assert result.skipped_other_jobs == others
+    cli = tapeline_cli(isolated, "export", "--job", job, "--output", "/dev/null")
+    assert cli.returncode == 0 and "undecodable" not in cli.stderr, cli.stderr
+    assert f"skipped {others} records of other jobs" in cli.stderr
+
+    for fmt in ("jsonl", "avro"):
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # the reader has gone before the first byte (`| head` after its line)
+        closed = subprocess.run([sys.executable, "-m", "tapeline.cli", "export", "--format", fmt],
+                                env=settings_env(isolated), stdout=write_end, stderr=subprocess.PIPE, text=True,
+                                timeout=120)
+        os.close(write_end)
+        assert closed.returncode == 141, closed.stderr
+        assert "Traceback" not in closed.stderr and "Error" not in closed.stderr, closed.stderr
