@@ -172,10 +172,12 @@ def test_run_migrates_the_configured_schema_and_not_public(isolated, tmp_path):
                                env={**settings_env(settings), "TAPELINE_HEALTH_PORT": "0"}, stdout=logfile,
                                stderr=logfile, start_new_session=True)
     try:
-        wait_for(lambda: rows(settings, "SELECT to_regclass('live_x.job_state') IS NOT NULL AS ok")[0]["ok"], 60,
-                 "run to migrate live_x")
-        wait_for(lambda: rows(settings, "SELECT count(*) AS n FROM live_x.projector_offsets")[0]["n"] > 0, 60,
-                 "the projector to apply the log into live_x")
+        # `run` migrates before it starts the role, and the projector records its source once it has
+        # migrated live_x itself: by then a migration of public would have happened.
+        wait_for(lambda: rows(settings, "SELECT to_regclass('live_x.projection_source') IS NOT NULL AS ok")[0]["ok"],
+                 60, "run to migrate live_x")
+        wait_for(lambda: rows(settings, "SELECT count(*) AS n FROM live_x.projection_source")[0]["n"] > 0, 60,
+                 "the projector to start on live_x")
         assert rows(settings, "SELECT count(*) AS n FROM pg_tables WHERE schemaname = 'public'")[0]["n"] == 0
     finally:
         os.killpg(process.pid, signal.SIGTERM)
