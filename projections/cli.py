@@ -87,7 +87,10 @@ def replay(into: Optional[str] = typer.Option(None, "--into", help="Schema to re
     progress, never produces to Kafka and prints the counts. --swap renames the live schema to
     <live>_retired_<UTC time> and SCHEMA to the live name in one transaction, holding the lock every
     projector batch takes, so the projector pauses for the swap and resumes from SCHEMA's offsets.
+    --swap refuses (exit 2, nothing changed) the live schema, a schema that does not exist, one that
+    is not a Tapeline projection and, with --no-catch-up, one whose replay never finished.
     """
+    from projections.pgschema import SwapRefused, check_swappable
     from projections.pgschema import swap as swap_schemas
     from projections.replay import replay as run_replay
     from tapeline.settings import Settings
@@ -111,11 +114,14 @@ def replay(into: Optional[str] = typer.Option(None, "--into", help="Schema to re
                 console.print(f"note: the log has no record at or before --as-of {moment.isoformat()}; {into} holds "
                               "empty projections", highlight=False)
             return
+        check_swappable(settings.database_url, swap, settings.db_schema)  # before a catch-up writes to it
         if catch_up:
             with progress_bar(f"catching {swap} up", disable=as_json) as (on_start, on_progress):
                 result = run_replay(settings, swap, fresh=False, batch_size=batch_size, on_start=on_start,
                                     on_progress=on_progress)
         swapped = swap_schemas(settings.database_url, swap, settings.db_schema)
+    except SwapRefused as exc:
+        _fail(exc, 2)
     except TapelineError as exc:
         _fail(exc)
     summary = {"live": swapped.live, "from": swap, "retired": swapped.retired,
@@ -153,7 +159,10 @@ def export(fmt: str = typer.Option("jsonl", "--format", envvar="TAPELINE_EXPORT_
            job: Optional[str] = typer.Option(None, "--job", help="Only this job's events"),
            output: Optional[Path] = typer.Option(None, "--output", "-o", help="File to write (default: stdout); "
                                                  "written as PATH.partial and renamed when complete")) -> None:
-    """Stream the committed event history of the lifecycle log as Avro (a container file) or JSON lines."""
+    """Stream the committed event history of the lifecycle log as Avro (a container file) or JSON lines.
+
+    A reader that closes the pipe early (`tapeline export | head`) ends the export quietly with exit
+    code 141 (128 + SIGPIPE, what `yes | head` reports)."""
     from projections.export import FORMATS, export as run_export
     from tapeline.settings import Settings
 
@@ -184,15 +193,35 @@ def export(fmt: str = typer.Option("jsonl", "--format", envvar="TAPELINE_EXPORT_
             except OSError as exc:  # e.g. a directory of that name
                 _fail(TapelineError(f"cannot write {output}: {exc.strerror or exc}"))
         completed = True
+    except BrokenPipeError:
+        _closed_pipe()
     except TapelineError as exc:
         _fail(exc)
     finally:
         if output is not None:
-            target.close()
+            try:
+                target.close()
+            except BrokenPipeError:  # a FIFO whose reader left: its buffered bytes have nowhere to go
+                _closed_pipe()
             if partial is not None and not completed:
                 partial.unlink(missing_ok=True)
     if job is not None and result.events == 0:
         console.print(f"note: no event of job {job!r} in that range (is the job id right?)", highlight=False)
-    console.print(f"exported {result.events} events"
-                  + (f" to {output}" if output else "")
-                  + (f"; skipped {result.skipped_undecodable} undecodable records" if result.skipped_undecodable else ""))
+    skipped = [f"{result.skipped_undecodable} undecodable records"] if result.skipped_undecodable else []
+    if result.skipped_other_jobs:
+        skipped.append(f"{result.skipped_other_jobs} records of other jobs (or watchdog ticks) in its partition")
+    console.print(f"exported {result.events} events" + (f" to {output}" if output else "")
+                  + (f"; skipped {', '.join(skipped)}" if skipped else ""), highlight=False)
+
+
+SIGPIPE_EXIT = 141
+"""Exit code of an export whose reader closed the pipe: 128 + SIGPIPE, as a command killed by it reports."""
+
+
+def _closed_pipe() -> None:
+    """The reader of our output went away (`| head`): stop quietly, the Unix way. stdout is pointed
+    at /dev/null first, so the interpreter's final flush does not raise (and print) again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    raise typer.Exit(SIGPIPE_EXIT)

@@ -13,8 +13,10 @@ the export starts), and streams each event with its log position:
   branch and its `event_type` field. Events written with an older schema version are resolved to
   the current one by the codec, so the file has one (current) schema.
 
-`--job JOB` reads only the job's partition (`partition_for`) and keeps only its events. Records that
-cannot be decoded are skipped and counted (the projector keeps them in `dead_letters`).
+`--job JOB` reads only the job's partition (`partition_for`) and keeps only its events; the other
+jobs' records there are skipped and counted apart (`skipped_other_jobs`). Records that cannot be
+decoded are skipped and counted (the projector keeps them in `dead_letters`); under `--job`, only
+those keyed by the job (records are keyed by job id) count as undecodable, the rest as other jobs'.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ LIFECYCLE_EXCLUDED = frozenset({"UploadCompleted", "WorkItem", "DeadLetter"})  #
 class ExportResult:
     events: int = 0
     skipped_undecodable: int = 0
+    skipped_other_jobs: int = 0
+    """With `job`: records of the job's partition that belong to other jobs (by event, or by key when undecodable)."""
     offsets_total: int = 0
 
 
@@ -123,9 +127,13 @@ def export(settings: Settings, output: IO[bytes], fmt: str, *, since: datetime |
                     record = codec.decode(message.value(), topic=message.topic(), partition=message.partition(),
                                           offset=message.offset())
                 except (DecodeError, SchemaError):
-                    result.skipped_undecodable += 1
+                    if job is not None and message.key() != job.encode():
+                        result.skipped_other_jobs += 1
+                    else:
+                        result.skipped_undecodable += 1
                     continue
                 if job is not None and record.get("job_id") != job:
+                    result.skipped_other_jobs += 1
                     continue
                 if record["event_type"] in LIFECYCLE_EXCLUDED:
                     result.skipped_undecodable += 1

@@ -210,9 +210,11 @@ class ParallelOutcome:
 
 
 def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, workers: int, projection: str,
-        batch_size: int = 5000, on_progress: Callable[[int], None] | None = None) -> ParallelOutcome:
+        batch_size: int = 5000, on_progress: Callable[[int], None] | None = None,
+        before_commit: Callable[[psycopg.Connection], None] | None = None) -> ParallelOutcome:
     """Replay `span` into the fresh schema of `conn` (autocommit, search_path set) with `workers`
-    processes, in one transaction. Raises `ReplayFailed` (rolled back) when a worker fails or dies."""
+    processes, in one transaction. `before_commit(conn)` writes more rows in that transaction (the
+    replay's `projection_source`). Raises `ReplayFailed` (rolled back) when a worker fails or dies."""
     parts = split(span, workers)
     outcome = ParallelOutcome(workers=len(parts))
     writer = BulkReplay(conn, projection, clock_topic=settings.jobs_topic, dlq_topic=settings.dlq_topic)
@@ -291,6 +293,8 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
                 writer._flush()
             _copy_spooled(conn, "job_state", fold.JOB_STATE_COLUMNS, job_rows)
             _copy_spooled(conn, "applied_dedup_keys", ("dedup_key",), keys)
+            if before_commit is not None:
+                before_commit(conn)
 
         writer.finish(before_final_rows=write_spooled)
         outcome.phases.update(writer.phases)

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 import psycopg
 from psycopg import sql
 
-from projections.sql import check_schema_name, connect, migrate, migrations
+from projections.sql import READER_ROLE, check_schema_name, connect, migrate, migrations
 from tapeline.errors import ConfigurationError, TapelineError
 
 SWAP_LOCK = 0x7A9E_0002  # advisory lock key: shared per projector batch, exclusive during a swap
@@ -24,6 +24,10 @@ SWAP_LOCK = 0x7A9E_0002  # advisory lock key: shared per projector batch, exclus
 
 class SchemaSwapped(TapelineError):
     """The live schema was swapped under the projector; its batch was rolled back and it must re-seek."""
+
+
+class SwapRefused(ConfigurationError):
+    """That schema cannot be swapped in; nothing was changed."""
 
 
 def schema_oid(conn: psycopg.Connection, schema: str | None = None) -> int | None:
@@ -62,7 +66,8 @@ class LiveGuard:
             raise SchemaSwapped(f"live schema changed (oid {current}); re-seeking at the stored offsets")
 
 
-def prepare_fresh(database_url: str, schema: str, live_schema: str, force: bool = False) -> None:
+def prepare_fresh(database_url: str, schema: str, live_schema: str, force: bool = False,
+                  reader_role: str = READER_ROLE) -> None:
     """Make `schema` an empty, fully migrated schema for a replay.
 
     Refuses the live schema, and an existing non-empty schema unless `force` (which drops it). A
@@ -83,7 +88,7 @@ def prepare_fresh(database_url: str, schema: str, live_schema: str, force: bool 
             if not force and not holds_no_projection(conn, schema):
                 raise ConfigurationError(f"schema {schema} exists and is not empty (use --force to drop it)")
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-    migrate(database_url, schema)
+    migrate(database_url, schema, reader_role)
 
 
 PROJECTION_TABLES = ("projector_offsets", "lifecycle_evidence", "job_state", "applied_dedup_keys", "uploads",
@@ -117,6 +122,49 @@ def holds_no_projection(conn: psycopg.Connection, schema: str) -> bool:
     return not (row["any_row"] if isinstance(row, dict) else row[0])
 
 
+def record_source(conn: psycopg.Connection, cluster_id: str, projection: str = "main") -> None:
+    """Record in `projection_source` the Kafka cluster `projection` is built from (kept when present).
+
+    A replay calls it in the transaction that commits its rows, so a rebuilt schema carries the
+    cluster id the projector checks (`projector.other_cluster`) from the moment it is swapped in, and
+    the row doubles as the mark of a replay that finished (`replay_finished`)."""
+    conn.execute("INSERT INTO projection_source (projection, cluster_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                 (projection, cluster_id))
+
+
+def replay_finished(conn: psycopg.Connection, schema: str, projection: str = "main") -> bool:
+    """True when `schema` holds a projection that was built to the end: a replay that committed
+    (its `projection_source` row, written in the replay's one transaction) or any stored offset (a
+    projector or catch-up committed at least one batch; schemas rebuilt before replays recorded
+    their source). A replay that crashed or was interrupted leaves neither."""
+    row = conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {}.projection_source WHERE projection = %s)"
+                               " OR EXISTS (SELECT 1 FROM {}.projector_offsets WHERE projection = %s)")
+                       .format(sql.Identifier(schema), sql.Identifier(schema)), (projection, projection)).fetchone()
+    return bool(next(iter(row.values())) if isinstance(row, dict) else row[0])
+
+
+def check_swap_candidate(conn: psycopg.Connection, schema: str, live_schema: str) -> None:
+    """Refuse (`SwapRefused`) to swap in the live schema itself, a schema that does not exist (a typo,
+    or a swap already done: the schema now has the live name) and one that is not a Tapeline
+    projection (another application's tables must never be migrated and renamed to the live name)."""
+    check_schema_name(schema)
+    if schema == live_schema:
+        raise SwapRefused(f"{schema} is already the live schema; swap in a schema built by `tapeline replay --into`")
+    if schema_oid(conn, schema) is None:
+        raise SwapRefused(f"schema {schema} does not exist (a typo, or already swapped in?); build it first with "
+                          f"`tapeline replay --into {schema}`")
+    if not is_projection_schema(conn, schema):
+        raise SwapRefused(f"schema {schema} is not a Tapeline projection (no schema_migrations of ours); refusing to "
+                          f"swap it in")
+
+
+def check_swappable(database_url: str, schema: str, live_schema: str) -> None:
+    """`check_swap_candidate` on a connection of its own: what `replay --swap` checks before catching up."""
+    check_schema_name(schema)
+    with connect(database_url, autocommit=True) as conn:
+        check_swap_candidate(conn, schema, live_schema)
+
+
 @dataclass(frozen=True)
 class SwapResult:
     live: str
@@ -125,30 +173,44 @@ class SwapResult:
 
 
 def swap(database_url: str, schema: str, live_schema: str, retired: str | None = None,
-         lock_timeout_s: float = 30.0) -> SwapResult:
+         lock_timeout_s: float = 30.0, projection: str = "main") -> SwapResult:
     """Make `schema` the live schema: rename live -> `retired`, `schema` -> live, in one transaction.
 
-    Holds `SWAP_LOCK` exclusively, so no projector batch is in flight; the projector notices the new
-    schema in its next batch and resumes from that schema's stored offsets. Settings tables that are
-    not derived from the log (`stall_policy`, the HTTP intake's `intake_uploads`) are copied from the
-    old live schema. The old schema is
-    kept under `retired` (default `<live>_retired_<UTC timestamp>`) for a swap back or a DROP.
+    Refuses (`SwapRefused`, nothing changed) what `check_swap_candidate` refuses and a schema whose
+    replay never finished (`replay_finished`: no offsets and no recorded source, what a crashed
+    replay leaves; a catch-up first completes it). Holds `SWAP_LOCK` exclusively, so no projector
+    batch is in flight; the projector notices the new schema in its next batch and resumes from that
+    schema's stored offsets. Settings tables that are not derived from the log (`stall_policy`, the
+    HTTP intake's `intake_uploads`) are copied from the old live schema. The old schema is kept under
+    `retired` (default `<live>_retired_<UTC time to the second>`, with `_2`, `_3`... when a swap of
+    the same second took that name) for a swap back or a DROP.
     """
     check_schema_name(schema)
     check_schema_name(live_schema)
-    if schema == live_schema:
-        raise ConfigurationError(f"{schema} is already the live schema")
-    retired = check_schema_name(retired or f"{live_schema}_retired_{datetime.now(timezone.utc):%Y%m%d%H%M%S}")
+    if retired is not None:
+        check_schema_name(retired)
+    base = f"{live_schema}_retired_{datetime.now(timezone.utc):%Y%m%d%H%M%S}"
     latest = max((number for number, _, _ in migrations()), default=0)
+    with connect(database_url, autocommit=True) as conn:
+        check_swap_candidate(conn, schema, live_schema)  # before migrate(), which would create a missing schema
     migrate(database_url, schema)  # a schema rebuilt by older code gets the newer migrations first
     with connect(database_url, autocommit=True) as conn:
         with conn.transaction():
             conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{int(lock_timeout_s * 1000)}ms")))
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (SWAP_LOCK,))
+            check_swap_candidate(conn, schema, live_schema)  # again under the lock: a concurrent swap took it
             version = conn.execute(sql.SQL("SELECT max(version) FROM {}.schema_migrations")
                                    .format(sql.Identifier(schema))).fetchone()[0]
             if version != latest:
                 raise ConfigurationError(f"schema {schema} is at migration {version}, expected {latest}")
+            if not replay_finished(conn, schema, projection):
+                raise SwapRefused(f"schema {schema} holds no finished replay (no stored offsets, no recorded source: "
+                                  f"a replay into it crashed or was interrupted); run `tapeline replay --into {schema} "
+                                  f"--force` again, or swap without --no-catch-up to catch it up from offset 0")
+            if retired is None:
+                retired = _free_name(conn, base)
+            elif schema_oid(conn, retired) is not None:
+                raise SwapRefused(f"schema {retired} already exists; name another one to retire {live_schema} under")
             copied = False
             if schema_oid(conn, live_schema) is not None:
                 copied = _copy_stall_policy(conn, live_schema, schema)
@@ -158,6 +220,16 @@ def swap(database_url: str, schema: str, live_schema: str, retired: str | None =
             conn.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(sql.Identifier(schema),
                                                                       sql.Identifier(live_schema)))
     return SwapResult(live=live_schema, retired=retired, stall_policy_copied=copied)
+
+
+def _free_name(conn: psycopg.Connection, base: str) -> str:
+    """`base`, or `base_2`, `base_3`... the first no schema has (call under `SWAP_LOCK`: swaps take
+    names one at a time). Raises `ConfigurationError` when the name would pass PostgreSQL's 63 bytes."""
+    name, number = base, 1
+    while schema_oid(conn, check_schema_name(name)) is not None:
+        number += 1
+        name = f"{base}_{number}"
+    return name
 
 
 def _copy_table(conn: psycopg.Connection, source: str, target: str, table: str) -> bool:

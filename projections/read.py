@@ -10,6 +10,7 @@ import psycopg
 
 from projections.fold import TERMINAL_STATES
 from projections.sql import connect, q
+from tapeline.errors import ConfigurationError
 from tapeline.settings import TIERS, Settings
 
 STAGE_SHARE = {"intake": (0.0, 0.05), "transcode": (0.05, 0.90), "publish": (0.90, 1.0)}
@@ -17,8 +18,15 @@ STAGE_SHARE = {"intake": (0.0, 0.05), "transcode": (0.05, 0.90), "publish": (0.9
 
 
 def open_reader(settings: Settings) -> psycopg.Connection:
+    """An autocommit connection (dict rows) to the projection schema. Raises `ConfigurationError`
+    when the schema holds no projection yet (never migrated, or missing), instead of failing later
+    with `UndefinedTable` on the first read."""
     conn = connect(settings.database_url, schema=settings.db_schema, autocommit=True)
     conn.row_factory = psycopg.rows.dict_row
+    if conn.execute("SELECT to_regclass('job_state') IS NULL AS missing").fetchone()["missing"]:
+        conn.close()
+        raise ConfigurationError(f"projection schema {settings.db_schema} has no tables yet: start the projector "
+                                 "(`tapeline run`) or run `tapeline migrate`")
     return conn
 
 

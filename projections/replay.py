@@ -6,7 +6,9 @@ up to stop offsets fixed when it begins (the last stable offsets, or the first o
 writes with COPY in one transaction (`projections/bulk.py`); a catch-up (`fresh=False`, before a
 swap) applies them with the projector's own `apply_batch`. Either way the result, offsets included,
 is exactly what the projector would have built and can be swapped in and continued by it. It never
-creates a producer.
+creates a producer. The schema records the broker's cluster id in `projection_source` (in the bulk
+transaction, or after the last batch), as the projector does, so a swapped-in schema is checked
+against the cluster at once; a catch-up of a schema built from another cluster is refused.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from psycopg import sql
 
 from projections import logread, partitioned
 from projections.bulk import BulkReplay
-from projections.pgschema import prepare_fresh
-from projections.projector import Projector, apply_batch
+from projections.pgschema import prepare_fresh, record_source
+from projections.projector import OTHER_CLUSTER, OTHER_CLUSTER_FIX, Projector, apply_batch, other_cluster
 from projections.sql import check_schema_name, connect, migrate, q
 from tapeline.errors import ConfigurationError
 from tapeline.settings import Settings
@@ -109,11 +111,13 @@ def _replay(settings: Settings, schema: str, *, as_of: datetime | None, force: b
         probe = logread.reader(settings, "replay-bounds")
         try:
             fresh_span = logread.bounds(probe, topics, until=until)
+            cluster = probe.list_topics(timeout=10).cluster_id
         finally:
             probe.close()
-        prepare_fresh(settings.database_url, schema, settings.db_schema, force=force)
+        prepare_fresh(settings.database_url, schema, settings.db_schema, force=force, reader_role=settings.reader_role)
     else:
-        migrate(settings.database_url, schema)
+        migrate(settings.database_url, schema, settings.reader_role)
+        cluster = None
     result = ReplayResult(schema=schema)
     started = time.monotonic()
     with connect(settings.database_url, schema=schema, autocommit=True) as conn:
@@ -130,6 +134,15 @@ def _replay(settings: Settings, schema: str, *, as_of: datetime | None, force: b
         consumer = logread.reader(settings, "replay", queue_kbytes=8 * 1024 if use_bulk else 256 * 1024)
         writer = None
         try:
+            if cluster is None:  # a catch-up: its stored offsets mean nothing against another cluster
+                cluster = consumer.list_topics(timeout=10).cluster_id
+                built_from = other_cluster(conn, cluster, projection)
+                if built_from is not None:
+                    raise ConfigurationError(f"{OTHER_CLUSTER} ({schema} was built from cluster {built_from}, the "
+                                             f"broker is {cluster}): {OTHER_CLUSTER_FIX}")
+
+            def record(conn: psycopg.Connection) -> None:  # in the bulk paths' one transaction
+                record_source(conn, cluster, projection)
             span = fresh_span or logread.bounds(consumer, topics, until=until, start_at=stored)
             result.offsets_total = span.total
             if on_start is not None:
@@ -140,7 +153,7 @@ def _replay(settings: Settings, schema: str, *, as_of: datetime | None, force: b
                 consumer.close()
                 consumer = None
                 outcome = partitioned.run(settings, conn, span, result.workers, projection, batch_size=batch_size,
-                                          on_progress=on_progress)
+                                          on_progress=on_progress, before_commit=record)
                 result.workers = outcome.workers
                 for name in ("records", "applied", "duplicates", "superseded", "dead_letters"):
                     setattr(result, name, getattr(outcome.counts, name))
@@ -169,9 +182,11 @@ def _replay(settings: Settings, schema: str, *, as_of: datetime | None, force: b
                 result.superseded += batch.superseded
                 result.dead_letters += batch.dead_letters
             if writer is not None:
-                writer.finish()
+                writer.finish(before_final_rows=record)
                 result.phases.update(writer.phases)
                 writer = None
+            else:  # batches committed one by one: the source once the last one is in
+                record(conn)
         except BaseException as exc:
             if writer is not None:
                 writer.abort(exc)

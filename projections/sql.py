@@ -10,6 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import psycopg
+from psycopg import sql as psql
 
 from tapeline.errors import ConfigurationError, ServiceUnavailable
 
@@ -74,11 +75,17 @@ def check_schema_name(schema: str) -> str:
     return schema
 
 
-def migrate(database_url: str, schema: str = "public") -> list[str]:
+READER_ROLE = "tapeline_reader"
+"""The read-only role migration 010 creates (when it may) and grants to; `Settings.reader_role`."""
+
+
+def migrate(database_url: str, schema: str = "public", reader_role: str = READER_ROLE) -> list[str]:
     """Apply every migration not yet applied, each in its own transaction; returns the names applied.
 
-    Everything (tables, views, `schema_migrations`) lands in `schema`, created when missing. Safe to
-    run from several processes at once (an advisory lock serialises them).
+    Everything (tables, views, `schema_migrations`) lands in `schema`, created when missing. Then the
+    read grants are made again (`grant_reader`), applied or not: a reader role created by hand after
+    migration 010 ran gets them on the next run. Safe to run from several processes at once (an
+    advisory lock serialises them).
     """
     applied_now = []
     with connect(database_url, schema=schema, autocommit=True) as conn:
@@ -97,6 +104,41 @@ def migrate(database_url: str, schema: str = "public") -> list[str]:
                     conn.execute(sql)
                     conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (number, name))
                 applied_now.append(name)
+            grant_reader(conn, schema, reader_role)
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
     return applied_now
+
+
+def grant_reader(conn: psycopg.Connection, schema: str, role: str = READER_ROLE) -> list[str]:
+    """What migration 010 grants `role`, made again where missing: USAGE on `schema`, SELECT on each of
+    its tables and views, and SELECT on tables the migrating user creates there later (default
+    privileges). Nothing when the role does not exist (010 then said who must create it). Idempotent:
+    grants only what is missing (a GRANT rewrites the catalog row even when it changes nothing).
+    Returns what it granted, e.g. `["USAGE ON SCHEMA x", "SELECT ON x.job_state"]`.
+    """
+    if conn.execute("SELECT to_regrole(%s) IS NULL", (role,)).fetchone()[0]:
+        return []
+    granted = []
+    with conn.transaction():
+        if not conn.execute("SELECT has_schema_privilege(%s, %s, 'USAGE')", (role, schema)).fetchone()[0]:
+            conn.execute(psql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(psql.Identifier(schema), psql.Identifier(role)))
+            granted.append(f"USAGE ON SCHEMA {schema}")
+        missing = [name for (name,) in conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s"
+            " AND c.relkind IN ('r', 'p', 'v', 'm', 'f') AND NOT has_table_privilege(%s, c.oid, 'SELECT')"
+            " ORDER BY c.relname", (schema, role))]
+        for name in missing:
+            conn.execute(psql.SQL("GRANT SELECT ON {}.{} TO {}").format(psql.Identifier(schema), psql.Identifier(name),
+                                                                       psql.Identifier(role)))
+            granted.append(f"SELECT ON {schema}.{name}")
+        defaults = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_default_acl d JOIN pg_namespace n ON n.oid = d.defaclnamespace,"
+            " aclexplode(d.defaclacl) a WHERE n.nspname = %s AND d.defaclrole = to_regrole(current_user)"
+            " AND d.defaclobjtype = 'r' AND a.grantee = to_regrole(%s) AND a.privilege_type = 'SELECT')",
+            (schema, role)).fetchone()[0]
+        if not defaults:
+            conn.execute(psql.SQL("ALTER DEFAULT PRIVILEGES IN SCHEMA {} GRANT SELECT ON TABLES TO {}")
+                         .format(psql.Identifier(schema), psql.Identifier(role)))
+            granted.append(f"SELECT ON future tables of {schema}")
+    return granted

@@ -50,14 +50,17 @@ app.command()(export)
 
 @app.command()
 def migrate() -> None:
-    """Apply the PostgreSQL migrations (projections/sql/migrations)."""
+    """Apply the PostgreSQL migrations (projections/sql/migrations) to the projection schema
+    (TAPELINE_DB_SCHEMA), and make the read grants of TAPELINE_READER_ROLE again where missing."""
     from projections.sql import migrate as run_migrations
 
+    settings = _settings()
     try:
-        applied = run_migrations(_settings().database_url)
+        applied = run_migrations(settings.database_url, settings.db_schema, settings.reader_role)
     except TapelineError as exc:
         _fail(exc)
-    console.print(f"applied: {', '.join(applied) if applied else 'nothing (up to date)'}")
+    console.print(f"schema {settings.db_schema}: applied {', '.join(applied) if applied else 'nothing (up to date)'}",
+                  highlight=False)
 
 
 def run_role(settings: Settings, role: str) -> int:
@@ -110,7 +113,7 @@ def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f
     try:
         from projections.sql import migrate as run_migrations
 
-        run_migrations(settings.database_url)
+        run_migrations(settings.database_url, settings.db_schema, settings.reader_role)
         if role == "all":
             raise typer.Exit(supervisor.supervise(supervisor.ROLES, grace_s=settings.shutdown_grace_s,
                                                   health_port_base=settings.health_port_base,
