@@ -3,9 +3,10 @@
 Every projection table, view, grant and offset lives inside one schema (a view stays bound to the
 table it was created on, so a schema is swapped as a whole). The live schema is the one named by
 `Settings.db_schema` (default `public`); a replay builds another one, and `swap` renames the two in
-one transaction while holding `SWAP_LOCK` exclusively. The projector takes the same lock shared in
-each batch's transaction and checks, under it, that the live schema is still the one whose offsets
-it is consuming from (`LiveGuard`); after a swap it re-reads the stored offsets and seeks there.
+one transaction while holding the swap guard (`SWAP_GUARD`) in EXCLUSIVE mode. The projector takes
+it in ROW EXCLUSIVE mode in each batch's transaction and checks, under it, that the live schema is
+still the one whose offsets it is consuming from (`LiveGuard`); after a swap it re-reads the stored
+offsets and seeks there.
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ from datetime import datetime, timezone
 import psycopg
 from psycopg import sql
 
-from projections.sql import READER_ROLE, check_schema_name, connect, migrate, migrations
+from projections.sql import CONTROL_SCHEMA, READER_ROLE, check_schema_name, connect, migrate, migrations
 from tapeline.errors import ConfigurationError, TapelineError
 
-SWAP_LOCK = 0x7A9E_0002  # advisory lock key: shared per projector batch, exclusive during a swap
+SWAP_GUARD = f"{CONTROL_SCHEMA}.swap_guard"
+"""The empty table whose lock is the swap lock: ROW EXCLUSIVE per projector batch, EXCLUSIVE during a
+swap (the two conflict; batches do not conflict with each other). A table, not an advisory lock, so
+that a read-only role cannot take it: `pg_advisory_lock` is open to every role, and a dashboard
+user holding the old advisory key froze the projector; LOCK TABLE in these modes needs UPDATE,
+DELETE or INSERT rights on it, and readers have no USAGE on `CONTROL_SCHEMA` at all."""
 
 
 class SchemaSwapped(TapelineError):
@@ -50,14 +56,14 @@ def relation_count(conn: psycopg.Connection, schema: str) -> int:
 
 @dataclass
 class LiveGuard:
-    """What the projector checks in every batch transaction: the swap lock (shared) and that the
-    schema its connection resolves to is still the one it loaded its offsets from."""
+    """What the projector checks in every batch transaction: the swap guard (ROW EXCLUSIVE) and that
+    the schema its connection resolves to is still the one it loaded its offsets from."""
 
     oid: int | None = None
 
     def check(self, conn: psycopg.Connection) -> None:
         """Call inside the batch's transaction, before any read. Raises `SchemaSwapped`."""
-        conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", (SWAP_LOCK,))
+        conn.execute(f"LOCK TABLE {SWAP_GUARD} IN ROW EXCLUSIVE MODE")
         current = schema_oid(conn)
         if self.oid is None:
             self.oid = current
@@ -178,7 +184,7 @@ def swap(database_url: str, schema: str, live_schema: str, retired: str | None =
 
     Refuses (`SwapRefused`, nothing changed) what `check_swap_candidate` refuses and a schema whose
     replay never finished (`replay_finished`: no offsets and no recorded source, what a crashed
-    replay leaves; a catch-up first completes it). Holds `SWAP_LOCK` exclusively, so no projector
+    replay leaves; a catch-up first completes it). Holds `SWAP_GUARD` exclusively, so no projector
     batch is in flight; the projector notices the new schema in its next batch and resumes from that
     schema's stored offsets. Settings tables that are not derived from the log (`stall_policy`, the
     HTTP intake's `intake_uploads`) are copied from the old live schema. The old schema is kept under
@@ -197,7 +203,7 @@ def swap(database_url: str, schema: str, live_schema: str, retired: str | None =
     with connect(database_url, autocommit=True) as conn:
         with conn.transaction():
             conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{int(lock_timeout_s * 1000)}ms")))
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (SWAP_LOCK,))
+            conn.execute(f"LOCK TABLE {SWAP_GUARD} IN EXCLUSIVE MODE")
             check_swap_candidate(conn, schema, live_schema)  # again under the lock: a concurrent swap took it
             version = conn.execute(sql.SQL("SELECT max(version) FROM {}.schema_migrations")
                                    .format(sql.Identifier(schema))).fetchone()[0]
@@ -223,7 +229,7 @@ def swap(database_url: str, schema: str, live_schema: str, retired: str | None =
 
 
 def _free_name(conn: psycopg.Connection, base: str) -> str:
-    """`base`, or `base_2`, `base_3`... the first no schema has (call under `SWAP_LOCK`: swaps take
+    """`base`, or `base_2`, `base_3`... the first no schema has (call under `SWAP_GUARD`: swaps take
     names one at a time). Raises `ConfigurationError` when the name would pass PostgreSQL's 63 bytes."""
     name, number = base, 1
     while schema_oid(conn, check_schema_name(name)) is not None:

@@ -75,6 +75,10 @@ def check_schema_name(schema: str) -> str:
     return schema
 
 
+CONTROL_SCHEMA = "tapeline_control"
+"""A schema of the database's Tapeline deployments that is never swapped: the swap guard table lives
+there (`pgschema.SWAP_GUARD`). Readers get no USAGE on it."""
+
 READER_ROLE = "tapeline_reader"
 """The read-only role migration 010 creates (when it may) and grants to; `Settings.reader_role`."""
 
@@ -82,7 +86,8 @@ READER_ROLE = "tapeline_reader"
 def migrate(database_url: str, schema: str = "public", reader_role: str = READER_ROLE) -> list[str]:
     """Apply every migration not yet applied, each in its own transaction; returns the names applied.
 
-    Everything (tables, views, `schema_migrations`) lands in `schema`, created when missing. Then the
+    Everything (tables, views, `schema_migrations`) lands in `schema`, created when missing, and the
+    swap guard in `CONTROL_SCHEMA` (outside every swapped schema) is created when missing. Then the
     read grants are made again (`grant_reader`), applied or not: a reader role created by hand after
     migration 010 ran gets them on the next run. Safe to run from several processes at once (an
     advisory lock serialises them).
@@ -105,6 +110,8 @@ def migrate(database_url: str, schema: str = "public", reader_role: str = READER
                     conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (number, name))
                 applied_now.append(name)
             grant_reader(conn, schema, reader_role)
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {CONTROL_SCHEMA}")
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {CONTROL_SCHEMA}.swap_guard ()")  # only ever locked
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
     return applied_now

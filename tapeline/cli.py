@@ -647,8 +647,21 @@ def demo(file: Optional[Path] = typer.Option(None, "--file", help="Video to subm
 
 
 def main() -> None:  # pragma: no cover
-    app()
+    """The `tapeline` command: `app`, with a setting that fails validation reported in one line per
+    setting (its environment variable and pydantic's reason), exit code 2, instead of a traceback."""
+    from pydantic import ValidationError
+
+    try:
+        app()
+    except ValidationError as exc:
+        if exc.title != Settings.__name__:
+            raise
+        for error in exc.errors():
+            name = "TAPELINE_" + "_".join(str(part) for part in error["loc"]).upper()
+            console.print(f"[red]error:[/red] invalid setting {name}={error.get('input')!r}: {error['msg']}",
+                          soft_wrap=True, highlight=False)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
-    sys.exit(app())
+    main()

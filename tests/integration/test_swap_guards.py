@@ -212,3 +212,18 @@ def test_export_of_one_job_counts_other_jobs_apart_and_a_closed_pipe_ends_quietl
         os.close(write_end)
         assert closed.returncode == 141, closed.stderr
         assert "Traceback" not in closed.stderr and "Error" not in closed.stderr, closed.stderr
+
+
+def test_a_read_only_role_cannot_freeze_the_projector(isolated, log):
+    """A dashboard session (`SET ROLE tapeline_reader`) holding the old swap lock's advisory key, and
+    trying the swap guard table: the guard is refused, and the projector applies new records meanwhile."""
+    with psycopg.connect(isolated.database_url, autocommit=True) as reader:
+        reader.execute(f"SET ROLE {isolated.reader_role}")
+        reader.execute("SELECT pg_advisory_lock(%s)", (0x7A9E_0002,))  # what froze it before
+        with pytest.raises(psycopg.errors.InsufficientPrivilege), reader.transaction():
+            reader.execute(f"LOCK TABLE {pgschema.SWAP_GUARD} IN EXCLUSIVE MODE")
+        more = phase(isolated, log["producer"], 12, 2)
+        run_projector_until_caught_up(isolated)  # returns only once every partition's end is applied
+        applied = rows(isolated, "SELECT count(*) AS n FROM public.job_state WHERE job_id = ANY(%s)",
+                       [job[0].job_id for job in more])[0]["n"]
+        assert applied == 2
