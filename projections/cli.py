@@ -87,10 +87,12 @@ def replay(into: Optional[str] = typer.Option(None, "--into", help="Schema to re
     progress, never produces to Kafka and prints the counts. --swap renames the live schema to
     <live>_retired_<UTC time> and SCHEMA to the live name in one transaction, holding the lock every
     projector batch takes, so the projector pauses for the swap and resumes from SCHEMA's offsets.
-    --swap refuses (exit 2, nothing changed) the live schema, a schema that does not exist, one that
-    is not a Tapeline projection and, with --no-catch-up, one whose replay never finished.
+    Refusals exit with code 2 and change nothing: --into refuses the live schema, a schema that is
+    not a Tapeline projection and (without --force) a non-empty one; --swap refuses the live schema,
+    a schema that does not exist, one that is not a Tapeline projection and, with --no-catch-up, one
+    whose replay never finished.
     """
-    from projections.pgschema import SwapRefused, check_swappable
+    from projections.pgschema import SchemaRefused, check_swappable
     from projections.pgschema import swap as swap_schemas
     from projections.replay import replay as run_replay
     from tapeline.settings import Settings
@@ -120,7 +122,7 @@ def replay(into: Optional[str] = typer.Option(None, "--into", help="Schema to re
                 result = run_replay(settings, swap, fresh=False, batch_size=batch_size, on_start=on_start,
                                     on_progress=on_progress)
         swapped = swap_schemas(settings.database_url, swap, settings.db_schema)
-    except SwapRefused as exc:
+    except SchemaRefused as exc:
         _fail(exc, 2)
     except TapelineError as exc:
         _fail(exc)

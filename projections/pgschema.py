@@ -32,7 +32,12 @@ class SchemaSwapped(TapelineError):
     """The live schema was swapped under the projector; its batch was rolled back and it must re-seek."""
 
 
-class SwapRefused(ConfigurationError):
+class SchemaRefused(ConfigurationError):
+    """That schema cannot be the target of a replay or a swap as asked; nothing was changed (the CLI
+    exits with code 2, as for any other unusable argument)."""
+
+
+class SwapRefused(SchemaRefused):
     """That schema cannot be swapped in; nothing was changed."""
 
 
@@ -72,6 +77,15 @@ class LiveGuard:
             raise SchemaSwapped(f"live schema changed (oid {current}); re-seeking at the stored offsets")
 
 
+def check_target_name(schema: str) -> str:
+    """`schema` if a replay may write into a schema of that name (`sql.check_schema_name`); else
+    `SchemaRefused`."""
+    try:
+        return check_schema_name(schema)
+    except ConfigurationError as exc:
+        raise SchemaRefused(str(exc)) from None
+
+
 def prepare_fresh(database_url: str, schema: str, live_schema: str, force: bool = False,
                   reader_role: str = READER_ROLE) -> None:
     """Make `schema` an empty, fully migrated schema for a replay.
@@ -80,19 +94,19 @@ def prepare_fresh(database_url: str, schema: str, live_schema: str, force: bool 
     Tapeline schema whose projections hold no row (what a failed or interrupted replay leaves: its
     one transaction rolled back) is dropped and rebuilt without `force`. `force` never drops a
     schema that is not a Tapeline projection schema (`is_projection_schema`): a typo must not drop
-    another application's tables. Raises `ConfigurationError`.
+    another application's tables, and a name that is not a plain PostgreSQL name. Raises `SchemaRefused`.
     """
-    check_schema_name(schema)
+    check_target_name(schema)
     if schema == live_schema:
-        raise ConfigurationError(f"{schema} is the live schema; replay into another one and swap it in")
+        raise SchemaRefused(f"{schema} is the live schema; replay into another one and swap it in")
     with connect(database_url, autocommit=True) as conn:
         if relation_count(conn, schema):
             if not is_projection_schema(conn, schema):
-                raise ConfigurationError(f"schema {schema} holds tables that are not a Tapeline projection (no "
-                                         f"schema_migrations of ours); refusing to drop it, even with --force: "
-                                         f"choose another name, or drop it yourself")
+                raise SchemaRefused(f"schema {schema} holds tables that are not a Tapeline projection (no "
+                                    f"schema_migrations of ours); refusing to drop it, even with --force: "
+                                    f"choose another name, or drop it yourself")
             if not force and not holds_no_projection(conn, schema):
-                raise ConfigurationError(f"schema {schema} exists and is not empty (use --force to drop it)")
+                raise SchemaRefused(f"schema {schema} exists and is not empty (use --force to drop it)")
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
     migrate(database_url, schema, reader_role)
 

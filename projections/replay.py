@@ -24,9 +24,9 @@ from psycopg import sql
 
 from projections import logread, partitioned
 from projections.bulk import BulkReplay
-from projections.pgschema import prepare_fresh, record_source
+from projections.pgschema import check_target_name, prepare_fresh, record_source
 from projections.projector import OTHER_CLUSTER, OTHER_CLUSTER_FIX, Projector, apply_batch, other_cluster
-from projections.sql import check_schema_name, connect, migrate, q
+from projections.sql import connect, migrate, q
 from tapeline.errors import ConfigurationError
 from tapeline.settings import Settings
 
@@ -73,7 +73,7 @@ def replay(settings: Settings, schema: str, *, as_of: datetime | None = None, fo
     still one transaction); None picks `partitioned.default_workers`, 1 folds in this process.
     Raises `partitioned.ReplayFailed` when a worker fails (rolled back).
     """
-    check_schema_name(schema)
+    check_target_name(schema)
     with replay_lock(settings.database_url, schema):
         return _replay(settings, schema, as_of=as_of, force=force, fresh=fresh, batch_size=batch_size,
                        projection=projection, bulk=bulk, workers=workers, on_start=on_start, on_progress=on_progress)

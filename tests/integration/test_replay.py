@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 import subprocess
 import threading
@@ -137,8 +138,7 @@ def test_a_replay_worker_killed_mid_replay_fails_it_and_leaves_the_schema_empty(
     assert counts == {"evidence": 0, "jobs": 0, "offsets": 0,
                       "evidence_indexes": rows(isolated, "SELECT count(*) AS n FROM pg_indexes WHERE schemaname ="
                                                          " 'public' AND tablename = 'lifecycle_evidence'")[0]["n"]}
-    workers = subprocess.run(["pgrep", "-f", "projections.partitioned"], capture_output=True, text=True)
-    assert workers.stdout == ""  # the other worker was stopped too
+    assert replay_workers_of(isolated) == []  # the other worker was stopped too
     # What the failed replay left holds no row: the same command redoes it, no --force needed.
     redone = tapeline_cli(isolated, "replay", "--into", "killed", "--workers", "2", "--json")
     assert redone.returncode == 0, redone.stderr
@@ -147,9 +147,9 @@ def test_a_replay_worker_killed_mid_replay_fails_it_and_leaves_the_schema_empty(
 
 def test_replay_refuses_a_non_empty_schema_unless_forced(isolated, busy):
     refused = tapeline_cli(isolated, "replay", "--into", "rebuilt")
-    assert refused.returncode == 1 and "not empty" in refused.stderr
+    assert refused.returncode == 2 and "not empty" in refused.stderr
     live = tapeline_cli(isolated, "replay", "--into", "public", "--force")
-    assert live.returncode == 1 and "live schema" in live.stderr
+    assert live.returncode == 2 and "live schema" in live.stderr
     forced = tapeline_cli(isolated, "replay", "--into", "rebuilt", "--force", "--json")
     assert forced.returncode == 0, forced.stderr
     assert_same_tables(isolated, "public", "rebuilt")
@@ -158,7 +158,7 @@ def test_replay_refuses_a_non_empty_schema_unless_forced(isolated, busy):
         conn.execute("CREATE SCHEMA billing; CREATE TABLE billing.invoices (id int); INSERT INTO billing.invoices VALUES (1)")
     for extra in ((), ("--force",)):
         kept = tapeline_cli(isolated, "replay", "--into", "billing", *extra)
-        assert kept.returncode == 1 and "not a Tapeline projection" in kept.stderr, kept.stderr
+        assert kept.returncode == 2 and "not a Tapeline projection" in kept.stderr, kept.stderr
     assert rows(isolated, "SELECT count(*) AS n FROM billing.invoices")[0]["n"] == 1
 
 
@@ -171,7 +171,7 @@ def test_a_second_replay_into_a_schema_being_replayed_refuses_at_once(isolated, 
     before_1970 = tapeline_cli(isolated, "replay", "--into", "contended", "--as-of", "1960-01-01")
     assert before_1970.returncode == 2 and "before 1970-01-01" in before_1970.stderr
     system = tapeline_cli(isolated, "replay", "--into", "information_schema", "--force")
-    assert system.returncode == 1 and "not pg_* or information_schema" in system.stderr
+    assert system.returncode == 2 and "not pg_* or information_schema" in system.stderr
     before_log = tapeline_cli(isolated, "replay", "--into", "before_log", "--as-of", "1971-01-01")
     assert before_log.returncode == 0 and "replayed 0 records" in before_log.stdout
     assert "the log has no record at or before --as-of 1971-01-01" in before_log.stderr
@@ -280,3 +280,23 @@ def test_swap_pauses_the_projector_and_it_resumes_from_the_new_schema(isolated, 
     finally:
         stop.set()
         thread.join(30)
+
+
+def replay_workers_of(settings) -> list[int]:
+    """Pids of replay worker processes (`python -m projections.partitioned`) started with `settings`'
+    topic prefix (other test modules may be replaying at the same time)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if b"projections.partitioned" not in fh.read():
+                    continue
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                environment = fh.read().split(b"\0")
+        except OSError:  # ended meanwhile
+            continue
+        if f"TAPELINE_TOPIC_PREFIX={settings.topic_prefix}".encode() in environment:
+            found.append(int(entry))
+    return found
