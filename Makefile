@@ -17,8 +17,12 @@ demo: bootstrap
 	$(TAPELINE) run --role all --detach
 	$(TAPELINE) demo
 
+# Test modules run on TEST_WORKERS processes (pytest-xdist, a whole module per process: each module
+# has its own topics, app name and database); TEST_WORKERS=0 runs them in this one process.
+TEST_WORKERS ?= 2
+
 test: bootstrap
-	$(VENV)/bin/pytest -ra tests
+	$(VENV)/bin/pytest -ra -n $(TEST_WORKERS) --dist loadfile tests
 
 # Stop the processors, then whatever the stack started; either may already be stopped.
 down:
