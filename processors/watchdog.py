@@ -1,7 +1,8 @@
 """The watchdog: advances the log clock, reads the stall views, and re-drives what stopped moving.
 
-Leader election: a PostgreSQL advisory lock held on the watchdog's own dedicated connection; the
-transactional id `<app>.watchdog` is fixed, so a new leader's `init_transactions` fences the old one.
+Leader election: a PostgreSQL advisory lock per deployment (app name and schema) held on the
+watchdog's own dedicated connection; the transactional id `<app>.watchdog` is fixed, so a new
+leader's `init_transactions` fences the old one.
 
 One tick (`Watchdog.tick`), after the numbered protocol:
   Step 1. produce a `WatchdogTick` to every partition of the lifecycle log (one transaction); the
@@ -44,7 +45,16 @@ from tapeline.objectstore import ObjectStore, StorageGauge
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.watchdog")
-WATCHDOG_LOCK = 0x7A9E_0010  # advisory lock key of the watchdog leader (0001 migrations, 0002 schema swap)
+WATCHDOG_LOCK = 0x7A9E_0010
+"""First key of the advisory lock the watchdog leader holds (0001 migrations, 0003 projector); the
+second is `hashtext` of `leader_key(settings)`: one leader per deployment, not per database."""
+
+
+def leader_key(settings: Settings) -> str:
+    """What names a deployment for the leader lock: its app name (its transactional ids) and the
+    schema of its projections. Two deployments sharing a database each get their own leader (a
+    single key let the first one's watchdog stand the other's by for good: its stalls went unseen)."""
+    return f"{settings.app_name}:{settings.db_schema}"
 
 
 class Verdict(str, Enum):
@@ -191,7 +201,8 @@ class Watchdog:
         self.health.mark_ready()  # a standby waiting for the lock is healthy too
         try:
             while not stop.is_set():
-                if leader.execute("SELECT pg_try_advisory_lock(%s)", (WATCHDOG_LOCK,)).fetchone()[0]:
+                if leader.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))",
+                                  (WATCHDOG_LOCK, leader_key(settings))).fetchone()[0]:
                     break
                 stop.wait(settings.tick_s)
             if stop.is_set():
