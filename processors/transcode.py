@@ -104,6 +104,9 @@ class TranscodeWorker(StageWorker):
 
     stage = "transcode"
     checkpoints = 0
+    encoded: tuple[int, float] = (0, 0.0)
+    """The finished encode's progress (frames done, seconds of media), which `Attempt.keepalive`
+    heartbeats report after ffmpeg ended."""
 
     def work(self, attempt: Attempt, store: ObjectStore) -> list[Outgoing]:
         item, identity, settings = attempt.item, attempt.identity, self.settings
@@ -128,6 +131,7 @@ class TranscodeWorker(StageWorker):
                      job_id=identity.job_id, attempt=identity.attempt, start_index=plan.start_index,
                      reused_video=sum(len(v) for v in plan.video.values()), reused_audio=len(plan.audio))
             # Step 3
+            self.encoded = (probe.frames or 0, probe.duration_s)  # (every segment reused: nothing left to encode)
             try:
                 new, elapsed_s = self.encode(attempt, store, source, probe, plan, out_dir, prefix, streams,
                                                  inspected.encoder_frame_rate)
@@ -138,9 +142,10 @@ class TranscodeWorker(StageWorker):
                 plan, sizes = ResumePlan(0, {}, []), {}
                 new, elapsed_s = self.encode(attempt, store, source, probe, plan, out_dir, prefix, streams,
                                                  inspected.encoder_frame_rate)
-            # Step 4
-            outputs, playlist_keys = self.assemble(store, item.renditions, probe, has_audio, plan, sizes, new,
-                                                   out_dir, prefix, frame_s)
+            # Step 4 (no ffmpeg to heartbeat from: heartbeats from a thread, with the encode's figures)
+            with attempt.keepalive(*self.encoded, probe.frames):
+                outputs, playlist_keys = self.assemble(store, item.renditions, probe, has_audio, plan, sizes, new,
+                                                       out_dir, prefix, frame_s)
         renditions = [r.model_copy(update={"playlist_key": playlist_keys[r.name]}) for r in item.renditions]
         audio_key = playlist_keys.get(AUDIO)
         jobs = settings.jobs_topic
@@ -264,9 +269,11 @@ class TranscodeWorker(StageWorker):
         failure = media.ffmpeg_failure(result, limit_s)
         if failure is not None:
             raise failure
-        record(watcher.poll(ended=True))
-        if with_audio:  # Step 4: the audio as a whole, in one transaction
-            record(segments.SegmentWatcher(out_dir, [AUDIO]).poll(ended=True))
+        self.encoded = (reused_frames + latest[0].frames, min(probe.duration_s, plan.start_s + latest[0].out_time_s))
+        with attempt.keepalive(*self.encoded, probe.frames):  # ffmpeg's ticks heartbeat no more
+            record(watcher.poll(ended=True))
+            if with_audio:  # Step 4: the audio as a whole, in one transaction
+                record(segments.SegmentWatcher(out_dir, [AUDIO]).poll(ended=True))
         return new, result.elapsed_s
 
     def assemble(self, store: ObjectStore, ladder: list[ev.Rendition], probe: ev.SourceMedia, has_audio: bool,

@@ -19,11 +19,12 @@ Claim protocol for one work item (DESIGN.md "The lease protocol"):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
@@ -96,12 +97,48 @@ class Attempt:
         self.heartbeats = 0
         self.last_heartbeat = time.monotonic()
         self.claimed_at = time.monotonic()  # for the stage duration histogram
+        self._transacting = threading.RLock()  # one transaction at a time on the producer (`keepalive`)
 
     def send(self, outgoing: list[Outgoing], point: str | None = None) -> None:
         """Commit `outgoing` in one transaction on the attempt's producer. Raises `Fenced`.
         `point`: the transaction's crash-point name (default `{stage}.{first event type}`)."""
-        transact(self.producer, lambda: self.runtime.produce(self.producer, outgoing),
-                 name=point or f"{self.identity.stage}.{outgoing[0][1].event_type if outgoing else 'empty'}")
+        with self._transacting:
+            transact(self.producer, lambda: self.runtime.produce(self.producer, outgoing),
+                     name=point or f"{self.identity.stage}.{outgoing[0][1].event_type if outgoing else 'empty'}")
+
+    @contextlib.contextmanager
+    def keepalive(self, frames_done: int, out_time_s: float, frames_total: int | None) -> Iterator[None]:
+        """Heartbeats from a thread of their own while the caller works with nothing to report
+        heartbeats from: after ffmpeg ended, the last segments' uploads, the checks of every rendition
+        (ffprobe) and the playlists' uploads. Without them that phase had to fit in one lease: under
+        load it did not, and a healthy attempt was declared stalled and run again.
+
+        Every heartbeat reports `frames_done` / `out_time_s` (the encode's final figures), so the
+        no-progress timeout still bounds the phase: a check that hangs is caught by it, as a hung
+        ffmpeg is. The caller may `send` meanwhile (one transaction at a time). A `Fenced` (or any
+        other error) of a heartbeat stops the thread and is raised here when the block ends.
+        """
+        stop, failures = threading.Event(), []
+        interval_s = self.runtime.settings.heartbeat_s / 4
+
+        def beat() -> None:
+            while not stop.wait(interval_s):
+                try:
+                    with self._transacting:
+                        self.heartbeat(frames_done, out_time_s, None, frames_total)
+                except Exception as exc:  # noqa: BLE001 - raised in the caller's thread below
+                    failures.append(exc)
+                    return
+
+        thread = threading.Thread(target=beat, name=f"keepalive-{self.identity.job_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+        if failures:
+            raise failures[0]
 
     def event(self, cls: type[ev.Event], **fields: Any) -> ev.Event:
         return self.identity.event(cls, **fields)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
 import pytest
 
 from producers.submit import publish, upload
+from tapeline.samples import sample_video
 from tests.conftest import wait_for
 from tests.faults.conftest import job_row
 from tests.integration.helpers import committed_events, keys_under, of_job
@@ -116,3 +118,34 @@ def _name(pid: int) -> str:
             return fh.read().strip()
     except OSError:
         return ""
+
+
+def test_checks_after_the_encode_longer_than_the_lease_keep_the_attempt_alive(fault_settings, tmp_path):
+    """After ffmpeg ends there is nothing to heartbeat from: the last uploads, the ffprobe check of
+    every rendition, the playlists. Here each playlist's ffprobe takes 2 s (a wrapper on PATH), so
+    that phase lasts about twice the 4 s lease. Heartbeats from a thread (`Attempt.keepalive`) keep
+    the one attempt alive: no stall, no second attempt."""
+    from tests.conftest import Pipeline
+
+    wrappers = tmp_path / "bin"
+    wrappers.mkdir()
+    real = subprocess.run(["which", "ffprobe"], capture_output=True, text=True, check=True).stdout.strip()
+    (wrappers / "ffprobe").write_text(f'#!/bin/sh\ncase "$*" in *.m3u8) sleep 2 ;; esac\nexec {real} "$@"\n')
+    (wrappers / "ffprobe").chmod(0o755)
+    settings = fault_settings.model_copy(update={"no_progress_timeout_s": 30.0})
+    pipeline = Pipeline(settings, tmp_path / "run.log",
+                        extra_env={"PATH": f"{wrappers}:{os.environ['PATH']}"}).start()
+    try:
+        job_id = submit(settings, sample_video("bigbuckbunny.mp4"))
+        wait_state(settings, job_id)
+        events = assert_completed_once(settings, job_id)
+    finally:
+        pipeline.stop()
+    assert of_job(events, job_id, "StallDetected") == []
+    assert [e.attempt for e in of_job(events, job_id, "AttemptStarted") if e.stage == "transcode"] == [1]
+    # Heartbeats went on between the encode's last checkpoint and the attempt's success.
+    transcode = [e for e in events if e.job_id == job_id and e.stage == "transcode"]
+    last_checkpoint = max(i for i, e in enumerate(transcode) if e.event_type == "CheckpointRecorded")
+    succeeded = next(i for i, e in enumerate(transcode) if e.event_type == "AttemptSucceeded")
+    beats = [e for e in transcode[last_checkpoint:succeeded] if e.event_type == "Heartbeat"]
+    assert len(beats) >= 4, [e.event_type for e in transcode[last_checkpoint:succeeded]]
