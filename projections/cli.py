@@ -98,7 +98,10 @@ def replay(into: Optional[str] = typer.Option(None, "--into", help="Schema to re
     from projections.replay import replay as run_replay
     from tapeline.settings import Settings
 
+    from tapeline import logs
+
     settings = Settings()
+    logs.configure("console")  # log lines (e.g. the engine's fallback) to stderr: stdout holds --json
     if (into is None) == (swap is None):
         _fail(typer.BadParameter("give exactly one of --into SCHEMA or --swap SCHEMA"), 2)
     try:

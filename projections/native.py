@@ -9,8 +9,10 @@ Python object per record. What it cannot reproduce exactly it does not guess:
   character are handed back here one at a time and go through the Python `decode_batch` and
   `fold_batch` (they only ever make dead letters, so they need no job row); if the Python codec
   decodes a record into an event that would be folded, the engines disagree: `NativeUnsupported`;
-- anything else it cannot fold exactly (a lease or date `fold.evolve` would raise on, bytes in a
-  lifecycle event) raises `NativeUnsupported`.
+- an event whose date arithmetic `fold.evolve` raises on (a NaN lease) is kept as evidence by the
+  engine and its dead letter made here, worded by the same Python expression;
+- anything else it cannot fold exactly (bytes or maps in a lifecycle event, a writer schema it cannot
+  resolve) raises `NativeUnsupported`.
 
 `NativeUnsupported` makes the replay roll back and start again with the Python engine
 (`projections.replay`), with a log line saying why. Select with `--engine` / `TAPELINE_REPLAY_ENGINE`:
@@ -25,7 +27,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from projections import fold, writes
-from projections.projector import BatchResult, _dead_letter, decode_batch, fold_batch
+from projections.projector import BatchResult, _dead_letter, broker_time, decode_batch, fold_batch
+from schemas import models as ev
 from schemas.codec import REGISTERED_DIR, default_codec, schema_fingerprint
 from tapeline.errors import ConfigurationError, TapelineError
 
@@ -123,6 +126,8 @@ class NativeFoldState:
         for kind, data in dead:
             if kind == "delegate":
                 self._delegate(messages[data], dead_letters, result)
+            elif kind == "evolve_error":
+                self._evolve_error(messages[data[0]], data[1], dead_letters, result)
             elif kind == "job":
                 (id_, topic, partition, offset, ts, reason, processor, error_class, job_id, stage, attempt, attempts,
                  evidence_ref) = data
@@ -147,6 +152,32 @@ class NativeFoldState:
                                     "engine could not decode a record the Python codec folds")
         dead_letters.extend(folded.dead)
         result.dead_letters += sub.dead_letters
+
+    def _evolve_error(self, message, lease: float | None, dead_letters: list, result: BatchResult) -> None:
+        """An event whose date arithmetic `fold.evolve` raises on (the engine kept it as evidence, not
+        applied): the dead letter `fold_batch` makes, its error worded by the same Python expression
+        (`lease`: the job row's lease a heartbeat extends by). The expression must raise here too."""
+        decoded = decode_batch([message], BatchResult(records=1, positions={}))
+        event = decoded[0][1]
+        ts = broker_time(message)
+        try:
+            if isinstance(event, ev.AttemptStarted):
+                ts + timedelta(seconds=event.lease_s)
+            elif isinstance(event, ev.Heartbeat) and lease is not None:
+                ts + timedelta(seconds=lease)
+            elif isinstance(event, ev.RetryScheduled):
+                ts + max(timedelta(0), event.not_before - event.occurred_at)
+        except (ArithmeticError, ValueError, TypeError) as exc:  # what fold_batch catches around evolve
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            dead_letters.append(_dead_letter(
+                f"{topic}/{partition}/{offset}", "projection", topic, partition, offset, ts,
+                f"{event.event_type} cannot be applied to its job: {type(exc).__name__}: {exc}", "projector",
+                key=message.key(), value=message.value(), headers=message.headers(), error_class="invalid_input",
+                job_id=event.job_id, stage=event.stage, attempt=event.attempt, evidence=f"{topic}/{partition}/{offset}"))
+            result.dead_letters += 1
+            return
+        raise NativeUnsupported(f"{message.topic()}/{message.partition()}/{message.offset()}: the native engine "
+                                "found date arithmetic out of range where the Python fold finds none")
 
     def final_count(self) -> int:
         return self.engine.pending_final()

@@ -5,9 +5,9 @@
 //! the specification and `projections/native.py` drives this module. What it does not reproduce
 //! exactly it does not guess: records it cannot decode, records of the dead-letter topic and
 //! events holding a NUL character are handed back to Python one by one ("delegated"; the Python
-//! rules make their dead letters), and anything else it cannot fold exactly (a lease or date the
-//! Python fold would raise on, bytes or maps in a lifecycle event) raises `Unsupported`, after which
-//! the caller replays with the Python engine.
+//! rules make their dead letters), so is the dead letter of an event whose date arithmetic the
+//! Python fold raises on, and anything else it cannot fold exactly (bytes or maps in a lifecycle
+//! event) raises `Unsupported`, after which the caller replays with the Python engine.
 
 mod avro;
 mod encode;
@@ -305,6 +305,27 @@ struct Upload {
 /// Outcome of one evolve: (applied, superseded); the row was changed in place when applied.
 type Outcome = (bool, bool);
 
+/// Why `evolve` did not fold an event.
+enum EvolveError {
+    /// Date arithmetic `fold.evolve` raises on (a NaN or huge lease, a date past year 9999): the
+    /// Python side makes the dead letter (it words the error as Python does); the lease read, if any.
+    Range(Option<f64>),
+    /// Something this engine does not fold: the replay falls back to the Python engine.
+    Other(String),
+}
+
+impl From<&str> for EvolveError {
+    fn from(s: &str) -> Self {
+        EvolveError::Other(s.to_string())
+    }
+}
+
+impl From<String> for EvolveError {
+    fn from(s: String) -> Self {
+        EvolveError::Other(s)
+    }
+}
+
 #[pyclass(unsendable)]
 struct Engine {
     writers: HashMap<[u8; 8], (usize, Plan)>,
@@ -321,6 +342,7 @@ struct Engine {
 
 enum Dead {
     Delegate(usize),
+    EvolveError(usize, Option<f64>),
     Job(Vec<PyObject>),
     Replay(Vec<PyObject>),
 }
@@ -477,9 +499,16 @@ impl Engine {
             let duplicate = self.keys.contains(dedup_key);
             let (mut applied, mut superseded) = (false, false);
             if !duplicate {
-                (applied, superseded) = self.evolve(&ev, ts).map_err(|e| {
-                    Unsupported::new_err(format!("{kind} at {topic}/{partition}/{offset}: {e}"))
-                })?;
+                (applied, superseded) = match self.evolve(&ev, ts) {
+                    Ok(outcome) => outcome,
+                    Err(EvolveError::Range(lease)) => {
+                        dead.push(Dead::EvolveError(index, lease));
+                        (false, false) // kept as evidence, not applied
+                    }
+                    Err(EvolveError::Other(e)) => {
+                        return Err(Unsupported::new_err(format!("{kind} at {topic}/{partition}/{offset}: {e}")))
+                    }
+                };
                 if applied {
                     if let Some(Slot::Open(row)) = self.rows.get_mut(job_id) {
                         row[LOG_PARTITION] = Cell::I(partition as i64);
@@ -570,6 +599,10 @@ impl Engine {
                 Dead::Delegate(i) => PyTuple::new(py, [
                     "delegate".into_pyobject(py)?.into_any(),
                     i.into_pyobject(py)?.into_any(),
+                ])?,
+                Dead::EvolveError(i, lease) => PyTuple::new(py, [
+                    "evolve_error".into_pyobject(py)?.into_any(),
+                    (i, lease).into_pyobject(py)?.into_any(),
                 ])?,
                 Dead::Job(v) => PyTuple::new(py, [
                     "job".into_pyobject(py)?.into_any(),
@@ -723,7 +756,7 @@ impl Engine {
     }
 
     /// `fold.evolve`, on the row in `self.rows` (changed in place, created for an intake decision).
-    fn evolve(&mut self, ev: &Ev, ts: i64) -> Result<Outcome, String> {
+    fn evolve(&mut self, ev: &Ev, ts: i64) -> Result<Outcome, EvolveError> {
         let kind = ev.t.name.as_str();
         let job_id = ev.str("job_id");
         let slot = self.rows.get_mut(job_id);
@@ -831,20 +864,20 @@ impl Engine {
         let lease_until = match kind {
             "AttemptStarted" => {
                 let lease = ev.f("lease_s").ok_or("lease_s missing")?;
-                Some(timedelta_us(lease).and_then(|d| add_us(ts, d)).ok_or("lease out of range")?)
+                Some(timedelta_us(lease).and_then(|d| add_us(ts, d)).ok_or(EvolveError::Range(None))?)
             }
             "Heartbeat" => {
                 let lease = match row[LEASE_S] {
                     Cell::F(f) if f != 0.0 => f,
                     _ => 0.0,
                 };
-                Some(timedelta_us(lease).and_then(|d| add_us(ts, d)).ok_or("lease out of range")?)
+                Some(timedelta_us(lease).and_then(|d| add_us(ts, d)).ok_or(EvolveError::Range(Some(lease)))?)
             }
             _ => None,
         };
         let retry_due = if kind == "RetryScheduled" {
             let (nb, oc) = (ev.ts("not_before").ok_or("not_before missing")?, ev.ts("occurred_at").ok_or("occurred_at missing")?);
-            Some(add_us(ts, (nb - oc).max(0)).ok_or("retry due time out of range")?)
+            Some(add_us(ts, (nb - oc).max(0)).ok_or(EvolveError::Range(None))?)
         } else {
             None
         };

@@ -201,11 +201,22 @@ def test_poison_records_are_dead_letters_in_both() -> None:
     assert_same(python, native)
 
 
-def test_nan_lease_falls_back() -> None:
+@pytest.mark.parametrize("lease", [float("nan"), float("inf"), 1e12, -1e14])
+def test_a_lease_evolve_raises_on_is_the_same_dead_letter(lease) -> None:
     codec = default_codec()
     events = [e for e in next(iter(lifecycles.jobs(5, 1, heartbeats=2, checkpoints=1)))
               if not isinstance(e, ev.UploadCompleted)]
-    events = [e.model_copy(update={"lease_s": float("nan")}) if isinstance(e, ev.AttemptStarted) else e for e in events]
+    events = [e.model_copy(update={"lease_s": lease}) if isinstance(e, ev.AttemptStarted) else e for e in events]
     messages = [message(JOBS, 0, i, i * 2.0, codec.encode(e.to_record())) for i, e in enumerate(events)]
-    with pytest.raises(NativeUnsupported, match="lease"):
-        NativeFoldState(JOBS, DLQ).fold(messages, None, {})
+    python, native = fold_both(messages, slice_size=3)
+    assert python["counts"][4] >= 1
+    assert_same(python, native)
+
+
+def test_bytes_in_a_lifecycle_event_is_unsupported() -> None:
+    dead_letter = ev.DeadLetter.new(job_id="x", stage="intake", attempt=0, recorded_by="intake@a", correlation_id="c",
+                                    source_topic="t.uploads", source_partition=0, source_offset=7, key=b"k",
+                                    value=b"v", headers={}, error_class="invalid_input", error="bad", processor="intake")
+    with pytest.raises(NativeUnsupported, match="bytes"):
+        NativeFoldState(JOBS, DLQ).fold([message(JOBS, 0, 0, 1.0, default_codec().encode(dead_letter.to_record()))],
+                                        None, {})
