@@ -100,7 +100,7 @@ class NativeFoldState:
         try:
             self.engine = tapeline_native.Engine(readers, writers, list(fold.JOB_STATE_COLUMNS),
                                                  sorted(writes.PAYLOAD_OMITS), clock_topic, dlq_topic)
-        except tapeline_native.Unsupported as exc:
+        except (tapeline_native.Unsupported, TypeError) as exc:  # TypeError: a stale build of another signature
             raise NativeUnsupported(str(exc)) from exc
         self.positions: dict[tuple[str, int], int] = {}
         self.pending_dead: list[tuple[list, list]] = []

@@ -91,7 +91,8 @@ def test_native_and_python_engines_build_the_same_tables(isolated, log, workers)
     assert rows(isolated, f"SELECT count(*) AS n FROM nat_{workers}.dead_letters WHERE replayed_by = 'ops'")[0]["n"] == 1
 
 
-def test_a_log_the_native_engine_cannot_fold_is_replayed_by_the_python_engine(isolated, log):
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_log_the_native_engine_cannot_fold_is_replayed_by_the_python_engine(isolated, log, workers):
     # A processor's dead letter written to the lifecycle topic (bytes in a lifecycle event): the
     # native engine does not fold it, the Python one keeps it as evidence.
     stray = ev.DeadLetter.new(job_id="stray", stage="intake", attempt=0, recorded_by="intake@a", correlation_id="c",
@@ -99,9 +100,11 @@ def test_a_log_the_native_engine_cannot_fold_is_replayed_by_the_python_engine(is
                               headers={}, error_class="invalid_input", error="bad", processor="intake")
     produce(isolated, log, [stray])
     run_projector_until_caught_up(isolated)
-    done = tapeline_cli(isolated, "replay", "--into", "fell_back", "--json", "--engine", "native")
+    schema = f"fell_back_{workers}"
+    done = tapeline_cli(isolated, "replay", "--into", schema, "--json", "--engine", "native", "--workers", workers)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["engine"] == "python" and "bytes" in summary["engine_note"]
+    assert summary["workers"] == int(workers)
     assert "replaying with the Python engine" in done.stderr
-    assert_same_tables(isolated, "public", "fell_back")
+    assert_same_tables(isolated, "public", schema)
