@@ -288,6 +288,8 @@ fn default_value(obj: &Bound<'_, PyAny>, schema: &Schema) -> Result<Value, Strin
 pub struct Reader<'a> {
     pub buf: &'a [u8],
     pub pos: usize,
+    /// Whether a string read held a NUL character (PostgreSQL text cannot store it).
+    pub nul: bool,
 }
 
 type R<T> = Result<T, &'static str>;
@@ -330,6 +332,9 @@ impl<'a> Reader<'a> {
     fn string(&mut self) -> R<String> {
         let n = self.len()?;
         let b = self.take(n)?;
+        if b.contains(&0) {
+            self.nul = true;
+        }
         std::str::from_utf8(b).map(|s| s.to_string()).map_err(|_| "invalid utf-8")
     }
     fn f64(&mut self) -> R<f64> {

@@ -54,7 +54,14 @@ fn push_ts(out: &mut Vec<u8>, us: i64, sep: u8, always_fraction: bool) {
 /// A JSON string (pydantic escapes `"`, `\` and control characters; other text is kept as UTF-8).
 pub fn json_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
-    for &b in s.as_bytes() {
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if b >= 0x20 && b != b'"' && b != b'\\' {
+            continue;
+        }
+        out.extend_from_slice(&bytes[start..i]);
+        start = i + 1;
         match b {
             b'"' => out.extend_from_slice(b"\\\""),
             b'\\' => out.extend_from_slice(b"\\\\"),
@@ -63,10 +70,10 @@ pub fn json_str(out: &mut Vec<u8>, s: &str) {
             b'\t' => out.extend_from_slice(b"\\t"),
             0x08 => out.extend_from_slice(b"\\b"),
             0x0c => out.extend_from_slice(b"\\f"),
-            0..=0x1f => out.extend_from_slice(format!("\\u{:04x}", b).as_bytes()),
-            _ => out.push(b),
+            _ => out.extend_from_slice(format!("\\u{:04x}", b).as_bytes()),
         }
     }
+    out.extend_from_slice(&bytes[start..]);
     out.push(b'"');
 }
 
@@ -159,18 +166,23 @@ pub fn bin_bool(out: &mut Vec<u8>, v: bool) {
 // --- text COPY (what psycopg's text dumpers write) ------------------------------------------------
 
 pub fn text_escaped(out: &mut Vec<u8>, s: &[u8]) {
-    for &b in s {
-        match b {
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            b'\t' => out.extend_from_slice(b"\\t"),
-            b'\n' => out.extend_from_slice(b"\\n"),
-            b'\r' => out.extend_from_slice(b"\\r"),
-            0x08 => out.extend_from_slice(b"\\b"),
-            0x0b => out.extend_from_slice(b"\\v"),
-            0x0c => out.extend_from_slice(b"\\f"),
-            _ => out.push(b),
-        }
+    let mut start = 0;
+    for (i, &b) in s.iter().enumerate() {
+        let escaped: &[u8] = match b {
+            b'\\' => b"\\\\",
+            b'\t' => b"\\t",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            0x08 => b"\\b",
+            0x0b => b"\\v",
+            0x0c => b"\\f",
+            _ => continue,
+        };
+        out.extend_from_slice(&s[start..i]);
+        out.extend_from_slice(escaped);
+        start = i + 1;
     }
+    out.extend_from_slice(&s[start..]);
 }
 
 pub fn text_f64(out: &mut Vec<u8>, v: f64) {

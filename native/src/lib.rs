@@ -22,6 +22,57 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use avro::{Plan, Reader, Schema, Value, TS_MAX, TS_MIN};
 use encode::*;
 
+/// FxHash (rustc's): the maps hold job ids and dedup keys this project's own processors wrote, so a
+/// fast non-keyed hash is enough (SipHash was ~4 % of a replay's CPU).
+#[derive(Default, Clone, Copy)]
+struct Fx(u64);
+
+impl Fx {
+    #[inline]
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+impl std::hash::Hasher for Fx {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.add(u64::from_le_bytes(c.try_into().unwrap()));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut b = [0u8; 8];
+            b[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(b));
+        }
+    }
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.add(i as u64)
+    }
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.add(i as u64)
+    }
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.add(i)
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64)
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type FxBuild = std::hash::BuildHasherDefault<Fx>;
+type FxMap<K, V> = HashMap<K, V, FxBuild>;
+type FxSet<K> = HashSet<K, FxBuild>;
+
 create_exception!(tapeline_native, Unsupported, PyException, "The native engine cannot fold this log exactly.");
 
 const COLUMNS: [&str; 48] = [
@@ -178,7 +229,7 @@ fn fmt_1f(x: f64) -> String {
 
 struct TypeInfo {
     name: String,
-    index: HashMap<String, usize>,
+    index: FxMap<String, usize>,
     names: Vec<String>,
     in_payload: Vec<bool>,
 }
@@ -232,15 +283,6 @@ impl<'a> Ev<'a> {
     }
 }
 
-fn holds_nul(v: &Value) -> bool {
-    match v {
-        Value::Str(s) => s.contains('\0'),
-        Value::Record(_, vs) | Value::Array(vs) => vs.iter().any(holds_nul),
-        Value::Map(items) => items.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)),
-        _ => false,
-    }
-}
-
 fn holds_bytes_or_map(v: &Value) -> bool {
     match v {
         Value::Bytes(_) | Value::Map(_) => true,
@@ -252,12 +294,12 @@ fn holds_bytes_or_map(v: &Value) -> bool {
 /// The set of applied dedup keys, interned like `bulk.KeySet`: `{head}:{rest}` as a pair of ids.
 #[derive(Default)]
 struct KeySet {
-    heads: HashMap<String, u32>,
+    heads: FxMap<String, u32>,
     head_names: Vec<String>,
-    rests: HashMap<String, u32>,
+    rests: FxMap<String, u32>,
     rest_names: Vec<String>,
-    pairs: HashSet<u64>,
-    plain: HashSet<String>,
+    pairs: FxSet<u64>,
+    plain: FxSet<String>,
 }
 
 impl KeySet {
@@ -287,7 +329,7 @@ impl KeySet {
     }
 }
 
-fn intern(map: &mut HashMap<String, u32>, names: &mut Vec<String>, s: &str) -> u32 {
+fn intern(map: &mut FxMap<String, u32>, names: &mut Vec<String>, s: &str) -> u32 {
     if let Some(&id) = map.get(s) {
         return id;
     }
@@ -328,16 +370,16 @@ impl From<String> for EvolveError {
 
 #[pyclass(unsendable)]
 struct Engine {
-    writers: HashMap<[u8; 8], (usize, Plan)>,
+    writers: FxMap<[u8; 8], (usize, Plan)>,
     types: std::rc::Rc<Vec<TypeInfo>>,
     clock_topic: Option<String>,
     dlq_topic: Option<String>,
-    rows: HashMap<String, Slot>,
+    rows: FxMap<String, Slot>,
     keys: KeySet,
-    uploads: HashMap<String, Upload>,
-    clock: HashMap<i32, i64>,
+    uploads: FxMap<String, Upload>,
+    clock: FxMap<i32, i64>,
     pending_final: Vec<String>,
-    job_ids: HashSet<String>,
+    job_ids: FxSet<String>,
 }
 
 enum Dead {
@@ -387,7 +429,7 @@ impl Engine {
             reader_schemas.insert(name.clone(), (types.len(), parsed.clone()));
             types.push(TypeInfo { name, index, names, in_payload });
         }
-        let mut plans = HashMap::new();
+        let mut plans = FxMap::default();
         for (fp, name, schema) in writers {
             let fp: [u8; 8] = fp.try_into().map_err(|_| Unsupported::new_err("fingerprint is not 8 bytes"))?;
             let Some((t, reader)) = reader_schemas.get(&name) else { continue };
@@ -400,12 +442,12 @@ impl Engine {
             types: std::rc::Rc::new(types),
             clock_topic,
             dlq_topic,
-            rows: HashMap::new(),
+            rows: FxMap::default(),
             keys: KeySet::default(),
-            uploads: HashMap::new(),
-            clock: HashMap::new(),
+            uploads: FxMap::default(),
+            clock: FxMap::default(),
             pending_final: Vec::new(),
-            job_ids: HashSet::new(),
+            job_ids: FxSet::default(),
         })
     }
 
@@ -456,7 +498,7 @@ impl Engine {
                 Ok(b) => self.decode(b.as_bytes()),
                 Err(_) => None,
             };
-            let Some((t, fields)) = decoded else {
+            let Some((t, fields, nul)) = decoded else {
                 dead.push(Dead::Delegate(index));
                 continue;
             };
@@ -465,7 +507,7 @@ impl Engine {
             if kind == "WatchdogTick" {
                 continue;
             }
-            if self.dlq_topic.as_deref() == Some(topic) || fields.iter().any(holds_nul) {
+            if self.dlq_topic.as_deref() == Some(topic) || nul {
                 dead.push(Dead::Delegate(index));
                 continue;
             }
@@ -735,13 +777,13 @@ fn text_row(out: &mut Vec<u8>, row: &Row) {
 impl Engine {
     /// The event of a single-object-encoded record, or None for anything `codec.decode` might
     /// refuse (the caller delegates it to Python, which says why).
-    fn decode(&self, data: &[u8]) -> Option<(usize, Vec<Value>)> {
+    fn decode(&self, data: &[u8]) -> Option<(usize, Vec<Value>, bool)> {
         if data.len() < 10 || data[..2] != [0xc3, 0x01] {
             return None;
         }
         let fp: [u8; 8] = data[2..10].try_into().ok()?;
         let (t, plan) = self.writers.get(&fp)?;
-        let mut reader = Reader { buf: &data[10..], pos: 0 };
+        let mut reader = Reader { buf: &data[10..], pos: 0, nul: false };
         let value = reader.read(plan).ok()?;
         if reader.pos != reader.buf.len() {
             return None;
@@ -752,7 +794,7 @@ impl Engine {
             Some(Value::Str(s)) if *s == info.name => {}
             _ => return None,
         }
-        Some((*t, fields))
+        Some((*t, fields, reader.nul))
     }
 
     /// `fold.evolve`, on the row in `self.rows` (changed in place, created for an intake decision).

@@ -220,3 +220,19 @@ def test_bytes_in_a_lifecycle_event_is_unsupported() -> None:
     with pytest.raises(NativeUnsupported, match="bytes"):
         NativeFoldState(JOBS, DLQ).fold([message(JOBS, 0, 0, 1.0, default_codec().encode(dead_letter.to_record()))],
                                         None, {})
+
+
+def test_strings_that_need_escaping_come_out_equal() -> None:
+    codec = default_codec()
+    odd = 'quote " backslash \\ tab \t newline \n cr \r bell \x07 \x08 \x0b \x0c é \u2028 😀 end:: '
+    events = [e for e in next(iter(lifecycles.jobs(6, 1, heartbeats=1, checkpoints=1)))
+              if not isinstance(e, ev.UploadCompleted)]
+    events = [e.model_copy(update={"reason": odd}) if "reason" in type(e).model_fields else e for e in events]
+    events += [e.model_copy(update={"worker": odd, "dedup_key": e.dedup_key + odd})
+               for e in events if isinstance(e, ev.AttemptStarted)]
+    stall = ev.StallDetected.new(job_id=events[0].job_id, stage="transcode", attempt=1, recorded_by="w@" + odd,
+                                 correlation_id=odd, kind="handoff", stalled_attempt=1, since_s=0.25, detail=odd)
+    messages = [message(JOBS, 0, i, i * 2.0, codec.encode(e.to_record())) for i, e in enumerate(events + [stall])]
+    python, native = fold_both(messages, slice_size=5)
+    assert any(row[12] == "w@" + odd and row[17]["detail"] == odd for row in python["evidence"])  # recorded_by, payload
+    assert_same(python, native)
