@@ -65,7 +65,10 @@ impl std::hash::Hasher for Fx {
         self.add(i as u64)
     }
     fn finish(&self) -> u64 {
-        self.0
+        // A product's high bits depend on every input bit, its low ones only on the input's low
+        // bits; hashbrown indexes buckets by the low bits: rotate the well-mixed ones down (as
+        // rustc-hash 2 does). Without it the dedup-key pairs (job << 32 | rest) all collided.
+        self.0.rotate_left(26)
     }
 }
 
