@@ -108,3 +108,39 @@ def test_a_log_the_native_engine_cannot_fold_is_replayed_by_the_python_engine(is
     assert summary["workers"] == int(workers)
     assert "replaying with the Python engine" in done.stderr
     assert_same_tables(isolated, "public", schema)
+
+
+def test_float_payloads_are_the_same_jsonb_text(isolated):
+    """The native engine spells floats as ryu does (`1e16`), pydantic as `1e+16`: PostgreSQL's jsonb
+    must store and print them the same, over a spread of magnitudes."""
+    from projections.bulk import FoldState
+    from projections.native import NativeFoldState
+    from schemas.codec import default_codec
+    from tests.fakelog import FakeMessage
+
+    def raw_payloads(data: bytes) -> list[str]:  # the payload field of each binary COPY row, as sent
+        payloads, pos = [], 0
+        while pos < len(data):
+            pos += 2  # field count
+            for field in range(18):
+                size = int.from_bytes(data[pos:pos + 4], "big", signed=True)
+                pos += 4
+                if size >= 0:
+                    if field == 17:
+                        payloads.append(data[pos + 1:pos + size].decode())  # after jsonb's version byte
+                    pos += size
+        return payloads
+
+    rng = random.Random(1)
+    values = [0.0, -0.0, 1.0, 0.1, 1e15, 1e16, 1e17, 1.5e-7, 1e-5, 5e-324, 1.7976931348623157e308, 2.0 ** 63, 1 / 3]
+    values += [rng.uniform(-1e6, 1e6) for _ in range(100)] + [10 ** rng.uniform(-30, 30) for _ in range(100)]
+    messages = [FakeMessage("t.jobs", 0, i, 1_700_000_000_000 + i, default_codec().encode(ev.Heartbeat.new(
+        job_id="j", stage="transcode", attempt=1, recorded_by="w@x", correlation_id="c", sequence=i, frames_done=1,
+        out_time_s=v, speed=-v).to_record())) for i, v in enumerate(values)]
+    _, native_rows = NativeFoldState("t.jobs", "t.dlq").fold(messages, None, {})
+    _, folded = FoldState("t.jobs", "t.dlq").fold(messages, None, {})
+    with psycopg.connect(isolated.database_url) as conn:
+        for python_row, native_text in zip(folded.evidence, raw_payloads(native_rows), strict=True):
+            python_text = python_row[17][1:].decode()
+            stored = conn.execute("SELECT %s::jsonb::text, %s::jsonb::text", (python_text, native_text)).fetchone()
+            assert stored[0] == stored[1], (python_text, native_text)
