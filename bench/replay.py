@@ -8,10 +8,11 @@
 2. Measures, in one run:
    (a) decode: consume the whole log read_committed and Avro-decode every record, no database;
    (b) replay: `tapeline replay --into bench_<tag>` in a child process (the real CLI: the bulk path
-       of `projections/bulk.py`), events/s, the peak RSS of its processes (VmHWM, summed) and
+       of `projections/bulk.py`, the default fold engine: native when built), events/s, the peak RSS of its processes (VmHWM, summed) and
        its seconds per phase (read, decode, fold, copy_evidence, write_final_rows, build_indexes),
        and the CPU seconds of its window by who used them: the replay's processes, PostgreSQL, the
        Kafka broker, the rest (`bench.common.cpu_seconds`);
+   (b') the same replay with `--engine python` (the reference engine, `projections/native.py`);
    (c) copy: a plain binary `COPY ... FROM STDIN` of the same `lifecycle_evidence` rows, the
        database's own ceiling for the rows a replay writes, the better of two ways: into a table
        with the same indexes, and `COPY ... FREEZE` into an unindexed table then building those
@@ -20,7 +21,8 @@
        database's ceiling goes: parsing jsonb);
 3. Prints each rate, the ratios b/a and b/c, and one final line
    `RESULT decode_events_per_s=... replay_events_per_s=... copy_rows_per_s=... replay_vs_decode=...
-   replay_vs_copy=... projector_rss_mb=...`.
+   replay_vs_copy=... projector_rss_mb=... replay_engine=... replay_python_events_per_s=...
+   python_rss_mb=... engine_speedup=...` (b over b').
 Services come from the usual `TAPELINE_*` settings (the local stack by default). Topics and schemas
 are dropped at the end unless `--keep`.
 """
@@ -120,14 +122,14 @@ def measure_decode(settings: Settings) -> tuple[int, float, float]:
     return results[0][0], results[0][1], results[1][1]
 
 
-def measure_replay(settings: Settings, schema: str) -> tuple[dict, float]:
-    """Run `tapeline replay --into schema --json` as a child; (its summary, its peak RSS in MB)."""
+def measure_replay(settings: Settings, schema: str, engine: str = "auto") -> tuple[dict, float]:
+    """Run `tapeline replay --into schema --json --engine engine` as a child; (its summary, its peak RSS in MB)."""
     env = dict(os.environ)
     for name in ("app_name", "kafka_bootstrap", "database_url", "topic_prefix", "uploads_partitions",
                  "jobs_partitions", "work_partitions"):
         env[f"TAPELINE_{name.upper()}"] = str(getattr(settings, name))
     done = subprocess.run([sys.executable, "-m", "tapeline.cli", "replay", "--into", schema, "--json",
-                           "--batch-size", os.environ.get("BENCH_BATCH_SIZE", "5000")],
+                           "--batch-size", os.environ.get("BENCH_BATCH_SIZE", "5000"), "--engine", engine],
                           env=env, stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:
         raise SystemExit(f"replay failed ({done.returncode})")
@@ -248,12 +250,27 @@ def main() -> None:
         summary, rss_mb = measure_replay(settings, schema)
         cpu = cpu_delta(cpu_before, cpu_seconds(settings.database_url))
         replay_rate = summary["records"] / summary["elapsed_s"]
-        print(f"(b) replay into PostgreSQL ({schema}): {summary['records']:,} in {summary['elapsed_s']:.1f} s = "
+        print(f"(b) replay into PostgreSQL ({schema}, {summary.get('engine')} engine"
+              f"{', ' + summary['engine_note'] if summary.get('engine_note') else ''}): "
+              f"{summary['records']:,} in {summary['elapsed_s']:.1f} s = "
               f"{replay_rate:,.0f} events/s with {summary.get('workers', 1)} process(es), peak RSS {rss_mb:.0f} MB "
               f"(all processes; each: {summary.get('rss_mb_by_process') or [round(rss_mb)]} MB); rows {summary['rows']}")
         if summary.get("phases_s"):
             print(f"    seconds per phase: {summary['phases_s']}")
         print("    " + cpu_report(cpu, summary["records"]))
+        # (b') the same replay with the Python engine, the reference (`--engine python`), in this run.
+        cpu_before = cpu_seconds(settings.database_url)
+        py_summary, py_rss_mb = measure_replay(settings, f"{schema}_py", "python")
+        py_cpu = cpu_delta(cpu_before, cpu_seconds(settings.database_url))
+        py_rate = py_summary["records"] / py_summary["elapsed_s"]
+        print(f"(b') replay with the Python engine ({schema}_py): {py_summary['records']:,} in "
+              f"{py_summary['elapsed_s']:.1f} s = {py_rate:,.0f} events/s, peak RSS {py_rss_mb:.0f} MB "
+              f"({py_summary.get('rss_mb_by_process')} MB); rows {py_summary['rows']}")
+        if py_summary.get("phases_s"):
+            print(f"    seconds per phase: {py_summary['phases_s']}")
+        print("    " + cpu_report(py_cpu, py_summary["records"]))
+        with connect(settings.database_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema}_py CASCADE")
         rows, indexed_s, build_after_s = measure_copy(settings, schema)
         copy_rate = rows / min(indexed_s, build_after_s)
         print(f"(c) plain COPY of the evidence rows:  {rows:,}: into the indexed table {rows / indexed_s:,.0f} rows/s; "
@@ -264,11 +281,14 @@ def main() -> None:
         print(f"b/a = {replay_rate / decode_rate:.2f}   b/c = {replay_rate / copy_rate:.2f}")
         print(f"RESULT decode_events_per_s={decode_rate:.0f} replay_events_per_s={replay_rate:.0f} "
               f"copy_rows_per_s={copy_rate:.0f} replay_vs_decode={replay_rate / decode_rate:.3f} "
-              f"replay_vs_copy={replay_rate / copy_rate:.3f} projector_rss_mb={rss_mb:.0f}")
+              f"replay_vs_copy={replay_rate / copy_rate:.3f} projector_rss_mb={rss_mb:.0f} "
+              f"replay_engine={summary.get('engine')} replay_python_events_per_s={py_rate:.0f} "
+              f"python_rss_mb={py_rss_mb:.0f} engine_speedup={replay_rate / py_rate:.2f}")
     finally:
         if not args.keep:
             with connect(settings.database_url, autocommit=True) as conn:
                 conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+                conn.execute(f"DROP SCHEMA IF EXISTS {schema}_py CASCADE")
             admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
             for future in admin.delete_topics(list(settings.all_topics()), operation_timeout=30).values():
                 try:

@@ -59,11 +59,14 @@ class BulkReplay:
     """
 
     def __init__(self, conn: psycopg.Connection, projection: str = "main", clock_topic: str | None = None,
-                 dlq_topic: str | None = None, defer_indexes: bool = True, flush_rows: int = 2000) -> None:
+                 dlq_topic: str | None = None, defer_indexes: bool = True, flush_rows: int = 2000,
+                 engine: str = "python") -> None:
         """`flush_rows`: final job rows (or slices with dead letters) kept before the evidence COPY is
-        ended to write them (bounds memory; each flush makes the server catch up once)."""
+        ended to write them (bounds memory; each flush makes the server catch up once). `engine`:
+        `python` (`FoldState`) or `native` (`projections.native.NativeFoldState`, which raises
+        `NativeUnsupported` for what it cannot fold exactly)."""
         self.conn, self.projection = conn, projection
-        self.state = FoldState(clock_topic, dlq_topic, flush_rows)
+        self.state = make_fold_state(engine, clock_topic, dlq_topic, flush_rows)
         self.deferred: list[str] = []
         self._copy = self._copy_cm = self._cursor = None
         self.phases: dict[str, float] = {}
@@ -87,6 +90,12 @@ class BulkReplay:
     def apply(self, messages: list, end_positions: dict[tuple[str, int], int] | None = None) -> BatchResult:
         """Fold one slice (in consumption order) and stream its evidence; returns its counts."""
         result, folded = self.state.fold(messages, end_positions, self.phases)
+        if self.state.native:  # rows already in binary COPY format
+            if folded:
+                self.write_evidence_rows(folded)
+            if self.state.flush_due():
+                self._flush()
+            return result
         started = time.perf_counter()
         if folded.evidence:
             copy = self._evidence_copy()
@@ -107,8 +116,13 @@ class BulkReplay:
             if before_final_rows is not None:
                 before_final_rows(conn)
             state = self.state
-            writes.copy_rows(conn, "job_state", fold.JOB_STATE_COLUMNS, state.open_rows(), freeze=True)
-            writes.copy_rows(conn, "applied_dedup_keys", ("dedup_key",), ((key,) for key in state.seen), freeze=True)
+            if state.native:
+                writes.copy_encoded(conn, "job_state", fold.JOB_STATE_COLUMNS, state.open_rows_copy(), freeze=True)
+                writes.copy_encoded(conn, "applied_dedup_keys", ("dedup_key",), state.keys_copy(), freeze=True)
+            else:
+                writes.copy_rows(conn, "job_state", fold.JOB_STATE_COLUMNS, state.open_rows(), freeze=True)
+                writes.copy_rows(conn, "applied_dedup_keys", ("dedup_key",), ((key,) for key in state.seen),
+                                 freeze=True)
             writes.copy_rows(conn, "uploads", UPLOAD_COLUMNS, (tuple(row) for row in state.uploads.values()),
                              freeze=True)
             with conn.cursor() as cur:
@@ -175,9 +189,14 @@ class BulkReplay:
         self._close_copy()
         closed = time.perf_counter()
         self._add("copy_evidence", closed - started)
-        final_rows = self.state.take_final_rows()
-        if final_rows:
-            writes.copy_rows(self.conn, "job_state", fold.JOB_STATE_COLUMNS, final_rows, freeze=True)
+        if self.state.native:
+            final_rows = self.state.take_final_rows_copy()
+            if final_rows:
+                writes.copy_encoded(self.conn, "job_state", fold.JOB_STATE_COLUMNS, [final_rows], freeze=True)
+        else:
+            final_rows = self.state.take_final_rows()
+            if final_rows:
+                writes.copy_rows(self.conn, "job_state", fold.JOB_STATE_COLUMNS, final_rows, freeze=True)
         pending_dead = self.state.take_dead()
         if pending_dead:
             with self.conn.cursor() as cur:
@@ -240,6 +259,8 @@ class FoldState:
     queued in log order (`take_dead`).
     """
 
+    native = False
+
     def __init__(self, clock_topic: str | None = None, dlq_topic: str | None = None, flush_rows: int = 2000) -> None:
         """`flush_rows`: final job rows (or slices with dead letters) queued before `flush_due`."""
         self.clock_topic, self.dlq_topic, self.flush_rows = clock_topic, dlq_topic, flush_rows
@@ -281,6 +302,10 @@ class FoldState:
         phases["fold"] = phases.get("fold", 0.0) + time.perf_counter() - decoded_at
         return result, folded
 
+    def final_count(self) -> int:
+        """Final job rows queued."""
+        return len(self.pending_final)
+
     def flush_due(self) -> bool:
         """Whether `flush_rows` final rows or slices with dead letters are queued."""
         return len(self.pending_final) >= self.flush_rows or len(self.pending_dead) >= self.flush_rows
@@ -302,6 +327,15 @@ class FoldState:
     def open_rows(self) -> Iterator[tuple]:
         """Rows of the jobs not written yet (`fold.JOB_STATE_COLUMNS` order); call after `take_final_rows`."""
         return (_job_tuple(row) for row in self.rows.values() if row.get("job_id") is not None)
+
+
+def make_fold_state(engine: str, clock_topic: str | None, dlq_topic: str | None, flush_rows: int):
+    """A `FoldState` (`engine` "python") or a `native.NativeFoldState` ("native")."""
+    if engine == "native":
+        from projections.native import NativeFoldState
+
+        return NativeFoldState(clock_topic, dlq_topic, flush_rows)
+    return FoldState(clock_topic, dlq_topic, flush_rows)
 
 
 def write_clock_and_offsets(cur: psycopg.Cursor, projection: str, clock: dict[int, Any],

@@ -80,6 +80,9 @@ def replay(into: Optional[str] = typer.Option(None, "--into", help="Schema to re
                                                  help="Processes that decode and fold a fresh replay, the partitions "
                                                       "split among them (default: one per core from 200,000 "
                                                       "offsets; 1: no workers)"),
+           engine: str = typer.Option("auto", "--engine", envvar="TAPELINE_REPLAY_ENGINE",
+                                      help="Fold engine of a fresh replay: auto (native when built), native "
+                                           "(compiled, projections/native.py) or python (the reference)"),
            as_json: bool = typer.Option(False, "--json", help="Print one JSON object")) -> None:
     """Rebuild the projections from offset 0 into a fresh schema (--into), or swap one in (--swap).
 
@@ -97,7 +100,10 @@ def replay(into: Optional[str] = typer.Option(None, "--into", help="Schema to re
     from projections.replay import replay as run_replay
     from tapeline.settings import Settings
 
+    from tapeline import logs
+
     settings = Settings()
+    logs.configure("console")  # log lines (e.g. the engine's fallback) to stderr: stdout holds --json
     if (into is None) == (swap is None):
         _fail(typer.BadParameter("give exactly one of --into SCHEMA or --swap SCHEMA"), 2)
     try:
@@ -106,7 +112,8 @@ def replay(into: Optional[str] = typer.Option(None, "--into", help="Schema to re
             try:
                 with progress_bar(f"replay into {into}", disable=as_json) as (on_start, on_progress):
                     result = run_replay(settings, into, as_of=moment, force=force, batch_size=batch_size,
-                                        workers=workers, on_start=on_start, on_progress=on_progress)
+                                        workers=workers, on_start=on_start, on_progress=on_progress,
+                                        engine=engine)
             except KeyboardInterrupt:
                 console.print(f"interrupted: nothing was committed; {into} is left empty (run the same command "
                               "again to redo it)", highlight=False)
@@ -139,14 +146,16 @@ def _print_replay(result, as_json: bool) -> None:
     summary = {"schema": result.schema, "records": result.records, "applied": result.applied,
                "duplicates": result.duplicates, "superseded": result.superseded,
                "dead_letters": result.dead_letters, "elapsed_s": round(result.elapsed_s, 3),
-               "events_per_s": round(result.events_per_s), "workers": result.workers,
+               "events_per_s": round(result.events_per_s), "workers": result.workers, "engine": result.engine,
+               "engine_note": result.engine_note,
                "rss_mb": round(result.rss_mb, 1), "rss_mb_by_process": result.rss_mb_by_process, "rows": result.rows,
                "phases_s": {name: round(seconds, 3) for name, seconds in result.phases.items()}}
     if as_json:
         out.print_json(json.dumps(summary))
         return
     out.print(f"replayed {result.records} records into {result.schema} in {result.elapsed_s:.1f} s "
-              f"({result.events_per_s:,.0f}/s, {result.workers} process{'' if result.workers == 1 else 'es'}): applied {result.applied}, duplicates {result.duplicates}, "
+              f"({result.events_per_s:,.0f}/s, {result.workers} process{'' if result.workers == 1 else 'es'}, "
+              f"{result.engine} engine{' (' + result.engine_note + ')' if result.engine_note else ''}): applied {result.applied}, duplicates {result.duplicates}, "
               f"superseded {result.superseded}, undecodable {result.dead_letters}")
     table = Table("table", "rows", title=f"schema {result.schema}")
     for name, count in result.rows.items():

@@ -45,7 +45,8 @@ from typing import Any, Callable, Iterable, Iterator
 import psycopg
 
 from projections import fold, logread, writes
-from projections.bulk import UPLOAD_COLUMNS, BulkReplay, FoldState
+from projections.bulk import UPLOAD_COLUMNS, BulkReplay, FoldState, make_fold_state
+from projections.native import NativeUnsupported
 from projections.projector import BatchResult
 from tapeline.crashpoints import crash_point
 from tapeline.errors import TapelineError
@@ -102,6 +103,8 @@ class WorkerPlan:
     dlq_topic: str
     batch_size: int = 5000
     flush_rows: int = 2000
+    engine: str = "python"
+    """`python` or `native` (`projections/native.py`)."""
 
 
 def worker_main(plan: WorkerPlan, pipe: Connection) -> None:
@@ -110,13 +113,14 @@ def worker_main(plan: WorkerPlan, pipe: Connection) -> None:
 
     Messages, each a `(tag, payload)` tuple: ("evidence", (bytes, offsets done)), ("job_rows",
     bytes), ("keys", bytes), ("dead", (dead letters, replay marks)), then ("done", summary dict), or
-    ("error", traceback text).
+    ("error", traceback text), or ("unsupported", reason) when the native engine cannot fold the log.
     """
     import gc
 
     gc.disable()  # as in BulkReplay: the state only grows and holds no cycles
     try:
-        state, phases = FoldState(plan.clock_topic, plan.dlq_topic, plan.flush_rows), {}
+        state, phases = make_fold_state(plan.engine, plan.clock_topic, plan.dlq_topic, plan.flush_rows), {}
+        native = state.native
         evidence, text = writes.RowEncoder(writes.EVIDENCE_TYPES), writes.RowEncoder()
         totals, job_ids = BatchResult(), set()
         consumer = logread.reader(plan.settings, "replay-worker", queue_kbytes=8 * 1024)
@@ -131,10 +135,13 @@ def worker_main(plan: WorkerPlan, pipe: Connection) -> None:
                     break
                 result, folded = state.fold(piece.records, piece.ends, phases)
                 _add_counts(totals, result)
-                job_ids.update(row[6] for row in folded.evidence)  # writes.EVIDENCE_COLUMNS: job_id
-                encoding = time.perf_counter()
-                chunk = bytes(evidence.encode(folded.evidence))
-                phases["encode"] = phases.get("encode", 0.0) + time.perf_counter() - encoding
+                if native:  # evidence rows already encoded; job ids kept by the engine
+                    chunk = folded
+                else:
+                    job_ids.update(row[6] for row in folded.evidence)  # writes.EVIDENCE_COLUMNS: job_id
+                    encoding = time.perf_counter()
+                    chunk = bytes(evidence.encode(folded.evidence))
+                    phases["encode"] = phases.get("encode", 0.0) + time.perf_counter() - encoding
                 done_offsets = sum(state.positions.get(p, plan.span.start[p]) - plan.span.start[p]
                                    for p in plan.span.stop)
                 pipe.send(("evidence", (chunk, done_offsets)))
@@ -142,19 +149,32 @@ def worker_main(plan: WorkerPlan, pipe: Connection) -> None:
                 dead = state.take_dead() if state.pending_dead else []
                 for dead_letters, replays in dead:
                     pipe.send(("dead", (dead_letters, replays)))
-                if len(state.pending_final) >= plan.flush_rows:
-                    pipe.send(("job_rows", bytes(text.encode(state.take_final_rows()))))
+                if state.final_count() >= plan.flush_rows:
+                    pipe.send(("job_rows", _final_rows(state, text)))
         finally:
             consumer.close()
-        pipe.send(("job_rows", bytes(text.encode(state.take_final_rows()))))
-        for rows in _chunks(state.open_rows(), KEYS_PER_MESSAGE):
-            pipe.send(("job_rows", bytes(text.encode(rows))))
-        for keys in _chunks(((key,) for key in state.seen), KEYS_PER_MESSAGE):
-            pipe.send(("keys", bytes(text.encode(keys))))
+        pipe.send(("job_rows", _final_rows(state, text)))
+        if native:
+            job_ids = state.job_ids()
+            for chunk in state.open_rows_copy():
+                pipe.send(("job_rows", chunk))
+            for chunk in state.keys_copy():
+                pipe.send(("keys", chunk))
+        else:
+            for rows in _chunks(state.open_rows(), KEYS_PER_MESSAGE):
+                pipe.send(("job_rows", bytes(text.encode(rows))))
+            for keys in _chunks(((key,) for key in state.seen), KEYS_PER_MESSAGE):
+                pipe.send(("keys", bytes(text.encode(keys))))
         pipe.send(("done", {"counts": (totals.records, totals.applied, totals.duplicates, totals.superseded,
                                        totals.dead_letters),
                             "job_ids": job_ids, "uploads": state.uploads, "clock": state.clock, "positions": state.positions,
                             "phases": phases, "rss_mb": peak_rss_mb()}))
+    except NativeUnsupported as exc:  # the parent rolls back and replays with the Python engine
+        try:
+            pipe.send(("unsupported", str(exc)))
+        except (BrokenPipeError, OSError):
+            pass
+        raise SystemExit(1)
     except BaseException:  # noqa: BLE001 - reported to the parent, which rolls back and raises
         try:
             pipe.send(("error", traceback.format_exc()))
@@ -163,6 +183,11 @@ def worker_main(plan: WorkerPlan, pipe: Connection) -> None:
         raise SystemExit(1)
     finally:
         pipe.close()
+
+
+def _final_rows(state, text: writes.RowEncoder) -> bytes:
+    """The queued final job rows in text COPY format (they become stubs)."""
+    return state.take_final_rows_copy() if state.native else bytes(text.encode(state.take_final_rows()))
 
 
 def jobs_in_several_workers(job_ids: list[set[str]]) -> set[str]:
@@ -211,10 +236,11 @@ class ParallelOutcome:
 
 def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, workers: int, projection: str,
         batch_size: int = 5000, on_progress: Callable[[int], None] | None = None,
-        before_commit: Callable[[psycopg.Connection], None] | None = None) -> ParallelOutcome:
+        before_commit: Callable[[psycopg.Connection], None] | None = None, engine: str = "python") -> ParallelOutcome:
     """Replay `span` into the fresh schema of `conn` (autocommit, search_path set) with `workers`
     processes, in one transaction. `before_commit(conn)` writes more rows in that transaction (the
-    replay's `projection_source`). Raises `ReplayFailed` (rolled back) when a worker fails or dies."""
+    replay's `projection_source`). Raises `ReplayFailed` (rolled back) when a worker fails or dies,
+    `NativeUnsupported` (rolled back) when a worker's native engine cannot fold its records."""
     parts = split(span, workers)
     outcome = ParallelOutcome(workers=len(parts))
     writer = BulkReplay(conn, projection, clock_topic=settings.jobs_topic, dlq_topic=settings.dlq_topic)
@@ -234,7 +260,7 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
             try:
                 process.stdin.write(pickle.dumps(WorkerPlan(settings, part, settings.jobs_topic, settings.dlq_topic,
                                                             min(batch_size, WORKER_SLICE_RECORDS),
-                                                            writer.state.flush_rows)))
+                                                            writer.state.flush_rows, engine)))
                 process.stdin.close()
             except BrokenPipeError:
                 raise ReplayFailed(f"{name} exited before it read its plan; nothing was committed") from None
@@ -276,6 +302,8 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
                 elif tag == "done":
                     summaries.append(payload)
                     open_pipes.discard(pipe)
+                elif tag == "unsupported":
+                    raise NativeUnsupported(f"{pipes[pipe][0]}: {payload}")
                 elif tag == "error":
                     raise ReplayFailed(f"{pipes[pipe][0]} failed; nothing was committed:\n{payload}")
         shared = jobs_in_several_workers([summary["job_ids"] for summary in summaries])

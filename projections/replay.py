@@ -20,15 +20,19 @@ from datetime import datetime, timedelta
 from typing import Callable, Iterator
 
 import psycopg
+import structlog
 from psycopg import sql
 
 from projections import logread, partitioned
 from projections.bulk import BulkReplay
+from projections.native import NativeUnsupported, resolve_engine
 from projections.pgschema import check_target_name, prepare_fresh, record_source
 from projections.projector import OTHER_CLUSTER, OTHER_CLUSTER_FIX, Projector, apply_batch, other_cluster
 from projections.sql import connect, migrate, q
 from tapeline.errors import ConfigurationError
 from tapeline.settings import Settings
+
+log = structlog.get_logger("tapeline.replay")
 
 
 @dataclass
@@ -52,6 +56,10 @@ class ReplayResult:
     """Peak resident memory in MB: the replay process's, plus each worker's peak when there were workers."""
     rss_mb_by_process: list[float] = field(default_factory=list)
     """With workers: each process's peak in MB, the replay process's first."""
+    engine: str = "python"
+    """The fold engine that built the schema (`projections/native.py`): native or python."""
+    engine_note: str = ""
+    """Why the Python engine replayed when native was wanted (empty otherwise)."""
 
     @property
     def events_per_s(self) -> float:
@@ -61,7 +69,7 @@ class ReplayResult:
 def replay(settings: Settings, schema: str, *, as_of: datetime | None = None, force: bool = False,
            fresh: bool = True, batch_size: int = 5000, projection: str = "main", bulk: bool = True,
            workers: int | None = None, on_start: Callable[[int], None] | None = None,
-           on_progress: Callable[[int], None] | None = None) -> ReplayResult:
+           on_progress: Callable[[int], None] | None = None, engine: str = "auto") -> ReplayResult:
     """Rebuild into `schema`. `fresh`: start from an empty schema (refusing a non-empty one unless
     `force`); otherwise continue from the offsets stored in `schema` (a catch-up before a swap).
 
@@ -72,11 +80,26 @@ def replay(settings: Settings, schema: str, *, as_of: datetime | None = None, fo
     only): processes that decode and fold, partitions split among them (`projections/partitioned.py`,
     still one transaction); None picks `partitioned.default_workers`, 1 folds in this process.
     Raises `partitioned.ReplayFailed` when a worker fails (rolled back).
+
+    `engine` (bulk only): the fold engine, `auto` (native when `tapeline_native` imports), `native` or
+    `python` (`projections/native.py`). When the native engine meets a log it cannot fold exactly,
+    the replay is rolled back and done again with the Python engine, with a log line saying why.
     """
     check_target_name(schema)
+    chosen = resolve_engine(engine) if fresh and bulk else "python"
     with replay_lock(settings.database_url, schema):
-        return _replay(settings, schema, as_of=as_of, force=force, fresh=fresh, batch_size=batch_size,
-                       projection=projection, bulk=bulk, workers=workers, on_start=on_start, on_progress=on_progress)
+        args = dict(as_of=as_of, force=force, fresh=fresh, batch_size=batch_size, projection=projection, bulk=bulk,
+                    workers=workers, on_start=on_start, on_progress=on_progress)
+        if chosen == "native":
+            try:
+                return _replay(settings, schema, engine="native", **args)
+            except NativeUnsupported as exc:  # rolled back: the schema is as prepare_fresh left it, empty
+                log.warning("native replay engine cannot fold this log exactly; replaying with the Python engine",
+                            schema=schema, reason=str(exc))
+                result = _replay(settings, schema, engine="python", **args)
+                result.engine_note = f"native engine fell back: {exc}"
+                return result
+        return _replay(settings, schema, engine="python", **args)
 
 
 REPLAY_LOCK = 7_214_365
@@ -100,7 +123,7 @@ def replay_lock(database_url: str, schema: str) -> Iterator[None]:
 
 def _replay(settings: Settings, schema: str, *, as_of: datetime | None, force: bool, fresh: bool, batch_size: int,
             projection: str, bulk: bool, workers: int | None, on_start: Callable[[int], None] | None,
-            on_progress: Callable[[int], None] | None) -> ReplayResult:
+            on_progress: Callable[[int], None] | None, engine: str = "python") -> ReplayResult:
     topics = Projector(settings).topics
     # Until is exclusive in `bounds`; as-of includes its own millisecond.
     until = as_of + timedelta(milliseconds=1) if as_of is not None else None
@@ -118,7 +141,7 @@ def _replay(settings: Settings, schema: str, *, as_of: datetime | None, force: b
     else:
         migrate(settings.database_url, schema, settings.reader_role)
         cluster = None
-    result = ReplayResult(schema=schema)
+    result = ReplayResult(schema=schema, engine=engine)
     started = time.monotonic()
     with connect(settings.database_url, schema=schema, autocommit=True) as conn:
         conn.row_factory = psycopg.rows.dict_row
@@ -153,7 +176,7 @@ def _replay(settings: Settings, schema: str, *, as_of: datetime | None, force: b
                 consumer.close()
                 consumer = None
                 outcome = partitioned.run(settings, conn, span, result.workers, projection, batch_size=batch_size,
-                                          on_progress=on_progress, before_commit=record)
+                                          on_progress=on_progress, before_commit=record, engine=engine)
                 result.workers = outcome.workers
                 for name in ("records", "applied", "duplicates", "superseded", "dead_letters"):
                     setattr(result, name, getattr(outcome.counts, name))
@@ -163,7 +186,8 @@ def _replay(settings: Settings, schema: str, *, as_of: datetime | None, force: b
                 result.rows = row_counts(conn, schema)
                 return result
             if use_bulk:
-                writer = BulkReplay(conn, projection, clock_topic=settings.jobs_topic, dlq_topic=settings.dlq_topic)
+                writer = BulkReplay(conn, projection, clock_topic=settings.jobs_topic, dlq_topic=settings.dlq_topic,
+                                    engine=engine)
             pieces = logread.read(consumer, span, batch_size=batch_size, on_progress=on_progress)
             while True:
                 reading = time.perf_counter()

