@@ -32,7 +32,7 @@ from processors.segments import AUDIO, Checkpoint, LocalSegment, ResumePlan
 from processors.worker import Attempt, StageWorker, Yielded
 from projections.sql import q
 from schemas import models as ev
-from tapeline.crashpoints import fail_point
+from tapeline.crashpoints import delay_point, fail_point
 from tapeline.errors import StorageError, TranscodeFailed
 from tapeline.objectstore import ObjectStore, sha256_file
 
@@ -116,15 +116,21 @@ class TranscodeWorker(StageWorker):
         with tempfile.TemporaryDirectory(prefix="tapeline-transcode-") as tmp:
             source = Path(tmp) / "source"
             fail_point("transcode.download")
-            store.download(item.source_key, source)
-            inspected = media.inspect_source(source, count_packets=False, timeout_s=settings.probe_timeout_s)
-            probe, streams = inspected.media, (inspected.video_stream, inspected.audio_stream)
-            has_audio = inspected.audio_stream is not None
-            frame_s = 1 / probe.fps if probe.fps else 1 / 25
-            out_dir = Path(tmp) / "out"
-            # Steps 1-2
-            plan, sizes = reuse_verified(store, recorded_checkpoints(attempt.runtime.db, identity.job_id), names,
-                                         out_dir, settings.segment_s, frame_s, probe.duration_s)
+            # Nothing heartbeats before ffmpeg starts: heartbeats from a thread, and a no-progress
+            # grace for the download (a 20 GiB source would otherwise outlast a lease or the timeout).
+            found = store.head(item.source_key)
+            grace_s = round(found[0] / settings.download_min_bytes_per_s, 3) if found and found[0] else None
+            with attempt.keepalive(0, 0.0, None, progress_grace_s=grace_s):
+                store.download(item.source_key, source)
+                delay_point("transcode.download")
+                inspected = media.inspect_source(source, count_packets=False, timeout_s=settings.probe_timeout_s)
+                probe, streams = inspected.media, (inspected.video_stream, inspected.audio_stream)
+                has_audio = inspected.audio_stream is not None
+                frame_s = 1 / probe.fps if probe.fps else 1 / 25
+                out_dir = Path(tmp) / "out"
+                # Steps 1-2
+                plan, sizes = reuse_verified(store, recorded_checkpoints(attempt.runtime.db, identity.job_id),
+                                             names, out_dir, settings.segment_s, frame_s, probe.duration_s)
             if not has_audio:
                 plan = ResumePlan(plan.start_index, plan.video, [])
             log.info("resuming from checkpoints" if plan.start_index else "encoding from the start",

@@ -107,11 +107,14 @@ class Attempt:
                      name=point or f"{self.identity.stage}.{outgoing[0][1].event_type if outgoing else 'empty'}")
 
     @contextlib.contextmanager
-    def keepalive(self, frames_done: int, out_time_s: float, frames_total: int | None) -> Iterator[None]:
+    def keepalive(self, frames_done: int, out_time_s: float, frames_total: int | None,
+                  progress_grace_s: float | None = None) -> Iterator[None]:
         """Heartbeats from a thread of their own while the caller works with nothing to report
-        heartbeats from: after ffmpeg ended, the last segments' uploads, the checks of every rendition
-        (ffprobe) and the playlists' uploads. Without them that phase had to fit in one lease: under
-        load it did not, and a healthy attempt was declared stalled and run again.
+        heartbeats from: before ffmpeg starts, the source's download and probe; after it ended, the
+        last segments' uploads, the checks of every rendition (ffprobe) and the playlists' uploads.
+        Without them those phases had to fit in one lease: under load the second did not, and a
+        healthy attempt was declared stalled and run again. `progress_grace_s`: seconds the
+        no-progress timeout grows by meanwhile (`Heartbeat.progress_grace_s`; e.g. a large download).
 
         Every heartbeat reports `frames_done` / `out_time_s` (the encode's final figures), so the
         no-progress timeout still bounds the phase: a check that hangs is caught by it, as a hung
@@ -125,7 +128,7 @@ class Attempt:
             while not stop.wait(interval_s):
                 try:
                     with self._transacting:
-                        self.heartbeat(frames_done, out_time_s, None, frames_total)
+                        self.heartbeat(frames_done, out_time_s, None, frames_total, progress_grace_s=progress_grace_s)
                 except Exception as exc:  # noqa: BLE001 - raised in the caller's thread below
                     failures.append(exc)
                     return

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 from tapeline.errors import TapelineError
@@ -110,3 +111,14 @@ def fail_point(name: str) -> None:
     fault = InjectedFault(f"injected failure at {name}")
     fault.error_class = classes[name]
     raise fault
+
+
+def delay_point(name: str) -> None:
+    """Sleep the seconds `TAPELINE_DELAY_POINTS` gives `name` (`name:seconds` pairs, comma-separated,
+    for example `transcode.download:12`): a slow step (a slow store, a slow disk) for fault tests."""
+    enabled = os.environ.get("TAPELINE_DELAY_POINTS")
+    if not enabled:
+        return
+    delays = dict(item.split(":", 1) for item in enabled.split(",") if ":" in item)
+    if name in delays:
+        time.sleep(float(delays[name]))

@@ -61,6 +61,10 @@ class Settings(BaseSettings):
         1.0, description="Media seconds ffmpeg decodes per wall second at least while it seeks silently to a "
                          "resume point (from the keyframe before it); the no-progress timeout of a resumed "
                          "attempt grows by that distance divided by this speed until frames come out")
+    download_min_bytes_per_s: float = Field(
+        20 * 1024**2, gt=0, description="Slowest source download (bytes per second) a transcode attempt is allowed "
+                                        "before ffmpeg starts: the no-progress timeout grows by the source's size "
+                                        "divided by this while it downloads (20 GiB: about 17 minutes)")
     handoff_timeout_s: float = Field(120.0, description="A queued stage nobody claims this long is a stalled handoff")
     intake_timeout_s: float = Field(120.0, description="An upload with no job this long is expected work missing")
     tick_interval_s: float | None = Field(None, description="Watchdog tick period, seconds (default: lease / 8, at most 5)")

@@ -149,3 +149,30 @@ def test_checks_after_the_encode_longer_than_the_lease_keep_the_attempt_alive(fa
     succeeded = next(i for i, e in enumerate(transcode) if e.event_type == "AttemptSucceeded")
     beats = [e for e in transcode[last_checkpoint:succeeded] if e.event_type == "Heartbeat"]
     assert len(beats) >= 4, [e.event_type for e in transcode[last_checkpoint:succeeded]]
+
+
+def test_a_download_longer_than_the_lease_and_the_no_progress_timeout_keeps_the_attempt_alive(fault_settings,
+                                                                                               tmp_path):
+    """Between the claim and ffmpeg's start nothing reported progress: a source that downloads for
+    longer than the lease (4 s) and the no-progress timeout (8 s) had its healthy attempt declared
+    stalled, and the next one too. Here the download is followed by a 12 s pause (a slow store,
+    `TAPELINE_DELAY_POINTS`); heartbeats from a thread hold the lease, and a grace of the source's
+    size over `download_min_bytes_per_s` (about 30 s here) holds off the no-progress timeout."""
+    from tests.conftest import Pipeline
+
+    clip = sample_video("bigbuckbunny.mp4")
+    settings = fault_settings.model_copy(update={"download_min_bytes_per_s": clip.stat().st_size / 30})
+    pipeline = Pipeline(settings, tmp_path / "run.log",
+                        extra_env={"TAPELINE_DELAY_POINTS": "transcode.download:12"}).start()
+    try:
+        job_id = submit(settings, clip)
+        wait_state(settings, job_id)
+        events = assert_completed_once(settings, job_id)
+    finally:
+        pipeline.stop()
+    assert of_job(events, job_id, "StallDetected") == []
+    assert [e.attempt for e in of_job(events, job_id, "AttemptStarted") if e.stage == "transcode"] == [1]
+    beats = [e for e in of_job(events, job_id, "Heartbeat") if e.stage == "transcode"]
+    early = [e for e in beats if e.frames_done == 0 and e.progress_grace_s]
+    assert len(early) >= 12, [(e.frames_done, e.progress_grace_s) for e in beats[:20]]  # every 0.5 s of the pause
+    assert all(abs(e.progress_grace_s - 30.0) < 0.01 for e in early)
