@@ -17,8 +17,8 @@
        database's own ceiling for the rows a replay writes, the better of two ways: into a table
        with the same indexes, and `COPY ... FREEZE` into an unindexed table then building those
        indexes (what the replay does); then the same rows with other payloads: jsonb holding the
-       whole event (the envelope fields too, as before migration 017), json, bytea (where the
-       database's ceiling goes: parsing jsonb);
+       whole event (the envelope fields too, as before migration 017), jsonb (as before migration
+       018), bytea (where the database's ceiling goes: checking and parsing JSON);
 3. Prints each rate, the ratios b/a and b/c, and one final line
    `RESULT decode_events_per_s=... replay_events_per_s=... copy_rows_per_s=... replay_vs_decode=...
    replay_vs_copy=... projector_rss_mb=... replay_engine=... replay_python_events_per_s=...
@@ -169,14 +169,16 @@ def measure_copy(settings: Settings, schema: str) -> tuple[int, float, float]:
 
 PAYLOAD_TYPES = {
     "jsonb holding the whole event (before migration 017)":
-        ("jsonb", "payload || jsonb_build_object(" + ", ".join(f"'{name}', {name}" for name in
-                                                               sorted(writes.PAYLOAD_OMITS)) + ")"),
-    "json": ("json", "payload::json"),
+        ("jsonb", "payload::jsonb || jsonb_build_object(" + ", ".join(f"'{name}', {name}" for name in
+                                                                      sorted(writes.PAYLOAD_OMITS)) + ")"),
+    "jsonb (before migration 018)": ("jsonb", "payload::jsonb"),
     "bytea": ("bytea", "convert_to(payload::text, 'UTF8')"),
 }
 """Other payloads the evidence rows could have: {label: (column type, SQL expression making it from a
 row)}. The first puts back the envelope fields the row has columns for (what every row carried before
-migration 017); bytea holds the JSON text's bytes (an Avro body would be about half as long)."""
+migration 017) as jsonb; the second is the same JSON as jsonb (the column's type before migration
+018, which made it json); bytea holds the JSON text's bytes unchecked (an Avro body would be about
+half as long)."""
 
 
 def measure_payload_types(settings: Settings, schema: str) -> dict[str, float]:
@@ -276,7 +278,7 @@ def main() -> None:
         print(f"(c) plain COPY of the evidence rows:  {rows:,}: into the indexed table {rows / indexed_s:,.0f} rows/s; "
               f"COPY FREEZE then index builds {rows / build_after_s:,.0f} rows/s; ceiling {copy_rate:,.0f} rows/s")
         payload_rates = measure_payload_types(settings, schema)
-        print(f"    the same rows (COPY FREEZE then index builds) with the payload as jsonb: {rows / build_after_s:,.0f}"
+        print(f"    the same rows (COPY FREEZE then index builds) with the payload as json: {rows / build_after_s:,.0f}"
               " rows/s (above), as " + ", as ".join(f"{label}: {rate:,.0f}" for label, rate in payload_rates.items()))
         print(f"b/a = {replay_rate / decode_rate:.2f}   b/c = {replay_rate / copy_rate:.2f}")
         print(f"RESULT decode_events_per_s={decode_rate:.0f} replay_events_per_s={replay_rate:.0f} "

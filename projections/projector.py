@@ -126,8 +126,8 @@ def fold_batch(decoded: list[Decoded], rows: dict[str, dict[str, Any]], seen: "s
     key already in `seen` (updated in place) only as evidence. Counts go to `result`.
 
     An evidence row's `payload` is the JSON text of the event's fields that have no evidence column
-    of their own (`writes.PAYLOAD_OMITS` left out), or with `binary_payload` the bytes of jsonb's binary
-    wire format (version byte 1, then the same JSON as UTF-8) for a binary COPY.
+    of their own (`writes.PAYLOAD_OMITS` left out), or with `binary_payload` the same JSON as UTF-8 bytes
+    (json's binary COPY format is its text) for a binary COPY.
     """
     out = Folded()
     evidence, clock = out.evidence, out.clock
@@ -145,7 +145,7 @@ def fold_batch(decoded: list[Decoded], rows: dict[str, dict[str, Any]], seen: "s
             continue
         payload = None
         if event is not None and topic != dlq_topic:  # (a DeadLetter's raw bytes become bytea, not JSON)
-            # JSON text (what model_dump_json returns): jsonb parses it once
+            # JSON text (what model_dump_json returns), stored as written (a json column)
             payload = event.__pydantic_serializer__.to_json(event, exclude=writes.PAYLOAD_OMITS)
             error = unstorable(event, payload)
             if error is not None:
@@ -206,7 +206,7 @@ def fold_batch(decoded: list[Decoded], rows: dict[str, dict[str, Any]], seen: "s
         evidence.append((  # writes.EVIDENCE_COLUMNS order
             topic, partition, offset, ts, event.event_id, event.event_type, event.job_id, event.stage, event.attempt,
             event.claim_token, event.dedup_key, event.occurred_at, event.recorded_by, event.causation_id, applied,
-            superseded, duplicate, b"\x01" + payload if binary_payload else payload.decode()))
+            superseded, duplicate, payload if binary_payload else payload.decode()))
     return out
 
 
@@ -227,7 +227,8 @@ _ENVELOPE_TEXT = ("event_id", "event_type", "job_id", "stage", "claim_token", "d
 def unstorable(event: ev.Event, payload: bytes) -> str | None:
     """Why PostgreSQL cannot store `event` (its envelope's text columns and `payload`, its other
     fields as JSON text), or None. The one such value Avro allows: a NUL character in a string,
-    which neither `text` nor `jsonb` can hold (jsonb refuses the escape `\\u0000`)."""
+    which `text` cannot hold (nor jsonb, the payload's type before migration 018; json stores the
+    escape `\\u0000` but every `->>` read of that field fails)."""
     if b"\\u0000" in payload and _holds_nul(json.loads(payload)):  # (not a literal backslash-u0000)
         return f"{event.event_type} holds a NUL character in a string field; PostgreSQL text cannot store it"
     values = event.__dict__

@@ -148,7 +148,7 @@ def _replay(settings: Settings, schema: str, *, as_of: datetime | None, force: b
         # A replay is redone from its stored offsets after any crash (they commit with the rows), so
         # losing its last commits to a server crash costs time, never correctness: skip the WAL flush wait.
         conn.execute("SET synchronous_commit = off")
-        # Rows encoded without a connection (replay workers, the jsonb payload bytes) are UTF-8.
+        # Rows encoded without a connection (replay workers, the json payload bytes) are UTF-8.
         conn.execute("SET client_encoding = 'UTF8'")
         stored = {} if fresh else {(r["topic"], r["partition"]): r["next_offset"]
                                    for r in conn.execute(q("offsets_of_projection"), {"projection": projection})}

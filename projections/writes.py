@@ -30,16 +30,16 @@ EVIDENCE_COLUMNS = ("topic", "partition", "offset", "broker_ts", "event_id", "ev
 PAYLOAD_OMITS: set[str] = set(ev.Event.model_fields) & set(EVIDENCE_COLUMNS)
 """The envelope fields an evidence row has a column for (event_id, event_type, job_id, stage, attempt,
 claim_token, occurred_at, recorded_by, causation_id, dedup_key), left out of its `payload` JSON: the
-row holds each value once, and the payload (the jsonb the server parses for every row) is about 2.5
+row holds each value once, and the payload (the JSON the server checks for every row) is about 2.5
 times smaller, which doubles the rows/s PostgreSQL takes in a replay (`bench/replay.py`). An event's
 own fields and `correlation_id` stay in the payload. (A set, not a frozenset: pydantic's `exclude`.)"""
 
 
 EVIDENCE_TYPES = ("text", "int4", "int8", "timestamptz", "text", "text", "text", "text", "int4", "text", "text",
                   "timestamptz", "text", "text", "bool", "bool", "bool", "bytea")
-"""Types psycopg dumps `EVIDENCE_COLUMNS` as in a binary COPY. The payload (a jsonb column) is sent
-as raw bytes already in jsonb's binary format (b"\\x01" + JSON text): psycopg's own jsonb dumper
-would serialise a Python str again, as a JSON string."""
+"""Types psycopg dumps `EVIDENCE_COLUMNS` as in a binary COPY. The payload (a json column, migration
+018) is sent as raw bytes, its JSON text as UTF-8 (json's binary format is its text): psycopg's own
+json dumper would serialise a Python str again, as a JSON string."""
 
 
 BINARY_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
@@ -121,7 +121,7 @@ def copy_encoded(conn: psycopg.Connection, table: str, columns: Sequence[str], c
 
 def write_evidence(conn: psycopg.Connection, rows: list[tuple]) -> None:
     """Evidence rows in `EVIDENCE_COLUMNS` order (`payload` is JSON text, `PAYLOAD_OMITS` left out: COPY and
-    the jsonb cast take it as is)."""
+    the json column take it as is)."""
     copy_or_insert(conn, "lifecycle_evidence", EVIDENCE_COLUMNS, rows, "insert_evidence")
 
 

@@ -1,4 +1,4 @@
-//! Output formats: JSON as pydantic writes it (jsonb keeps its meaning, not its spelling), and
+//! Output formats: JSON spelled as pydantic writes it (the json payload column keeps the spelling), and
 //! PostgreSQL's binary and text COPY rows.
 
 use crate::avro::Value;
@@ -77,12 +77,23 @@ pub fn json_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
 }
 
-/// A JSON number for a float: the shortest round-trip digits (what pydantic-core writes, up to
-/// spelling), `null` for NaN and the infinities (pydantic's default `ser_json_inf_nan`).
+/// A JSON number for a float, spelled as pydantic-core writes it: ryu's shortest round-trip digits
+/// and layout (`0.00001`, `1.5e-7`, `1000000000000000.0`) with a `+` in a positive exponent (`1e+16`,
+/// where ryu writes `1e16`); `null` for NaN and the infinities (pydantic's default
+/// `ser_json_inf_nan`). The evidence payload is a json column, which keeps the spelling, so the
+/// native and the Python engines must write the same text (`tests/unit/test_native_fold.py`).
 pub fn json_f64(out: &mut Vec<u8>, v: f64) {
     if v.is_finite() {
         let mut buf = ryu::Buffer::new();
-        out.extend_from_slice(buf.format_finite(v).as_bytes());
+        let text = buf.format_finite(v).as_bytes();
+        match text.iter().position(|&b| b == b'e') {
+            Some(e) if text.get(e + 1) != Some(&b'-') => {
+                out.extend_from_slice(&text[..=e]);
+                out.push(b'+');
+                out.extend_from_slice(&text[e + 1..]);
+            }
+            _ => out.extend_from_slice(text),
+        }
     } else {
         out.extend_from_slice(b"null");
     }

@@ -601,7 +601,6 @@ impl Engine {
             }
             // The evidence row (writes.EVIDENCE_COLUMNS, writes.EVIDENCE_TYPES), binary COPY.
             payload.clear();
-            payload.push(1); // jsonb's binary format version
             payload.push(b'{');
             let mut first = true;
             for (i, name) in ev.t.names.iter().enumerate() {

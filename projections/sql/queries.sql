@@ -289,7 +289,7 @@ WHERE u.submitter = %(submitter)s AND u.broker_ts >= %(since)s AND u.broker_ts <
 SELECT payload->>'object_key' AS key FROM lifecycle_evidence
 WHERE job_id = ANY(%(job_ids)s) AND event_type = 'CheckpointRecorded' AND applied AND NOT superseded AND NOT duplicate
 UNION
-SELECT o->>'key' FROM lifecycle_evidence e CROSS JOIN LATERAL jsonb_array_elements(COALESCE(e.payload->'outputs', '[]'::jsonb)) o
+SELECT o->>'key' FROM lifecycle_evidence e CROSS JOIN LATERAL json_array_elements(COALESCE(e.payload->'outputs', '[]'::json)) o
 WHERE e.job_id = ANY(%(job_ids)s) AND e.event_type = 'AttemptSucceeded' AND e.applied AND NOT e.superseded;
 
 -- name: log_clock_oldest

@@ -30,7 +30,7 @@ from tests.integration.test_projector import run_projector_until_caught_up
 pytestmark = pytest.mark.integration
 COMPARED = {  # table -> (columns compared, order); columns written with now() are left out
     "job_state": ("*", "job_id"),
-    "lifecycle_evidence": ("*", "topic, partition, \"offset\""),
+    "lifecycle_evidence": ("*, payload::text AS payload_text", "topic, partition, \"offset\""),
     "uploads": ("*", "upload_id"),
     "dead_letters": ("topic, partition, \"offset\", broker_ts, key, value, error, kind, error_class, job_id, stage, "
                      "attempt, attempts", "topic, partition, \"offset\""),
