@@ -34,7 +34,7 @@ def bench_settings(name: str, **overrides: Any) -> Settings:
         "reuse_results": False,  # benches resubmit one clip to measure transcodes, not result reuse
         **overrides})
     stack.ensure_topics(settings)
-    migrate(settings.database_url)
+    migrate(settings.database_url, settings.db_schema, settings.reader_role)  # the schema the processes use
     return settings
 
 
