@@ -9,8 +9,8 @@ One tick (`Watchdog.tick`), after the numbered protocol:
           broker stamps each, which advances that partition's log clock;
   Step 2. wait until the projector has applied every partition past the tick; while it has not,
           judge nothing (never declare stalls while blind);
-  Step 3. read `stalled_attempts`, `stalled_handoffs`, `expected_work_missing`, `due_retries` and
-          the affected jobs;
+  Step 3. read `stalled_attempts`, the `stalled_handoffs` due for a re-drive, `expected_work_missing`,
+          `due_retries` and the affected jobs;
   Step 4. `run_once` (pure) decides: retry as the next attempt, dispatch a due retry, dead-letter,
           re-drive, report;
   Step 5. commit the decided events in one transaction. Every event has a dedup key, so a repeated
@@ -246,7 +246,7 @@ class Watchdog:
         # Step 3
         db = runtime.db
         stalled = db.execute(q("stalled_attempts")).fetchall()
-        handoffs = db.execute(q("stalled_handoffs")).fetchall()
+        handoffs = db.execute(q("handoffs_due")).fetchall()  # not those re-driven less than a timeout ago
         missing = db.execute(q("expected_work_missing")).fetchall()
         due = db.execute(q("due_retries")).fetchall()
         ids = list({r["job_id"] for r in stalled + handoffs + due})

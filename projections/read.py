@@ -80,28 +80,31 @@ def stalls(conn: psycopg.Connection) -> list[dict[str, Any]]:
     """Every stalled attempt, stalled handoff, missing job and job waiting in needs_review, as one
     list with a `kind` each.
 
-    Each entry: kind, job_id, stage, attempt, last_progress_at (broker time, ISO), since_s (log clock).
+    Each entry: kind, job_id, stage, attempt, last_progress_at (broker time, ISO), since_s (log clock),
+    redrives (a handoff: times the watchdog re-sent its work item, since_s counting from the last;
+    None for the other kinds). A re-driven handoff stays listed until a worker claims it.
     """
     found = []
     for row in conn.execute(q("stalled_attempts")).fetchall():
         found.append({"kind": row["kind"], "job_id": row["job_id"], "stage": row["stage"], "attempt": row["attempt"],
                       "worker": row["worker"], "last_progress_at": _iso(row["last_progress_at"]),
-                      "progress_frames": row["progress_frames"], "since_s": round(row["since_s"] or 0.0, 3)})
+                      "progress_frames": row["progress_frames"], "since_s": round(row["since_s"] or 0.0, 3),
+                      "redrives": None})
     for row in conn.execute(q("stalled_handoffs")).fetchall():
         found.append({"kind": "handoff", "job_id": row["job_id"], "stage": row["stage"], "attempt": row["attempt"],
                       "worker": None, "last_progress_at": _iso(row["queued_at"]), "progress_frames": None,
-                      "since_s": round(row["since_s"], 3)})
+                      "since_s": round(row["since_s"], 3), "redrives": row["redrives"]})
     for row in conn.execute(q("expected_work_missing")).fetchall():
         found.append({"kind": "expected_work_missing", "job_id": row["job_id"], "stage": "intake", "attempt": 0,
                       "worker": None, "last_progress_at": _iso(row["uploaded_at"]), "progress_frames": None,
-                      "since_s": round(row["since_s"], 3)})
+                      "since_s": round(row["since_s"], 3), "redrives": None})
     now = datetime.now(timezone.utc)  # waiting for a person: wall-clock age is what matters
     for row in jobs_in_state(conn, "needs_review"):
         since = row["completed_at"] or row["updated_at"]
         found.append({"kind": "needs_review", "job_id": row["job_id"], "stage": row["stage"],
                       "attempt": row["attempt"], "worker": None, "last_progress_at": _iso(since),
                       "progress_frames": None, "since_s": round((now - since).total_seconds(), 3),
-                      "reason": row["reason"]})
+                      "redrives": None, "reason": row["reason"]})
     return found
 
 

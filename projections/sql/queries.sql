@@ -111,8 +111,12 @@ ON CONFLICT (partition) DO UPDATE SET now = GREATEST(log_clock.now, EXCLUDED.now
 SELECT * FROM stalled_attempts ORDER BY since_s DESC;
 
 -- name: stalled_handoffs
--- Queued stages nobody claimed in time.
+-- Queued stages nobody claimed in time (re-driven or due for it).
 SELECT * FROM stalled_handoffs ORDER BY since_s DESC;
+
+-- name: handoffs_due
+-- Stalled handoffs whose timeout has passed since they were queued or last re-driven: the watchdog re-drives these.
+SELECT * FROM stalled_handoffs WHERE redrive_due ORDER BY since_s DESC;
 
 -- name: expected_work_missing
 -- Uploads that never became jobs.

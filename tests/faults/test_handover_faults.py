@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -55,10 +56,17 @@ def test_stopped_publish_processor_shows_a_stalled_handoff_and_completes_once_af
     job_id = submit(fault_settings, sample_video("carphone_pristine.mp4"))
     wait_for(lambda: (lambda r: r if r and r["stage"] == "publish" and r["state"] == "queued" else None)(
         job_row(fault_settings, job_id)), 60, "transcode to hand over to publish")
+    def listed() -> list[dict]:
+        return [s for s in read.stalls(conn) if s["job_id"] == job_id and s["kind"] == "handoff"]
+
     with read.open_reader(fault_settings) as conn:
-        stall = wait_for(lambda: [s for s in read.stalls(conn) if s["job_id"] == job_id and s["kind"] == "handoff"],
-                         60, "stalled_handoffs to show the job")[0]
-    assert stall["stage"] == "publish" and stall["attempt"] == 1 and stall["since_s"] >= fault_settings.handoff_timeout_s
+        # The watchdog re-drives the handoff once handoff_timeout_s has passed; the job stays listed
+        # after that, while no worker claims it (before migration 019 it left the view at each re-drive).
+        stall = wait_for(lambda: [s for s in listed() if s["redrives"] >= 1], 60, "a re-driven handoff listed")[0]
+        assert stall["stage"] == "publish" and stall["attempt"] == 1
+        for _ in range(10):  # over 2 s: listed throughout
+            time.sleep(0.2)
+            assert listed(), "the re-driven handoff left stalled_handoffs before a worker claimed it"
     roles.start("publish")
     wait_state(fault_settings, job_id)
     events = assert_completed_once(fault_settings, job_id)

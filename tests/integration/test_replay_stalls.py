@@ -150,3 +150,47 @@ def test_a_replay_and_an_as_of_replay_reach_the_live_stall_decisions(isolated):
     replay(isolated, "stalls_then", as_of=cut)
     set_policy(isolated, "stalls_then")
     assert decisions(isolated, "stalls_then") == first
+
+
+def watchdog_decides(settings):
+    """The watchdog's steps 3 and 4 on the live projection, handoffs only: its query, then `run_once`."""
+    from processors.watchdog import run_once
+    from projections.sql import q
+
+    with psycopg.connect(settings.database_url, row_factory=psycopg.rows.dict_row) as conn:
+        handoffs = conn.execute(q("handoffs_due")).fetchall()
+        ids = [r["job_id"] for r in handoffs]
+        jobs = {r["job_id"]: r for r in conn.execute(q("job_state_by_ids"), {"job_ids": ids}).fetchall()}
+    return run_once([], handoffs, [], jobs, settings, "watchdog@test", due=[])
+
+
+def test_a_re_driven_handoff_stays_listed_until_claimed_and_is_re_driven_once_per_timeout(isolated):
+    set_policy(isolated, "public")  # handoff_timeout_s = 1
+    producer = kafka.transactional_producer(isolated, f"{isolated.app_name}.redrive-writer")
+    job = Job()
+    produce(isolated, producer, job.accepted(), uploads=[lifecycles.upload(job.upload_id)])
+    time.sleep(1.2)
+    produce_ticks(isolated, producer, 1)
+    run_projector_until_caught_up(isolated)
+    listed = "SELECT job_id, redrives, redrive_due FROM stalled_handoffs"
+    assert rows(isolated, listed) == [{"job_id": job.job_id, "redrives": 0, "redrive_due": True}]
+
+    decided = watchdog_decides(isolated)  # the first re-drive
+    assert decided.counts["redrive"] == 1
+    produce(isolated, producer, [event for topic, event in decided.outgoing if topic == isolated.jobs_topic])
+    produce_ticks(isolated, producer, 2)
+    run_projector_until_caught_up(isolated)
+    # Still unclaimed: still listed (before migration 019 it left the view here), not due again yet.
+    assert rows(isolated, listed) == [{"job_id": job.job_id, "redrives": 1, "redrive_due": False}]
+    assert watchdog_decides(isolated).outgoing == []
+
+    time.sleep(1.2)  # a timeout after the re-drive: due again
+    produce_ticks(isolated, producer, 3)
+    run_projector_until_caught_up(isolated)
+    assert rows(isolated, listed) == [{"job_id": job.job_id, "redrives": 1, "redrive_due": True}]
+    assert watchdog_decides(isolated).counts["redrive"] == 1
+
+    produce(isolated, producer, [job.started(1, lease_s=600.0)])  # a worker claims it: no longer stalled
+    produce_ticks(isolated, producer, 4)
+    run_projector_until_caught_up(isolated)
+    assert rows(isolated, listed) == []
