@@ -40,12 +40,9 @@ def bench_settings(name: str, **overrides: Any) -> Settings:
 
 def drop_bench_database(settings: Settings) -> None:
     """Drop the database `bench_settings` created, and its topics."""
-    from tapeline import stack
-
     stack.delete_topics(settings)
     dbname = settings.database_url.rsplit("/", 1)[1]
-    with psycopg.connect(Settings().database_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+    stack.drop_database(Settings().database_url, dbname)
 
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

@@ -718,6 +718,39 @@ def _pg_connect_error(settings: Settings, timeout_s: int = 3) -> str | None:
         return str(exc).strip() or type(exc).__name__
 
 
+def drop_database(admin_url: str, dbname: str, attempts: int = 4) -> None:
+    """Drop database `dbname` if it exists, ending its sessions first.
+
+    `admin_url` is a DSN for another database of the same cluster (the drop cannot run inside the
+    database it drops). `DROP DATABASE ... WITH (FORCE)` terminates the sessions, but PostgreSQL 15
+    and 16 refuse it to a role that is not a superuser while an autovacuum worker is in the database
+    (the worker has no role, so "must be a member of the role whose process is being terminated";
+    PostgreSQL 17 added `pg_signal_autovacuum_worker` for this). On that error this runs a plain
+    `DROP DATABASE`, which stops autovacuum workers itself and waits up to 5 seconds for the other
+    sessions to end, up to `attempts` times.
+
+    Raises psycopg.errors.ObjectInUse if sessions that this role may not end stay connected through
+    every attempt, and any other psycopg.Error as it comes.
+    """
+    import psycopg
+    from psycopg import errors, sql
+
+    name = sql.Identifier(dbname)
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        try:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+            return
+        except errors.InsufficientPrivilege:
+            pass
+        for attempt in range(1, attempts + 1):
+            try:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(name))
+                return
+            except errors.ObjectInUse:
+                if attempt == attempts:
+                    raise
+
+
 def _pg_clusters() -> list[dict[str, str]]:
     """Debian's PostgreSQL clusters (`pg_lsclusters`): version, name, port, status."""
     if shutil.which("pg_lsclusters") is None:

@@ -94,8 +94,7 @@ def isolated(base_settings: Settings) -> Iterator[Settings]:
     if leftover:
         print(f"could not delete test topics {leftover}")
     try:
-        with psycopg.connect(base_settings.database_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        stack.drop_database(base_settings.database_url, dbname)
     except psycopg.Error as exc:  # a leftover session of another role: the database leaks, the test stands
         print(f"could not drop test database {dbname}: {exc}")
 

@@ -14,7 +14,7 @@ from projections.fold import JOB_STATE_COLUMNS
 from projections.projector import Projector, apply_batch
 from projections.sql import connect, migrate
 from schemas import models as ev
-from tapeline import kafka
+from tapeline import kafka, stack
 from tests.conftest import wait_for
 from tests.integration.helpers import committed_messages
 
@@ -121,8 +121,7 @@ def test_rebuild_from_offset_zero_gives_identical_rows(isolated, written):
         assert table(fresh, f"SELECT {columns} FROM job_state ORDER BY job_id") == \
             table(isolated, f"SELECT {columns} FROM job_state ORDER BY job_id")
     finally:
-        with psycopg.connect(isolated.database_url.rsplit("/", 1)[0] + "/tapeline", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{fresh.database_url.rsplit("/", 1)[1]}" WITH (FORCE)')
+        stack.drop_database(isolated.database_url.rsplit("/", 1)[0] + "/tapeline", fresh.database_url.rsplit("/", 1)[1])
 
 
 def test_job_state_columns_match_the_migration(isolated):

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from psycopg.conninfo import conninfo_to_dict
 from typer.testing import CliRunner
 
 from tapeline.settings import Settings
@@ -28,6 +32,7 @@ from tapeline.stack import (
     _s3_client,
     check_ffmpeg,
     down,
+    drop_database,
     ensure_topics,
     masked_dsn,
     stack_app,
@@ -147,6 +152,76 @@ def test_check_ffmpeg_names_the_install_command(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty PATH: no ffmpeg, no ffprobe
     with pytest.raises(StackError, match=r"apt-get install -y ffmpeg"):
         check_ffmpeg()
+
+
+def _database_exists(settings: Settings, dbname: str) -> bool:
+    with psycopg.connect(settings.database_url) as conn:
+        return conn.execute("SELECT count(*) FROM pg_database WHERE datname = %s", (dbname,)).fetchone()[0] == 1
+
+
+def _superuser_session(settings: Settings, dbname: str, sql: str) -> subprocess.Popen:
+    """A session of the `postgres` superuser in `dbname` running `sql` (psql over the local socket):
+    one the DSN's role may not terminate, as PostgreSQL 15 treats an autovacuum worker."""
+    port = str(conninfo_to_dict(settings.database_url).get("port", 5432))
+    process = subprocess.Popen(["runuser", "-u", "postgres", "--", "psql", "-X", "-q", "-p", port, "-d", dbname,
+                                "-c", sql], cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # autocommit: pg_stat_activity is a snapshot taken once per transaction
+    with psycopg.connect(settings.database_url, autocommit=True) as conn:  # the session is there first
+        deadline = time.monotonic() + 30
+        while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND usename = 'postgres'",
+                           (dbname,)).fetchone()[0] == 0:
+            assert process.poll() is None, process.stderr.read()
+            assert time.monotonic() < deadline, "the superuser session never connected"
+            time.sleep(0.05)
+    return process
+
+
+needs_local_superuser = pytest.mark.skipif(
+    SERVICES_GIVEN or os.geteuid() != 0 or shutil.which("runuser") is None or shutil.which("psql") is None,
+    reason="needs the stack's own PostgreSQL and root, to open a superuser session with `runuser -u postgres psql`")
+
+
+def test_drop_database_ends_the_sessions_of_its_own_role(stack_settings: Settings) -> None:
+    dbname = f"tapeline_drop_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(stack_settings.database_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    session = psycopg.connect(stack_settings.database_url.rsplit("/", 1)[0] + "/" + dbname)
+    drop_database(stack_settings.database_url, dbname)
+    assert not _database_exists(stack_settings, dbname)
+    with pytest.raises(psycopg.OperationalError):
+        session.execute("SELECT 1")
+    session.close()
+    drop_database(stack_settings.database_url, dbname)  # IF EXISTS: a second drop is harmless
+
+
+@needs_local_superuser
+def test_drop_database_waits_out_a_session_it_may_not_terminate(stack_settings: Settings) -> None:
+    """CI once failed in a test's cleanup: `DROP DATABASE ... WITH (FORCE)` refused (InsufficientPrivilege)
+    because an autovacuum worker was in the database. A session that ends on its own within the wait
+    must not fail the drop; one that stays gets ObjectInUse, and the database is left whole."""
+    dbname = f"tapeline_drop_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(stack_settings.database_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    brief = _superuser_session(stack_settings, dbname, "SELECT pg_sleep(2)")
+    drop_database(stack_settings.database_url, dbname)
+    assert brief.wait(30) == 0
+    assert not _database_exists(stack_settings, dbname)
+
+    with psycopg.connect(stack_settings.database_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    stays = _superuser_session(stack_settings, dbname, "SELECT pg_sleep(120)")
+    try:
+        with pytest.raises(psycopg.errors.ObjectInUse):
+            drop_database(stack_settings.database_url, dbname, attempts=1)
+        assert _database_exists(stack_settings, dbname)
+    finally:
+        port = str(conninfo_to_dict(stack_settings.database_url).get("port", 5432))
+        subprocess.run(["runuser", "-u", "postgres", "--", "psql", "-X", "-q", "-p", port, "-d", "postgres", "-c",
+                        f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{dbname}'"],
+                       cwd="/", check=True, capture_output=True, timeout=30)
+        stays.wait(30)
+        drop_database(stack_settings.database_url, dbname)
+    assert not _database_exists(stack_settings, dbname)
 
 
 def test_masked_dsn_hides_the_password() -> None:

@@ -20,7 +20,7 @@ from projections import pgschema
 from projections.export import export
 from projections.replay import replay
 from projections.sql import migrate
-from tapeline import kafka
+from tapeline import kafka, stack
 from tests.conftest import settings_env, tapeline_cli, wait_for
 from tests.integration.test_projector import run_projector_until_caught_up
 from tests.integration.test_replay import phase, produce, rows
@@ -183,7 +183,7 @@ def test_run_migrates_the_configured_schema_and_not_public(isolated, tmp_path):
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(30)
         logfile.close()
-        execute(isolated, f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        stack.drop_database(isolated.database_url, dbname)
 
 
 def test_export_of_one_job_counts_other_jobs_apart_and_a_closed_pipe_ends_quietly(isolated, log):
