@@ -103,7 +103,7 @@ def main() -> int:
     settings = bench_settings("chaos", **{
         "lease_s": 4.0, "heartbeat_interval_s": 0.5, "no_progress_timeout_s": 8.0, "handoff_timeout_s": 15.0,
         "tick_interval_s": 0.5, "caught_up_timeout_s": 20.0, "x264_preset": "ultrafast",
-        "transaction_timeout_ms": 3000, "webhook_url": provider.url, "webhook_dedupes": False,
+        "transaction_timeout_ms": 3000, "webhook_timeout_s": 3.0, "webhook_url": provider.url, "webhook_dedupes": False,
         "restart_backoff_s": (0.5,), "max_attempts": 6})
     points_file, once = work / "crash-points", work / "crashed"
     points_file.write_text("")

@@ -648,7 +648,8 @@ def demo(file: Optional[Path] = typer.Option(None, "--file", help="Video to subm
 
 def main() -> None:  # pragma: no cover
     """The `tapeline` command: `app`, with a setting that fails validation reported in one line per
-    setting (its environment variable and pydantic's reason), exit code 2, instead of a traceback."""
+    setting (its environment variable and pydantic's reason), or per broken rule between settings,
+    exit code 2, instead of a traceback."""
     from pydantic import ValidationError
 
     try:
@@ -657,6 +658,10 @@ def main() -> None:  # pragma: no cover
         if exc.title != Settings.__name__:
             raise
         for error in exc.errors():
+            if not error["loc"]:  # a rule between settings (Settings._timeouts_fit_inside_the_lease)
+                message = error["msg"].removeprefix("Value error, ")
+                console.print(f"[red]error:[/red] invalid settings: {message}", soft_wrap=True, highlight=False)
+                continue
             name = "TAPELINE_" + "_".join(str(part) for part in error["loc"]).upper()
             console.print(f"[red]error:[/red] invalid setting {name}={error.get('input')!r}: {error['msg']}",
                           soft_wrap=True, highlight=False)

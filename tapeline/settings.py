@@ -11,7 +11,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -197,6 +197,35 @@ class Settings(BaseSettings):
     storage_usage_cache_s: float = Field(30.0, description="Reuse one measurement of the bucket's bytes this long, s")
     storage_pressure_retention_s: float = Field(300.0, description="Cleanup retention of ended jobs' work objects "
                                                 "and checkpoints while storage is past its limit, seconds")
+
+    @model_validator(mode="after")
+    def _timeouts_fit_inside_the_lease(self) -> "Settings":
+        """Reject timings that break the lease protocol, whatever each is alone.
+
+        - A heartbeat interval of the lease or more lets every healthy attempt lapse between two
+          heartbeats (DESIGN.md: heartbeat every lease/4).
+        - `transaction_timeout_ms` must be below the lease: a worker killed inside a transaction blocks
+          every `read_committed` reader of its partitions until the broker aborts it (DESIGN.md "Open
+          transactions block readers").
+        - with a webhook, `webhook_timeout_s` must be below the lease: the publish stage does not heartbeat during the
+          provider call, so a slower answer would make a healthy attempt look stalled.
+
+        Raises ValueError (pydantic's ValidationError) naming both settings.
+        """
+        lease = self.lease_s
+        if self.heartbeat_interval_s is not None and not 0 < self.heartbeat_interval_s < lease:
+            raise ValueError(f"TAPELINE_HEARTBEAT_INTERVAL_S ({self.heartbeat_interval_s:g} s) must be more than 0 and "
+                             f"less than TAPELINE_LEASE_S ({lease:g} s), or unset for lease / 4: attempts would lapse "
+                             "between heartbeats")
+        if self.transaction_timeout_ms >= lease * 1000:
+            raise ValueError(f"TAPELINE_TRANSACTION_TIMEOUT_MS ({self.transaction_timeout_ms} ms) must be less than "
+                             f"TAPELINE_LEASE_S ({lease:g} s): a killed worker's open transaction blocks the "
+                             "projections of its partitions until it times out; set it to a fraction of the lease")
+        if self.webhook_url and self.webhook_timeout_s >= lease:
+            raise ValueError(f"TAPELINE_WEBHOOK_TIMEOUT_S ({self.webhook_timeout_s:g} s) must be less than "
+                             f"TAPELINE_LEASE_S ({lease:g} s): the publish stage does not heartbeat during the "
+                             "provider call, so a slower call would look like a stalled attempt")
+        return self
 
     @property
     def heartbeat_s(self) -> float:

@@ -15,9 +15,11 @@ from tests.conftest import Pipeline
 
 FAULT_TIMING = {"lease_s": 4.0, "heartbeat_interval_s": 0.5, "no_progress_timeout_s": 8.0, "handoff_timeout_s": 15.0,
                 "intake_timeout_s": 60.0, "tick_interval_s": 0.5, "caught_up_timeout_s": 20.0,
-                "x264_preset": "ultrafast", "transaction_timeout_ms": 3000, "kafka_session_timeout_ms": 3000}
-"""Seconds, small so faults are detected quickly; the transaction timeout stays below the lease, and
-so does the consumer session timeout (a killed and restarted processor rejoins its group after it)."""
+                "x264_preset": "ultrafast", "transaction_timeout_ms": 3000, "kafka_session_timeout_ms": 3000,
+                "webhook_timeout_s": 3.0}
+"""Seconds, small so faults are detected quickly; the transaction and webhook timeouts stay below the
+lease (Settings refuses them otherwise), and so does the consumer session timeout (a killed and
+restarted processor rejoins its group after it)."""
 
 
 @pytest.fixture(scope="session")
