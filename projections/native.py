@@ -26,10 +26,10 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from projections import fold, writes
-from projections.projector import BatchResult, _dead_letter, broker_time, decode_batch, fold_batch
-from schemas import models as ev
-from schemas.codec import REGISTERED_DIR, default_codec, schema_fingerprint
+# Only what a replay worker's native fold needs is imported here (a worker starts in a third of the
+# time without the projector, psycopg, the models and the Python codec): the rest is imported where
+# it is used, by the parent (`engine_setup`) or on the rare record the Python rules must handle.
+from projections.batch import BatchResult
 from tapeline.errors import ConfigurationError, TapelineError
 
 try:
@@ -71,6 +71,8 @@ def _ts(us: int) -> datetime:
 def _schemas() -> tuple[dict[str, dict], list[tuple[bytes, str, dict]]]:
     """The current schema of each event type, and every writer the Python codec reads (the current
     ones first, then `registered/*.avsc`, the first of a fingerprint winning as in `Codec`)."""
+    from schemas.codec import REGISTERED_DIR, default_codec, schema_fingerprint
+
     codec = default_codec()
     writers = [(codec.fingerprints[name], name, schema) for name, schema in codec.schemas.items()]
     seen = {fp for fp, _, _ in writers}
@@ -86,20 +88,35 @@ def _schemas() -> tuple[dict[str, dict], list[tuple[bytes, str, dict]]]:
     return codec.schemas, writers
 
 
+EngineSetup = tuple[dict[str, dict], list[tuple[bytes, str, dict]], list[str], list[str]]
+"""What `tapeline_native.Engine` is built from: reader schemas, writer schemas, `fold.JOB_STATE_COLUMNS`
+and the sorted `writes.PAYLOAD_OMITS`. Plain data: a replay's parent computes it once and pickles it
+to its workers."""
+
+
+def engine_setup() -> EngineSetup:
+    """This code's `EngineSetup` (imports the Python codec, the fold and the writes)."""
+    from projections import fold, writes
+
+    readers, writers = _schemas()
+    return readers, writers, list(fold.JOB_STATE_COLUMNS), sorted(writes.PAYLOAD_OMITS)
+
+
 class NativeFoldState:
     """`bulk.FoldState` over `tapeline_native.Engine`: evidence comes out as binary COPY bytes, final
     and open job rows and dedup keys as text COPY bytes (`fold.JOB_STATE_COLUMNS`, one column)."""
 
     native = True
 
-    def __init__(self, clock_topic: str | None = None, dlq_topic: str | None = None, flush_rows: int = 2000) -> None:
+    def __init__(self, clock_topic: str | None = None, dlq_topic: str | None = None, flush_rows: int = 2000,
+                 setup: EngineSetup | None = None) -> None:
+        """`setup`: `engine_setup()`, computed here when not given (a replay worker gets its parent's)."""
         if tapeline_native is None:
             raise NativeUnsupported(f"tapeline_native is not installed: {IMPORT_ERROR}")
         self.clock_topic, self.dlq_topic, self.flush_rows = clock_topic, dlq_topic, flush_rows
-        readers, writers = _schemas()
+        readers, writers, columns, omits = setup if setup is not None else engine_setup()
         try:
-            self.engine = tapeline_native.Engine(readers, writers, list(fold.JOB_STATE_COLUMNS),
-                                                 sorted(writes.PAYLOAD_OMITS), clock_topic, dlq_topic)
+            self.engine = tapeline_native.Engine(readers, writers, columns, omits, clock_topic, dlq_topic)
         except (tapeline_native.Unsupported, TypeError) as exc:  # TypeError: a stale build of another signature
             raise NativeUnsupported(str(exc)) from exc
         self.positions: dict[tuple[str, int], int] = {}
@@ -129,6 +146,8 @@ class NativeFoldState:
             elif kind == "evolve_error":
                 self._evolve_error(messages[data[0]], data[1], dead_letters, result)
             elif kind == "job":
+                from projections.projector import _dead_letter
+
                 (id_, topic, partition, offset, ts, reason, processor, error_class, job_id, stage, attempt, attempts,
                  evidence_ref) = data
                 dead_letters.append(_dead_letter(id_, "job", topic, partition, offset, _ts(ts), reason, processor,
@@ -144,6 +163,8 @@ class NativeFoldState:
 
     def _delegate(self, message, dead_letters: list, result: BatchResult) -> None:
         """A record the engine handed back: the Python rules make its dead letter (or nothing)."""
+        from projections.projector import decode_batch, fold_batch
+
         sub = BatchResult(records=1, positions={})
         folded = fold_batch(decode_batch([message], sub), {}, set(), sub, self.clock_topic, self.dlq_topic,
                             binary_payload=True)
@@ -157,6 +178,9 @@ class NativeFoldState:
         """An event whose date arithmetic `fold.evolve` raises on (the engine kept it as evidence, not
         applied): the dead letter `fold_batch` makes, its error worded by the same Python expression
         (`lease`: the job row's lease a heartbeat extends by). The expression must raise here too."""
+        from projections.projector import _dead_letter, broker_time, decode_batch
+        from schemas import models as ev
+
         decoded = decode_batch([message], BatchResult(records=1, positions={}))
         event = decoded[0][1]
         ts = broker_time(message)

@@ -40,17 +40,23 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-import psycopg
-
-from projections import fold, logread, writes
-from projections.bulk import UPLOAD_COLUMNS, BulkReplay, FoldState, make_fold_state
-from projections.native import NativeUnsupported
-from projections.projector import BatchResult
+# A worker runs this module (`python -m projections.partitioned N`), so its top imports only what a
+# worker with the native engine needs; psycopg, the bulk writer, the projector, the models and the
+# Python codec are imported where they are used (the parent's `run`, the Python engine). Measured:
+# a worker ready in 0.36 s of CPU instead of 1.2 s.
+from projections import logread
+from projections.batch import BatchResult
+from projections.native import EngineSetup, NativeFoldState, NativeUnsupported
 from tapeline.crashpoints import crash_point
 from tapeline.errors import TapelineError
 from tapeline.settings import Settings
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from projections.bulk import FoldState
 
 Position = logread.Position
 KEYS_PER_MESSAGE = 50_000
@@ -105,6 +111,8 @@ class WorkerPlan:
     flush_rows: int = 2000
     engine: str = "python"
     """`python` or `native` (`projections/native.py`)."""
+    native_setup: EngineSetup | None = None
+    """The parent's `native.engine_setup()` (engine native): the worker need not import the codec."""
 
 
 def worker_main(plan: WorkerPlan, pipe: Connection) -> None:
@@ -119,9 +127,17 @@ def worker_main(plan: WorkerPlan, pipe: Connection) -> None:
 
     gc.disable()  # as in BulkReplay: the state only grows and holds no cycles
     try:
-        state, phases = make_fold_state(plan.engine, plan.clock_topic, plan.dlq_topic, plan.flush_rows), {}
+        phases = {}
+        if plan.engine == "native":
+            state, evidence, text = NativeFoldState(plan.clock_topic, plan.dlq_topic, plan.flush_rows,
+                                                    plan.native_setup), None, None
+        else:
+            from projections import writes
+            from projections.bulk import FoldState
+
+            state = FoldState(plan.clock_topic, plan.dlq_topic, plan.flush_rows)
+            evidence, text = writes.RowEncoder(writes.EVIDENCE_TYPES), writes.RowEncoder()
         native = state.native
-        evidence, text = writes.RowEncoder(writes.EVIDENCE_TYPES), writes.RowEncoder()
         totals, job_ids = BatchResult(), set()
         consumer = logread.reader(plan.settings, "replay-worker", queue_kbytes=8 * 1024)
         try:
@@ -185,7 +201,7 @@ def worker_main(plan: WorkerPlan, pipe: Connection) -> None:
         pipe.close()
 
 
-def _final_rows(state, text: writes.RowEncoder) -> bytes:
+def _final_rows(state, text) -> bytes:
     """The queued final job rows in text COPY format (they become stubs)."""
     return state.take_final_rows_copy() if state.native else bytes(text.encode(state.take_final_rows()))
 
@@ -241,11 +257,16 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
     processes, in one transaction. `before_commit(conn)` writes more rows in that transaction (the
     replay's `projection_source`). Raises `ReplayFailed` (rolled back) when a worker fails or dies,
     `NativeUnsupported` (rolled back) when a worker's native engine cannot fold its records."""
+    from projections import fold
+    from projections.bulk import BulkReplay
+    from projections.native import engine_setup
+
     parts = split(span, workers)
     outcome = ParallelOutcome(workers=len(parts))
     writer = BulkReplay(conn, projection, clock_topic=settings.jobs_topic, dlq_topic=settings.dlq_topic)
     processes, pipes, progress = [], {}, {}
     job_rows, keys = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    setup = engine_setup() if engine == "native" else None
     replays: list[dict[str, Any]] = []
     summaries: list[dict[str, Any]] = []
     try:
@@ -260,7 +281,7 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
             try:
                 process.stdin.write(pickle.dumps(WorkerPlan(settings, part, settings.jobs_topic, settings.dlq_topic,
                                                             min(batch_size, WORKER_SLICE_RECORDS),
-                                                            writer.state.flush_rows, engine)))
+                                                            writer.state.flush_rows, engine, setup)))
                 process.stdin.close()
             except BrokenPipeError:
                 raise ReplayFailed(f"{name} exited before it read its plan; nothing was committed") from None
@@ -359,6 +380,8 @@ def _merge(state: FoldState, outcome: ParallelOutcome, summary: dict[str, Any]) 
     counts.duplicates += duplicates
     counts.superseded += superseded
     counts.dead_letters += dead_letters
+    from projections.bulk import UPLOAD_COLUMNS
+
     broker_ts = UPLOAD_COLUMNS.index("broker_ts")
     for upload_id, row in summary["uploads"].items():  # upsert_upload: the first copy's fields, all copies counted
         kept = state.uploads.get(upload_id)
@@ -399,6 +422,11 @@ def _worker_entry() -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nothing else may write into the message stream,
     sys.stdout = sys.stderr  # not Python code nor a C library writing to fd 1
     worker_main(plan, pipe)
+    # Everything is sent and the pipe closed. Skip the interpreter's teardown: its final garbage
+    # collection walks the whole heap (0.3-0.4 s of CPU per worker, measured with py-spy), taken from
+    # the parent's index builds that run meanwhile.
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartitio
 from psycopg.types.json import Jsonb
 
 from projections import fold, writes
+from projections.batch import BatchResult  # noqa: F401 - re-exported: `projector.BatchResult` as before
 from projections.lag import LagObserver
 from projections.pgschema import LiveGuard, SchemaSwapped, schema_oid
 from projections.sql import connect, migrate, q
@@ -64,18 +65,6 @@ UPSERT_JOB = _upsert_job_sql()
 KeySetLike = Any  # `in` and `add` over dedup keys, e.g. `projections.bulk.KeySet`
 Decoded = tuple[Message, "ev.Event | None", "str | None"]
 """A message with its event, or None and why it could not be decoded."""
-
-
-@dataclass
-class BatchResult:
-    """Counts of one applied batch."""
-
-    records: int = 0
-    applied: int = 0
-    duplicates: int = 0
-    superseded: int = 0
-    dead_letters: int = 0
-    positions: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 def decode_batch(messages: list[Message], result: BatchResult,
