@@ -66,11 +66,13 @@ class BulkReplay:
 
     def __init__(self, conn: psycopg.Connection, projection: str = "main", clock_topic: str | None = None,
                  dlq_topic: str | None = None, defer_indexes: bool = True, flush_rows: int = 2000,
-                 engine: str = "python") -> None:
+                 engine: str = "python", built_elsewhere: tuple[str, ...] = ()) -> None:
         """`flush_rows`: final job rows (or slices with dead letters) kept before the evidence COPY is
         ended to write them (bounds memory; each flush makes the server catch up once). `engine`:
         `python` (`FoldState`) or `native` (`projections.native.NativeFoldState`, which raises
-        `NativeUnsupported` for what it cannot fold exactly)."""
+        `NativeUnsupported` for what it cannot fold exactly). `built_elsewhere`: bulk-loaded tables
+        whose indexes this transaction leaves alone because the caller replaces the table before
+        the commit (`partitioned.DedupKeysAside`)."""
         self.conn, self.projection = conn, projection
         self.state = make_fold_state(engine, clock_topic, dlq_topic, flush_rows)
         self.deferred: list[str] = []
@@ -87,7 +89,7 @@ class BulkReplay:
         conn.execute(f"SET LOCAL maintenance_work_mem = '{INDEX_BUILD_MEMORY}'")
         if defer_indexes:
             self.deferred = [statement for table in ("lifecycle_evidence", "applied_dedup_keys")
-                             for statement in self._drop_indexes(table)]
+                             if table not in built_elsewhere for statement in self._drop_indexes(table)]
         # The state only grows and holds no reference cycles: the cyclic collector would re-scan
         # every job row and key at each collection (a large share of the time at a million events).
         gc.disable()
@@ -111,9 +113,11 @@ class BulkReplay:
             self._flush()
         return result
 
-    def finish(self, before_final_rows: Callable[[psycopg.Connection], None] | None = None) -> None:
+    def finish(self, before_final_rows: Callable[[psycopg.Connection], None] | None = None,
+               after_indexes: Callable[[psycopg.Connection], None] | None = None) -> None:
         """Write the final rows and offsets, rebuild the deferred indexes, and commit.
-        `before_final_rows(conn)` runs once the evidence COPY has ended (to write more rows)."""
+        `before_final_rows(conn)` runs once the evidence COPY has ended (to write more rows);
+        `after_indexes(conn)` once the indexes are built, right before the commit."""
         try:
             conn = self.conn
             self._flush()
@@ -138,6 +142,10 @@ class BulkReplay:
                     cur.execute(statement)
             committing = time.perf_counter()
             self._add("build_indexes", committing - indexed_at)
+            if after_indexes is not None:
+                after_indexes(conn)
+                self._add("install_aside", time.perf_counter() - committing)
+                committing = time.perf_counter()
             self._tx.__exit__(None, None, None)
             self._add("commit", time.perf_counter() - committing)
         finally:

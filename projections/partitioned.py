@@ -263,7 +263,10 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
 
     parts = split(span, workers)
     outcome = ParallelOutcome(workers=len(parts))
-    writer = BulkReplay(conn, projection, clock_topic=settings.jobs_topic, dlq_topic=settings.dlq_topic)
+    keys_table = DedupKeysAside.definition(conn)  # read before the replay's transaction locks the table
+    writer = BulkReplay(conn, projection, clock_topic=settings.jobs_topic, dlq_topic=settings.dlq_topic,
+                        built_elsewhere=("applied_dedup_keys",) if keys_table else ())
+    aside: DedupKeysAside | None = None
     processes, pipes, progress = [], {}, {}
     job_rows, keys = tempfile.TemporaryFile(), tempfile.TemporaryFile()
     setup = engine_setup() if engine == "native" else None
@@ -335,22 +338,27 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
                                "with --workers 1")
         for summary in summaries:
             _merge(writer.state, outcome, summary)
+        if keys_table:  # the keys and their primary key, built beside this transaction's own work
+            aside = DedupKeysAside(settings.database_url, keys_table, keys)
 
         def write_spooled(conn: psycopg.Connection) -> None:
             if replays:
                 writer.queue_dead([], replays)
                 writer._flush()
             _copy_spooled(conn, "job_state", fold.JOB_STATE_COLUMNS, job_rows)
-            _copy_spooled(conn, "applied_dedup_keys", ("dedup_key",), keys)
+            if aside is None:
+                _copy_spooled(conn, "applied_dedup_keys", ("dedup_key",), keys)
             if before_commit is not None:
                 before_commit(conn)
 
-        writer.finish(before_final_rows=write_spooled)
+        writer.finish(before_final_rows=write_spooled, after_indexes=aside.install if aside is not None else None)
         outcome.phases.update(writer.phases)
         writer = None
     except BaseException as exc:
         if writer is not None:
             writer.abort(exc)
+        if aside is not None:
+            aside.discard()
         raise
     finally:
         for process in processes:
@@ -398,6 +406,156 @@ def _merge(state: FoldState, outcome: ParallelOutcome, summary: dict[str, Any]) 
         outcome.phases[phase] = outcome.phases.get(phase, 0.0) + seconds
     outcome.rss_mb += summary["rss_mb"]
     outcome.rss_mb_by_process.append(round(summary["rss_mb"], 1))
+
+
+class DedupKeysAside:
+    """`applied_dedup_keys` built on a second connection, in parallel with the replay's transaction.
+
+    At the end of a replay by workers, the replay's one transaction still copies the job rows and
+    builds the evidence indexes (single-threaded work for the most part) while a core idles; the
+    900k-odd dedup keys and their primary key (about 2 s) need nothing from that transaction. So a
+    thread copies the spooled keys into a new table of the target schema, `replay_staging_keys_*`,
+    builds its primary key and commits; then, right before its commit, the replay's transaction
+    drops its own (empty) `applied_dedup_keys` and renames the staging table, its primary key, the
+    comments and the grants into place (`install`). Measured on a 924k-record log: the tail of the
+    replay 2 s shorter.
+
+    The staging table commits before the replay does. A replay that fails after that drops it
+    (`discard`); one killed at that moment leaves it in the schema, which holds no projection row,
+    and the next replay into that schema drops the schema and starts over (`pgschema.prepare_fresh`).
+    """
+
+    PREFIX = "replay_staging_keys_"
+
+    @dataclass
+    class Definition:
+        schema: str
+        columns: str
+        """The column list of `applied_dedup_keys` (names, types, collations, NOT NULL) as SQL."""
+        constraints: list[tuple[str, str]]
+        """(name, `pg_get_constraintdef`) of its primary key and unique constraints."""
+
+    @staticmethod
+    def definition(conn: psycopg.Connection) -> "DedupKeysAside.Definition | None":
+        """`applied_dedup_keys` of `conn`'s schema as the staging table must copy it, read from the
+        catalog; None (the replay builds it itself) if it has an index that is not a constraint's."""
+        row = conn.execute(
+            "SELECT current_schema() AS schema, string_agg(format('%I %s%s%s', a.attname,"
+            " format_type(a.atttypid, a.atttypmod),"
+            " CASE WHEN a.attcollation <> t.typcollation THEN ' COLLATE ' || quote_ident(c.collname) ELSE '' END,"
+            " CASE WHEN a.attnotnull THEN ' NOT NULL' ELSE '' END), ', ' ORDER BY a.attnum) AS columns"
+            " FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
+            " LEFT JOIN pg_collation c ON c.oid = a.attcollation"
+            " WHERE a.attrelid = to_regclass('applied_dedup_keys') AND a.attnum > 0 AND NOT a.attisdropped").fetchone()
+        values = row if isinstance(row, dict) else {"schema": row[0], "columns": row[1]}
+        plain_indexes = conn.execute(
+            "SELECT count(*) FROM pg_index i WHERE i.indrelid = to_regclass('applied_dedup_keys')"
+            " AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)").fetchone()
+        if not values["columns"] or next(iter(plain_indexes.values() if isinstance(plain_indexes, dict)
+                                              else plain_indexes)):
+            return None
+        constraints = [tuple(r.values()) if isinstance(r, dict) else tuple(r) for r in conn.execute(
+            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+            " WHERE conrelid = to_regclass('applied_dedup_keys') AND contype IN ('p', 'u') ORDER BY conname")]
+        return DedupKeysAside.Definition(values["schema"], values["columns"], constraints)
+
+    def __init__(self, database_url: str, definition: "DedupKeysAside.Definition", spool) -> None:
+        """Start building from `spool` (text COPY rows of `applied_dedup_keys`, read from its start)."""
+        import threading
+        import uuid
+
+        self.database_url, self.definition = database_url, definition
+        self.name = f"{self.PREFIX}{uuid.uuid4().hex[:12]}"
+        self.error: BaseException | None = None
+        self._conn = None
+        self._thread = threading.Thread(target=self._build, args=(spool,), name="replay-dedup-keys", daemon=True)
+        self._thread.start()
+
+    def _constraint_name(self, number: int) -> str:
+        return f"{self.name}_c{number}"
+
+    def _build(self, spool) -> None:
+        from psycopg import sql as pgsql
+
+        from projections.bulk import INDEX_BUILD_MEMORY
+        from projections.sql import connect
+
+        try:
+            with connect(self.database_url, schema=self.definition.schema, autocommit=True) as conn:
+                self._conn = conn
+                conn.execute("SET synchronous_commit = off")  # as the replay's own connection
+                with conn.transaction():
+                    conn.execute(f"SET LOCAL maintenance_work_mem = '{INDEX_BUILD_MEMORY}'")
+                    table = pgsql.Identifier(self.name)
+                    conn.execute(pgsql.SQL("CREATE TABLE {} ({})").format(table, pgsql.SQL(self.definition.columns)))
+                    _copy_spooled(conn, self.name, ("dedup_key",), spool)  # FREEZE: created in this transaction
+                    for number, (_, constraint) in enumerate(self.definition.constraints):
+                        conn.execute(pgsql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(
+                            table, pgsql.Identifier(self._constraint_name(number)), pgsql.SQL(constraint)))
+        except BaseException as exc:  # noqa: BLE001 - reported by install(), which the replay's thread calls
+            self.error = exc
+        finally:
+            self._conn = None
+
+    def install(self, conn: psycopg.Connection) -> None:
+        """In the replay's transaction on `conn`: wait for the build, then put the staging table in
+        the place of `applied_dedup_keys` with the old table's comments and grants. Raises
+        `ReplayFailed` when the build failed."""
+        from psycopg import sql as pgsql
+
+        self._thread.join()
+        if self.error is not None:
+            raise ReplayFailed(f"building applied_dedup_keys beside the replay failed: {self.error}") from self.error
+        crash_point("replay.keys_aside_committed")  # tests: the staging table committed, the replay not
+        old = pgsql.Identifier("applied_dedup_keys")
+        comments = conn.execute(
+            "SELECT NULL AS column, obj_description(to_regclass('applied_dedup_keys'), 'pg_class') AS comment"
+            " UNION ALL SELECT attname, col_description(attrelid, attnum) FROM pg_attribute"
+            " WHERE attrelid = to_regclass('applied_dedup_keys') AND attnum > 0 AND NOT attisdropped").fetchall()
+        grants = conn.execute(
+            "SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(a.grantee::regrole::text) END AS grantee,"
+            " a.privilege_type, a.is_grantable FROM pg_class c, aclexplode(c.relacl) a"
+            " WHERE c.oid = to_regclass('applied_dedup_keys') AND a.grantee <> c.relowner").fetchall()
+        conn.execute(pgsql.SQL("DROP TABLE {}").format(old))
+        conn.execute(pgsql.SQL("ALTER TABLE {} RENAME TO {}").format(pgsql.Identifier(self.name), old))
+        for number, (name, _) in enumerate(self.definition.constraints):
+            conn.execute(pgsql.SQL("ALTER TABLE {} RENAME CONSTRAINT {} TO {}").format(
+                old, pgsql.Identifier(self._constraint_name(number)), pgsql.Identifier(name)))
+        for row in comments:
+            column, comment = (row["column"], row["comment"]) if isinstance(row, dict) else row
+            if comment is None:
+                continue
+            target = old if column is None else pgsql.SQL("{}.{}").format(old, pgsql.Identifier(column))
+            kind = pgsql.SQL("TABLE" if column is None else "COLUMN")
+            conn.execute(pgsql.SQL("COMMENT ON {} {} IS {}").format(kind, target, pgsql.Literal(comment)))
+        for row in grants:
+            grantee, privilege, grantable = tuple(row.values()) if isinstance(row, dict) else row
+            conn.execute(pgsql.SQL("GRANT {} ON {} TO {}{}").format(
+                pgsql.SQL(privilege), old, pgsql.SQL(grantee), pgsql.SQL(" WITH GRANT OPTION" if grantable else "")))
+
+    def discard(self) -> None:
+        """After the replay rolled back: stop the build and drop the staging table if it committed
+        (best effort; a table left over is dropped with the schema by the next replay into it)."""
+        from psycopg import sql as pgsql
+
+        from projections.sql import connect
+
+        conn = self._conn
+        if conn is not None:
+            try:
+                conn.cancel_safe()
+            except Exception:  # noqa: BLE001 - it may have just finished
+                pass
+        self._thread.join(60)
+        try:
+            with connect(self.database_url, schema=self.definition.schema, autocommit=True) as conn:
+                conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(self.name)))
+        except Exception as exc:  # noqa: BLE001 - the replay's own error is the one to raise
+            import structlog
+
+            structlog.get_logger("tapeline.replay").warning(
+                "could not drop the replay's staging table; the next replay into the schema drops it",
+                schema=self.definition.schema, table=self.name, error=str(exc))
 
 
 def _copy_spooled(conn: psycopg.Connection, table: str, columns: tuple[str, ...], spool) -> None:

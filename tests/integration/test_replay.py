@@ -120,11 +120,39 @@ def test_replay_into_a_fresh_schema_equals_the_live_projection_row_for_row(isola
     # the default engine: native when built (projections/native.py), and it did not fall back
     assert (summary["engine"], summary["engine_note"]) == ("native" if native.tapeline_native else "python", "")
     assert_same_tables(isolated, "public", "rebuilt")
+    # applied_dedup_keys was built on a second connection and renamed into place
+    # (partitioned.DedupKeysAside): the tables are defined, documented and granted as migrated
+    assert catalog(isolated, "rebuilt") == catalog(isolated, "public")
     assert rows(isolated, "SELECT * FROM rebuilt.log_clock ORDER BY partition") == \
         rows(isolated, "SELECT * FROM public.log_clock ORDER BY partition")
     states = {r["state"] for r in rows(isolated, "SELECT state FROM rebuilt.job_state")}
     assert {"completed", "failed"} <= states
     assert watermarks(isolated) == before  # a replay never produces
+
+
+def catalog(settings, schema):
+    """Every table of `schema` as the catalog describes it: columns (type, collation, NOT NULL,
+    comment), indexes, constraints, the table's comment and its grants, the schema's name taken out."""
+    tables = [r["tablename"] for r in rows(settings, "SELECT tablename FROM pg_tables WHERE schemaname = %s"
+                                                     " ORDER BY 1", schema)]
+    return {table: _describe(settings, f"{schema}.{table}", schema, table) for table in tables}
+
+
+def _describe(settings, relation, schema, table):
+    with psycopg.connect(settings.database_url, row_factory=psycopg.rows.dict_row) as conn:
+        return conn.execute("""
+            SELECT obj_description(%(r)s::regclass, 'pg_class') AS comment,
+                   (SELECT relacl::text FROM pg_class WHERE oid = %(r)s::regclass) AS grants,
+                   (SELECT array_agg(format('%%s %%s %%s %%s %%s', a.attname, format_type(a.atttypid, a.atttypmod),
+                                            c.collname, a.attnotnull, col_description(a.attrelid, a.attnum))
+                                     ORDER BY a.attnum)
+                    FROM pg_attribute a LEFT JOIN pg_collation c ON c.oid = a.attcollation
+                    WHERE a.attrelid = %(r)s::regclass AND a.attnum > 0 AND NOT a.attisdropped) AS columns,
+                   (SELECT array_agg(replace(indexdef, %(prefix)s, '') ORDER BY indexname) FROM pg_indexes
+                    WHERE schemaname = %(s)s AND tablename = %(t)s) AS indexes,
+                   (SELECT array_agg(conname || ' ' || pg_get_constraintdef(oid) ORDER BY conname) FROM pg_constraint
+                    WHERE conrelid = %(r)s::regclass) AS constraints""",
+                            {"r": relation, "s": schema, "t": table, "prefix": f"{schema}."}).fetchone()
 
 
 def test_a_replay_worker_killed_mid_replay_fails_it_and_leaves_the_schema_empty(isolated, busy):
@@ -146,6 +174,27 @@ def test_a_replay_worker_killed_mid_replay_fails_it_and_leaves_the_schema_empty(
     redone = tapeline_cli(isolated, "replay", "--into", "killed", "--workers", "2", "--json")
     assert redone.returncode == 0, redone.stderr
     assert_same_tables(isolated, "public", "killed")
+
+
+def test_a_replay_killed_after_its_dedup_keys_committed_leaves_no_projection_row_and_is_redone(isolated, busy):
+    # The replay's parent is killed between the commit of the staging table its second connection
+    # built (partitioned.DedupKeysAside) and its own commit.
+    killed = tapeline_cli(isolated, "replay", "--into", "halfway", "--workers", "2",
+                          env={"TAPELINE_CRASH_POINTS": "replay.keys_aside_committed"})
+    assert killed.returncode == -9, killed.stderr
+    staging = "SELECT count(*) AS n FROM pg_tables WHERE schemaname = 'halfway' AND tablename LIKE 'replay_staging_keys_%%'"
+    assert rows(isolated, staging)[0]["n"] == 1
+    counts = rows(isolated, "SELECT (SELECT count(*) FROM halfway.lifecycle_evidence) AS evidence,"
+                            " (SELECT count(*) FROM halfway.job_state) AS jobs,"
+                            " (SELECT count(*) FROM halfway.applied_dedup_keys) AS keys,"
+                            " (SELECT count(*) FROM halfway.projector_offsets) AS offsets")[0]
+    assert counts == {"evidence": 0, "jobs": 0, "keys": 0, "offsets": 0}
+    # No projection row: the same command drops the schema, staging table included, and redoes it.
+    redone = tapeline_cli(isolated, "replay", "--into", "halfway", "--workers", "2", "--json")
+    assert redone.returncode == 0, redone.stderr
+    assert rows(isolated, staging)[0]["n"] == 0
+    assert_same_tables(isolated, "public", "halfway")
+    assert catalog(isolated, "halfway") == catalog(isolated, "public")
 
 
 def test_replay_refuses_a_non_empty_schema_unless_forced(isolated, busy):
