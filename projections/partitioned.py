@@ -12,13 +12,16 @@ key is the job id, DESIGN.md "Topics"), so the partitions can be folded independ
   already encoded as COPY rows (`writes.RowEncoder`): evidence per slice, final job rows as jobs
   end, open job rows, dedup keys and uploads at the end; dead letters and replay marks as
   parameters;
-- the parent is the only one with a database connection: it streams the workers' evidence bytes
-  into the one `COPY ... FREEZE` of `bulk.BulkReplay` as they arrive, spools job rows and keys to
-  temporary files until the evidence COPY ends, then writes them, the uploads (merged: the first
+- the parent holds the database connections: it streams the workers' evidence bytes into the one
+  `COPY ... FREEZE` of `bulk.BulkReplay` as they arrive, spools job rows and keys to temporary
+  files until the evidence COPY ends, then writes the job rows, the uploads (merged: the first
   copy by broker time, every copy counted), the log clock, the offsets, the dead letters, and the
   replay marks (after every dead letter, so a mark never misses a row written by another worker),
-  rebuilds the indexes and commits: still ONE transaction, so the crash contract of the bulk path
-  holds (a crash, a killed worker or Ctrl-C leaves the schema migrated and empty).
+  rebuilds the indexes and commits: ONE transaction, so the crash contract of the bulk path holds
+  (a crash, a killed worker or Ctrl-C leaves the schema migrated, with no projection row);
+- meanwhile a second connection builds the dedup keys' table and primary key, which that
+  transaction swaps in before its commit (`DedupKeysAside`: the one thing committed before the
+  replay, a staging table the next replay into the schema drops if the replay never commits).
 
 A worker that fails sends its traceback and exits; one that dies is seen as its pipe closing. Either
 way the parent rolls back, stops the others and raises `ReplayFailed`. A job whose events are in
