@@ -257,7 +257,7 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
         batch_size: int = 5000, on_progress: Callable[[int], None] | None = None,
         before_commit: Callable[[psycopg.Connection], None] | None = None, engine: str = "python") -> ParallelOutcome:
     """Replay `span` into the fresh schema of `conn` (autocommit, search_path set) with `workers`
-    processes, in one transaction. `before_commit(conn)` writes more rows in that transaction (the
+    processes, in one transaction (the dedup keys' table built beside it, `DedupKeysAside`). `before_commit(conn)` writes more rows in that transaction (the
     replay's `projection_source`). Raises `ReplayFailed` (rolled back) when a worker fails or dies,
     `NativeUnsupported` (rolled back) when a worker's native engine cannot fold its records."""
     from projections import fold
