@@ -12,7 +12,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Iterator
 
-from schemas import models as ev
+from domain import events as ev
 
 MEDIA = ev.SourceMedia(format_name="mov", duration_s=120.0, width=1280, height=720, display_width=1280,
                        display_height=720, rotation=0, fps=25.0, frames=3000, video_codec="h264", audio_codec="aac")

@@ -47,8 +47,8 @@ from bench import lifecycles  # noqa: E402
 from bench.common import cpu_delta, cpu_seconds  # noqa: E402
 from projections import logread, writes  # noqa: E402
 from projections.sql import connect  # noqa: E402
-from schemas import models as ev  # noqa: E402
-from schemas.codec import default_codec  # noqa: E402
+from domain import events as ev  # noqa: E402
+from domain.codec import default_codec  # noqa: E402
 from tapeline import kafka, stack  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402
 

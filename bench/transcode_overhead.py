@@ -41,7 +41,7 @@ from processors import media, segments  # noqa: E402
 from processors.runtime import AttemptIdentity, Runtime, new_claim_token  # noqa: E402
 from processors.transcode import TranscodeWorker  # noqa: E402
 from processors.worker import Attempt  # noqa: E402
-from schemas import models as ev  # noqa: E402
+from domain import events as ev  # noqa: E402
 from tapeline import kafka  # noqa: E402
 from tapeline.objectstore import ObjectStore  # noqa: E402
 from tapeline.samples import sample_video  # noqa: E402

@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any, Iterable
 
-from schemas.models import job_id_for
+from domain.events import job_id_for
 from tapeline.settings import Settings
 
 ENDED = frozenset({"completed", "failed", "rejected", "cancelled"})

@@ -23,10 +23,10 @@ from projections import read
 from projections.projector import broker_time
 from projections.sql import q
 from processors.runtime import Outgoing, Runtime, dead_letter_event, dead_letter_record, poll_record, transact
-from schemas import models as ev
-from schemas.codec import Codec
+from domain import events as ev
+from domain.codec import Codec
 from tapeline import kafka, logs
-from tapeline.errors import (DecodeError, InvalidInput, LimitsExceeded, MediaError, QuotaExceeded, SchemaError,
+from domain.errors import (DecodeError, InvalidInput, LimitsExceeded, MediaError, QuotaExceeded, SchemaError,
                              StorageError, TapelineError)
 from tapeline.health import HealthState
 from tapeline.objectstore import ObjectStore, sha256_file

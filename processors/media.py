@@ -22,8 +22,8 @@ from typing import Any, Callable
 
 import ffmpeg
 
-from schemas.models import Rendition, SourceMedia
-from tapeline.errors import InvalidInput, LimitsExceeded, TapelineError, TranscodeFailed, TranscodeTimeout, UnsupportedMedia
+from domain.events import Rendition, SourceMedia
+from domain.errors import InvalidInput, LimitsExceeded, TapelineError, TranscodeFailed, TranscodeTimeout, UnsupportedMedia
 from tapeline.settings import Settings
 
 ALLOWED_CONTAINERS = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,avi,mpegts,flv,mpeg"

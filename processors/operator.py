@@ -25,10 +25,10 @@ import structlog
 from processors.runtime import Outgoing, Runtime, transact
 from processors.watchdog import queue_attempt
 from projections import read
-from projections.fold import REOPENABLE_STATES, TERMINAL_STATES
-from schemas import models as ev
+from domain.lifecycle import REOPENABLE_STATES, TERMINAL_STATES
+from domain import events as ev
 from tapeline import kafka
-from tapeline.errors import TapelineError
+from domain.errors import TapelineError
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.operator")

@@ -36,8 +36,8 @@ import structlog
 from processors.breaker import Breaker, BreakerPolicy, admit, on_abandoned, on_failure, on_success, quota_wait
 from projections.sql import q
 from projections.writes import PAYLOAD_OMITS
-from schemas import models as ev
-from tapeline.errors import Fenced, ProviderDeferred, ProviderError
+from domain import events as ev
+from domain.errors import Fenced, ProviderDeferred, ProviderError
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.provider_guard")

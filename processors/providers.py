@@ -22,8 +22,8 @@ from typing import Any, Callable, Protocol
 
 import httpx
 
-from schemas import models as ev
-from tapeline.errors import ProviderError, ProviderLookupFailed, StorageError
+from domain import events as ev
+from domain.errors import ProviderError, ProviderLookupFailed, StorageError
 from tapeline.objectstore import PUBLISHED_PREFIX, ObjectStore
 from tapeline.settings import Settings
 
@@ -243,7 +243,7 @@ class ProviderLimits:
     def __enter__(self) -> "ProviderLimits":
         from datetime import timedelta
 
-        from tapeline.errors import ProviderDeferred
+        from domain.errors import ProviderDeferred
 
         for slot in range(self.max_in_flight):
             row = self.conn.execute("SELECT pg_try_advisory_lock(%s, %s) AS got", (self.lock_class, slot)).fetchone()

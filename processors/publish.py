@@ -38,9 +38,9 @@ from processors.providers import (OriginProvider, ProviderLimits, ProviderPost, 
 from processors.provider_guard import ProviderGuard, deferred_event
 from processors.runtime import Outgoing
 from processors.worker import Attempt, StageWorker
-from schemas import models as ev
+from domain import events as ev
 from tapeline.crashpoints import crash_point
-from tapeline.errors import ProviderDeferred, ProviderError, ProviderLookupFailed
+from domain.errors import ProviderDeferred, ProviderError, ProviderLookupFailed
 from tapeline.objectstore import ObjectStore
 
 log = structlog.get_logger("tapeline.publish")

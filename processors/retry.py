@@ -13,7 +13,7 @@ from datetime import timedelta
 from dataclasses import dataclass, field
 from enum import Enum
 
-from schemas import models as ev
+from domain import events as ev
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 import structlog
 
 from processors import media
-from schemas import models as ev
+from domain import events as ev
 from tapeline.objectstore import ObjectStore
 from tapeline.settings import Settings
 

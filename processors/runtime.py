@@ -16,11 +16,11 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from projections.projector import wait_caught_up
 from projections.sql import connect, q
-from schemas import models as ev
-from schemas.codec import default_codec
+from domain import events as ev
+from domain.codec import default_codec
 from tapeline import kafka
 from tapeline.crashpoints import crash_point
-from tapeline.errors import Fenced
+from domain.errors import Fenced
 from tapeline.health import HealthState
 from tapeline.settings import Settings
 

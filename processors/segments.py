@@ -35,8 +35,8 @@ from typing import Iterable
 import ffmpeg
 
 from processors import media
-from schemas.models import Rendition
-from tapeline.errors import TranscodeFailed
+from domain.events import Rendition
+from domain.errors import TranscodeFailed
 
 BOUNDARY_EPS_S = 0.001
 """Segment boundaries sit this far before `j * segment_s`, so a frame stamped exactly on the

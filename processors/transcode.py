@@ -31,9 +31,9 @@ from processors.runtime import Outgoing
 from processors.segments import AUDIO, Checkpoint, LocalSegment, ResumePlan
 from processors.worker import Attempt, StageWorker, Yielded
 from projections.sql import q
-from schemas import models as ev
+from domain import events as ev
 from tapeline.crashpoints import delay_point, fail_point
-from tapeline.errors import StorageError, TranscodeFailed
+from domain.errors import StorageError, TranscodeFailed
 from tapeline.objectstore import ObjectStore, sha256_file
 
 log = structlog.get_logger("tapeline.transcode")

@@ -35,11 +35,11 @@ import structlog
 from processors.cleanup import SWEPT_PREFIXES, CleanupPlan, job_ids_of, plan_cleanup, retention_under_pressure
 from processors.retry import Action, retry_decision, retry_scheduled
 from processors.runtime import Outgoing, Runtime, transact
-from projections.fold import attempts_used
+from domain.lifecycle import attempts_used
 from projections.sql import connect, q
-from schemas import models as ev
+from domain import events as ev
 from tapeline import kafka
-from tapeline.errors import ServiceUnavailable, StorageError
+from domain.errors import ServiceUnavailable, StorageError
 from tapeline.health import HealthState
 from tapeline.objectstore import ObjectStore, StorageGauge
 from tapeline.settings import Settings

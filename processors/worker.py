@@ -33,11 +33,11 @@ from processors.retry import Action, retry_decision, retry_scheduled
 from processors.runtime import (AttemptIdentity, Outgoing, Runtime, dead_letter_record, new_claim_token,
                                 transact)
 from processors.tiers import HeadBuffer, after_claim, choose_tier, tier_of
-from projections.fold import STAGE_ORDER, TERMINAL_STATES, attempts_used
+from domain.lifecycle import STAGE_ORDER, TERMINAL_STATES, attempts_used
 from projections.sql import q
-from schemas import models as ev
+from domain import events as ev
 from tapeline import kafka, logs
-from tapeline.errors import DecodeError, Fenced, SchemaError, ServiceUnavailable, TapelineError
+from domain.errors import DecodeError, Fenced, SchemaError, ServiceUnavailable, TapelineError
 from tapeline.health import HealthState
 from tapeline.objectstore import ObjectStore
 from tapeline.settings import Settings

@@ -73,10 +73,10 @@ from starlette.requests import ClientDisconnect
 from producers.submit import upload_completed
 from projections.read import TierBacklog, tier_backlog
 from projections.sql import check_schema_name, q
-from schemas import models as ev
-from schemas.codec import default_codec
+from domain import events as ev
+from domain.codec import default_codec
 from tapeline import kafka
-from tapeline.errors import ServiceUnavailable, StorageError
+from domain.errors import ServiceUnavailable, StorageError
 from tapeline.objectstore import ObjectStore, StorageGauge
 from tapeline.settings import TIERS, Settings
 

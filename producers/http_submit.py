@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 import httpx
 
 from producers.submit import check_file
-from tapeline.errors import ServiceUnavailable, SubmitError
+from domain.errors import ServiceUnavailable, SubmitError
 
 BLOCK = 1 << 20
 

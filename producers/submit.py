@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from schemas import models as ev
-from schemas.codec import default_codec
+from domain import events as ev
+from domain.codec import default_codec
 from tapeline import kafka
-from tapeline.errors import ServiceUnavailable, SubmitError
+from domain.errors import ServiceUnavailable, SubmitError
 from tapeline.objectstore import ObjectStore
 from tapeline.settings import TIERS, Settings
 

@@ -49,7 +49,7 @@ from producers.http_intake import IntakeService, intake_router
 from projections import read
 from projections.provider_status import provider_overview
 from projections.sql import check_schema_name, connect
-from tapeline.errors import ConfigurationError, ServiceUnavailable, TapelineError
+from domain.errors import ConfigurationError, ServiceUnavailable, TapelineError
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.api")

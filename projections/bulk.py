@@ -10,7 +10,7 @@ event type or fold rule added there applies here too). What changes is the writi
   stores while the next slice is decoded; a psycopg thread sends), never held beyond one slice;
 - a job whose row reaches a final state (completed, rejected, failed, cancelled) never changes
   again: every `flush_rows` such jobs the COPY is ended, their rows are COPYed into `job_state` and
-  only a `{"state": ...}` stub stays in memory (`fold.evolve` looks at nothing else of a final
+  only a `{"state": ...}` stub stays in memory (`lifecycle.evolve` looks at nothing else of a final
   row); dead letters and dead-letter replay marks wait for the same flush and are written with the
   projector's own upserts, in log order;
 - the remaining job rows, the dedup keys, the uploads, the log clock and the offsets are written
@@ -41,7 +41,8 @@ import psycopg
 from psycopg import sql
 from psycopg.copy import QueuedLibpqWriter
 
-from projections import fold, writes
+from domain import lifecycle
+from projections import writes
 from projections.projector import BatchResult, Decoded, Folded, decode_batch, fold_batch, job_params, write_offsets
 from projections.sql import q
 
@@ -126,10 +127,10 @@ class BulkReplay:
                 before_final_rows(conn)
             state = self.state
             if state.native:
-                writes.copy_encoded(conn, "job_state", fold.JOB_STATE_COLUMNS, state.open_rows_copy(), freeze=True)
+                writes.copy_encoded(conn, "job_state", lifecycle.JOB_STATE_COLUMNS, state.open_rows_copy(), freeze=True)
                 writes.copy_encoded(conn, "applied_dedup_keys", ("dedup_key",), state.keys_copy(), freeze=True)
             else:
-                writes.copy_rows(conn, "job_state", fold.JOB_STATE_COLUMNS, state.open_rows(), freeze=True)
+                writes.copy_rows(conn, "job_state", lifecycle.JOB_STATE_COLUMNS, state.open_rows(), freeze=True)
                 writes.copy_rows(conn, "applied_dedup_keys", ("dedup_key",), ((key,) for key in state.seen),
                                  freeze=True)
             writes.copy_rows(conn, "uploads", UPLOAD_COLUMNS, (tuple(row) for row in state.uploads.values()),
@@ -205,11 +206,11 @@ class BulkReplay:
         if self.state.native:
             final_rows = self.state.take_final_rows_copy()
             if final_rows:
-                writes.copy_encoded(self.conn, "job_state", fold.JOB_STATE_COLUMNS, [final_rows], freeze=True)
+                writes.copy_encoded(self.conn, "job_state", lifecycle.JOB_STATE_COLUMNS, [final_rows], freeze=True)
         else:
             final_rows = self.state.take_final_rows()
             if final_rows:
-                writes.copy_rows(self.conn, "job_state", fold.JOB_STATE_COLUMNS, final_rows, freeze=True)
+                writes.copy_rows(self.conn, "job_state", lifecycle.JOB_STATE_COLUMNS, final_rows, freeze=True)
         pending_dead = self.state.take_dead()
         if pending_dead:
             with self.conn.cursor() as cur:
@@ -295,11 +296,11 @@ class FoldState:
         decoded_at = time.perf_counter()
         folded = fold_batch(decoded, self.rows, self.seen, result, self.clock_topic, self.dlq_topic,
                             binary_payload=True)
-        # A job in a final state never changes again (fold.evolve returns it as is, not applied, for
+        # A job in a final state never changes again (lifecycle.evolve returns it as is, not applied, for
         # any later event, looking at its state only): its row is written at the next flush, then
         # only a stub stays in memory.
         rows = self.rows
-        self.pending_final.extend(job_id for job_id in folded.changed if rows[job_id]["state"] in fold.FINAL_STATES)
+        self.pending_final.extend(job_id for job_id in folded.changed if rows[job_id]["state"] in lifecycle.FINAL_STATES)
         if folded.dead or folded.replays:
             self.pending_dead.append((folded.dead, folded.replays))
         for upload in folded.uploads:  # upsert_upload: the first copy's fields, every copy counted
@@ -324,7 +325,7 @@ class FoldState:
         return len(self.pending_final) >= self.flush_rows or len(self.pending_dead) >= self.flush_rows
 
     def take_final_rows(self) -> list[tuple]:
-        """The queued final jobs' rows (`fold.JOB_STATE_COLUMNS` order); they become stubs."""
+        """The queued final jobs' rows (`lifecycle.JOB_STATE_COLUMNS` order); they become stubs."""
         rows, taken = self.rows, []
         for job_id in self.pending_final:
             taken.append(_job_tuple(rows[job_id]))
@@ -338,7 +339,7 @@ class FoldState:
         return taken
 
     def open_rows(self) -> Iterator[tuple]:
-        """Rows of the jobs not written yet (`fold.JOB_STATE_COLUMNS` order); call after `take_final_rows`."""
+        """Rows of the jobs not written yet (`lifecycle.JOB_STATE_COLUMNS` order); call after `take_final_rows`."""
         return (_job_tuple(row) for row in self.rows.values() if row.get("job_id") is not None)
 
 
@@ -359,7 +360,7 @@ def write_clock_and_offsets(cur: psycopg.Cursor, projection: str, clock: dict[in
     write_offsets(cur, projection, positions)
 
 
-_FINAL_STUBS = {state: {"state": state} for state in fold.FINAL_STATES}
+_FINAL_STUBS = {state: {"state": state} for state in lifecycle.FINAL_STATES}
 """What stays in memory of a job whose row was written in a final state (no `job_id`: not written again)."""
 
 
@@ -418,4 +419,4 @@ class KeySet:
 
 def _job_tuple(row: dict[str, Any]) -> tuple:
     params = job_params(row)
-    return tuple(params[c] for c in fold.JOB_STATE_COLUMNS)
+    return tuple(params[c] for c in lifecycle.JOB_STATE_COLUMNS)

@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from tapeline.errors import TapelineError
+from domain.errors import TapelineError
 
 console = Console(stderr=True)
 out = Console() if sys.stdout.isatty() else Console(width=160)

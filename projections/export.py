@@ -32,10 +32,10 @@ import fastavro
 from fastavro.write import Writer
 
 from projections import logread
-from schemas import models as ev
-from schemas.codec import default_codec
+from domain import events as ev
+from domain.codec import default_codec
 from tapeline import kafka
-from tapeline.errors import DecodeError, SchemaError
+from domain.errors import DecodeError, SchemaError
 from tapeline.settings import Settings
 
 FORMATS = ("avro", "jsonl")

@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from tapeline import kafka
-from tapeline.errors import ServiceUnavailable
+from domain.errors import ServiceUnavailable
 from tapeline.settings import Settings
 
 Position = tuple[str, int]

@@ -1,7 +1,7 @@
 """The native fold engine of a fresh replay: `tapeline_native` (Rust, `native/`) behind `FoldState`'s interface.
 
 The Python rules stay the specification (`projector.decode_batch`, `projector.fold_batch`,
-`fold.evolve`, `bulk.FoldState`); `tapeline_native.Engine` is a second implementation of them that
+`lifecycle.evolve`, `bulk.FoldState`); `tapeline_native.Engine` is a second implementation of them that
 decodes the Avro bytes, folds the job rows and dedup keys and encodes the COPY rows without making a
 Python object per record. What it cannot reproduce exactly it does not guess:
 
@@ -9,7 +9,7 @@ Python object per record. What it cannot reproduce exactly it does not guess:
   character are handed back here one at a time and go through the Python `decode_batch` and
   `fold_batch` (they only ever make dead letters, so they need no job row); if the Python codec
   decodes a record into an event that would be folded, the engines disagree: `NativeUnsupported`;
-- an event whose date arithmetic `fold.evolve` raises on (a NaN lease) is kept as evidence by the
+- an event whose date arithmetic `lifecycle.evolve` raises on (a NaN lease) is kept as evidence by the
   engine and its dead letter made here, worded by the same Python expression;
 - anything else it cannot fold exactly (bytes or maps in a lifecycle event, a writer schema it cannot
   resolve) raises `NativeUnsupported`.
@@ -30,7 +30,7 @@ from typing import Any
 # time without the projector, psycopg, the models and the Python codec): the rest is imported where
 # it is used, by the parent (`engine_setup`) or on the rare record the Python rules must handle.
 from projections.batch import BatchResult
-from tapeline.errors import ConfigurationError, TapelineError
+from domain.errors import ConfigurationError, TapelineError
 
 try:
     import tapeline_native
@@ -71,7 +71,7 @@ def _ts(us: int) -> datetime:
 def _schemas() -> tuple[dict[str, dict], list[tuple[bytes, str, dict]]]:
     """The current schema of each event type, and every writer the Python codec reads (the current
     ones first, then `registered/*.avsc`, the first of a fingerprint winning as in `Codec`)."""
-    from schemas.codec import REGISTERED_DIR, default_codec, schema_fingerprint
+    from domain.codec import REGISTERED_DIR, default_codec, schema_fingerprint
 
     codec = default_codec()
     writers = [(codec.fingerprints[name], name, schema) for name, schema in codec.schemas.items()]
@@ -89,22 +89,23 @@ def _schemas() -> tuple[dict[str, dict], list[tuple[bytes, str, dict]]]:
 
 
 EngineSetup = tuple[dict[str, dict], list[tuple[bytes, str, dict]], list[str], list[str]]
-"""What `tapeline_native.Engine` is built from: reader schemas, writer schemas, `fold.JOB_STATE_COLUMNS`
+"""What `tapeline_native.Engine` is built from: reader schemas, writer schemas, `lifecycle.JOB_STATE_COLUMNS`
 and the sorted `writes.PAYLOAD_OMITS`. Plain data: a replay's parent computes it once and pickles it
 to its workers."""
 
 
 def engine_setup() -> EngineSetup:
     """This code's `EngineSetup` (imports the Python codec, the fold and the writes)."""
-    from projections import fold, writes
+    from domain import lifecycle
+    from projections import writes
 
     readers, writers = _schemas()
-    return readers, writers, list(fold.JOB_STATE_COLUMNS), sorted(writes.PAYLOAD_OMITS)
+    return readers, writers, list(lifecycle.JOB_STATE_COLUMNS), sorted(writes.PAYLOAD_OMITS)
 
 
 class NativeFoldState:
     """`bulk.FoldState` over `tapeline_native.Engine`: evidence comes out as binary COPY bytes, final
-    and open job rows and dedup keys as text COPY bytes (`fold.JOB_STATE_COLUMNS`, one column)."""
+    and open job rows and dedup keys as text COPY bytes (`lifecycle.JOB_STATE_COLUMNS`, one column)."""
 
     native = True
 
@@ -175,11 +176,11 @@ class NativeFoldState:
         result.dead_letters += sub.dead_letters
 
     def _evolve_error(self, message, lease: float | None, dead_letters: list, result: BatchResult) -> None:
-        """An event whose date arithmetic `fold.evolve` raises on (the engine kept it as evidence, not
+        """An event whose date arithmetic `lifecycle.evolve` raises on (the engine kept it as evidence, not
         applied): the dead letter `fold_batch` makes, its error worded by the same Python expression
         (`lease`: the job row's lease a heartbeat extends by). The expression must raise here too."""
         from projections.projector import _dead_letter, broker_time, decode_batch
-        from schemas import models as ev
+        from domain import events as ev
 
         decoded = decode_batch([message], BatchResult(records=1, positions={}))
         event = decoded[0][1]

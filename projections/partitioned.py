@@ -53,7 +53,7 @@ from projections import logread
 from projections.batch import BatchResult
 from projections.native import EngineSetup, NativeFoldState, NativeUnsupported
 from tapeline.crashpoints import crash_point
-from tapeline.errors import TapelineError
+from domain.errors import TapelineError
 from tapeline.settings import Settings
 
 if TYPE_CHECKING:
@@ -260,7 +260,7 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
     processes, in one transaction (the dedup keys' table built beside it, `DedupKeysAside`). `before_commit(conn)` writes more rows in that transaction (the
     replay's `projection_source`). Raises `ReplayFailed` (rolled back) when a worker fails or dies,
     `NativeUnsupported` (rolled back) when a worker's native engine cannot fold its records."""
-    from projections import fold
+    from domain import lifecycle
     from projections.bulk import BulkReplay
     from projections.native import engine_setup
 
@@ -348,7 +348,7 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
             if replays:
                 writer.queue_dead([], replays)
                 writer._flush()
-            _copy_spooled(conn, "job_state", fold.JOB_STATE_COLUMNS, job_rows)
+            _copy_spooled(conn, "job_state", lifecycle.JOB_STATE_COLUMNS, job_rows)
             if aside is None:
                 _copy_spooled(conn, "applied_dedup_keys", ("dedup_key",), keys)
             if before_commit is not None:

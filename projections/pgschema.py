@@ -18,7 +18,7 @@ import psycopg
 from psycopg import sql
 
 from projections.sql import CONTROL_SCHEMA, READER_ROLE, check_schema_name, connect, migrate, migrations
-from tapeline.errors import ConfigurationError, TapelineError
+from domain.errors import ConfigurationError, TapelineError
 
 SWAP_GUARD = f"{CONTROL_SCHEMA}.swap_guard"
 """The empty table whose lock is the swap lock: ROW EXCLUSIVE per projector batch, EXCLUSIVE during a

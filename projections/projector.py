@@ -3,7 +3,7 @@
 Commit protocol, per batch of records (one PostgreSQL transaction):
   Step 1. decode every record; an undecodable one becomes a `dead_letters` row, never a crash;
   Step 2. load the rows of the batch's jobs and which of its dedup keys were already applied;
-  Step 3. fold each event onto its job in log order (`fold.evolve`), a repeated dedup key only
+  Step 3. fold each event onto its job in log order (`lifecycle.evolve`), a repeated dedup key only
           as evidence;
   Step 4. write evidence, uploads, job rows and applied dedup keys;
   Step 5. advance `projector_offsets` for each partition to the next offset;
@@ -29,16 +29,17 @@ import structlog
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
 from psycopg.types.json import Jsonb
 
-from projections import fold, writes
+from domain import lifecycle
+from projections import writes
 from projections.batch import BatchResult  # noqa: F401 - re-exported: `projector.BatchResult` as before
 from projections.lag import LagObserver
 from projections.pgschema import LiveGuard, SchemaSwapped, schema_oid
 from projections.sql import connect, migrate, q
-from schemas import models as ev
-from schemas.codec import default_codec
+from domain import events as ev
+from domain.codec import default_codec
 from tapeline import kafka
 from tapeline.crashpoints import crash_point
-from tapeline.errors import DecodeError, SchemaError
+from domain.errors import DecodeError, SchemaError
 from tapeline.health import HealthState
 from tapeline.settings import Settings
 
@@ -53,7 +54,7 @@ def broker_time(message: Message) -> datetime:
 
 
 def _upsert_job_sql() -> str:
-    columns = fold.JOB_STATE_COLUMNS
+    columns = lifecycle.JOB_STATE_COLUMNS
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns if c != "job_id")
     return (f"INSERT INTO job_state ({', '.join(columns)}) VALUES ({', '.join('%(' + c + ')s' for c in columns)}) "
             f"ON CONFLICT (job_id) DO UPDATE SET {updates}")
@@ -164,7 +165,7 @@ def fold_batch(decoded: list[Decoded], rows: dict[str, dict[str, Any]], seen: "s
         applied = superseded = False
         if not duplicate:
             try:
-                row, applied, superseded = fold.evolve(rows.get(event.job_id), event, ts)
+                row, applied, superseded = lifecycle.evolve(rows.get(event.job_id), event, ts)
             except (ArithmeticError, ValueError, TypeError) as exc:  # e.g. a lease of NaN or 1e12 seconds
                 out.dead.append(_dead_letter(
                     f"{topic}/{partition}/{offset}", "projection", topic, partition, offset, ts,
@@ -176,7 +177,7 @@ def fold_batch(decoded: list[Decoded], rows: dict[str, dict[str, Any]], seen: "s
                 row = None  # kept as evidence, not applied
                 applied = superseded = False
             if applied and row is not None:
-                row["log_partition"] = partition  # a new dict of evolve's own (fold.Outcome)
+                row["log_partition"] = partition  # a new dict of evolve's own (lifecycle.Outcome)
                 rows[event.job_id] = row
                 out.changed.add(event.job_id)
                 seen.add(event.dedup_key)
@@ -326,7 +327,7 @@ def other_cluster(conn: psycopg.Connection, cluster_id: str, projection: str = "
 def job_params(row: dict[str, Any]) -> dict[str, Any]:
     """`row` as parameters of `UPSERT_JOB` (JSON columns wrapped as jsonb)."""
     return {c: (Jsonb(row[c]) if c in JSON_COLUMNS and row.get(c) is not None else row.get(c))
-            for c in fold.JOB_STATE_COLUMNS}
+            for c in lifecycle.JOB_STATE_COLUMNS}
 
 
 PROJECTOR_LOCK = 0x7A9E_0003
@@ -486,7 +487,7 @@ def wait_caught_up(conn: psycopg.Connection, lso_reader, topic: str, partition: 
     `ServiceUnavailable` after `timeout_s` seconds (a worker must not decide on a stale view), or
     at once when `stop` is set (a processor asked to stop does not wait out the timeout first).
     """
-    from tapeline.errors import ServiceUnavailable
+    from domain.errors import ServiceUnavailable
 
     target = max(at_least, kafka.last_stable_offsets(lso_reader, topic, [partition])[partition])
     deadline = time.monotonic() + timeout_s

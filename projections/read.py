@@ -8,9 +8,9 @@ from typing import Any
 
 import psycopg
 
-from projections.fold import TERMINAL_STATES
+from domain.lifecycle import TERMINAL_STATES
 from projections.sql import connect, q
-from tapeline.errors import ConfigurationError
+from domain.errors import ConfigurationError
 from tapeline.settings import TIERS, Settings
 
 STAGE_SHARE = {"intake": (0.0, 0.05), "transcode": (0.05, 0.90), "publish": (0.90, 1.0)}
@@ -134,7 +134,7 @@ def projection_lag(settings: Settings, conn: psycopg.Connection, timeout_s: floa
     from confluent_kafka import KafkaException
 
     from projections.lag import lag_reader, measure
-    from tapeline.errors import ServiceUnavailable
+    from domain.errors import ServiceUnavailable
 
     consumer = lag_reader(settings)
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql as psql
 
-from tapeline.errors import ConfigurationError, ServiceUnavailable
+from domain.errors import ConfigurationError, ServiceUnavailable
 
 SQL_DIR = Path(__file__).resolve().parent / "sql"
 MIGRATIONS_DIR = SQL_DIR / "migrations"

@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover - older layouts
     from psycopg.copy import format_row_binary as _format_row_binary, format_row_text as _format_row_text
 
 from projections.sql import q
-from schemas import models as ev
+from domain import events as ev
 
 EVIDENCE_COLUMNS = ("topic", "partition", "offset", "broker_ts", "event_id", "event_type", "job_id", "stage",
                     "attempt", "claim_token", "dedup_key", "occurred_at", "recorded_by", "causation_id", "applied",

@@ -1,9 +1,6 @@
-"""The contract: Avro schemas (`avro/*.avsc`), the codec and the pydantic event models.
+"""The language-neutral contract: Avro schemas (`avro/*.avsc`) and every registered older version
+(`registered/*.avsc`).
 
-Every other part imports events from here: `from schemas import encode, decode, events`.
+Files only: `domain/codec.py` reads them at run time and `native/` at build time. A changed schema
+is registered with `python -m schemas.register` (see `register.py`).
 """
-
-from schemas.codec import Codec, decode, encode, default_codec
-from schemas import models as events  # noqa: E402
-
-__all__ = ["Codec", "decode", "encode", "default_codec", "events"]

@@ -18,7 +18,7 @@ import fastavro
 from fastavro.schema import parse_schema
 from fastavro.utils import generate_many
 
-from schemas.codec import REGISTERED_DIR, Codec, schema_fingerprint
+from domain.codec import REGISTERED_DIR, Codec, schema_fingerprint
 
 
 def registered_versions(registered_dir: Path = REGISTERED_DIR) -> dict[str, list[dict]]:

@@ -20,11 +20,11 @@ import httpx
 import psycopg
 from confluent_kafka import KafkaError, Message, TopicPartition
 
-from projections import fold
-from schemas import models as ev
-from schemas.codec import default_codec
+from domain import lifecycle
+from domain import events as ev
+from domain.codec import default_codec
 from tapeline import kafka
-from tapeline.errors import ServiceUnavailable
+from domain.errors import ServiceUnavailable
 from tapeline.objectstore import ObjectStore
 from tapeline.settings import Settings
 
@@ -114,14 +114,14 @@ def keys_under(settings: Settings, prefix: str) -> set[str]:
 
 def fold_log(messages: list[Message]) -> dict[str, dict[str, Any]]:
     """The job rows a fold over committed lifecycle records gives: the projector's rules (dedup key
-    applied once, `fold.evolve` in log order per partition), in memory."""
+    applied once, `lifecycle.evolve` in log order per partition), in memory."""
     codec, rows, applied = default_codec(), {}, set()
     for message in messages:
         event = ev.Event.from_record(codec.decode(message.value()))
         if isinstance(event, ev.WatchdogTick) or event.dedup_key in applied:
             continue
         ts = datetime.fromtimestamp(message.timestamp()[1] / 1000, tz=timezone.utc)
-        outcome = fold.evolve(rows.get(event.job_id), event, ts)
+        outcome = lifecycle.evolve(rows.get(event.job_id), event, ts)
         if outcome.applied and outcome.row is not None:
             rows[event.job_id] = outcome.row
             applied.add(event.dedup_key)

@@ -17,7 +17,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tapeline import logs
-from tapeline.errors import TapelineError
+from domain.errors import TapelineError
 from tapeline.settings import TIERS, Settings
 
 app = typer.Typer(help="Tapeline: event-sourced media jobs (upload -> transcode -> publish) on Kafka.",

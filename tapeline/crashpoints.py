@@ -13,7 +13,7 @@ import signal
 import time
 from pathlib import Path
 
-from tapeline.errors import TapelineError
+from domain.errors import TapelineError
 
 PIPELINE_CRASH_POINTS: tuple[str, ...] = (
     # intake: UploadCompleted -> JobAccepted + StageQueued + WorkItem, with the upload's offset

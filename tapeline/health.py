@@ -34,7 +34,7 @@ from typing import Any, Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from schemas.codec import default_codec
+from domain.codec import default_codec
 
 
 @lru_cache(maxsize=1)

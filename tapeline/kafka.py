@@ -12,7 +12,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from tapeline.errors import ServiceUnavailable
+from domain.errors import ServiceUnavailable
 from tapeline.settings import Settings
 
 

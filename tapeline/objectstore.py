@@ -19,7 +19,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from tapeline.errors import StorageError
+from domain.errors import StorageError
 from tapeline.settings import Settings
 
 if TYPE_CHECKING:  # the cleanup planner's row types (imported lazily at run time: no import cycle)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 from pathlib import Path
 
-from tapeline.errors import ConfigurationError
+from domain.errors import ConfigurationError
 
 
 def sample_video(name: str = "bigbuckbunny.mp4") -> Path:

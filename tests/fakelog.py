@@ -8,8 +8,8 @@ from datetime import datetime, timedelta, timezone
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 
-from schemas import models as ev
-from schemas.codec import default_codec
+from domain import events as ev
+from domain.codec import default_codec
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
 

@@ -10,8 +10,8 @@ import pytest
 from confluent_kafka import Producer
 
 from producers.submit import publish, upload
-from schemas import models as ev
-from schemas.codec import default_codec
+from domain import events as ev
+from domain.codec import default_codec
 from tapeline.samples import sample_video
 from tests.conftest import Pipeline, tapeline_cli, wait_for
 from tests.faults.conftest import job_row

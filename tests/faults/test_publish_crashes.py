@@ -158,7 +158,7 @@ def test_provider_concurrency_slots_are_shared_through_postgresql(fault_settings
     import psycopg
 
     from processors.providers import ProviderLimits
-    from tapeline.errors import ProviderError
+    from domain.errors import ProviderError
 
     with psycopg.connect(fault_settings.database_url, autocommit=True, row_factory=psycopg.rows.dict_row) as a, \
             psycopg.connect(fault_settings.database_url, autocommit=True, row_factory=psycopg.rows.dict_row) as b:

@@ -24,8 +24,8 @@ import time
 import psycopg
 import pytest
 
-from schemas import models as ev
-from schemas.codec import default_codec
+from domain import events as ev
+from domain.codec import default_codec
 from tapeline import kafka
 from tapeline.objectstore import ObjectStore
 from tests.conftest import wait_for

@@ -19,8 +19,8 @@ def load(name: str = "lifecycle-v1") -> list[tuple[dict, bytes, dict]]:
 def assert_decodes_as_expected(record: dict, value: bytes, expected: dict):
     """Decode one golden record with the current codec and check it: the expected fields equal, every
     field added after the golden file at its default. Returns the decoded event."""
-    from schemas import models as ev
-    from schemas.codec import default_codec
+    from domain import events as ev
+    from domain.codec import default_codec
 
     event = ev.Event.from_record(default_codec().decode(value, topic="golden", partition=0, offset=record["n"]))
     got = json.loads(event.model_dump_json())

@@ -29,8 +29,8 @@ from pathlib import Path
 import fastavro
 from fastavro.schema import expand_schema, parse_schema
 
-from schemas import models as ev
-from schemas.codec import MAGIC, REGISTERED_DIR, Codec, default_codec, schema_fingerprint
+from domain import events as ev
+from domain.codec import MAGIC, REGISTERED_DIR, Codec, default_codec, schema_fingerprint
 
 GOLDEN_DIR = Path(__file__).resolve().parent
 RECORDS = GOLDEN_DIR / "lifecycle-v1.records.jsonl"

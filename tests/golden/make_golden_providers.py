@@ -14,8 +14,8 @@ import sys
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from schemas import models as ev
-from schemas.codec import default_codec
+from domain import events as ev
+from domain.codec import default_codec
 from tests.golden import GOLDEN_DIR
 
 NAME = "providers-v1"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 
-from schemas import models as ev
-from schemas.codec import default_codec
+from domain import events as ev
+from domain.codec import default_codec
 from tapeline.chaos import committed_messages, keys_under  # re-exported for the tests
 
 __all__ = ["committed_messages", "keys_under", "committed_events", "of_job"]

@@ -15,8 +15,8 @@ from processors.runtime import Runtime, transact
 from projections import read
 from projections.projector import apply_batch, broker_time
 from projections.sql import connect, migrate
-from schemas import models as ev
-from schemas.codec import default_codec
+from domain import events as ev
+from domain.codec import default_codec
 from tapeline import kafka
 from tapeline.samples import sample_video
 from tests.conftest import tapeline_cli

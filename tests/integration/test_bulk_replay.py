@@ -12,7 +12,7 @@ from projections import native
 from projections.bulk import BulkReplay
 from projections.projector import apply_batch
 from projections.sql import connect, migrate
-from schemas import models as ev
+from domain import events as ev
 from tests.fakelog import FakeLog
 from tests.integration.test_attempt_views import Job
 

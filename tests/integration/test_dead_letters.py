@@ -14,8 +14,8 @@ from confluent_kafka import Producer
 
 from projections.projector import _dead_letter
 from projections.sql import q
-from schemas import models as ev
-from schemas.codec import default_codec
+from domain import events as ev
+from domain.codec import default_codec
 from tapeline.samples import sample_video
 from tests.conftest import Pipeline, tapeline_cli, wait_for
 from tests.faults.test_worker_faults import submit, wait_state

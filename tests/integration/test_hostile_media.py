@@ -25,8 +25,8 @@ import pytest
 
 from processors import media
 from producers.submit import publish, upload
-from schemas.models import Rendition
-from tapeline.errors import InvalidInput
+from domain.events import Rendition
+from domain.errors import InvalidInput
 from tapeline.samples import sample_video
 from tests.conftest import tapeline_cli, wait_for
 from tests.integration.helpers import committed_events, of_job

@@ -20,7 +20,7 @@ import pytest
 
 from producers.http_intake import upload_id_for_key
 from projections.read import open_reader
-from schemas import models as ev
+from domain import events as ev
 from tapeline.samples import sample_video
 from tests.conftest import REPO, settings_env, wait_for
 from tests.integration.helpers import committed_events

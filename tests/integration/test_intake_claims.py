@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from producers.http_intake import Claim, IntakeService, upload_id_for_key
-from schemas import models as ev
+from domain import events as ev
 from tapeline.objectstore import ObjectStore
 from tests.conftest import wait_for
 from tests.integration.test_http_intake import (  # noqa: F401

@@ -16,7 +16,7 @@ import pytest
 from bench import lifecycles
 from projections import native
 from projections.replay import replay
-from schemas import models as ev
+from domain import events as ev
 from tapeline import kafka
 from tests.conftest import tapeline_cli
 from tests.integration.test_projector import run_projector_until_caught_up
@@ -116,7 +116,7 @@ def test_float_payloads_are_spelled_the_same(isolated):
     magnitudes, and PostgreSQL must read back each value exactly."""
     from projections.bulk import FoldState
     from projections.native import NativeFoldState
-    from schemas.codec import default_codec
+    from domain.codec import default_codec
     from tests.fakelog import FakeMessage
 
     def raw_payloads(data: bytes) -> list[str]:  # the payload field of each binary COPY row, as sent

@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from processors.providers import OriginProvider, PublishRequest
-from schemas import models as ev
+from domain import events as ev
 from tapeline.objectstore import ObjectStore
 
 pytestmark = pytest.mark.integration

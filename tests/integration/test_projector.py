@@ -10,10 +10,10 @@ import psycopg
 import pytest
 
 from processors.runtime import Runtime, transact
-from projections.fold import JOB_STATE_COLUMNS
+from domain.lifecycle import JOB_STATE_COLUMNS
 from projections.projector import Projector, apply_batch
 from projections.sql import connect, migrate
-from schemas import models as ev
+from domain import events as ev
 from tapeline import kafka, stack
 from tests.conftest import wait_for
 from tests.integration.helpers import committed_messages
@@ -152,7 +152,7 @@ def test_projector_refuses_offsets_from_another_kafka_cluster(isolated, written)
 
 def test_waiting_for_a_job_fails_fast_when_the_projections_come_from_another_cluster(isolated, written):
     from tapeline.cli import _wait_for_job
-    from tapeline.errors import TapelineError
+    from domain.errors import TapelineError
 
     run_projector_until_caught_up(isolated)  # records this cluster
     with psycopg.connect(isolated.database_url, autocommit=True) as conn:
@@ -173,7 +173,7 @@ def test_a_processor_told_to_stop_gives_up_waiting_for_a_projection_at_once(isol
     """A processor waiting for the projection (here one that never runs) stops when asked, not after
     its caught-up timeout (a supervisor's SIGTERM would otherwise wait the whole grace)."""
     from projections.projector import wait_caught_up
-    from tapeline.errors import ServiceUnavailable
+    from domain.errors import ServiceUnavailable
 
     reader = kafka.consumer(isolated, f"lso-{uuid.uuid4().hex[:6]}")
     partition = kafka.partition_for(written[0][0].job_id, kafka.partition_count(reader, isolated.jobs_topic))
@@ -201,7 +201,7 @@ def test_an_upload_from_a_submitter_with_a_slow_clock_gets_the_brokers_time(isol
     """The uploads topic is LogAppendTime like the lifecycle log: a submitter whose clock is an hour
     behind does not make its upload an hour old (stall views, lag, as-of cuts read broker time)."""
     from bench import lifecycles
-    from schemas.codec import default_codec
+    from domain.codec import default_codec
 
     upload = lifecycles.upload(f"u-{uuid.uuid4()}")
     producer = kafka.idempotent_producer(isolated)

@@ -11,7 +11,7 @@ import pytest
 from processors.provider_guard import breaker_change_params
 from projections.sql import q
 from projections.writes import PAYLOAD_OMITS
-from schemas import models as ev
+from domain import events as ev
 
 pytestmark = pytest.mark.integration
 

@@ -31,7 +31,7 @@ from pydantic import SecretStr
 
 from processors.runtime import Runtime, transact
 from projections.api import create_app
-from schemas import models as ev
+from domain import events as ev
 from tapeline import kafka
 from tests.conftest import settings_env, wait_for
 

@@ -22,7 +22,7 @@ from projections import native
 from projections.export import export
 from projections.projector import Projector
 from projections.replay import replay, replay_lock
-from schemas.codec import default_codec
+from domain.codec import default_codec
 from tapeline import kafka
 from tests.conftest import tapeline_cli, wait_for
 from tests.integration.test_projector import run_projector_until_caught_up

@@ -25,7 +25,7 @@ import pytest
 
 from bench import lifecycles
 from projections.replay import replay
-from schemas import models as ev
+from domain import events as ev
 from tapeline import kafka
 from tests.integration.test_projector import run_projector_until_caught_up
 from tests.integration.test_replay import produce, rows
@@ -90,7 +90,7 @@ def ticks(settings, producer, sequence: int) -> list[ev.Event]:
 
 def produce_ticks(settings, producer, sequence: int) -> None:
     """One tick on each partition of the lifecycle log, on its own partition (not the key's)."""
-    from schemas.codec import default_codec
+    from domain.codec import default_codec
 
     codec = default_codec()
     producer.begin_transaction()

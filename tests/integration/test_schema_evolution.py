@@ -12,8 +12,8 @@ import pytest
 
 from projections.export import export
 from projections.writes import PAYLOAD_OMITS
-from schemas import models as ev
-from schemas.codec import default_codec
+from domain import events as ev
+from domain.codec import default_codec
 from tapeline import kafka
 from tests.golden import load
 from tests.integration.test_projector import run_projector_until_caught_up

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from projections import api
-from tapeline.errors import ServiceUnavailable
+from domain.errors import ServiceUnavailable
 
 
 class FakePool:

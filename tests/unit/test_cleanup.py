@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from processors.cleanup import Disposition, MultipartUpload, StoredObject, job_ids_of, plan_cleanup
-from schemas.models import job_id_for
+from domain.events import job_id_for
 from tapeline.settings import Settings
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)

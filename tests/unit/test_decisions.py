@@ -7,8 +7,8 @@ import random
 
 from processors.retry import Action, RetryPolicy, retry_decision
 from processors.worker import projection_behind, should_skip, superseded_reason
-from schemas import models as ev
-from tapeline.errors import InvalidInput, UnsupportedMedia
+from domain import events as ev
+from domain.errors import InvalidInput, UnsupportedMedia
 from tapeline.settings import Settings
 
 SETTINGS = Settings(topic_prefix="unit")

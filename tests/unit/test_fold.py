@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from projections.fold import JOB_STATE_COLUMNS, attempts_used, evolve
-from schemas import models as ev
+from domain.lifecycle import JOB_STATE_COLUMNS, attempts_used, evolve
+from domain import events as ev
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
 JOB = ev.job_id_for("upload-1")

@@ -12,8 +12,8 @@ from datetime import datetime
 import pytest
 
 from bench import lifecycles
-from schemas import models as ev
-from schemas.codec import default_codec
+from domain import events as ev
+from domain.codec import default_codec
 from tests.golden import load
 
 codec = default_codec()

@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings as hyp_settings, strategies 
 
 from processors import media
 from processors.intake import decide, preflight, triage
-from schemas import models as ev
-from schemas.codec import HEADER_BYTES, MAGIC, default_codec
-from tapeline.errors import DecodeError, InvalidInput, MediaError, SchemaError, UnsupportedMedia
+from domain import events as ev
+from domain.codec import HEADER_BYTES, MAGIC, default_codec
+from domain.errors import DecodeError, InvalidInput, MediaError, SchemaError, UnsupportedMedia
 from tapeline.settings import Settings
 
 codec = default_codec()

@@ -4,8 +4,8 @@ an optional field was added to each) are read by the current codec and models, f
 from __future__ import annotations
 
 
-from schemas import models as ev
-from schemas.codec import default_codec, schema_fingerprint
+from domain import events as ev
+from domain.codec import default_codec, schema_fingerprint
 from schemas.register import registered_versions
 from tests.golden import assert_decodes_as_expected, load
 from tests.golden.make_golden import FIELDS_ADDED_AFTER_V1

@@ -126,8 +126,8 @@ def test_projector_deep_has_a_lag_field():
 
 
 def test_metrics_exposition_names_every_metric(state, server):
-    from schemas import models as ev
-    from schemas.codec import default_codec
+    from domain import events as ev
+    from domain.codec import default_codec
 
     class Message:  # what the consumers hand over: a topic and a value
         def __init__(self, topic: str, value: bytes) -> None:

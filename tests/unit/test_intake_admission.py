@@ -6,7 +6,7 @@ from __future__ import annotations
 from processors.cleanup import retention_under_pressure
 from producers.http_intake import admission, retry_after, upload_id_for_key
 from projections.read import TierBacklog
-from schemas import models as ev
+from domain import events as ev
 from tapeline.settings import Settings
 
 SETTINGS = Settings(intake_tier_capacity={"archive": 100, "standard": 100, "index": 100}, intake_total_capacity=10,

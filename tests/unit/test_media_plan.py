@@ -8,9 +8,9 @@ from processors.intake import preflight
 from processors.media import ALLOWED_CONTAINERS as ALLOWED
 from processors.media import (FfmpegResult, Progress, _parse_progress, build_hls_command, check_limits, ffmpeg_failure,
                               interpret_probe, plan_ladder, sniff_playlist, wall_clock_limit_s)
-from schemas import models as ev
-from schemas.models import SourceMedia
-from tapeline.errors import InvalidInput, LimitsExceeded, UnsupportedMedia
+from domain import events as ev
+from domain.events import SourceMedia
+from domain.errors import InvalidInput, LimitsExceeded, UnsupportedMedia
 from tapeline.settings import Settings
 
 HEIGHTS = (1080, 720, 480, 360, 240)

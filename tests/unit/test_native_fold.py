@@ -16,11 +16,12 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from bench import lifecycles
-from projections import fold, writes
+from domain import lifecycle
+from projections import writes
 from projections.bulk import FoldState
 from projections.native import NativeFoldState, NativeUnsupported, tapeline_native
-from schemas import models as ev
-from schemas.codec import default_codec
+from domain import events as ev
+from domain.codec import default_codec
 from tests.fakelog import T0, FakeMessage
 
 pytestmark = pytest.mark.skipif(tapeline_native is None, reason="tapeline_native is not built")
@@ -66,7 +67,7 @@ def parse_text_rows(chunks: list[bytes]) -> list[dict]:
     rows = []
     for line in b"".join(chunks).decode().splitlines():
         row = {}
-        for column, field in zip(fold.JOB_STATE_COLUMNS, line.split("\t")):
+        for column, field in zip(lifecycle.JOB_STATE_COLUMNS, line.split("\t")):
             if field == "\\N":
                 row[column] = None
                 continue
@@ -88,7 +89,7 @@ def parse_text_rows(chunks: list[bytes]) -> list[dict]:
 
 
 def python_row(values: tuple) -> dict:
-    row = dict(zip(fold.JOB_STATE_COLUMNS, values))
+    row = dict(zip(lifecycle.JOB_STATE_COLUMNS, values))
     for column in ("ladder", "outputs", "renditions"):
         if row[column] is not None:
             row[column] = row[column].obj

@@ -7,8 +7,8 @@ from datetime import datetime, timezone
 import pytest
 
 from processors.operator import cancel_events
-from projections.fold import TERMINAL_STATES, evolve
-from schemas import models as ev
+from domain.lifecycle import TERMINAL_STATES, evolve
+from domain import events as ev
 from tapeline.settings import Settings
 
 SETTINGS = Settings(topic_prefix="unit")

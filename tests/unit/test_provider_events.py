@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from projections.fold import attempts_used
+from domain.lifecycle import attempts_used
 from projections.provider_status import describe
-from schemas import models as ev
-from schemas.codec import default_codec
+from domain import events as ev
+from domain.codec import default_codec
 from tapeline.supervisor import ROLES, child_env, instances
 from tests.golden import assert_decodes_as_expected, load
 from tests.unit.test_fold import fold_all, happy_path, new

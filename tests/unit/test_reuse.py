@@ -6,7 +6,7 @@ from __future__ import annotations
 from processors import media
 from processors.intake import decide
 from processors.reuse import Reusable, degraded_ladder, full_profile, plan_profile, profile_fingerprint
-from schemas import models as ev
+from domain import events as ev
 from tapeline.settings import Settings
 
 SETTINGS = Settings(topic_prefix="unit", degrade_backlog_threshold=2)
@@ -100,7 +100,7 @@ def test_intake_with_a_reusable_result_completes_without_any_work_item():
 def test_fold_records_the_profile_the_degradation_and_the_reused_job():
     from datetime import datetime, timezone
 
-    from projections.fold import evolve
+    from domain.lifecycle import evolve
 
     now = datetime(2026, 1, 1, tzinfo=timezone.utc)
     cheap = plan_profile("default", "index", LADDER, 3, SETTINGS)

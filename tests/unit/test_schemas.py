@@ -8,11 +8,11 @@ import json
 import pytest
 from fastavro.utils import generate_many
 
-from schemas import models as ev
-from schemas import codec as codec_module
-from schemas.codec import MAGIC, Codec, default_codec, schema_fingerprint
+from domain import events as ev
+from domain import codec as codec_module
+from domain.codec import MAGIC, Codec, default_codec, schema_fingerprint
 from schemas.register import incompatibilities, registered_versions
-from tapeline.errors import DecodeError, SchemaError
+from domain.errors import DecodeError, SchemaError
 
 codec = default_codec()
 EVENT_TYPES = sorted(codec.schemas)

@@ -7,10 +7,10 @@ import pytest
 
 from processors import segments
 from processors.segments import AUDIO, Checkpoint, LocalSegment, plan_resume
-from projections.fold import evolve
-from schemas import models as ev
+from domain.lifecycle import evolve
+from domain import events as ev
 from tapeline.cli import _reused_segments
-from tapeline.errors import TranscodeFailed
+from domain.errors import TranscodeFailed
 from tests.unit.test_fold import T0, fold_all, happy_path, new
 
 FRAME = 0.04

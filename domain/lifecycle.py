@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from schemas import models as ev
+from domain import events as ev
 
 FINAL_STATES = frozenset({"completed", "rejected", "failed", "cancelled"})
 REOPENABLE_STATES = frozenset({"dead_lettered", "needs_review"})

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tapeline.errors import SchemaError
+from domain.errors import SchemaError
 
 TAPELINE_NAMESPACE = uuid.UUID("6f1c7a52-2f4e-5a8e-9d1b-7c3e0b5a4d21")
 """Namespace of `job_id = uuid5(TAPELINE_NAMESPACE, upload_id)`. Never change it: job ids depend on it."""

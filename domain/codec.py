@@ -6,7 +6,7 @@ the Avro binary body. Reading looks the fingerprint up among the current schemas
 registered older version (`registered/*.avsc`) and resolves the body to the current schema, so old
 events stay readable after a compatible change.
 
-Schema files: `avro/Envelope.avsc` holds the envelope fields, `avro/types.avsc` the shared named
+Schema files (in `schemas/`, see `CONTRACT_DIR`): `avro/Envelope.avsc` holds the envelope fields, `avro/types.avsc` the shared named
 records, and `avro/<EventType>.avsc` one event's own fields. The full writer schema of an event is
 its record with the envelope fields first, then its own.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 from functools import lru_cache
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,12 @@ import cavro
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
-from tapeline.errors import DecodeError, SchemaError
+from domain.errors import DecodeError, SchemaError
 
-SCHEMA_DIR = Path(__file__).resolve().parent / "avro"
-REGISTERED_DIR = Path(__file__).resolve().parent / "registered"
+CONTRACT_DIR = Path(str(files("schemas")))
+"""The language-neutral contract folder `schemas/` (Avro files; the Rust engine reads them too)."""
+SCHEMA_DIR = CONTRACT_DIR / "avro"
+REGISTERED_DIR = CONTRACT_DIR / "registered"
 MAGIC = b"\xc3\x01"
 HEADER_BYTES = 10  # 2 marker bytes + 8 fingerprint bytes
 _FAST_OPTIONS = cavro.DEFAULT_OPTIONS.replace(record_decodes_to_dict=True)
