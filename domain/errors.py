@@ -1,6 +1,6 @@
 """The exception tree. Every error Tapeline raises on purpose is a `TapelineError`.
 
-Each subclass's docstring is its default message. `error_class` names the class from DESIGN.md's
+Each subclass's docstring is its default message. `error_class` names the class from docs/design.md's
 error table that a failure of this kind is recorded as.
 """
 

@@ -1,6 +1,6 @@
 """The pure core of the job projection: `evolve(row, event, broker_ts) -> Outcome`.
 
-A row is a plain dict with the columns of `job_state`. Rules (DESIGN.md "Job states"):
+A row is a plain dict with the columns of `job_state`. Rules (docs/design.md "Job states"):
 - a terminal job (completed, rejected, failed, cancelled) never changes again;
 - dead_lettered and needs_review are reopened only by `JobReplayed`;
 - an event written by an attempt carries its claim token; one whose token is not the job's
@@ -140,7 +140,7 @@ def evolve(row: dict[str, Any] | None, event: ev.Event, broker_ts: datetime) -> 
 def attempts_used(row: dict[str, Any], attempt: int | None = None) -> int:
     """Attempts of the current budget used once `attempt` (default: the row's) has run: yields (and
     publish deferrals, counted with them) and attempts before the last operator replay do not count
-    (DESIGN.md "Error classes")."""
+    (docs/design.md "Error classes")."""
     current = row["attempt"] if attempt is None else attempt
     return current - (row.get("budget_base") or 0) - (row.get("yields") or 0)
 

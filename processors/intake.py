@@ -266,7 +266,7 @@ class IntakeProcessor:
         """What to do after handling a record raised: None to read it again after a backoff
         (2, 4, 8 ... 30 s; a transient storage, broker or projection failure), or, after
         `INTAKE_MAX_FAILURES` failures of one record with an unexpected error, its dead-letter record
-        (error class unknown), so one record never stops the intake (DESIGN.md principle 6)."""
+        (error class unknown), so one record never stops the intake (docs/design.md principle 6)."""
         transient = isinstance(error, TapelineError) and error.error_class in ("storage_transient", "broker_transient")
         where = dict(topic=message.topic(), partition=message.partition(), offset=message.offset())
         if not transient and failures >= INTAKE_MAX_FAILURES:

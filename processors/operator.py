@@ -5,7 +5,7 @@ Each action is a pure `*_events(row, ...)` core and an impure runner that reads 
 caught-up projection and commits the events in one Kafka transaction on `<app>.operator.<job_id>`
 (`replay_dead_letters`, `resolve_review`, `cancel_job`). The CLI and the read API's actions call the
 same runners.
-Actions emit events only; they never write projections (DESIGN.md "Parts").
+Actions emit events only; they never write projections (docs/design.md "Parts").
 
 Replay is idempotent at three levels: a dead letter already marked replayed is left alone; a job
 that is no longer dead-lettered (replayed by someone else, or completed) gets no events; and the

@@ -1,5 +1,5 @@
 """Publish: make a job's outputs public at the origin, announce them to the configured provider,
-and record `Published` + `JobCompleted` (DESIGN.md "Side effects").
+and record `Published` + `JobCompleted` (docs/design.md "Side effects").
 
 Protocol for one publish attempt (reconcile, then act):
   Step 1. `PublishIntended` (origin) in a transaction on the attempt's fenced producer;

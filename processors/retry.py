@@ -1,7 +1,7 @@
-"""Error classes and the retry decision, as data (DESIGN.md "Error classes" and "Retry policy").
+"""Error classes and the retry decision, as data (docs/design.md "Error classes" and "Retry policy").
 
 `retry_decision(error_class, attempt, policy)` is pure: what to do after attempt number `attempt`
-(1-based, graceful yields not counted) failed. Defaults from DESIGN.md: at most 3 attempts, backoff
+(1-based, graceful yields not counted) failed. Defaults from docs/design.md: at most 3 attempts, backoff
 60 s, 300 s, 900 s (the last repeats), with +-10 % jitter; a stall (`worker_lost`) is retried at once;
 input errors and the submitter's quota are never retried. A schedule may be set per error class.
 """

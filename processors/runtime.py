@@ -90,7 +90,7 @@ class Runtime:
 
     def job_row(self, job_id: str) -> dict[str, Any] | None:
         """The job's projected row, read only after the projector caught up with the job's partition
-        of the lifecycle log (DESIGN.md: reconcile against a caught-up view)."""
+        of the lifecycle log (docs/design.md: reconcile against a caught-up view)."""
         jobs = self.settings.jobs_topic
         self.wait_caught_up(kafka.partition_for(job_id, self.partitions(jobs)), self.settings.caught_up_timeout_s)
         return self.db.execute(q("job_status"), {"job_id": job_id}).fetchone()

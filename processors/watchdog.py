@@ -135,7 +135,7 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
             nxt = attempt + 1
             result.outgoing.append((jobs_topic, retry_scheduled(decision.delay_s, stage=stage, attempt=attempt,
                                                                 next_attempt=nxt, error_class="worker_lost", **common)))
-            if decision.delay_s <= 0:  # a stall is retried at once (DESIGN.md)
+            if decision.delay_s <= 0:  # a stall is retried at once (docs/design.md)
                 result.outgoing += queue_attempt(job, stage, nxt, common, settings)
             result.count(Verdict.RETRY)
         else:

@@ -1,6 +1,6 @@
 """The stage worker loop shared by transcode and publish: reconcile, claim, work, complete.
 
-Claim protocol for one work item (DESIGN.md "The lease protocol"):
+Claim protocol for one work item (docs/design.md "The lease protocol"):
   Step 0. choose: keep the head record of each work-topic partition (partition paused) and take the
           head of the tier `tiers.choose_tier` picks: the highest tier with work, unless a lower one
           has been passed over `tier_starvation_limit` times in a row (processors/tiers.py);
@@ -441,7 +441,7 @@ class StageWorker:
     def dead_letter(self, runtime: Runtime, consumer, message: Message, error: Exception,
                     offsets: list[TopicPartition]) -> None:
         """Send an undecodable work-topic record, raw, to the dead-letter topic in one transaction
-        with its offset, and move on (DESIGN.md principle 6: no crash loop on one bad record).
+        with its offset, and move on (docs/design.md principle 6: no crash loop on one bad record).
 
         The producer's transactional id carries the process id: consume-produce transactions are
         fenced by the consumer group's generation (KIP-447), not by a stable id. On failure the
@@ -522,7 +522,7 @@ class StageWorker:
         """`AttemptFailed` and what follows from the retry decision (retry, fail, dead-letter).
 
         `cooldown_s`: a provider's own `Retry-After` (seconds); a provider_throttled retry waits
-        exactly that long instead of the policy's backoff (DESIGN.md: "a throttling provider after
+        exactly that long instead of the policy's backoff (docs/design.md: "a throttling provider after
         its cooldown").
         """
         jobs, item = self.settings.jobs_topic, attempt.item

@@ -3,7 +3,7 @@
 A fresh replay (`projections/replay.py`) spends most of its time in Python, decoding and folding
 (about 60 of the 80 µs a record costs on this project's 2-core machine); PostgreSQL needs far
 less. The fold is per job, and every event of a job is in one partition of the lifecycle log (its
-key is the job id, DESIGN.md "Topics"), so the partitions can be folded independently:
+key is the job id, docs/design.md "Topics"), so the partitions can be folded independently:
 
 - the parent computes the stop offsets once (`logread.bounds`) and splits the partitions of every
   topic among `workers` child processes (`split`: largest first, onto the least loaded);

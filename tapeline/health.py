@@ -1,4 +1,4 @@
-"""Health and metrics of one processor process over HTTP (DESIGN.md "Operating the platform").
+"""Health and metrics of one processor process over HTTP (docs/design.md "Operating the platform").
 
 `HealthState` is what a processor updates (thread-safe; every processor holds one, served or not,
 so processors built directly in tests need nothing). `HealthServer` serves it:

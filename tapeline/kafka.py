@@ -52,7 +52,7 @@ def consumer(settings: Settings, group_id: str, **overrides: Any) -> Consumer:
     config = {
         "bootstrap.servers": settings.kafka_bootstrap,
         "group.id": group_id,
-        "isolation.level": "read_committed",  # never see aborted or open transactions (DESIGN.md guarantee 2)
+        "isolation.level": "read_committed",  # never see aborted or open transactions (docs/design.md guarantee 2)
         "enable.auto.commit": False,  # offsets commit inside the processor's transaction
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",  # a new group starts from the beginning: nothing is skipped

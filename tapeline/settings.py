@@ -53,7 +53,7 @@ class Settings(BaseSettings):
     jobs_partitions: int = 12
     work_partitions: int = 12
 
-    # Lease protocol (seconds). DESIGN.md defaults: lease 120 s, heartbeat lease/4, no-progress 120 s.
+    # Lease protocol (seconds). docs/design.md defaults: lease 120 s, heartbeat lease/4, no-progress 120 s.
     lease_s: float = Field(120.0, gt=0, le=86400, description="Attempt lease, seconds (at most a day)")
     heartbeat_interval_s: float | None = None
     no_progress_timeout_s: float = 120.0
@@ -203,9 +203,9 @@ class Settings(BaseSettings):
         """Reject timings that break the lease protocol, whatever each is alone.
 
         - A heartbeat interval of the lease or more lets every healthy attempt lapse between two
-          heartbeats (DESIGN.md: heartbeat every lease/4).
+          heartbeats (docs/design.md: heartbeat every lease/4).
         - `transaction_timeout_ms` must be below the lease: a worker killed inside a transaction blocks
-          every `read_committed` reader of its partitions until the broker aborts it (DESIGN.md "Open
+          every `read_committed` reader of its partitions until the broker aborts it (docs/design.md "Open
           transactions block readers").
         - with a webhook, `webhook_timeout_s` must be below the lease: the publish stage does not heartbeat during the
           provider call, so a slower answer would make a healthy attempt look stalled.

@@ -26,7 +26,7 @@ cluster only if `stack.json` says the stack started it. Reused services are left
 
 The local stack runs ONE Kafka broker, so every topic has replication factor 1 and the internal
 topics are configured to fit it. Production replicates the log (replication factor 3,
-`min.insync.replicas=2`); see DESIGN.md, "Production settings".
+`min.insync.replicas=2`); see docs/design.md, "Production settings".
 
 `status()` reports the PostgreSQL DSN with its password masked (`***`): the status output is meant
 to be pasted into issues and logs, and secrets are never logged.

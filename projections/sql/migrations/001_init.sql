@@ -34,7 +34,7 @@ CREATE TABLE job_state (
     outputs             jsonb,                -- objects the last successful transcode attempt wrote [{key,sha256,size_bytes,content_type}]
     renditions          jsonb,                -- published renditions [{name,width,height,playlist_key,url}]
     master_url          text,                 -- public URL of the HLS master playlist once published
-    error_class         text,                 -- DESIGN.md error class when the job did not complete
+    error_class         text,                 -- docs/design.md error class when the job did not complete
     reason              text,                 -- human-readable reason
     lease_s             double precision,     -- lease length of the current attempt, seconds
     leased_until        timestamptz,          -- broker time of the last claim/heartbeat + lease

@@ -1,4 +1,4 @@
--- 005: dead letters an operator can list, inspect and replay (DESIGN.md "Retry policy").
+-- 005: dead letters an operator can list, inspect and replay (docs/design.md "Retry policy").
 -- Three kinds share one table, each row named by a stable id:
 --   job        a job out of attempts (`JobDeadLettered` on the lifecycle log); id `{job_id}/{attempt}`
 --   record     a record a Kafka processor could not decode (`DeadLetter` on <prefix>.dlq); id
@@ -41,7 +41,7 @@ COMMENT ON COLUMN dead_letters.error IS 'Why: the decode error, or the last atte
 COMMENT ON COLUMN dead_letters.job_id IS 'The job (kind job); NULL for records, whose job is unknown';
 COMMENT ON COLUMN dead_letters.stage IS 'Stage the job was in when it ran out of attempts, or the processor''s stage';
 COMMENT ON COLUMN dead_letters.attempt IS 'The last attempt number (kind job)';
-COMMENT ON COLUMN dead_letters.error_class IS 'Error class (DESIGN.md table): the last failure''s, or invalid_input for undecodable records';
+COMMENT ON COLUMN dead_letters.error_class IS 'Error class (docs/design.md table): the last failure''s, or invalid_input for undecodable records';
 COMMENT ON COLUMN dead_letters.attempts IS 'Attempts used in the budget that ran out (kind job)';
 COMMENT ON COLUMN dead_letters.evidence IS 'Where to look: the lifecycle log partition, or the dead-letter topic position';
 COMMENT ON COLUMN dead_letters.seen_by IS 'Processors that dead-lettered it (intake, transcode, publish, projector, watchdog)';

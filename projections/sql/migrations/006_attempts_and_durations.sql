@@ -97,7 +97,7 @@ COMMENT ON COLUMN attempts.lease_s IS 'Lease length the claim asked for, seconds
 COMMENT ON COLUMN attempts.started_at IS 'Broker time of the claim (AttemptStarted), UTC';
 COMMENT ON COLUMN attempts.ended_at IS 'Broker time of the first applied event that closed it (see outcome), UTC; = started_at for a claim never applied; NULL while running';
 COMMENT ON COLUMN attempts.outcome IS 'succeeded|failed|yielded|stalled|superseded (fenced: a newer attempt took over, or the claim was never current)|cancelled|needs_review|running';
-COMMENT ON COLUMN attempts.error_class IS 'DESIGN.md error class when outcome is failed (from AttemptFailed or the job''s terminal event) or stalled (worker_lost); NULL otherwise';
+COMMENT ON COLUMN attempts.error_class IS 'docs/design.md error class when outcome is failed (from AttemptFailed or the job''s terminal event) or stalled (worker_lost); NULL otherwise';
 COMMENT ON COLUMN attempts.heartbeats IS 'Heartbeats of this attempt that the projection applied (each renewed the lease)';
 COMMENT ON COLUMN attempts.progress_frames IS 'frames_done of its last applied heartbeat (ffmpeg -progress); NULL without heartbeats';
 COMMENT ON COLUMN attempts.progress_out_time_s IS 'Media seconds encoded at its last applied heartbeat; NULL without heartbeats';

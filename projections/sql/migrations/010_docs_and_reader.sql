@@ -32,7 +32,7 @@ COMMENT ON COLUMN job_state.ladder IS 'Planned renditions, JSON [{name,width,hei
 COMMENT ON COLUMN job_state.outputs IS 'Objects of the last successful transcode attempt, JSON [{key,sha256,size_bytes,content_type}]';
 COMMENT ON COLUMN job_state.renditions IS 'Published renditions, JSON [{name,width,height,playlist_key,url}]';
 COMMENT ON COLUMN job_state.master_url IS 'Public URL of the HLS master playlist once published';
-COMMENT ON COLUMN job_state.error_class IS 'DESIGN.md error class of the last failure (NULL once completed)';
+COMMENT ON COLUMN job_state.error_class IS 'docs/design.md error class of the last failure (NULL once completed)';
 COMMENT ON COLUMN job_state.reason IS 'Human-readable reason of the last failure, yield, stall or replay';
 COMMENT ON COLUMN job_state.lease_s IS 'Lease length of the current attempt, seconds';
 COMMENT ON COLUMN job_state.leased_until IS 'Broker time of the last claim or heartbeat + lease_s (UTC)';
