@@ -391,7 +391,7 @@ class PublishDeferred(Event):
 
 
 class ProviderBreakerChanged(Event):
-    """A provider's circuit breaker changed state (processors/breaker.py); `version` orders changes."""
+    """A provider's circuit breaker changed state (domain/policy/breaker.py); `version` orders changes."""
 
     provider: str
     from_state: str

@@ -30,7 +30,8 @@ from domain.errors import (DecodeError, InvalidInput, LimitsExceeded, MediaError
                              StorageError, TapelineError)
 from tapeline.health import HealthState
 from tapeline.objectstore import ObjectStore, sha256_file
-from tapeline.settings import TIERS, Settings
+from domain.policy.tiers import TIERS
+from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.intake")
 INTAKE_MAX_FAILURES = 3

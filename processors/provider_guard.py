@@ -3,7 +3,7 @@
 Protocol around one provider call (inside the in-flight slot of `ProviderLimits`):
   Step 1. admit, in one PostgreSQL transaction holding the provider's advisory lock
           (`PROVIDER_GATE_LOCK`), with `now` from the database's clock:
-          a. the breaker (`provider_state`, pure rules in `processors/breaker.py`): open -> defer to
+          a. the breaker (`provider_state`, pure rules in `domain/policy/breaker.py`): open -> defer to
              the end of the cooldown; half-open with another attempt's probe -> defer to the probe's
              deadline; open past its cooldown -> this attempt becomes the probe;
           b. the quotas (`provider_calls` reservations plus projected `Published` events): a full
@@ -33,7 +33,7 @@ from typing import Any, Callable
 import psycopg
 import structlog
 
-from processors.breaker import Breaker, BreakerPolicy, admit, on_abandoned, on_failure, on_success, quota_wait
+from domain.policy.breaker import Breaker, BreakerPolicy, admit, on_abandoned, on_failure, on_success, quota_wait
 from projections.sql import q
 from projections.writes import PAYLOAD_OMITS
 from domain import events as ev

@@ -1,14 +1,4 @@
-"""Priority tiers: a free worker takes the highest tier with work first, with aging against starvation.
-
-The rule (pure, `choose_tier` / `after_claim`): among the tiers with a waiting work item, take the
-highest (`TIERS`: archive, standard, index) unless a tier has been passed over `limit` times
-(`tier_starvation_limit`, default 4) in a row while it had waiting work; then the most passed-over
-tier goes first (a tie goes to the higher tier). A claimed tier's count restarts at 0, and so does
-the count of a tier with no waiting work. So under a flood of every tier, the lowest tier still
-gets at least one claim in every `limit + len(TIERS) - 1` (6 by default), and a tier alone is
-never delayed.
-
-How a worker sees what waits (`HeadBuffer`, the I/O side): one consumer subscribed to every tier's
+"""The I/O side of priority tiers (the rule is `domain/policy/tiers.py`): how a worker sees what waits (`HeadBuffer`): one consumer subscribed to every tier's
 topic. Each record it polls is kept as the *head* of its partition and that partition is paused
 (librdkafka drops what it prefetched there and, on resume, fetches again from the position after
 the head). After the first record arrives the worker keeps polling until every assigned partition
@@ -22,40 +12,13 @@ its own transaction, so a commit marker follows it and `high watermark - positio
 from __future__ import annotations
 
 import time
-from typing import Collection, Mapping
+from domain.policy.tiers import tier_of
 
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from tapeline.settings import TIERS
 
 log = structlog.get_logger("tapeline.tiers")
-
-
-def choose_tier(waiting: Collection[str], passed_over: Mapping[str, int], limit: int) -> str | None:
-    """The tier to claim from, or None when no tier waits. Pure.
-
-    `waiting`: tiers with at least one work item waiting; `passed_over`: per tier, how many claims in
-    a row went to another tier while it waited; `limit`: `tier_starvation_limit` (>= 1).
-    """
-    tiers = [t for t in TIERS if t in waiting]
-    if not tiers:
-        return None
-    starved = [t for t in tiers if passed_over.get(t, 0) >= limit]
-    if starved:
-        return max(starved, key=lambda t: (passed_over.get(t, 0), -TIERS.index(t)))
-    return tiers[0]
-
-
-def after_claim(waiting: Collection[str], passed_over: Mapping[str, int], claimed: str) -> dict[str, int]:
-    """The passed-over counts after a claim from `claimed` while `waiting` tiers had work. Pure:
-    +1 for every other waiting tier, 0 for the claimed tier and for tiers with nothing waiting."""
-    return {t: passed_over.get(t, 0) + 1 if t in waiting and t != claimed else 0 for t in TIERS}
-
-
-def tier_of(topic: str) -> str:
-    """The tier of a work topic `<prefix>.work.<stage>.<tier>` (its last dotted part)."""
-    return topic.rsplit(".", 1)[-1]
 
 
 class HeadBuffer:

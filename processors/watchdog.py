@@ -15,7 +15,7 @@ One tick (`Watchdog.tick`), after the numbered protocol:
           re-drive, report;
   Step 5. commit the decided events in one transaction. Every event has a dedup key, so a repeated
           tick or a second watchdog changes nothing;
-  Step 6. cleanup (`processors/cleanup.py`, at most every `cleanup_interval_s`): list the next page of the sweep, read the rows of its
+  Step 6. cleanup (`domain/policy/cleanup.py`, at most every `cleanup_interval_s`): list the next page of the sweep, read the rows of its
           jobs, `plan_cleanup` (pure) decides, remove at most `cleanup_max_deletes` objects. A
           storage failure here is logged and retried next tick; it never stops the stall work.
 """
@@ -32,8 +32,8 @@ from typing import Any
 import psycopg
 import structlog
 
-from processors.cleanup import SWEPT_PREFIXES, CleanupPlan, job_ids_of, plan_cleanup, retention_under_pressure
-from processors.retry import Action, retry_decision, retry_scheduled
+from domain.policy.cleanup import SWEPT_PREFIXES, CleanupPlan, job_ids_of, plan_cleanup, retention_under_pressure
+from domain.policy.retry import Action, retry_decision, retry_scheduled
 from processors.runtime import Outgoing, Runtime, transact
 from domain.lifecycle import attempts_used
 from projections.sql import connect, q
@@ -133,7 +133,7 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
         decision = retry_decision("worker_lost", used, settings.retry_policy())
         if decision.action is Action.RETRY:
             nxt = attempt + 1
-            result.outgoing.append((jobs_topic, retry_scheduled(decision.delay_s, stage=stage, attempt=attempt,
+            result.outgoing.append((jobs_topic, retry_scheduled(decision.delay_s, ev.utc_now(), stage=stage, attempt=attempt,
                                                                 next_attempt=nxt, error_class="worker_lost", **common)))
             if decision.delay_s <= 0:  # a stall is retried at once (docs/design.md)
                 result.outgoing += queue_attempt(job, stage, nxt, common, settings)

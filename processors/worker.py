@@ -29,10 +29,11 @@ from typing import Any, Iterator
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from processors.retry import Action, retry_decision, retry_scheduled
+from domain.policy.retry import Action, retry_decision, retry_scheduled
 from processors.runtime import (AttemptIdentity, Outgoing, Runtime, dead_letter_record, new_claim_token,
                                 transact)
-from processors.tiers import HeadBuffer, after_claim, choose_tier, tier_of
+from domain.policy.tiers import after_claim, choose_tier, tier_of
+from processors.tiers import HeadBuffer
 from domain.lifecycle import STAGE_ORDER, TERMINAL_STATES, attempts_used
 from projections.sql import q
 from domain import events as ev
@@ -544,7 +545,7 @@ class StageWorker:
                                           reason=reason, attempts=used, evidence=f"{jobs} job {item.job_id}", **common)
             out += [(jobs, dead), (self.settings.dlq_topic, dead)]  # the lifecycle fact + its dead-letter record
         else:
-            out.append((jobs, retry_scheduled(decision.delay_s, stage=self.stage, attempt=item.attempt,
+            out.append((jobs, retry_scheduled(decision.delay_s, ev.utc_now(), stage=self.stage, attempt=item.attempt,
                                               next_attempt=decision.next_attempt, error_class=error_class, **common)))
             if decision.delay_s <= 0:  # at once; otherwise the watchdog dispatches it when due
                 out += self.next_attempt_events(attempt, decision.next_attempt)

@@ -78,7 +78,8 @@ from domain.codec import default_codec
 from tapeline import kafka
 from domain.errors import ServiceUnavailable, StorageError
 from tapeline.objectstore import ObjectStore, StorageGauge
-from tapeline.settings import TIERS, Settings
+from domain.policy.tiers import TIERS
+from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.http_intake")
 IDEMPOTENCY_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "tapeline:intake:idempotency-key")

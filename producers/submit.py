@@ -18,7 +18,8 @@ from domain.codec import default_codec
 from tapeline import kafka
 from domain.errors import ServiceUnavailable, SubmitError
 from tapeline.objectstore import ObjectStore
-from tapeline.settings import TIERS, Settings
+from domain.policy.tiers import TIERS
+from tapeline.settings import Settings
 
 
 @dataclass(frozen=True)

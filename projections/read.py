@@ -11,7 +11,8 @@ import psycopg
 from domain.lifecycle import TERMINAL_STATES
 from projections.sql import connect, q
 from domain.errors import ConfigurationError
-from tapeline.settings import TIERS, Settings
+from domain.policy.tiers import TIERS
+from tapeline.settings import Settings
 
 STAGE_SHARE = {"intake": (0.0, 0.05), "transcode": (0.05, 0.90), "publish": (0.90, 1.0)}
 """Share of the whole job each stage represents in `percent_done`."""

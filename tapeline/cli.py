@@ -18,7 +18,8 @@ from rich.table import Table
 
 from tapeline import logs
 from domain.errors import TapelineError
-from tapeline.settings import TIERS, Settings
+from domain.policy.tiers import TIERS
+from tapeline.settings import Settings
 
 app = typer.Typer(help="Tapeline: event-sourced media jobs (upload -> transcode -> publish) on Kafka.",
                   no_args_is_help=True, pretty_exceptions_enable=False)

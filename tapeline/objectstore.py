@@ -23,7 +23,7 @@ from domain.errors import StorageError
 from tapeline.settings import Settings
 
 if TYPE_CHECKING:  # the cleanup planner's row types (imported lazily at run time: no import cycle)
-    from processors.cleanup import MultipartUpload, StoredObject
+    from domain.policy.cleanup import MultipartUpload, StoredObject
 
 PUBLISHED_PREFIX = "published/"
 
@@ -179,7 +179,7 @@ class ObjectStore:
 
     def list_page(self, prefix: str, token: str | None, max_keys: int) -> tuple[list["StoredObject"], str | None]:
         """One page of keys under `prefix` (key order) and the token of the next page (None: the last)."""
-        from processors.cleanup import StoredObject
+        from domain.policy.cleanup import StoredObject
 
         args = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": max_keys}
         if token:
@@ -193,7 +193,7 @@ class ObjectStore:
 
     def list_multipart(self, max_uploads: int) -> list["MultipartUpload"]:
         """Unfinished multipart uploads (the first `max_uploads`)."""
-        from processors.cleanup import MultipartUpload
+        from domain.policy.cleanup import MultipartUpload
 
         try:
             page = self.s3.list_multipart_uploads(Bucket=self.bucket, MaxUploads=max_uploads)

@@ -11,6 +11,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
+from domain.policy.tiers import TIERS
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -18,8 +19,6 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 Stage = Literal["transcode", "publish"]
 Tier = Literal["archive", "standard", "index"]
-TIERS: tuple[str, ...] = ("archive", "standard", "index")
-"""Priority tiers, highest first (archive preservation before replaceable indexing)."""
 
 
 class Settings(BaseSettings):
@@ -77,7 +76,7 @@ class Settings(BaseSettings):
         "heartbeating (a killed process, even one restarted at once) before its partitions move")
     caught_up_timeout_s: float = Field(60.0, description="How long a processor waits for the projector to catch up")
 
-    # Cleanup by the watchdog leader (processors/cleanup.py); times on the log clock.
+    # Cleanup by the watchdog leader (domain/policy/cleanup.py); times on the log clock.
     cleanup_retention_s: float = Field(3600.0, description="Work objects and claim markers of an ended job are removed "
                                        "this long after it ended; an orphan must be at least this old")
     cleanup_orphans: bool = Field(True, description="Also remove objects of jobs this deployment does not know and "
@@ -233,8 +232,8 @@ class Settings(BaseSettings):
         return self.heartbeat_interval_s if self.heartbeat_interval_s else self.lease_s / 4
 
     def retry_policy(self):
-        """The retry policy these settings describe (`processors.retry.RetryPolicy`)."""
-        from processors.retry import RetryPolicy
+        """The retry policy these settings describe (`domain.policy.retry.RetryPolicy`)."""
+        from domain.policy.retry import RetryPolicy
 
         return RetryPolicy(max_attempts=self.max_attempts, backoff_s=self.retry_backoff_s, jitter=self.retry_jitter,
                            backoff_by_class=dict(self.retry_backoff_by_class))

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from tapeline.cli import app
 
-from processors.tiers import after_claim, choose_tier
+from domain.policy.tiers import after_claim, choose_tier
 from projections import read
 from tapeline.cli import _detail
 from tapeline.objectstore import ObjectStore

@@ -1,4 +1,4 @@
-"""The pure circuit breaker and quota windows (processors/breaker.py)."""
+"""The pure circuit breaker and quota windows (domain/policy/breaker.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from processors.breaker import Breaker, BreakerPolicy, admit, on_abandoned, on_failure, on_success, quota_wait
+from domain.policy.breaker import Breaker, BreakerPolicy, admit, on_abandoned, on_failure, on_success, quota_wait
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 POLICY = BreakerPolicy(base_cooldown_s=5.0, max_cooldown_s=60.0, probe_timeout_s=20.0)

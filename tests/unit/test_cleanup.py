@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from processors.cleanup import Disposition, MultipartUpload, StoredObject, job_ids_of, plan_cleanup
+from domain.policy.cleanup import Disposition, MultipartUpload, StoredObject, job_ids_of, plan_cleanup
 from domain.events import job_id_for
 from tapeline.settings import Settings
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from processors.intake import decide
 import random
 
-from processors.retry import Action, RetryPolicy, retry_decision
+from domain.policy.retry import Action, RetryPolicy, retry_decision
 from processors.worker import projection_behind, should_skip, superseded_reason
 from domain import events as ev
 from domain.errors import InvalidInput, UnsupportedMedia

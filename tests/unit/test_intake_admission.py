@@ -3,7 +3,7 @@ retention of cleanup (issue 9)."""
 
 from __future__ import annotations
 
-from processors.cleanup import retention_under_pressure
+from domain.policy.cleanup import retention_under_pressure
 from producers.http_intake import admission, retry_after, upload_id_for_key
 from projections.read import TierBacklog
 from domain import events as ev

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
-from processors.tiers import HeadBuffer, after_claim, choose_tier, tier_of
+from domain.policy.tiers import after_claim, choose_tier, tier_of
+from processors.tiers import HeadBuffer
 
 ALL = {"archive", "standard", "index"}
 

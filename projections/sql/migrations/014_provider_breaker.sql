@@ -1,4 +1,4 @@
--- 014: publish providers' circuit breakers and quota reservations (processors/breaker.py,
+-- 014: publish providers' circuit breakers and quota reservations (domain/policy/breaker.py,
 -- processors/provider_guard.py).
 --
 -- provider_state is a projection: one row per provider, the latest ProviderBreakerChanged by

@@ -23,11 +23,23 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any, Iterable
 
-from domain.events import job_id_for
-from tapeline.settings import Settings
+from typing import Protocol
 
-ENDED = frozenset({"completed", "failed", "rejected", "cancelled"})
-REPLAYABLE = frozenset({"dead_lettered", "needs_review"})
+from domain.events import job_id_for
+from domain.lifecycle import FINAL_STATES as ENDED, REOPENABLE_STATES as REPLAYABLE
+
+
+class CleanupSettings(Protocol):
+    """The settings the planner reads (seconds and counts; `tapeline.settings.Settings` has them)."""
+
+    cleanup_retention_s: float
+    cleanup_orphans: bool
+    cleanup_max_deletes: int
+    intake_timeout_s: float
+    multipart_stale_s: float
+    storage_pressure_retention_s: float
+
+    def model_copy(self, *, update: dict[str, Any]) -> "CleanupSettings": ...
 SWEPT_PREFIXES = ("work/", "markers/", "uploads/")  # never "published/"
 
 
@@ -84,7 +96,7 @@ def job_ids_of(keys: Iterable[str]) -> set[str]:
 
 
 def classify(obj: StoredObject, jobs: dict[str, dict[str, Any]], referenced: set[str], now: datetime,
-             settings: Settings) -> Disposition:
+             settings: CleanupSettings) -> Disposition:
     """The disposition of one key. Pure."""
     retention = timedelta(seconds=settings.cleanup_retention_s)
     parts = obj.key.split("/")
@@ -123,7 +135,7 @@ def classify(obj: StoredObject, jobs: dict[str, dict[str, Any]], referenced: set
 
 
 def plan_cleanup(objects: Iterable[StoredObject], jobs: dict[str, dict[str, Any]], referenced: set[str],
-                 now: datetime, settings: Settings, multipart: Iterable[MultipartUpload] = ()) -> CleanupPlan:
+                 now: datetime, settings: CleanupSettings, multipart: Iterable[MultipartUpload] = ()) -> CleanupPlan:
     """Classify every listed key and every multipart upload; at most `cleanup_max_deletes` removals
     (aborts first), the rest counted as deferred. Pure: rows and listings in, a plan out.
 
@@ -152,7 +164,7 @@ def plan_cleanup(objects: Iterable[StoredObject], jobs: dict[str, dict[str, Any]
     return plan
 
 
-def retention_under_pressure(settings: Settings, over_limit: bool) -> Settings:
+def retention_under_pressure(settings: CleanupSettings, over_limit: bool) -> CleanupSettings:
     """The settings cleanup plans with: while object storage is past `storage_limit_bytes`
     (`over_limit`), ended jobs' work objects and unreferenced checkpoints are kept only
     `storage_pressure_retention_s` (when shorter than `cleanup_retention_s`). Pure."""
