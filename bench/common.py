@@ -13,7 +13,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from projections.sql import migrate  # noqa: E402
+from tapeline.postgres import migrate  # noqa: E402
 from tapeline import stack  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402
 

@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/re
 from bench import lifecycles  # noqa: E402
 from bench.common import cpu_delta, cpu_seconds  # noqa: E402
 from projections import logread, writes  # noqa: E402
-from projections.sql import connect  # noqa: E402
+from tapeline.postgres import connect  # noqa: E402
 from domain import events as ev  # noqa: E402
 from domain.codec import default_codec  # noqa: E402
 from tapeline import kafka, stack  # noqa: E402

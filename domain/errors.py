@@ -128,3 +128,22 @@ class TranscodeTimeout(TapelineError):
     """ffmpeg ran longer than its wall-clock limit."""
 
     error_class = "timeout"
+
+
+# Refusals of operator actions (processors/operator.py raises them; the CLI and the API answer them).
+class NotReplayable(TapelineError):
+    """The dead letter cannot be replayed (unknown id, or an undecodable record)."""
+
+    error_class = "invalid_input"
+
+
+class NoSuchJob(TapelineError):
+    """No such job in the projections (not submitted, or intake has not caught up)."""
+
+    error_class = "invalid_input"
+
+
+class NotCancellable(TapelineError):
+    """The job has already ended; nothing reopens or cancels an ended job."""
+
+    error_class = "invalid_input"

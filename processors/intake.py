@@ -19,9 +19,9 @@ import structlog
 from confluent_kafka import Message, TopicPartition
 
 from processors import media, reuse
-from projections import read
-from projections.projector import broker_time
-from projections.sql import q
+from tapeline import read
+from tapeline.kafka import broker_time
+from tapeline.postgres import q
 from processors.runtime import Outgoing, Runtime, dead_letter_event, dead_letter_record, poll_record, transact
 from domain import events as ev
 from domain.codec import Codec

@@ -24,32 +24,14 @@ import structlog
 
 from processors.runtime import Outgoing, Runtime, transact
 from processors.watchdog import queue_attempt
-from projections import read
+from tapeline import read
 from domain.lifecycle import REOPENABLE_STATES, TERMINAL_STATES
 from domain import events as ev
 from tapeline import kafka
-from domain.errors import TapelineError
+from domain.errors import NoSuchJob, NotCancellable, NotReplayable
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.operator")
-
-
-class NotReplayable(TapelineError):
-    """The dead letter cannot be replayed (unknown id, or an undecodable record)."""
-
-    error_class = "invalid_input"
-
-
-class NoSuchJob(TapelineError):
-    """No such job in the projections (not submitted, or intake has not caught up)."""
-
-    error_class = "invalid_input"
-
-
-class NotCancellable(TapelineError):
-    """The job has already ended; nothing reopens or cancels an ended job."""
-
-    error_class = "invalid_input"
 
 
 def default_operator() -> str:

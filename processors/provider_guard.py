@@ -34,8 +34,8 @@ import psycopg
 import structlog
 
 from domain.policy.breaker import Breaker, BreakerPolicy, admit, on_abandoned, on_failure, on_success, quota_wait
-from projections.sql import q
-from projections.writes import PAYLOAD_OMITS
+from tapeline.postgres import q
+from domain.lifecycle import PAYLOAD_OMITS
 from domain import events as ev
 from domain.errors import Fenced, ProviderDeferred, ProviderError
 from tapeline.settings import Settings

@@ -121,7 +121,7 @@ def missing_outputs(store: ObjectStore, outputs: list[ev.OutputFile]) -> list[st
 def published_result(db, job_id: str) -> Reusable | None:
     """The published result of `job_id` from the projection (its applied publish success and
     `JobCompleted`), not yet verified against the bucket; None when it has none."""
-    from projections.sql import q
+    from tapeline.postgres import q
 
     row = db.execute(q("published_result"), {"job_id": job_id}).fetchone()
     if row is None:
@@ -144,7 +144,7 @@ def find_reusable(db, store: ObjectStore, sha256: str, fingerprints: list[str]) 
     always lends the original outputs. A candidate with a missing or changed object is logged and
     skipped (a real transcode follows). Raises `StorageError` when S3 cannot answer.
     """
-    from projections.sql import q
+    from tapeline.postgres import q
 
     tried: set[str] = set()
     for fingerprint in fingerprints:

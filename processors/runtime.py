@@ -14,8 +14,8 @@ import psycopg
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from projections.projector import wait_caught_up
-from projections.sql import connect, q
+from tapeline.read import wait_caught_up
+from tapeline.postgres import connect, q
 from domain import events as ev
 from domain.codec import default_codec
 from tapeline import kafka

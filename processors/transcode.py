@@ -30,7 +30,7 @@ from processors import media, segments
 from processors.runtime import Outgoing
 from processors.segments import AUDIO, Checkpoint, LocalSegment, ResumePlan
 from processors.worker import Attempt, StageWorker, Yielded
-from projections.sql import q
+from tapeline.postgres import q
 from domain import events as ev
 from tapeline.crashpoints import delay_point, fail_point
 from domain.errors import StorageError, TranscodeFailed

@@ -36,7 +36,7 @@ from domain.policy.cleanup import SWEPT_PREFIXES, CleanupPlan, job_ids_of, plan_
 from domain.policy.retry import Action, retry_decision, retry_scheduled
 from processors.runtime import Outgoing, Runtime, transact
 from domain.lifecycle import attempts_used
-from projections.sql import connect, q
+from tapeline.postgres import connect, q
 from domain import events as ev
 from tapeline import kafka
 from domain.errors import ServiceUnavailable, StorageError

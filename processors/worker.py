@@ -35,7 +35,7 @@ from processors.runtime import (AttemptIdentity, Outgoing, Runtime, dead_letter_
 from domain.policy.tiers import after_claim, choose_tier, tier_of
 from processors.tiers import HeadBuffer
 from domain.lifecycle import STAGE_ORDER, TERMINAL_STATES, attempts_used
-from projections.sql import q
+from tapeline.postgres import q
 from domain import events as ev
 from tapeline import kafka, logs
 from domain.errors import DecodeError, Fenced, SchemaError, ServiceUnavailable, TapelineError

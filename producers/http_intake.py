@@ -14,7 +14,7 @@ advisory lock, so concurrent requests are counted exactly:
 
 1. storage guard: the bucket's bytes (`StorageGauge`, one listing per `storage_usage_cache_s`)
    at or past `storage_limit_bytes` -> 507 `storage_full`;
-2. the tier's load (waiting + running from `projections.read.tier_backlog`, plus uploads this
+2. the tier's load (waiting + running from `tapeline.read.tier_backlog`, plus uploads this
    intake admitted that the projection does not know yet) at or past
    `intake_tier_capacity[tier]` -> 503 `overloaded`;
 3. the reserve for higher tiers: the load of every tier together at or past
@@ -71,8 +71,8 @@ from psycopg_pool import ConnectionPool
 from starlette.requests import ClientDisconnect
 
 from producers.submit import upload_completed
-from projections.read import TierBacklog, tier_backlog
-from projections.sql import check_schema_name, q
+from tapeline.read import TierBacklog, tier_backlog
+from tapeline.postgres import check_schema_name, q
 from domain import events as ev
 from domain.codec import default_codec
 from tapeline import kafka

@@ -9,10 +9,11 @@ One FastAPI app (`create_app`) serves:
 - the dashboard: server-rendered pages (Jinja2, autoescaped) that `static/dashboard.js` refreshes
   every few seconds from the JSON API (no build step, no CDN);
 - operator actions (replay a dead letter, resolve a review, cancel a job) as JSON endpoints with a
-  bearer token and as dashboard forms with a token field. They call the same runners as the CLI
-  (`processors/operator.py`): they emit events and never write a projection;
+  bearer token and as dashboard forms with a token field. They call the `OperatorActions` port
+  (`projections/ports.py`; `tapeline/wiring.py` binds it to the CLI's runners in
+  `processors/operator.py`): they emit events and never write a projection;
 - `/health/live`, `/health/ready` and `/metrics` (prometheus-client, this process's own registry);
-- the HTTP intake `POST /uploads` (`producers/http_intake.py`: streamed uploads with API tokens,
+- the HTTP intake `POST /uploads` (the `Intake` port, `producers/http_intake.py`: streamed uploads with API tokens,
   idempotency keys and backpressure); it writes its own table `intake_uploads` as the login role,
   never a projection.
 
@@ -45,11 +46,11 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import BaseModel, Field, model_validator
 
-from producers.http_intake import IntakeService, intake_router
-from projections import read
+from projections.ports import Intake, OperatorActions
+from tapeline import read
 from projections.provider_status import provider_overview
-from projections.sql import check_schema_name, connect
-from domain.errors import ConfigurationError, ServiceUnavailable, TapelineError
+from tapeline.postgres import check_schema_name, connect
+from domain.errors import ConfigurationError, NotCancellable, NotReplayable, ServiceUnavailable, TapelineError
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.api")
@@ -119,7 +120,7 @@ class LagCache:
         """`LagReport.as_dict()`; raises `ServiceUnavailable` when Kafka does not answer."""
         from confluent_kafka import KafkaException
 
-        from projections.lag import lag_reader, measure
+        from tapeline.lag import lag_reader, measure
 
         with self._lock:
             if self._value is not None and time.monotonic() - self._at < self.max_age_s:
@@ -292,8 +293,12 @@ class ApiMetrics:
                                     "has not applied, seconds (0 when caught up)", value=lag["seconds"])
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """The app for `settings`. The pool opens on startup (after `check_reader`) and closes on shutdown."""
+def create_app(settings: Settings, *, actions: OperatorActions | None = None, intake: Intake | None = None) -> FastAPI:
+    """The app for `settings`. The pool opens on startup (after `check_reader`) and closes on shutdown.
+
+    `actions` carries out operator actions (without it every action answers 503); `intake` adds
+    `POST /uploads`. `tapeline.wiring.build_app` passes both.
+    """
     from contextlib import asynccontextmanager
 
     state: dict[str, Any] = {}
@@ -304,13 +309,15 @@ def create_app(settings: Settings) -> FastAPI:
         pool = reader_pool(settings)
         pool.open(wait=True, timeout=15.0)
         state["pool"] = app.state.pool = pool
-        intake.open()
+        if intake is not None:
+            intake.open()
         try:
             yield
         finally:
             lag.close()
             pool.close()
-            intake.close()
+            if intake is not None:
+                intake.close()
 
     app = FastAPI(title="Tapeline", version="1", lifespan=lifespan,
                   description="Read API over Tapeline's projections (broker time, UTC; seconds) and operator "
@@ -320,8 +327,8 @@ def create_app(settings: Settings) -> FastAPI:
     lag = LagCache(settings, settings.lag_cache_s)
     metrics = ApiMetrics(lambda: state["pool"], lag)
     app.state.settings, app.state.metrics = settings, metrics
-    intake = IntakeService(settings)  # POST /uploads (producers/http_intake.py): writes as the login role
-    app.include_router(intake_router(intake))
+    if intake is not None:
+        app.include_router(intake.router)  # POST /uploads: writes as the login role
 
     def db() -> Iterator[psycopg.Connection]:
         try:
@@ -502,9 +509,12 @@ def create_app(settings: Settings) -> FastAPI:
             metrics.actions.labels(action=last.replace("-", "_"), result="unauthorized").inc()
             raise HTTPException(401, reason, headers={"WWW-Authenticate": "Bearer"})
 
-    def do_replay(dead_letter_id: str, operator: str, why: str, client: str) -> ActionResult:
-        from processors.operator import replay_dead_letters
+    def wired() -> OperatorActions:
+        if actions is None:
+            raise HTTPException(503, "this server has no operator actions wired (see tapeline.wiring.build_app)")
+        return actions
 
+    def do_replay(dead_letter_id: str, operator: str, why: str, client: str) -> ActionResult:
         with state["pool"].connection() as conn:
             letter = read.dead_letter(conn, dead_letter_id)
         if letter is None:
@@ -512,32 +522,28 @@ def create_app(settings: Settings) -> FastAPI:
         if letter["kind"] != "job":
             raise HTTPException(409, f"dead letter {dead_letter_id} is an undecodable record ({letter['error']}); "
                                      "it has no job to replay")
-        [outcome] = replay_dead_letters(settings, [dead_letter_id], operator, why)
+        [outcome] = wired().replay_dead_letters([dead_letter_id], operator, why)
         _record("replay", outcome.replayed, job_id=outcome.job_id, operator=operator, client=client)
         return ActionResult(action="replay", job_id=outcome.job_id, done=outcome.replayed, detail=outcome.detail,
                             next_attempt=outcome.next_attempt)
 
     def do_cancel(job_id: str, operator: str, why: str, client: str) -> ActionResult:
-        from processors.operator import NotCancellable, cancel_job
-
         with state["pool"].connection() as conn:
             job_or_404(conn, job_id)
         try:
-            detail = cancel_job(settings, job_id, operator, why)
+            detail = wired().cancel_job(job_id, operator, why)
         except NotCancellable as exc:
             raise HTTPException(409, str(exc)) from exc
         _record("cancel", True, job_id=job_id, operator=operator, client=client)
         return ActionResult(action="cancel", job_id=job_id, done=True, detail=detail)
 
     def do_resolve(job_id: str, body: ResolveRequest, client: str) -> ActionResult:
-        from processors.operator import NotReplayable, resolve_review
-
         with state["pool"].connection() as conn:
             row = job_or_404(conn, job_id)
         if row["state"] != "needs_review":
             raise HTTPException(409, f"job {job_id} is {row['state']}, not needs_review")
         try:
-            detail = resolve_review(settings, job_id, body.operator, body.why, body.posted_ref)
+            detail = wired().resolve_review(job_id, body.operator, body.why, body.posted_ref)
         except NotReplayable as exc:
             raise HTTPException(409, str(exc)) from exc
         _record("resolve_review", True, job_id=job_id, operator=body.operator, client=client)
@@ -661,13 +667,3 @@ def _utc(value: datetime | None) -> datetime | None:
     if value is None or value.tzinfo is not None:
         return value
     return value.replace(tzinfo=timezone.utc)
-
-
-def serve(settings: Settings, host: str | None = None, port: int | None = None, log_level: str = "info") -> None:
-    """Run the app with uvicorn until SIGINT/SIGTERM (`tapeline serve`). Checks the read-only role
-    first so a missing grant is one clear error, not a traceback per request."""
-    import uvicorn
-
-    check_reader(settings)
-    uvicorn.run(create_app(settings), host=host or settings.serve_host, port=port or settings.serve_port,
-                log_level=log_level, access_log=False)

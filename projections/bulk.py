@@ -44,7 +44,7 @@ from psycopg.copy import QueuedLibpqWriter
 from domain import lifecycle
 from projections import writes
 from projections.projector import BatchResult, Decoded, Folded, decode_batch, fold_batch, job_params, write_offsets
-from projections.sql import q
+from tapeline.postgres import q
 
 BULK_TABLES = ("lifecycle_evidence", "applied_dedup_keys", "job_state", "uploads")
 """The tables the bulk path COPYs into (`COPY ... FREEZE`, so it truncates them first)."""

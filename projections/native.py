@@ -179,7 +179,8 @@ class NativeFoldState:
         """An event whose date arithmetic `lifecycle.evolve` raises on (the engine kept it as evidence, not
         applied): the dead letter `fold_batch` makes, its error worded by the same Python expression
         (`lease`: the job row's lease a heartbeat extends by). The expression must raise here too."""
-        from projections.projector import _dead_letter, broker_time, decode_batch
+        from projections.projector import _dead_letter, decode_batch
+        from tapeline.kafka import broker_time
         from domain import events as ev
 
         decoded = decode_batch([message], BatchResult(records=1, positions={}))

@@ -481,7 +481,7 @@ class DedupKeysAside:
         from psycopg import sql as pgsql
 
         from projections.bulk import INDEX_BUILD_MEMORY
-        from projections.sql import connect
+        from tapeline.postgres import connect
 
         try:
             with connect(self.database_url, schema=self.definition.schema, autocommit=True) as conn:
@@ -541,7 +541,7 @@ class DedupKeysAside:
         (best effort; a table left over is dropped with the schema by the next replay into it)."""
         from psycopg import sql as pgsql
 
-        from projections.sql import connect
+        from tapeline.postgres import connect
 
         conn = self._conn
         if conn is not None:

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 import psycopg
 from psycopg import sql
 
-from projections.sql import CONTROL_SCHEMA, READER_ROLE, check_schema_name, connect, migrate, migrations
+from tapeline.postgres import CONTROL_SCHEMA, READER_ROLE, check_schema_name, connect, migrate, migrations
 from domain.errors import ConfigurationError, TapelineError
 
 SWAP_GUARD = f"{CONTROL_SCHEMA}.swap_guard"

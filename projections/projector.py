@@ -19,9 +19,8 @@ from __future__ import annotations
 import base64
 import json
 import threading
-import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -32,12 +31,13 @@ from psycopg.types.json import Jsonb
 from domain import lifecycle
 from projections import writes
 from projections.batch import BatchResult  # noqa: F401 - re-exported: `projector.BatchResult` as before
-from projections.lag import LagObserver
+from tapeline.lag import LagObserver
 from projections.pgschema import LiveGuard, SchemaSwapped, schema_oid
-from projections.sql import connect, migrate, q
+from tapeline.postgres import connect, migrate, q
 from domain import events as ev
 from domain.codec import default_codec
 from tapeline import kafka
+from tapeline.kafka import broker_time
 from tapeline.crashpoints import crash_point
 from domain.errors import DecodeError, SchemaError
 from tapeline.health import HealthState
@@ -45,12 +45,6 @@ from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.projector")
 JSON_COLUMNS = frozenset({"ladder", "outputs", "renditions"})
-
-
-def broker_time(message: Message) -> datetime:
-    """The record's timestamp (LogAppendTime on the lifecycle topic) as an aware UTC datetime."""
-    _, millis = message.timestamp()
-    return datetime.fromtimestamp(millis / 1000.0, tz=timezone.utc)
 
 
 def _upsert_job_sql() -> str:
@@ -339,7 +333,7 @@ class Projector:
 
     def __init__(self, settings: Settings, projection: str = "main", batch_size: int = 1000,
                  lag_interval_s: float = 5.0) -> None:
-        """`lag_interval_s`: seconds between lag measurements (`projections.lag.LagObserver`); 0 turns them off."""
+        """`lag_interval_s`: seconds between lag measurements (`tapeline.lag.LagObserver`); 0 turns them off."""
         self.settings, self.projection, self.batch_size = settings, projection, batch_size
         self.lag_interval_s = lag_interval_s
         self.topics = [settings.jobs_topic, settings.uploads_topic, settings.dlq_topic]
@@ -474,34 +468,3 @@ def next_batch(consumer, batch_size: int, wait_s: float = 0.5) -> list[Message]:
     if first is None:
         return []
     return [first] + (consumer.consume(batch_size - 1, timeout=0) if batch_size > 1 else [])
-
-
-def wait_caught_up(conn: psycopg.Connection, lso_reader, topic: str, partition: int, timeout_s: float,
-                   projection: str = "main", poll_s: float = 0.05, at_least: int = 0,
-                   stop: threading.Event | None = None) -> None:
-    """Block until the projection has applied `topic[partition]` up to its last stable offset
-    (and at least up to `at_least`, the offset after the caller's own last write).
-
-    `conn` must be in autocommit mode (each read sees the latest commit). `lso_reader` is a
-    read_committed consumer (used only to ask the broker for the LSO). Raises
-    `ServiceUnavailable` after `timeout_s` seconds (a worker must not decide on a stale view), or
-    at once when `stop` is set (a processor asked to stop does not wait out the timeout first).
-    """
-    from domain.errors import ServiceUnavailable
-
-    target = max(at_least, kafka.last_stable_offsets(lso_reader, topic, [partition])[partition])
-    deadline = time.monotonic() + timeout_s
-    while True:
-        row = conn.execute("SELECT next_offset FROM projector_offsets WHERE projection = %s AND topic = %s"
-                           " AND partition = %s", (projection, topic, partition)).fetchone()
-        position = (row["next_offset"] if isinstance(row, dict) else row[0]) if row else 0
-        if position >= target:
-            return
-        if time.monotonic() > deadline:
-            raise ServiceUnavailable(f"projector is behind on {topic}[{partition}]: at {position}, log at "
-                                     f"{target} after {timeout_s:.0f} s (is `tapeline run --role projector` running?)")
-        if stop is None:
-            time.sleep(poll_s)
-        elif stop.wait(poll_s):
-            raise ServiceUnavailable(f"stopping while the projector is behind on {topic}[{partition}] (at {position}, "
-                                     f"log at {target})")

@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from projections.sql import q
+from tapeline.postgres import q
 from tapeline.settings import Settings
 
 

@@ -28,7 +28,7 @@ from projections.bulk import BulkReplay
 from projections.native import NativeUnsupported, resolve_engine
 from projections.pgschema import check_target_name, prepare_fresh, record_source
 from projections.projector import OTHER_CLUSTER, OTHER_CLUSTER_FIX, Projector, apply_batch, other_cluster
-from projections.sql import connect, migrate, q
+from tapeline.postgres import connect, migrate, q
 from domain.errors import ConfigurationError
 from tapeline.settings import Settings
 

@@ -21,18 +21,11 @@ try:  # psycopg >= 3.2 (its C implementation when psycopg[binary] is installed)
 except ImportError:  # pragma: no cover - older layouts
     from psycopg.copy import format_row_binary as _format_row_binary, format_row_text as _format_row_text
 
-from projections.sql import q
-from domain import events as ev
+from tapeline.postgres import q
+from domain import lifecycle
 
-EVIDENCE_COLUMNS = ("topic", "partition", "offset", "broker_ts", "event_id", "event_type", "job_id", "stage",
-                    "attempt", "claim_token", "dedup_key", "occurred_at", "recorded_by", "causation_id", "applied",
-                    "superseded", "duplicate", "payload")
-PAYLOAD_OMITS: set[str] = set(ev.Event.model_fields) & set(EVIDENCE_COLUMNS)
-"""The envelope fields an evidence row has a column for (event_id, event_type, job_id, stage, attempt,
-claim_token, occurred_at, recorded_by, causation_id, dedup_key), left out of its `payload` JSON: the
-row holds each value once, and the payload (the JSON the server checks for every row) is about 2.5
-times smaller, which doubles the rows/s PostgreSQL takes in a replay (`bench/replay.py`). An event's
-own fields and `correlation_id` stay in the payload. (A set, not a frozenset: pydantic's `exclude`.)"""
+EVIDENCE_COLUMNS = lifecycle.EVIDENCE_COLUMNS
+PAYLOAD_OMITS = lifecycle.PAYLOAD_OMITS
 
 
 EVIDENCE_TYPES = ("text", "int4", "int8", "timestamptz", "text", "text", "text", "text", "int4", "text", "text",

@@ -53,7 +53,7 @@ app.command()(export)
 def migrate() -> None:
     """Apply the PostgreSQL migrations (projections/sql/migrations) to the projection schema
     (TAPELINE_DB_SCHEMA), and make the read grants of TAPELINE_READER_ROLE again where missing."""
-    from projections.sql import migrate as run_migrations
+    from tapeline.postgres import migrate as run_migrations
 
     settings = _settings()
     try:
@@ -112,7 +112,7 @@ def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f
         console.print(f"processors running in the background (pid {pid}); logs: {settings.home / 'logs' / 'run.log'}")
         return
     try:
-        from projections.sql import migrate as run_migrations
+        from tapeline.postgres import migrate as run_migrations
 
         run_migrations(settings.database_url, settings.db_schema, settings.reader_role)
         if role == "all":
@@ -127,7 +127,7 @@ def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f
 
 
 def _wait_for_job(settings: Settings, job_id: str, timeout_s: float, show_progress: bool) -> dict[str, Any]:
-    from projections import read
+    from tapeline import read
 
     started = time.monotonic()
     deadline, next_cluster_check = started + timeout_s, started + 3.0
@@ -295,7 +295,7 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
     """Show a job's current state, or the most recent jobs, the publish providers (breaker state,
     cooldown, posts against quotas, last wait) and the projection's lag (events and seconds behind the
     log end; --json: {"jobs": [...], "projection_lag": {...}, "providers": [...]})."""
-    from projections import read
+    from tapeline import read
     from projections.provider_status import describe as describe_provider
     from projections.provider_status import provider_overview
 
@@ -322,7 +322,7 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
                 return
             rows = [read.job_summary(r) for r in read.recent_jobs(conn)]
             providers = provider_overview(conn, settings)  # breakers, quota use, last waits (migration 014)
-            try:  # events and seconds behind the log end, per partition (projections/lag.py)
+            try:  # events and seconds behind the log end, per partition (tapeline/lag.py)
                 lag, lag_error = read.projection_lag(settings, conn).as_dict(), None
             except TapelineError as exc:
                 lag, lag_error = None, str(exc)
@@ -352,7 +352,7 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
 def stalled(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
     """Attempts, handoffs and uploads that stopped moving, with kind, job, stage, attempt and for how long
     (seconds on the log clock)."""
-    from projections import read
+    from tapeline import read
 
     try:
         with read.open_reader(_settings()) as conn:
@@ -420,7 +420,7 @@ def timeline(job: str = typer.Argument(..., help="Job id"),
              as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
     """Every event of a job in log order, with its attempt and broker timestamp. Checkpoints show their
     rendition, segment and media times; a transcode success shows which segments it reused from earlier attempts."""
-    from projections import read
+    from tapeline import read
 
     try:
         with read.open_reader(_settings()) as conn:
@@ -464,7 +464,7 @@ def dlq_list(reason: Optional[str] = typer.Option(None, "--reason", help="Only t
              limit: int = typer.Option(1000, "--limit", help="At most this many, newest first"),
              as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
     """List dead letters, newest first: id, kind (job | record | projection), job, error class, why."""
-    from projections import read
+    from tapeline import read
 
     try:
         with read.open_reader(_settings()) as conn:
@@ -489,7 +489,7 @@ def dlq_list(reason: Optional[str] = typer.Option(None, "--reason", help="Only t
 def dlq_show(dead_letter_id: str = typer.Argument(..., help="Dead letter id from `tapeline dlq list`"),
              as_json: bool = typer.Option(False, "--json", help="Print JSON (key and value base64)")) -> None:
     """One dead letter: its source position, error, evidence pointer, replay record and raw bytes."""
-    from projections import read
+    from tapeline import read
 
     try:
         with read.open_reader(_settings()) as conn:
@@ -520,7 +520,7 @@ def dlq_replay(dead_letter_id: Optional[str] = typer.Argument(None, help="Dead l
     """Reopen dead-lettered jobs: `JobReplayed` + the next attempt, with a fresh attempt budget.
     Idempotent: a dead letter already replayed, or a job no longer dead-lettered, is left alone."""
     from processors.operator import default_operator, replay_dead_letters
-    from projections import read
+    from tapeline import read
 
     if (dead_letter_id is None) == (not replay_all):
         _fail(TapelineError("give one dead letter id, or --all [--reason CLASS]"), 2)
@@ -550,7 +550,7 @@ app.add_typer(review_app, name="review")
 @review_app.command("list")
 def review_list(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
     """Jobs waiting for a person, with the reason."""
-    from projections import read
+    from tapeline import read
 
     try:
         with read.open_reader(_settings()) as conn:
@@ -592,7 +592,8 @@ def cancel(job: str = typer.Argument(..., help="Job id"),
            operator: Optional[str] = typer.Option(None, "--operator", help="Who cancels (default user@host)")) -> None:
     """Cancel a job that has not ended: emits `JobCancelled` with who and why (a running attempt stops at its
     next heartbeat). Exit 2 for an unknown job, 1 for one that has already ended."""
-    from processors.operator import NoSuchJob, cancel_job, default_operator
+    from domain.errors import NoSuchJob
+    from processors.operator import cancel_job, default_operator
 
     try:
         done = cancel_job(_settings(), job, operator or default_operator(), why)
@@ -611,7 +612,7 @@ def serve(host: Optional[str] = typer.Option(None, "--host", envvar="TAPELINE_SE
           log_format: str = typer.Option("json", "--log-format", envvar="TAPELINE_LOG_FORMAT", help="json | console")) -> None:
     """Serve the read API (/api, OpenAPI at /docs), the web dashboard (/), /health/* and /metrics. Reads through
     the read-only role `tapeline_reader`; actions (replay, resolve, cancel) need TAPELINE_ADMIN_TOKEN."""
-    from projections.api import serve as run_server
+    from tapeline.wiring import serve as run_server
 
     logs.configure(log_format)
     settings = _settings()

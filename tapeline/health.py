@@ -10,7 +10,7 @@ so processors built directly in tests need nothing). `HealthServer` serves it:
   requested);
 - `GET /health/deep`  -> JSON: role, instance, current attempt and its approximate lease left,
   last progress, jobs processed, last job at, uptime, ffmpeg version, projector lag (events and
-  seconds behind the log end, measured by `projections.lag.LagObserver`);
+  seconds behind the log end, measured by `tapeline.lag.LagObserver`);
 - `GET /metrics`      -> Prometheus text exposition of this process's own registry.
 
 Server choice: the standard library's `ThreadingHTTPServer` in a daemon thread, with
@@ -237,7 +237,7 @@ class HealthState:
             self._lag = total
 
     def set_projection_lag(self, report: Any) -> None:
-        """Projector: publish a `projections.lag.LagReport` (per-partition events and seconds behind the
+        """Projector: publish a `tapeline.lag.LagReport` (per-partition events and seconds behind the
         log end) to the lag gauges and `/health/deep`."""
         for p in report.partitions:
             labels = {"topic": p.topic, "partition": str(p.partition)}
@@ -272,7 +272,7 @@ class HealthState:
                    "uptime_s": round(time.monotonic() - self._started, 3)}
             if self.role == "projector":
                 doc["lag_records_approx"] = self._lag
-                doc["projection_lag"] = self._projection_lag  # events and seconds behind, see projections/lag.py
+                doc["projection_lag"] = self._projection_lag  # events and seconds behind, see tapeline/lag.py
             if self._cleanup is not None:
                 doc["cleanup"] = self._cleanup  # watchdog: objects removed, multipart aborted, deferred, errors
         doc["ffmpeg_version"] = ffmpeg_version()

@@ -8,9 +8,10 @@ Kafka's default (murmur2) partitioner, so Java clients and our own lookups agree
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from domain.errors import ServiceUnavailable
 from tapeline.settings import Settings
@@ -132,3 +133,9 @@ def is_fenced(exc: KafkaException) -> bool:
         return False
     return error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
                             KafkaError.INVALID_PRODUCER_EPOCH) or error.fatal()
+
+
+def broker_time(message: Message) -> datetime:
+    """The record's timestamp (LogAppendTime on the lifecycle topic) as an aware UTC datetime."""
+    _, millis = message.timestamp()
+    return datetime.fromtimestamp(millis / 1000.0, tz=timezone.utc)

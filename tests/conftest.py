@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from projections.sql import migrate
+from tapeline.postgres import migrate
 from tapeline.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent

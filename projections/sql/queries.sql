@@ -79,6 +79,10 @@ VALUES (%(projection)s, %(topic)s, %(partition)s, %(next_offset)s)
 ON CONFLICT (projection, topic, partition) DO UPDATE
 SET next_offset = GREATEST(projector_offsets.next_offset, EXCLUDED.next_offset), updated_at = now();
 
+-- name: projector_next_offset
+-- The next offset a projection will apply of one partition (no row: nothing applied yet).
+SELECT next_offset FROM projector_offsets WHERE projection = %(projection)s AND topic = %(topic)s AND partition = %(partition)s;
+
 -- name: offsets_of_projection
 -- Stored positions of one projection.
 SELECT topic, partition, next_offset FROM projector_offsets WHERE projection = %(projection)s;

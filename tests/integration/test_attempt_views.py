@@ -12,9 +12,10 @@ import psycopg
 import pytest
 
 from processors.runtime import Runtime, transact
-from projections import read
-from projections.projector import apply_batch, broker_time
-from projections.sql import connect, migrate
+from tapeline import read
+from projections.projector import apply_batch
+from tapeline.kafka import broker_time
+from tapeline.postgres import connect, migrate
 from domain import events as ev
 from domain.codec import default_codec
 from tapeline import kafka

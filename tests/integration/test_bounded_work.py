@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from tapeline.cli import app
 
 from domain.policy.tiers import after_claim, choose_tier
-from projections import read
+from tapeline import read
 from tapeline.cli import _detail
 from tapeline.objectstore import ObjectStore
 from tests.conftest import settings_env, wait_for

@@ -11,7 +11,7 @@ import pytest
 from projections import native
 from projections.bulk import BulkReplay
 from projections.projector import apply_batch
-from projections.sql import connect, migrate
+from tapeline.postgres import connect, migrate
 from domain import events as ev
 from tests.fakelog import FakeLog
 from tests.integration.test_attempt_views import Job

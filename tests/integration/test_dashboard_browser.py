@@ -27,7 +27,7 @@ import pytest
 import uvicorn
 from pydantic import SecretStr
 
-from projections.api import create_app
+from tapeline.wiring import build_app as create_app
 from tapeline.samples import sample_video
 from tests.conftest import Pipeline, wait_for
 from tests.faults.conftest import FAULT_TIMING, job_row

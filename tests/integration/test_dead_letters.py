@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Producer
 
 from projections.projector import _dead_letter
-from projections.sql import q
+from tapeline.postgres import q
 from domain import events as ev
 from domain.codec import default_codec
 from tapeline.samples import sample_video

@@ -7,7 +7,7 @@ import psycopg
 import pytest
 
 from projections.projector import apply_batch
-from projections.sql import connect
+from tapeline.postgres import connect
 from tests.fakelog import FakeLog
 from tests.integration.test_read_api import lifecycles
 from tests.unit.test_compose import grafana_sql

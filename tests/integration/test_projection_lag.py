@@ -15,9 +15,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from projections.lag import LagObserver, lag_reader, measure
+from tapeline.lag import LagObserver, lag_reader, measure
 from projections.projector import Projector
-from projections.sql import connect
+from tapeline.postgres import connect
 from tapeline import kafka
 from tapeline.health import HealthState
 from tests.conftest import settings_env, tapeline_cli, wait_for

@@ -12,7 +12,7 @@ import pytest
 from processors.runtime import Runtime, transact
 from domain.lifecycle import JOB_STATE_COLUMNS
 from projections.projector import Projector, apply_batch
-from projections.sql import connect, migrate
+from tapeline.postgres import connect, migrate
 from domain import events as ev
 from tapeline import kafka, stack
 from tests.conftest import wait_for
@@ -172,7 +172,7 @@ def test_waiting_for_a_job_fails_fast_when_the_projections_come_from_another_clu
 def test_a_processor_told_to_stop_gives_up_waiting_for_a_projection_at_once(isolated, written):
     """A processor waiting for the projection (here one that never runs) stops when asked, not after
     its caught-up timeout (a supervisor's SIGTERM would otherwise wait the whole grace)."""
-    from projections.projector import wait_caught_up
+    from tapeline.read import wait_caught_up
     from domain.errors import ServiceUnavailable
 
     reader = kafka.consumer(isolated, f"lso-{uuid.uuid4().hex[:6]}")

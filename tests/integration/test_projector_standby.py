@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from processors.runtime import Runtime, transact
-from projections.sql import migrate
+from tapeline.postgres import migrate
 from tapeline import kafka
 from tests.conftest import settings_env, wait_for
 from tests.integration.test_projector import lifecycle

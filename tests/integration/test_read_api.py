@@ -30,7 +30,7 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from processors.runtime import Runtime, transact
-from projections.api import create_app
+from tapeline.wiring import build_app as create_app
 from domain import events as ev
 from tapeline import kafka
 from tests.conftest import settings_env, wait_for

@@ -155,7 +155,7 @@ def test_a_replay_and_an_as_of_replay_reach_the_live_stall_decisions(isolated):
 def watchdog_decides(settings):
     """The watchdog's steps 3 and 4 on the live projection, handoffs only: its query, then `run_once`."""
     from processors.watchdog import run_once
-    from projections.sql import q
+    from tapeline.postgres import q
 
     with psycopg.connect(settings.database_url, row_factory=psycopg.rows.dict_row) as conn:
         handoffs = conn.execute(q("handoffs_due")).fetchall()

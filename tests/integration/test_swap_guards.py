@@ -19,7 +19,7 @@ from psycopg.conninfo import conninfo_to_dict
 from projections import pgschema
 from projections.export import export
 from projections.replay import replay
-from projections.sql import migrate
+from tapeline.postgres import migrate
 from tapeline import kafka, stack
 from tests.conftest import settings_env, tapeline_cli, wait_for
 from tests.integration.test_projector import run_projector_until_caught_up

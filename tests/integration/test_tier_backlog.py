@@ -1,10 +1,10 @@
-"""`projections.read.tier_backlog`: per-tier waiting/running/recently-completed counts from job_state."""
+"""`tapeline.read.tier_backlog`: per-tier waiting/running/recently-completed counts from job_state."""
 
 from __future__ import annotations
 
 import uuid
 
-from projections.read import open_reader, tier_backlog
+from tapeline.read import open_reader, tier_backlog
 
 
 def _insert(conn, state: str, priority: str | None, completed_ago_s: float | None = None) -> None:

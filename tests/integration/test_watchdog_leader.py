@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from processors.watchdog import Watchdog
-from projections.sql import migrate
+from tapeline.postgres import migrate
 from tapeline import stack
 from tests.conftest import wait_for
 

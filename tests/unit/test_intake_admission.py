@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from domain.policy.cleanup import retention_under_pressure
 from producers.http_intake import admission, retry_after, upload_id_for_key
-from projections.read import TierBacklog
+from tapeline.read import TierBacklog
 from domain import events as ev
 from tapeline.settings import Settings
 

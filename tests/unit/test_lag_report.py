@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from projections.lag import LagReport, PartitionLag
+from tapeline.lag import LagReport, PartitionLag
 from tapeline.health import HealthState
 
 AT = datetime(2025, 1, 1, 12, 0, tzinfo=timezone.utc)

@@ -35,7 +35,7 @@ import psycopg
 import structlog
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from projections.sql import connect, q
+from tapeline.postgres import connect, q
 from tapeline import kafka
 from tapeline.settings import Settings
 

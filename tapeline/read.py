@@ -1,7 +1,10 @@
-"""Reads over the projections for the CLI and the read API (`projections/api.py`)."""
+"""Reads over the projections (the job-state reader): for the CLI, the read API (`projections/api.py`),
+the HTTP intake's backpressure and the processors that consult current state."""
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -9,8 +12,9 @@ from typing import Any
 import psycopg
 
 from domain.lifecycle import TERMINAL_STATES
-from projections.sql import connect, q
-from domain.errors import ConfigurationError
+from tapeline import kafka
+from tapeline.postgres import connect, q
+from domain.errors import ConfigurationError, ServiceUnavailable
 from domain.policy.tiers import TIERS
 from tapeline.settings import Settings
 
@@ -130,11 +134,11 @@ def jobs_in_state(conn: psycopg.Connection, state: str, limit: int = 1000) -> li
 
 
 def projection_lag(settings: Settings, conn: psycopg.Connection, timeout_s: float = 10.0):
-    """The live projection's `projections.lag.LagReport`: events and seconds behind the log end, per
+    """The live projection's `tapeline.lag.LagReport`: events and seconds behind the log end, per
     partition (a short-lived read_committed consumer; raises `ServiceUnavailable` without Kafka)."""
     from confluent_kafka import KafkaException
 
-    from projections.lag import lag_reader, measure
+    from tapeline.lag import lag_reader, measure
     from domain.errors import ServiceUnavailable
 
     consumer = lag_reader(settings)
@@ -277,3 +281,32 @@ def tier_backlog(conn: psycopg.Connection, window_s: float = 300.0) -> dict[str,
 def dead_letter_counts(conn: psycopg.Connection) -> dict[str, int]:
     """{"total": n, "pending": n not yet replayed}."""
     return dict(conn.execute(q("dead_letter_counts")).fetchone())
+
+
+def wait_caught_up(conn: psycopg.Connection, lso_reader, topic: str, partition: int, timeout_s: float,
+                   projection: str = "main", poll_s: float = 0.05, at_least: int = 0,
+                   stop: threading.Event | None = None) -> None:
+    """Block until the projection has applied `topic[partition]` up to its last stable offset
+    (and at least up to `at_least`, the offset after the caller's own last write).
+
+    `conn` must be in autocommit mode (each read sees the latest commit). `lso_reader` is a
+    read_committed consumer (used only to ask the broker for the LSO). Raises
+    `ServiceUnavailable` after `timeout_s` seconds (a worker must not decide on a stale view), or
+    at once when `stop` is set (a processor asked to stop does not wait out the timeout first).
+    """
+    target = max(at_least, kafka.last_stable_offsets(lso_reader, topic, [partition])[partition])
+    deadline = time.monotonic() + timeout_s
+    while True:
+        row = conn.execute(q("projector_next_offset"), {"projection": projection, "topic": topic,
+                                                          "partition": partition}).fetchone()
+        position = (row["next_offset"] if isinstance(row, dict) else row[0]) if row else 0
+        if position >= target:
+            return
+        if time.monotonic() > deadline:
+            raise ServiceUnavailable(f"projector is behind on {topic}[{partition}]: at {position}, log at "
+                                     f"{target} after {timeout_s:.0f} s (is `tapeline run --role projector` running?)")
+        if stop is None:
+            time.sleep(poll_s)
+        elif stop.wait(poll_s):
+            raise ServiceUnavailable(f"stopping while the projector is behind on {topic}[{partition}] (at {position}, "
+                                     f"log at {target})")

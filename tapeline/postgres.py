@@ -1,12 +1,15 @@
-"""SQL lives in `.sql` files: numbered migrations in `sql/migrations/`, named queries in `sql/queries.sql`.
+"""The PostgreSQL adapter: connections, named queries and migrations.
 
-A named query is a block starting with `-- name: <name>` and a one-line description.
+SQL lives in `.sql` files of the projections (`projections/sql/`): numbered migrations in
+`sql/migrations/`, named queries in `sql/queries.sql`. A named query is a block starting with
+`-- name: <name>` and a one-line description; Python calls it by name (`q`).
 """
 
 from __future__ import annotations
 
 import re
 from functools import lru_cache
+from importlib.resources import files
 from pathlib import Path
 
 import psycopg
@@ -14,7 +17,7 @@ from psycopg import sql as psql
 
 from domain.errors import ConfigurationError, ServiceUnavailable
 
-SQL_DIR = Path(__file__).resolve().parent / "sql"
+SQL_DIR = Path(str(files("projections"))) / "sql"
 MIGRATIONS_DIR = SQL_DIR / "migrations"
 MIGRATION_LOCK = 0x7A9E_0001  # advisory lock key: one migrator at a time
 

@@ -1,0 +1,45 @@
+"""Ports of the web layer: what `projections/api.py` asks of the rest, as small Protocols.
+
+The API never imports the processors or the producers; `tapeline/wiring.py` builds the adapters
+(`processors/operator.py` behind `OperatorActions`, `producers/http_intake.py` behind `Intake`) and
+passes them to `create_app`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+from fastapi import APIRouter
+
+
+class ReplayOutcome(Protocol):
+    """One dead letter's replay: the job it reopened (None for none), whether it took effect now,
+    the next attempt it queued, and a sentence for the operator."""
+
+    job_id: str | None
+    replayed: bool
+    next_attempt: int | None
+    detail: str
+
+
+class OperatorActions(Protocol):
+    """Operator actions; each emits events and never writes a projection.
+
+    Refusals are `domain.errors.NotReplayable` (replay, resolve) and `NotCancellable` (cancel).
+    """
+
+    def replay_dead_letters(self, ids: Sequence[str], operator: str, reason: str) -> list[ReplayOutcome]: ...
+
+    def cancel_job(self, job_id: str, operator: str, reason: str) -> str: ...
+
+    def resolve_review(self, job_id: str, operator: str, reason: str, posted_ref: str | None) -> str: ...
+
+
+class Intake(Protocol):
+    """The HTTP intake (`POST /uploads`): a router, opened with the app and closed with it."""
+
+    router: APIRouter
+
+    def open(self) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,66 @@
+"""The allowed import directions (`[tool.importlinter]` in pyproject.toml) hold, and can fail.
+
+`lint-imports` (PyPI `import-linter`) reads the contracts from pyproject.toml. The second test runs the
+same contracts over a small tree of packages that break each one, so a contract that could never
+fail (a misspelt module, a wrong type) fails this test instead of passing silently.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LINT = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or "lint-imports"
+
+
+def _contract_names() -> list[str]:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    return [c["name"] for c in config["contracts"]]
+
+
+def _lint(cwd: Path, config: Path, pythonpath: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(pythonpath), COLUMNS="400")
+    return subprocess.run([LINT, "--config", str(config), "--no-cache"], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_the_code_keeps_every_import_contract():
+    result = _lint(REPO, REPO / "pyproject.toml", REPO)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    names = _contract_names()
+    assert len(names) >= 4
+    assert f"Contracts: {len(names)} kept, 0 broken." in result.stdout
+
+
+def test_each_contract_fails_on_a_forbidden_import(tmp_path: Path):
+    modules = {
+        "domain/__init__.py": "",
+        "domain/events.py": "import psycopg\nfrom tapeline import settings\n",  # contract 1
+        "processors/__init__.py": "",
+        "processors/worker.py": "from projections import fold\n",  # contract 2
+        "projections/__init__.py": "",
+        "projections/fold.py": "",
+        "projections/api.py": "",
+        "producers/__init__.py": "",
+        "tapeline/__init__.py": "",
+        "tapeline/settings.py": "import processors.worker\n",  # contract 3
+        "tapeline/kafka.py": "", "tapeline/postgres.py": "", "tapeline/read.py": "", "tapeline/lag.py": "",
+        "tapeline/objectstore.py": "", "tapeline/health.py": "", "tapeline/logs.py": "",
+        "tapeline/crashpoints.py": "", "tapeline/stack.py": "", "tapeline/samples.py": "",
+        "tapeline/supervisor.py": "import schemas.register\n",  # contract 4
+        "schemas/__init__.py": "", "schemas/register.py": "",
+    }
+    for name, text in modules.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    result = _lint(tmp_path, tmp_path / "pyproject.toml", tmp_path)
+    names = _contract_names()
+    assert result.returncode != 0
+    assert f"Contracts: 0 kept, {len(names)} broken." in result.stdout, result.stdout[-4000:]
