@@ -84,6 +84,10 @@ class SourceMedia(_Frozen):
     video_codec: str
     audio_codec: str | None = None
     bit_rate_bps: int | None = None
+    audio_duration_s: float | None = None
+    """The encoded audio stream's own duration, s (`duration_s` is the video stream's)."""
+    handling: tuple[str, ...] = ()
+    """What the transcode does about what is unusual in the source (`media.source_handling`)."""
 
 
 class Event(_Frozen):
