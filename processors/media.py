@@ -233,8 +233,8 @@ def choose_audio(streams: list[dict]) -> dict | None:
 
 def source_handling(video: dict, audio: dict | None, audio_count: int, video_s: float, audio_s: float | None,
                     video_start_s: float, audio_start_s: float, file_start_s: float) -> list[str]:
-    """What the transcode does about what is unusual in a source, one sentence each (recorded in
-    `SourceMedia.handling` of `JobAccepted`; docs/media-corpus.md explains each). Pure."""
+    """What the transcode does about what is unusual in a source, one sentence each (recorded, joined
+    by "; ", in `SourceMedia.handling` of `JobAccepted`; docs/media-corpus.md explains each). Pure."""
     notes = []
     if audio_s is not None and abs(audio_s - video_s) > STREAM_LENGTH_NOTE_S:
         longer = "audio" if audio_s > video_s else "video"
@@ -316,9 +316,9 @@ def interpret_probe(info: dict) -> Probe:
         rotation=rotation, fps=fps, frames=frames, video_codec=str(video.get("codec_name") or "unknown"),
         audio_codec=str(audio.get("codec_name") or "unknown") if audio else None,
         bit_rate_bps=bit_rate if bit_rate is not None and bit_rate < 2**62 else None,
-        audio_duration_s=audio_s, handling=source_handling(
+        audio_duration_s=audio_s, handling="; ".join(source_handling(
             video, audio, sum(1 for s in streams if s.get("codec_type") == "audio"), duration, audio_s,
-            video_start, audio_start, file_start))
+            video_start, audio_start, file_start)) or None)
     index = _count(video.get("index"))
     audio_index = _count(audio.get("index")) if audio else None
     real = _ratio(video.get("r_frame_rate"))

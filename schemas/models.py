@@ -86,8 +86,9 @@ class SourceMedia(_Frozen):
     bit_rate_bps: int | None = None
     audio_duration_s: float | None = None
     """The encoded audio stream's own duration, s (`duration_s` is the video stream's)."""
-    handling: tuple[str, ...] = ()
-    """What the transcode does about what is unusual in the source (`media.source_handling`)."""
+    handling: str | None = None
+    """What the transcode does about what is unusual in the source, sentences joined by "; "
+    (`media.source_handling`); None when nothing is."""
 
 
 class Event(_Frozen):

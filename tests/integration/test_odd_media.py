@@ -209,7 +209,7 @@ def test_an_odd_but_valid_source_completes_with_correct_outputs(name, corpus, ou
     source = stream_facts(str(corpus[name]))
     # what was done about the oddity is recorded in the job's probe summary
     if case.get("note"):
-        assert any(case["note"] in note for note in summary["media"].handling), summary["media"].handling
+        assert case["note"] in (summary["media"].handling or ""), summary["media"].handling
     # dimensions
     rung, width, height = case.get("size", ("180p", 320, 180))
     assert [(o["name"], o["width"], o["height"]) for o in summary["outputs"]] == [(rung, width, height)]
