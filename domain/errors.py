@@ -75,6 +75,16 @@ class TranscodeFailed(MediaError):
     error_class = "unknown"
 
 
+class OutputMismatch(TranscodeFailed):
+    """The encode finished but does not match the source's probe (a post-encode check failed).
+
+    The same source and command give the same output, so another attempt would fail the same way:
+    recorded as `unsupported_media` (not retryable, `JobFailed` at once) with the check's reason.
+    """
+
+    error_class = "unsupported_media"
+
+
 class StorageError(TapelineError):
     """Object storage failed."""
 

@@ -84,6 +84,11 @@ class SourceMedia(_Frozen):
     video_codec: str
     audio_codec: str | None = None
     bit_rate_bps: int | None = None
+    audio_duration_s: float | None = None
+    """The encoded audio stream's own duration, s (`duration_s` is the video stream's)."""
+    handling: str | None = None
+    """What the transcode does about what is unusual in the source, sentences joined by "; "
+    (`media.source_handling`); None when nothing is."""
 
 
 class Event(_Frozen):

@@ -36,7 +36,7 @@ import ffmpeg
 
 from processors import media
 from domain.events import Rendition
-from domain.errors import TranscodeFailed
+from domain.errors import OutputMismatch, TranscodeFailed
 
 BOUNDARY_EPS_S = 0.001
 """Segment boundaries sit this far before `j * segment_s`, so a frame stamped exactly on the
@@ -91,7 +91,8 @@ def segment_name(index: int) -> str:
 def build_segment_command(source: Path, out_dir: Path, ladder: list[Rendition], *, with_audio: bool,
                           segment_s: float, preset: str, duration_s: float, start_index: int = 0,
                           list_dir: Path | None = None, video_stream: int | None = None,
-                          audio_stream: int | None = None, frame_rate: Fraction | None = None) -> list[str]:
+                          audio_stream: int | None = None, frame_rate: Fraction | None = None,
+                          deinterlace: bool = False, audio_rate_hz: int | None = None) -> list[str]:
     """ffmpeg arguments encoding segments `start_index..` of every rung (and all audio, if asked;
     with an empty `ladder`, only the audio).
 
@@ -102,6 +103,9 @@ def build_segment_command(source: Path, out_dir: Path, ladder: list[Rendition], 
     ffmpeg's own choice), so cover art or a second audio track is never encoded by mistake.
     `frame_rate`: the probe's `encoder_frame_rate`; the encoder time base is set to its inverse
     explicitly and a resumed run seeks to `resume_seek_s`, so full and resumed runs cut alike.
+    `deinterlace` (the probe's): `bwdif` in `send_frame` mode before the split (one frame out per
+    frame in, so frame counts and timestamps stay the source's). `audio_rate_hz`: the audio's
+    sampling rate; above `media.MAX_AUDIO_RATE_HZ` it is resampled to that rate.
     """
     list_dir = list_dir or out_dir.parent / "lists"
     list_dir.mkdir(parents=True, exist_ok=True)
@@ -112,6 +116,8 @@ def build_segment_command(source: Path, out_dir: Path, ladder: list[Rendition], 
     video_in = ffmpeg.input(str(source), protocol_whitelist="file", format_whitelist=media.ALLOWED_CONTAINERS,
                             **seek)
     video = video_in[str(video_stream)] if video_stream is not None else video_in.video
+    if deinterlace and ladder:
+        video = video.filter("bwdif", mode="send_frame", parity="auto", deint="all")
     split = video.filter_multi_output("split", len(ladder)) if ladder else None
     segment = {"f": "segment", "segment_format": "mpegts", "segment_list_type": "csv",
                "output_ts_offset": f"{TS_OFFSET_S:g}"}
@@ -138,6 +144,7 @@ def build_segment_command(source: Path, out_dir: Path, ladder: list[Rendition], 
         audio = audio_in[str(audio_stream)] if audio_stream is not None else audio_in.audio
         outputs.append(ffmpeg.output(audio, str(out_dir / AUDIO / "seg_%05d.ts"), **{
             "c:a": "aac", "b:a": f"{media.AUDIO_BITRATE_KBPS}k", "ac": 2,
+            **({"ar": media.MAX_AUDIO_RATE_HZ} if audio_rate_hz and audio_rate_hz > media.MAX_AUDIO_RATE_HZ else {}),
             "segment_times": times, "segment_list": str(list_dir / f"{AUDIO}.csv"), **segment}))
     stream = ffmpeg.merge_outputs(*outputs).global_args(
         "-hide_banner", "-nostdin", "-loglevel", "error", "-nostats", "-progress", "pipe:1",
@@ -403,11 +410,14 @@ def plan_resume(verified: Iterable[Checkpoint], renditions: list[str], segment_s
     return ResumePlan(index, video, audio)
 
 
-def check_join(previous: Checkpoint | LocalSegment, segment: LocalSegment, frame_s: float) -> None:
-    """Raise `TranscodeFailed` unless `segment` starts where `previous` ended (within half a frame):
-    a resumed encode whose seek landed elsewhere (a container without an index) must not be joined."""
+def check_join(previous: Checkpoint | LocalSegment, segment: LocalSegment, frame_s: float,
+               max_gap_s: float = 0.0) -> None:
+    """Raise `TranscodeFailed` unless `segment` starts where `previous` ended (within half a frame;
+    a later start by up to `max_gap_s` seconds is accepted: a variable-frame-rate source's own hole
+    between two frames): a resumed encode whose seek landed elsewhere (a container without an
+    index) must not be joined."""
     end = previous.start_s + previous.duration_s
-    if abs(segment.start_s - end) > frame_s / 2:
+    if not -frame_s / 2 <= segment.start_s - end <= max(frame_s / 2, max_gap_s):
         raise TranscodeFailed(f"{segment.rendition} segment {segment.index} starts at {segment.start_s:.3f} s, "
                               f"the previous one ends at {end:.3f} s")
 
@@ -426,29 +436,35 @@ def media_playlist(durations: list[float]) -> str:
 
 
 def check_rendition(name: str, segments: list[LocalSegment | Checkpoint], frame_s: float,
-                    expected_frames: int | None, duration_s: float, tolerance_s: float) -> None:
-    """Check one assembled rendition before it is trusted. Pure.
+                    expected_frames: int | None, duration_s: float, tolerance_s: float, start_s: float = 0.0,
+                    max_gap_s: float = 0.0) -> None:
+    """Check one assembled rendition against the source stream it comes from, before it is trusted. Pure.
 
-    Its segments are numbered 0..n-1, the first starts at 0, each starts where the previous ended
-    (within half a frame), the total duration matches the source's `duration_s` within
-    `tolerance_s`, and (video) the frames add up to `expected_frames` when the probe knew it.
-    Raises `TranscodeFailed` naming the rendition and what is wrong.
+    Its segments are numbered 0..n-1, the first starts at `start_s` (the stream's start after the
+    file's, `media.Probe.video_start_s` / `audio_start_s`), each starts where the previous ended
+    (within half a frame; later by up to `max_gap_s` for a variable-frame-rate source), the
+    rendition ends within `tolerance_s` of `start_s + duration_s` (`duration_s`: that stream's own
+    duration), and (video) the frames add up to `expected_frames` when the probe knew it.
+    Raises `OutputMismatch` (not retryable: a new attempt encodes the same) naming the rendition
+    and what is wrong.
     """
     if not segments:
-        raise TranscodeFailed(f"rendition {name}: no segments")
+        raise OutputMismatch(f"rendition {name}: no segments")
     if [s.index for s in segments] != list(range(len(segments))):
-        raise TranscodeFailed(f"rendition {name}: segments are not numbered 0..{len(segments) - 1}")
+        raise OutputMismatch(f"rendition {name}: segments are not numbered 0..{len(segments) - 1}")
     slack = frame_s / 2 if name != AUDIO else 0.05
-    if abs(segments[0].start_s) > max(slack, 0.03):
-        raise TranscodeFailed(f"rendition {name}: starts at {segments[0].start_s:.3f} s, not 0")
+    if abs(segments[0].start_s - start_s) > max(slack, 0.03):
+        raise OutputMismatch(f"rendition {name}: starts at {segments[0].start_s:.3f} s, its source stream at "
+                             f"{start_s:.3f} s")
     for previous, segment in zip(segments, segments[1:]):
-        if abs(previous.start_s + previous.duration_s - segment.start_s) > slack:
-            raise TranscodeFailed(f"rendition {name}: a gap or overlap before segment {segment.index} "
+        step = segment.start_s - (previous.start_s + previous.duration_s)
+        if not -slack <= step <= max(slack, max_gap_s if name != AUDIO else 0.0):
+            raise OutputMismatch(f"rendition {name}: a gap or overlap before segment {segment.index} "
                                   f"({previous.start_s + previous.duration_s:.3f} s -> {segment.start_s:.3f} s)")
-    total = segments[-1].start_s + segments[-1].duration_s
+    total = segments[-1].start_s + segments[-1].duration_s - start_s
     if abs(total - duration_s) > tolerance_s:
-        raise TranscodeFailed(f"rendition {name}: {total:.3f} s long, the source promised {duration_s:.3f} s "
-                              "(a source that decodes short?)")
+        raise OutputMismatch(f"rendition {name}: {total:.3f} s long, its source stream {duration_s:.3f} s "
+                             "(a source that decodes short?)")
     frames = sum(s.frames for s in segments)
     if name != AUDIO and expected_frames is not None and abs(frames - expected_frames) > 1:
-        raise TranscodeFailed(f"rendition {name}: {frames} frames, the source has {expected_frames}")
+        raise OutputMismatch(f"rendition {name}: {frames} frames, the source has {expected_frames}")

@@ -47,6 +47,17 @@ def attempt_prefix(job_id: str, stage: str, attempt: int) -> str:
     return f"work/{job_id}/{stage}/{attempt}/"
 
 
+VFR_MAX_GAP_S = 1.0
+"""Largest hole between two frames of a variable-frame-rate source that a join may show (phones drop
+frames under load); lost frames are still caught by the frame count (`segments.check_rendition`)."""
+
+
+def max_join_gap_s(probe: media.Probe | None) -> float:
+    """How much later than the previous segment's end a video segment may start: `VFR_MAX_GAP_S` for
+    a variable-frame-rate source, else 0 (half a frame, the joins' own slack). Pure."""
+    return VFR_MAX_GAP_S if probe is not None and probe.variable_frame_rate else 0.0
+
+
 class ResumeMismatch(TranscodeFailed):
     """A resumed encode does not join the reused segments (the seek landed elsewhere)."""
 
@@ -140,18 +151,18 @@ class TranscodeWorker(StageWorker):
             self.encoded = (probe.frames or 0, probe.duration_s)  # (every segment reused: nothing left to encode)
             try:
                 new, elapsed_s = self.encode(attempt, store, source, probe, plan, out_dir, prefix, streams,
-                                                 inspected.encoder_frame_rate)
+                                                 inspected.encoder_frame_rate, inspected)
             except ResumeMismatch as exc:
                 log.warning("resumed encode does not join the reused segments; encoding from the start",
                             job_id=identity.job_id, error=str(exc))
                 shutil.rmtree(out_dir)
                 plan, sizes = ResumePlan(0, {}, []), {}
                 new, elapsed_s = self.encode(attempt, store, source, probe, plan, out_dir, prefix, streams,
-                                                 inspected.encoder_frame_rate)
+                                                 inspected.encoder_frame_rate, inspected)
             # Step 4 (no ffmpeg to heartbeat from: heartbeats from a thread, with the encode's figures)
             with attempt.keepalive(*self.encoded, probe.frames):
                 outputs, playlist_keys = self.assemble(store, item.renditions, probe, has_audio, plan, sizes, new,
-                                                       out_dir, prefix, frame_s)
+                                                       out_dir, prefix, frame_s, inspected)
         renditions = [r.model_copy(update={"playlist_key": playlist_keys[r.name]}) for r in item.renditions]
         audio_key = playlist_keys.get(AUDIO)
         jobs = settings.jobs_topic
@@ -189,7 +200,8 @@ class TranscodeWorker(StageWorker):
 
     def encode(self, attempt: Attempt, store: ObjectStore, source: Path, probe: ev.SourceMedia, plan: ResumePlan,
                out_dir: Path, prefix: str, streams: tuple[int, int | None] = (0, None),
-               frame_rate: Fraction | None = None) -> tuple[dict[str, list[LocalSegment]], float]:
+               frame_rate: Fraction | None = None,
+               source_probe: media.Probe | None = None) -> tuple[dict[str, list[LocalSegment]], float]:
         """Step 3: encode segments `plan.start_index..` (and the audio unless reused), checkpointing
         each one as it completes. Returns the new segments per rendition and ffmpeg's wall time (s).
 
@@ -198,7 +210,8 @@ class TranscodeWorker(StageWorker):
         reused one, `TranscodeFailed` when ffmpeg fails (`TranscodeTimeout` past its wall-clock
         limit), `StorageError` when an upload fails. `streams`: the source's (video, audio) stream
         indexes from the probe (audio None when there is none); `frame_rate`: the probe's
-        `encoder_frame_rate` (`segments.build_segment_command`).
+        `encoder_frame_rate` (`segments.build_segment_command`); `source_probe`: the whole probe
+        (deinterlacing, the audio's sampling rate, a variable frame rate).
         """
         item, settings = attempt.item, self.settings
         with_audio = streams[1] is not None and not plan.audio
@@ -213,7 +226,9 @@ class TranscodeWorker(StageWorker):
             source, out_dir, ladder, with_audio=with_audio, segment_s=settings.segment_s,
             preset=item.x264_preset or settings.x264_preset, duration_s=probe.duration_s, start_index=plan.start_index,
             list_dir=out_dir.parent / "lists", video_stream=streams[0], audio_stream=streams[1],
-            frame_rate=frame_rate)
+            frame_rate=frame_rate, deinterlace=bool(source_probe and source_probe.deinterlace),
+            audio_rate_hz=source_probe.audio_sample_rate if source_probe else None)
+        max_gap_s = max_join_gap_s(source_probe)
         limit_s = media.wall_clock_limit_s(probe.duration_s, settings)
         watcher = segments.SegmentWatcher(out_dir, names, plan.start_index)
         reused_frames = sum(c.frames for c in plan.video.get(item.renditions[0].name, []))
@@ -233,7 +248,7 @@ class TranscodeWorker(StageWorker):
                 last[segment.rendition] = segment
                 if previous is not None and segment.rendition != AUDIO:
                     try:
-                        segments.check_join(previous, segment, frame_s)
+                        segments.check_join(previous, segment, frame_s, max_gap_s)
                     except TranscodeFailed as exc:
                         if joins_reused:
                             raise ResumeMismatch(str(exc)) from exc
@@ -284,19 +299,31 @@ class TranscodeWorker(StageWorker):
 
     def assemble(self, store: ObjectStore, ladder: list[ev.Rendition], probe: ev.SourceMedia, has_audio: bool,
                  plan: ResumePlan, sizes: dict[str, int], new: dict[str, list[LocalSegment]], out_dir: Path,
-                 prefix: str, frame_s: float) -> tuple[list[ev.OutputFile], dict[str, str]]:
-        """Step 4: check each rendition (reused + new segments), write and upload its playlist, and
-        list every object of the final renditions. Returns (outputs, playlist key per rendition).
-        Raises `TranscodeFailed` when a rendition does not match the source's probe."""
+                 prefix: str, frame_s: float,
+                 source_probe: media.Probe | None = None) -> tuple[list[ev.OutputFile], dict[str, str]]:
+        """Step 4: check each rendition (reused + new segments) against the source stream it comes
+        from, write and upload its playlist, and list every object of the final renditions. Returns
+        (outputs, playlist key per rendition). Raises `OutputMismatch` (class `unsupported_media`, not
+        retried) when a rendition does not match its stream in the probe.
+
+        Tolerances: video, 1.5 frames (at least 0.1 s: the last frame's duration is a guess from the
+        frame interval); audio, 0.1 s more: AAC encodes in 1024-sample frames (21 ms at 48 kHz) and
+        its first frame carries 1024 samples of encoder priming (`segments.scan_ts` reads frame times).
+        """
         tolerance = max(0.1, 1.5 * frame_s)
+        audio_s = source_probe.audio_duration_s if source_probe and source_probe.audio_duration_s else probe.duration_s
+        starts = (source_probe.video_start_s, source_probe.audio_start_s) if source_probe else (0.0, 0.0)
         outputs: list[ev.OutputFile] = []
         playlists: dict[str, str] = {}
         names = [r.name for r in ladder] + ([AUDIO] if has_audio else [])
         for name in names:
             reused: list[Any] = plan.audio if name == AUDIO else plan.video.get(name, [])
             parts: list[Any] = list(reused) + new[name]
-            segments.check_rendition(name, parts, frame_s, probe.frames, probe.duration_s,
-                                     tolerance if name != AUDIO else tolerance + 0.1)
+            if name == AUDIO:
+                segments.check_rendition(name, parts, frame_s, None, audio_s, tolerance + 0.1, start_s=starts[1])
+            else:
+                segments.check_rendition(name, parts, frame_s, probe.frames, probe.duration_s, tolerance,
+                                         start_s=starts[0], max_gap_s=max_join_gap_s(source_probe))
             for part in parts:
                 if isinstance(part, Checkpoint):
                     outputs.append(ev.OutputFile(key=part.key, sha256=part.sha256, size_bytes=sizes[part.key],

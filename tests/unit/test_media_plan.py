@@ -269,6 +269,11 @@ def result(returncode=0, timed_out=False, tail="", out_time=0.0):
     (result(-9, tail="x"), "out_of_memory", "ffmpeg exited with -9: x"),
     (result(137, tail="x"), "out_of_memory", "ffmpeg exited with 137: x"),
     (result(1, tail="first\nInvalid data found"), "unknown", "ffmpeg exited with 1: Invalid data found"),
+    (result(1, tail="[h264 @ 0x55] Multiple slice types per frame is not implemented. Update your FFmpeg\nConversion "
+            "failed!"), "unsupported_media",
+     "ffmpeg cannot process this source: Multiple slice types per frame is not implemented. Update your FFmpeg"),
+    (result(1, tail="Decoder (codec none) not found for input stream #0:0"), "unsupported_media",
+     "ffmpeg cannot process this source: Decoder (codec none) not found for input stream #0:0"),
 ])
 def test_ffmpeg_outcomes_are_classified(outcome, error_class, message):
     error = ffmpeg_failure(outcome, 30.0)
@@ -281,3 +286,83 @@ def test_ffmpeg_outcomes_are_classified(outcome, error_class, message):
 def test_wall_clock_limit_grows_with_the_media():
     s = Settings(ffmpeg_timeout_s=600, ffmpeg_timeout_factor=10)
     assert (wall_clock_limit_s(0.0, s), wall_clock_limit_s(5.0, s), wall_clock_limit_s(3600.0, s)) == (600, 650, 36600)
+
+
+# --- odd but valid sources (issue 21): what the probe decides ------------------------------------
+
+def test_each_stream_keeps_its_own_duration_and_different_lengths_are_recorded():
+    probe = interpret_probe({"streams": [video_stream(duration="2.32", nb_frames="58"), {**AUDIO, "duration": "3.008"}],
+                             "format": {**FORMAT, "duration": "3.008"}})
+    assert (probe.media.duration_s, probe.audio_duration_s, probe.media.audio_duration_s) == (2.32, 3.008, 3.008)
+    assert probe.media.handling == ("streams differ in length (video 2.320 s, audio 3.008 s): kept both as they are, "
+                                    "the audio plays on alone")
+    same = interpret_probe({"streams": [video_stream(), AUDIO], "format": FORMAT})  # 5.28 s and 5.31 s: normal
+    assert same.media.handling is None
+
+
+def test_a_matroska_stream_duration_comes_from_its_tag():
+    video = video_stream(duration=None, tags={"DURATION": "00:00:02.320000000"})
+    audio = {**AUDIO, "duration": None, "tags": {"DURATION": "00:00:03.008000000"}}
+    probe = interpret_probe({"streams": [video, audio], "format": {**FORMAT, "duration": "3.008"}})
+    assert (probe.media.duration_s, probe.audio_duration_s) == (2.32, 3.008)
+
+
+def test_the_default_audio_track_is_chosen_else_the_first():
+    first = {**AUDIO, "index": 1, "disposition": {"default": 0}}
+    second = {**AUDIO, "index": 2, "disposition": {"default": 1}}
+    probe = interpret_probe({"streams": [video_stream(), first, second], "format": FORMAT})
+    assert probe.audio_stream == 2 and probe.media.handling.startswith("2 audio tracks: encoded stream 2")
+    neither = {**second, "disposition": {"default": 0}}
+    assert interpret_probe({"streams": [video_stream(), first, neither], "format": FORMAT}).audio_stream == 1
+
+
+@pytest.mark.parametrize("field_order,deinterlace", [("tt", True), ("bb", True), ("tb", True), ("bt", True),
+                                                     ("progressive", False), ("unknown", False), (None, False)])
+def test_interlaced_video_is_deinterlaced(field_order, deinterlace):
+    probe = interpret_probe({"streams": [video_stream(field_order=field_order), AUDIO], "format": FORMAT})
+    assert probe.deinterlace is deinterlace
+    assert ("deinterlaced with bwdif" in (probe.media.handling or "")) is deinterlace
+
+
+def test_ten_bit_and_fast_sampled_audio_are_noted():
+    probe = interpret_probe({"streams": [video_stream(pix_fmt="yuv420p10le"), {**AUDIO, "sample_rate": "96000"}],
+                             "format": FORMAT})
+    assert probe.audio_sample_rate == 96000
+    assert probe.media.handling == ("pixel format yuv420p10le: converted to 8-bit yuv420p; "
+                                    "audio sampled at 96000 Hz: resampled to 48000 Hz")
+
+
+def test_stream_starts_are_relative_to_the_file_start():
+    streams = [video_stream(start_time="11.4"), {**AUDIO, "start_time": "11.378667"}]
+    probe = interpret_probe({"streams": streams, "format": {**FORMAT, "start_time": "11.378667"}})
+    assert (round(probe.video_start_s, 6), probe.audio_start_s) == (0.021333, 0.0)
+    assert probe.media.handling == "timestamps start at 11.379 s: shifted to start at 0"
+
+
+def test_frames_an_edit_list_cuts_are_not_expected_in_the_output():
+    # 80 packets in the index, 2.6 s at 25 fps shown: the edit list skips the first 15 frames
+    probe = interpret_probe({"streams": [video_stream(duration="2.6", nb_frames="80"), AUDIO], "format": FORMAT})
+    assert probe.media.frames == 65
+
+
+def test_a_variable_frame_rate_is_recognised():
+    vfr = interpret_probe({"streams": [video_stream(r_frame_rate="25/1", avg_frame_rate="400/23"), AUDIO],
+                           "format": FORMAT})
+    cfr = interpret_probe({"streams": [video_stream(r_frame_rate="25/1"), AUDIO], "format": FORMAT})
+    assert (vfr.variable_frame_rate, cfr.variable_frame_rate) == (True, False)
+
+
+def test_the_segment_command_deinterlaces_and_resamples_only_when_asked(tmp_path):
+    from processors.segments import build_segment_command
+
+    ladder = plan_ladder(media(640, 360), (240,))
+    plain = build_segment_command(tmp_path / "src", tmp_path / "out", ladder, with_audio=True, segment_s=4,
+                                  preset="ultrafast", duration_s=3.0, video_stream=0, audio_stream=1,
+                                  audio_rate_hz=48000)
+    odd = build_segment_command(tmp_path / "src", tmp_path / "out", ladder, with_audio=True, segment_s=4,
+                                preset="ultrafast", duration_s=3.0, video_stream=0, audio_stream=1,
+                                deinterlace=True, audio_rate_hz=96000)
+    graph = lambda args: args[args.index("-filter_complex") + 1]  # noqa: E731
+    assert "bwdif" not in graph(plain) and "-ar" not in plain
+    assert "bwdif=deint=all:mode=send_frame:parity=auto" in graph(odd)
+    assert odd[odd.index("-ar") + 1] == "48000"

@@ -7,6 +7,7 @@ import pytest
 
 from processors import segments
 from processors.segments import AUDIO, Checkpoint, LocalSegment, plan_resume
+from domain.policy.retry import Action, RetryPolicy, retry_decision
 from domain.lifecycle import evolve
 from domain import events as ev
 from tapeline.cli import _reused_segments
@@ -108,14 +109,48 @@ def test_a_whole_rendition_passes_its_checks():
     ([seg("720p", 0, 0.0), seg("720p", 2, 4.0)], 200, 8.0, "not numbered"),
     ([seg("720p", 0, 0.0), seg("720p", 1, 4.08)], 200, 8.08, "gap or overlap before segment 1"),
     ([seg("720p", 0, 0.0), seg("720p", 1, 3.96)], 200, 7.96, "gap or overlap before segment 1"),
-    ([seg("720p", 0, 0.5), seg("720p", 1, 4.5)], 200, 8.5, "starts at 0.500 s, not 0"),
-    ([seg("720p", 0, 0.0), seg("720p", 1, 4.0)], 200, 31.7, "8.000 s long, the source promised 31.700 s"),
+    ([seg("720p", 0, 0.5), seg("720p", 1, 4.5)], 200, 8.5, "starts at 0.500 s, its source stream at 0.000 s"),
+    ([seg("720p", 0, 0.0), seg("720p", 1, 4.0)], 200, 31.7, "8.000 s long, its source stream 31.700 s"),
     ([seg("720p", 0, 0.0), seg("720p", 1, 4.0)], 203, 8.0, "200 frames, the source has 203"),
     ([], 0, 1.0, "no segments"),
 ])
 def test_a_rendition_that_does_not_match_the_probe_fails_the_attempt(parts, expected_frames, duration, message):
-    with pytest.raises(TranscodeFailed, match=message):
+    with pytest.raises(TranscodeFailed, match=message) as failed:
         segments.check_rendition("720p", parts, FRAME, expected_frames, duration, 0.06)
+    # deterministic: the same source encodes the same, so the job fails at once instead of 3 x unknown
+    assert failed.value.error_class == "unsupported_media"
+    assert retry_decision(failed.value.error_class, 1, RetryPolicy()).action is Action.FAIL
+
+
+def test_each_rendition_is_checked_against_its_own_stream():
+    # issue 21: audio 3.008 s beside video 2.320 s. Each passes against its own stream's duration...
+    video = [seg("720p", 0, 0.0, 2.32, 58)]
+    audio = [seg(AUDIO, 0, -0.021, 3.029, 142)]
+    segments.check_rendition("720p", video, FRAME, 58, 2.32, 0.06)
+    segments.check_rendition(AUDIO, audio, FRAME, None, 3.008, 0.16)
+    # ...and the audio fails against the video's, as it did when one source duration was used for all
+    with pytest.raises(TranscodeFailed, match="rendition audio: 3.008 s long, its source stream 2.320 s"):
+        segments.check_rendition(AUDIO, audio, FRAME, None, 2.32, 0.16)
+
+
+def test_a_stream_that_starts_after_the_file_is_checked_from_its_own_start():
+    late = [seg("720p", 0, 0.5, 3.5, 88), seg("720p", 1, 4.0, 4.0, 100)]
+    segments.check_rendition("720p", late, FRAME, 188, 7.5, 0.06, start_s=0.5)
+    with pytest.raises(TranscodeFailed, match="starts at 0.500 s, its source stream at 0.000 s"):
+        segments.check_rendition("720p", late, FRAME, 188, 7.5, 0.06)
+
+
+def test_a_variable_frame_rate_source_may_leave_a_hole_at_a_join_but_never_an_overlap():
+    holed = [seg("720p", 0, 0.0, 4.0, 100), seg("720p", 1, 4.08, 3.92, 60)]
+    with pytest.raises(TranscodeFailed, match="gap or overlap before segment 1"):
+        segments.check_rendition("720p", holed, FRAME, 160, 8.0, 0.06)
+    segments.check_rendition("720p", holed, FRAME, 160, 8.0, 0.06, max_gap_s=1.0)
+    segments.check_join(holed[0], holed[1], FRAME, max_gap_s=1.0)
+    overlap = [seg("720p", 0, 0.0, 4.0, 100), seg("720p", 1, 3.92, 4.08, 100)]
+    with pytest.raises(TranscodeFailed, match="gap or overlap before segment 1"):
+        segments.check_rendition("720p", overlap, FRAME, 200, 8.0, 0.06, max_gap_s=1.0)
+    with pytest.raises(TranscodeFailed, match="starts at 3.920 s"):
+        segments.check_join(overlap[0], overlap[1], FRAME, max_gap_s=1.0)
 
 
 def test_a_resumed_segment_must_start_where_the_reused_one_ended():
