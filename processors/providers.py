@@ -25,6 +25,7 @@ import httpx
 from domain import events as ev
 from domain.errors import ProviderError, ProviderLookupFailed, StorageError
 from tapeline.objectstore import PUBLISHED_PREFIX, ObjectStore
+from tapeline.postgres import q
 from tapeline.settings import Settings
 
 AUDIO_BITRATE_BPS = 128_000
@@ -246,7 +247,7 @@ class ProviderLimits:
         from domain.errors import ProviderDeferred
 
         for slot in range(self.max_in_flight):
-            row = self.conn.execute("SELECT pg_try_advisory_lock(%s, %s) AS got", (self.lock_class, slot)).fetchone()
+            row = self.conn.execute(q("provider_slot_try_lock"), {"lock_class": self.lock_class, "slot": slot}).fetchone()
             if (row["got"] if isinstance(row, dict) else row[0]):
                 self.slot = slot
                 return self
@@ -256,5 +257,5 @@ class ProviderLimits:
 
     def __exit__(self, *exc_info) -> None:
         if self.slot is not None:
-            self.conn.execute("SELECT pg_advisory_unlock(%s, %s)", (self.lock_class, self.slot))
+            self.conn.execute(q("provider_slot_unlock"), {"lock_class": self.lock_class, "slot": self.slot})
             self.slot = None

@@ -201,8 +201,8 @@ class Watchdog:
         self.health.mark_ready()  # a standby waiting for the lock is healthy too
         try:
             while not stop.is_set():
-                if leader.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))",
-                                  (WATCHDOG_LOCK, leader_key(settings))).fetchone()[0]:
+                if leader.execute(q("watchdog_try_leader"),
+                                  {"lock_class": WATCHDOG_LOCK, "key": leader_key(settings)}).fetchone()[0]:
                     break
                 stop.wait(settings.tick_s)
             if stop.is_set():
@@ -216,7 +216,7 @@ class Watchdog:
             try:
                 while not stop.is_set():
                     started = time.monotonic()
-                    leader.execute("SELECT 1")  # still holding the session (and so the lock)
+                    leader.execute(q("session_alive"))  # still holding the session (and so the lock)
                     self.tick(runtime, producer)
                     stop.wait(max(0.0, settings.tick_s - (time.monotonic() - started)))
             finally:

@@ -49,7 +49,7 @@ from pydantic import BaseModel, Field, model_validator
 from projections.ports import Intake, OperatorActions
 from tapeline import read
 from projections.provider_status import provider_overview
-from tapeline.postgres import check_schema_name, connect
+from tapeline.postgres import check_schema_name, connect, q
 from domain.errors import ConfigurationError, NotCancellable, NotReplayable, ServiceUnavailable, TapelineError
 from tapeline.settings import Settings
 
@@ -80,7 +80,7 @@ def check_reader(settings: Settings) -> None:
     with connect(settings.database_url, schema=settings.db_schema, autocommit=True) as conn:
         try:
             _as_reader(settings.reader_role)(conn)
-            conn.execute("SELECT 1 FROM job_state LIMIT 1")
+            conn.execute(q("reader_can_read"))
         except psycopg.errors.InsufficientPrivilege as exc:
             user = conn.info.user
             raise ConfigurationError(
@@ -366,7 +366,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
         """200 when a read-only connection answers, else 503 with the reason."""
         try:
             with state["pool"].connection(timeout=5.0) as conn:
-                role = conn.execute("SELECT current_user AS role").fetchone()["role"]
+                role = conn.execute(q("current_role")).fetchone()["role"]
         except (psycopg.Error, PoolTimeout) as exc:
             return JSONResponse({"status": "not_ready", "reason": str(exc)}, status_code=503)
         return JSONResponse({"status": "ready", "role": role})

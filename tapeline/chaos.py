@@ -26,6 +26,7 @@ from domain.codec import default_codec
 from tapeline import kafka
 from domain.errors import ServiceUnavailable
 from tapeline.objectstore import ObjectStore
+from tapeline.postgres import q
 from tapeline.settings import Settings
 
 ENDED_STATES = ("completed", "dead_lettered", "needs_review", "failed", "rejected")
@@ -149,7 +150,7 @@ def audit(settings: Settings, jobs: dict[str, str], posts: list[dict[str, Any]])
     events = [ev.Event.from_record(codec.decode(m.value())) for m in messages]
     folded = fold_log(messages)
     with psycopg.connect(settings.database_url, row_factory=psycopg.rows.dict_row) as conn:
-        projected = {r["job_id"]: r for r in conn.execute("SELECT * FROM job_state").fetchall()}
+        projected = {r["job_id"]: r for r in conn.execute(q("all_job_rows")).fetchall()}
     result = Audit(jobs=len(jobs))
     for job_id, label in jobs.items():
         row = projected.get(job_id)

@@ -28,7 +28,7 @@ def open_reader(settings: Settings) -> psycopg.Connection:
     with `UndefinedTable` on the first read."""
     conn = connect(settings.database_url, schema=settings.db_schema, autocommit=True)
     conn.row_factory = psycopg.rows.dict_row
-    if conn.execute("SELECT to_regclass('job_state') IS NULL AS missing").fetchone()["missing"]:
+    if conn.execute(q("projection_missing")).fetchone()["missing"]:
         conn.close()
         raise ConfigurationError(f"projection schema {settings.db_schema} has no tables yet: start the projector "
                                  "(`tapeline run`) or run `tapeline migrate`")

@@ -399,3 +399,39 @@ JOIN lifecycle_evidence c ON c.job_id = s.job_id AND c.event_type = 'JobComplete
 WHERE s.job_id = %(job_id)s AND s.event_type = 'AttemptSucceeded' AND s.stage = 'publish' AND s.applied
   AND NOT s.superseded
 ORDER BY s.broker_ts DESC LIMIT 1;
+
+-- name: set_local_lock_timeout
+-- SET LOCAL lock_timeout for the rest of this transaction (`timeout`: text such as '1500ms').
+SELECT set_config('lock_timeout', %(timeout)s, true);
+
+-- name: provider_slot_try_lock
+-- Try to take one of a provider's in-flight slots (a session advisory lock); `got` says whether it was free.
+SELECT pg_try_advisory_lock(%(lock_class)s, %(slot)s) AS got;
+
+-- name: provider_slot_unlock
+-- Give an in-flight slot back.
+SELECT pg_advisory_unlock(%(lock_class)s, %(slot)s);
+
+-- name: watchdog_try_leader
+-- Try to become the deployment's watchdog leader (a session advisory lock on the leader's own connection).
+SELECT pg_try_advisory_lock(%(lock_class)s, hashtext(%(key)s)) AS got;
+
+-- name: session_alive
+-- A round trip that fails when the session (and any advisory lock it holds) is gone.
+SELECT 1;
+
+-- name: projection_missing
+-- Whether the connection's schema has no projection tables yet.
+SELECT to_regclass('job_state') IS NULL AS missing;
+
+-- name: all_job_rows
+-- Every job row (the chaos audit compares them with a fold of the log).
+SELECT * FROM job_state;
+
+-- name: reader_can_read
+-- One read the read-only role must be allowed (tapeline serve checks it before starting).
+SELECT 1 FROM job_state LIMIT 1;
+
+-- name: current_role
+-- The role the connection acts as.
+SELECT current_user AS role;
