@@ -85,7 +85,8 @@ from tapeline.settings import TIERS, Settings
 log = structlog.get_logger("tapeline.http_intake")
 IDEMPOTENCY_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "tapeline:intake:idempotency-key")
 """Namespace of the upload ids derived from (submitter, Idempotency-Key)."""
-NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
+"""A profile or file name: used with `fullmatch` only."""
 QUEUED_CHUNKS = 16
 """Request-body chunks (about 64 KiB each) held between the HTTP reader and the S3 writer."""
 
@@ -548,7 +549,7 @@ def intake_router(service: IntakeService) -> APIRouter:
         if priority not in TIERS:
             return problem(422, "invalid_request", f"unknown priority {priority!r}; choose one of {', '.join(TIERS)}")
         for name, value in (("profile", profile), ("filename", filename)):
-            if not NAME.match(value) or value in (".", ".."):
+            if not NAME.fullmatch(value) or value in (".", ".."):  # match + `$` let "a.mp4\n" through
                 return problem(422, "invalid_request", f"{name} {value!r}: 1-128 characters of A-Z a-z 0-9 . _ -")
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > settings.max_upload_bytes:

@@ -698,16 +698,23 @@ def _pg_params(settings: Settings) -> dict[str, str]:
 
 
 def masked_dsn(dsn: str) -> str:
-    """The DSN with its password replaced by `***` (URL or key=value form)."""
+    """The DSN with its password replaced by `***`: a URL's user info and its `password` query
+    parameter (libpq reads both), or the key=value form's `password`."""
     if "://" in dsn:
         parts = urlsplit(dsn)
-        if parts.password is None:
-            return dsn
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-        return urlunsplit(parts._replace(netloc=netloc))
+        netloc = parts.netloc
+        if parts.password is not None:
+            netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
+        query = "&".join("password=***" if p.split("=", 1)[0].lower() == "password" else p
+                         for p in parts.query.split("&")) if parts.query else parts.query
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
+    import psycopg
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    return make_conninfo(dsn, password="***") if "password" in conninfo_to_dict(dsn) else dsn
+    try:
+        return make_conninfo(dsn, password="***") if "password" in conninfo_to_dict(dsn) else dsn
+    except psycopg.ProgrammingError:  # malformed: it may still hold a password, so show none of it
+        return "(a key=value DSN libpq cannot parse; not shown)"
 
 
 def _pg_connect_error(settings: Settings, timeout_s: int = 3) -> str | None:

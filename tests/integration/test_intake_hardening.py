@@ -100,6 +100,13 @@ def corrupt_object(settings, key: str, size: int) -> None:
 
 
 def test_a_bad_record_is_dead_lettered_and_does_not_hold_up_the_next(hardened, served, running, clip, tmp_path):
+    warm = httpx.post(f"{served}/uploads", content=clip, timeout=60.0, headers={"Authorization": "Bearer tok-alice"})
+    assert warm.status_code == 202, warm.text
+
+    def intake_running() -> bool:  # the pipeline's start is not part of the bound measured below
+        with open_reader(hardened) as conn:
+            return conn.execute("SELECT 1 FROM job_state WHERE job_id = %s", (warm.json()["job_id"],)).fetchone()
+    wait_for(intake_running, 90, "the intake to decide on a first upload")
     partitions = hardened.uploads_partitions
     bad_id = str(uuid.uuid4())
     good_id = next(u for u in (str(uuid.uuid4()) for _ in range(1000))
@@ -154,3 +161,11 @@ def test_a_bad_record_is_dead_lettered_and_does_not_hold_up_the_next(hardened, s
     assert bad.job_id in [r["job_id"] for r in api if r["kind"] == "expected_work_missing"]
     metrics = httpx.get(f"{served}/metrics", timeout=10.0).text
     assert 'tapeline_stalls{kind="expected_work_missing"} 1.0' in metrics
+
+
+@pytest.mark.parametrize("filename", ["a.mp4\n", "a.mp4\r\n", "\na.mp4"])
+def test_a_name_with_a_newline_is_refused(hardened, served, clip, filename):
+    answer = httpx.post(f"{served}/uploads", params={"filename": filename}, content=clip, timeout=60.0,
+                        headers={"Authorization": "Bearer tok-alice"})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"] == "invalid_request" and "uploads/" not in answer.text

@@ -42,3 +42,37 @@ def test_a_failing_record_is_tried_a_bounded_number_of_times():
     many = settings.model_copy(update={"intake_record_max_tries": 10})
     assert max(record_backoff(n, many) for n in range(1, 10)) == 30.0
     assert record_backoff(10, many) is None
+
+
+@pytest.mark.parametrize("dsn, masked", [
+    ("postgresql://u:pw@h:5432/d", "postgresql://u:***@h:5432/d"),
+    ("postgresql://u@h/d?password=s3cr3t", "postgresql://u@h/d?password=***"),
+    ("postgresql://u@h/d?sslmode=require&password=s3cr3t&application_name=x",
+     "postgresql://u@h/d?sslmode=require&password=***&application_name=x"),
+    ("postgresql://u@h/d", "postgresql://u@h/d"),
+    ("host=h user=u password=s3cr3t dbname=d", "user=u password=*** dbname=d host=h"),
+    ("host=h password='s3cr3t with space' dbname=d", "password=*** dbname=d host=h"),
+])
+def test_dsn_passwords_are_masked(dsn, masked):
+    from tapeline.stack import masked_dsn
+
+    assert masked_dsn(dsn) == masked and "s3cr3t" not in masked_dsn(dsn)
+
+
+def test_a_malformed_key_value_dsn_is_not_shown():
+    from tapeline.stack import masked_dsn
+
+    assert "s3cr3t" not in masked_dsn("host=h password=s3cr3t dbname")
+
+
+@pytest.mark.parametrize("tokens", ['{"tok-s3cr3t-123": 5}', '{"tok-s3cr3t-123": "alice"', '["tok-s3cr3t-123"]'])
+def test_a_malformed_intake_tokens_setting_never_prints_a_token(tokens):
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "tapeline.cli", "status"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "TAPELINE_INTAKE_TOKENS": tokens})
+    assert done.returncode == 2, done.stderr
+    assert "TAPELINE_INTAKE_TOKENS" in done.stderr.upper() or "intake_tokens" in done.stderr
+    assert "s3cr3t" not in done.stdout + done.stderr and "Traceback" not in done.stderr
