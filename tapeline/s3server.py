@@ -22,6 +22,8 @@ S3-compatible server (MinIO is docker-compose's) is a Go build or a binary downl
 machine; the gate is ~150 lines over botocore's own signer and keeps the local stack pure Python.
 The signature is computed exactly as moto's IAM mode computes it (`botocore.auth.S3SigV4Auth`
 over the signed headers, the raw path and query), so every botocore client verifies.
+`TAPELINE_S3SERVER_DEBUG=1` prints each canonical request (it holds no secret) to compare with
+botocore's debug log when a client's signature does not match.
 """
 
 from __future__ import annotations
