@@ -8,6 +8,7 @@ watchdog reported it."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import shutil
 import subprocess
@@ -169,3 +170,23 @@ def test_a_name_with_a_newline_is_refused(hardened, served, clip, filename):
                         headers={"Authorization": "Bearer tok-alice"})
     assert answer.status_code == 422, answer.text
     assert answer.json()["error"] == "invalid_request" and "uploads/" not in answer.text
+
+
+def test_the_read_back_finds_what_the_store_did_not_keep(hardened, clip):
+    """`stored_mismatch` (what the intake and `submit` run before publishing) against the real
+    endpoint: the body the old intake stored for a form-urlencoded request (0 bytes), a same-size
+    object whose bytes fail their checksum, and an intact one."""
+    store = ObjectStore(hardened)
+    sha = hashlib.sha256(clip).hexdigest()
+    lost = f"uploads/{uuid.uuid4()}/lost.mp4"
+    store.upload_stream(io.BytesIO(clip), lost, "application/x-www-form-urlencoded")  # the client's type, as before
+    assert "kept 0 bytes" in store.stored_mismatch(lost, len(clip), sha)
+    corrupt = f"uploads/{uuid.uuid4()}/corrupt.mp4"
+    corrupt_object(hardened, corrupt, len(clip))
+    assert "checksum" in store.stored_mismatch(corrupt, len(clip), sha)
+    intact = f"uploads/{uuid.uuid4()}/intact.mp4"
+    store.upload_stream(io.BytesIO(clip), intact, "video/mp4")
+    assert store.stored_mismatch(intact, len(clip), sha) is None
+    assert "differs" in store.stored_mismatch(intact, len(clip), "0" * 64)
+    assert "not in the bucket" in store.stored_mismatch(f"uploads/{uuid.uuid4()}/none.mp4", len(clip), sha)
+    store.delete_many([lost, corrupt, intact])
