@@ -34,8 +34,31 @@ from domain.policy.tiers import TIERS
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.intake")
-INTAKE_MAX_FAILURES = 3
-"""Failures of one upload record with an unexpected (non-transient) error before it is dead-lettered."""
+RECORD_BACKOFF_CAP_S = 30.0
+"""Longest wait between two tries of one failing uploads record, seconds."""
+
+
+def record_backoff(failures: int, settings: Settings) -> float | None:
+    """After `failures` failed tries of one uploads record: the seconds to wait before trying it
+    again, or None when it has had its `intake_record_max_tries` and goes to the dead-letter topic.
+    Pure. The waits are `intake_record_backoff_s` x 2^(failures-1), at most `RECORD_BACKOFF_CAP_S`.
+
+    The head-of-line bound: a record holds up the records behind it on its partition for at most
+    `record_hold_bound_s(settings)` seconds of waiting plus the time of its `intake_record_max_tries`
+    tries (each try is bounded by the S3 calls' timeouts, `s3_max_attempts` x (connect + read
+    timeout) per call on a silent endpoint, the download of at most `max_upload_bytes`, and
+    `probe_timeout_s`). Defaults: 4 tries, 2 + 4 + 8 = 14 s of waiting. Every error counts, the
+    transient ones too: an outage longer than that dead-letters the uploads it meets, and
+    `tapeline dlq replay` sends them through again (docs/threat-model.md, issue 20)."""
+    if failures >= settings.intake_record_max_tries:
+        return None
+    return min(RECORD_BACKOFF_CAP_S, settings.intake_record_backoff_s * 2.0 ** (failures - 1))
+
+
+def record_hold_bound_s(settings: Settings) -> float:
+    """Seconds of waiting between the tries of one failing uploads record before it is
+    dead-lettered: the sum of `record_backoff` over its tries. Pure."""
+    return sum(record_backoff(n, settings) or 0.0 for n in range(1, settings.intake_record_max_tries))
 
 
 def decide(existing: dict[str, Any] | None, upload: ev.UploadCompleted, probe: ev.SourceMedia | TapelineError,
@@ -141,6 +164,12 @@ def inspect_upload(store: ObjectStore, upload: ev.UploadCompleted, settings: Set
         return problem
     with tempfile.TemporaryDirectory(prefix="tapeline-intake-") as tmp:
         path = Path(tmp) / "source"
+        stored = store.head(upload.object_key)  # a short object is refused before its download
+        if stored is None:
+            return InvalidInput(f"source object {upload.object_key} does not exist")
+        if stored[0] != upload.size_bytes:
+            return InvalidInput(f"truncated upload: the stored source is {stored[0]} bytes, the upload declared "
+                                f"{upload.size_bytes}")
         try:
             store.download(upload.object_key, path)
         except StorageError as exc:
@@ -264,20 +293,23 @@ class IntakeProcessor:
 
     def after_failure(self, runtime: Runtime, message: Message, error: Exception, failures: int,
                       stop: threading.Event) -> list[Outgoing] | None:
-        """What to do after handling a record raised: None to read it again after a backoff
-        (2, 4, 8 ... 30 s; a transient storage, broker or projection failure), or, after
-        `INTAKE_MAX_FAILURES` failures of one record with an unexpected error, its dead-letter record
-        (error class unknown), so one record never stops the intake (docs/design.md principle 6)."""
-        transient = isinstance(error, TapelineError) and error.error_class in ("storage_transient", "broker_transient")
+        """What to do after handling a record raised (a transient storage, broker or projection
+        failure, or a bug on this one record): None to read it again after `record_backoff`, or,
+        after `intake_record_max_tries` failed tries, its dead-letter record with the error's class
+        and message, so one record never stops the intake or holds up its partition past the bound
+        `record_backoff` states (docs/design.md principle 6)."""
         where = dict(topic=message.topic(), partition=message.partition(), offset=message.offset())
-        if not transient and failures >= INTAKE_MAX_FAILURES:
-            log.error("upload record failed repeatedly; sent to the dead-letter topic", error=str(error),
-                      failures=failures, **where)
-            return [(self.settings.dlq_topic, dead_letter_record(message, error, "intake", runtime.recorded_by,
-                                                                 error_class="unknown"))]
-        delay = min(30.0, 2.0 ** failures)
-        log.warning("upload record failed; reading it again", error=f"{type(error).__name__}: {error}",
-                    failures=failures, retry_in_s=delay, **where)
+        delay = record_backoff(failures, self.settings)
+        reason = f"{type(error).__name__}: {error}"
+        if delay is None:
+            error_class = error.error_class if isinstance(error, TapelineError) else "unknown"
+            log.error("upload record failed on every try; sent to the dead-letter topic", error=reason,
+                      error_class=error_class, failures=failures, **where)
+            return [(self.settings.dlq_topic, dead_letter_record(
+                message, RuntimeError(f"intake gave up after {failures} tries: {reason}"), "intake",
+                runtime.recorded_by, error_class=error_class))]
+        log.warning("upload record failed; reading it again", error=reason, failures=failures, retry_in_s=delay,
+                    **where)
         stop.wait(delay)
         return None
 

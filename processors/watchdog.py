@@ -247,7 +247,7 @@ class Watchdog:
         db = runtime.db
         stalled = db.execute(q("stalled_attempts")).fetchall()
         handoffs = db.execute(q("handoffs_due")).fetchall()  # not those re-driven less than a timeout ago
-        missing = db.execute(q("expected_work_missing")).fetchall()
+        missing = db.execute(q("expected_work_unreported")).fetchall()  # each reported once; listed until solved
         due = db.execute(q("due_retries")).fetchall()
         ids = list({r["job_id"] for r in stalled + handoffs + due})
         jobs = {r["job_id"]: r for r in db.execute(q("job_state_by_ids"), {"job_ids": ids}).fetchall()} if ids else {}

@@ -2,7 +2,9 @@
 
 A client streams a source as the request body; the intake streams it on to object storage
 (`ObjectStore.upload_stream`: multipart above the chunk size, sha256 while streaming, never the
-whole file in memory) and publishes the same `UploadCompleted` as `tapeline submit`, then answers
+whole file in memory, stored as `normalised_content_type`), reads the stored object back (its size and
+sha256 must be the body's, else 502 `storage_mismatch` and nothing is published), publishes the
+same `UploadCompleted` as `tapeline submit`, then answers
 202 `{job_id, upload_id, status_url}` with a `Location` header (the job's read-API URL).
 
     POST /uploads?priority=archive&profile=default&filename=clip.mp4
@@ -77,14 +79,15 @@ from domain import events as ev
 from domain.codec import default_codec
 from tapeline import kafka
 from domain.errors import ServiceUnavailable, StorageError
-from tapeline.objectstore import ObjectStore, StorageGauge
+from tapeline.objectstore import ObjectStore, StorageGauge, normalised_content_type
 from domain.policy.tiers import TIERS
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.http_intake")
 IDEMPOTENCY_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "tapeline:intake:idempotency-key")
 """Namespace of the upload ids derived from (submitter, Idempotency-Key)."""
-NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
+"""A profile or file name: used with `fullmatch` only."""
 QUEUED_CHUNKS = 16
 """Request-body chunks (about 64 KiB each) held between the HTTP reader and the S3 writer."""
 
@@ -524,6 +527,7 @@ def intake_router(service: IntakeService) -> APIRouter:
         202: {"description": "Stored and published: `{job_id, upload_id, status_url}`, `Location` the status URL"},
         401: {"description": "No or unknown API token"}, 409: {"description": "Idempotency-Key's first request failed"},
         413: {"description": "Larger than max_upload_bytes"}, 422: {"description": "Bad parameters or key reuse"},
+        502: {"description": "Object storage did not keep the body as sent (size or sha256 read back differ)"},
         429: {"description": "The submitter's jobs in flight are at its cap (Retry-After)"},
         503: {"description": "The tier is over capacity (Retry-After) or a service is down"},
         507: {"description": "Object storage is at its limit"}})
@@ -531,7 +535,11 @@ def intake_router(service: IntakeService) -> APIRouter:
         """Stream the request body to object storage as a new upload and publish `UploadCompleted`.
 
         Query parameters (or headers `X-Tapeline-<name>`): `priority` (archive, standard, index;
-        default standard), `profile` (default `default`), `filename` (default `source`)."""
+        default standard), `profile` (default `default`), `filename` (default `source`).
+
+        The source is stored with `normalised_content_type(Content-Type)` (video/audio types kept,
+        anything else `application/octet-stream`) and read back before the publish: a stored size
+        or sha256 other than the body's is 502 `storage_mismatch`, nothing published."""
         submitter = submitter_of(request)
         if submitter is None:
             return problem(401, "unauthorized", "an API token is required: Authorization: Bearer <token> "
@@ -542,7 +550,7 @@ def intake_router(service: IntakeService) -> APIRouter:
         if priority not in TIERS:
             return problem(422, "invalid_request", f"unknown priority {priority!r}; choose one of {', '.join(TIERS)}")
         for name, value in (("profile", profile), ("filename", filename)):
-            if not NAME.match(value) or value in (".", ".."):
+            if not NAME.fullmatch(value) or value in (".", ".."):  # match + `$` let "a.mp4\n" through
                 return problem(422, "invalid_request", f"{name} {value!r}: 1-128 characters of A-Z a-z 0-9 . _ -")
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > settings.max_upload_bytes:
@@ -581,13 +589,22 @@ def intake_router(service: IntakeService) -> APIRouter:
         claim (its key can be sent again)."""
         upload_id = claim.upload_id
         object_key = f"{claim.object_key_prefix}{filename}"
-        content_type = request.headers.get("content-type") or "application/octet-stream"
+        content_type = normalised_content_type(request.headers.get("content-type"))
         try:
             sha, size = await service.stream_to_store(request, object_key, content_type)
             if size == 0:
                 await service.call(service.store.delete, object_key)
                 await service.call(service.release, claim)
                 return problem(422, "invalid_input", "the body is empty; send the video's bytes")
+            # The event declares what was stored, not what was sent: read the object back first.
+            mismatch = await service.call(service.store.stored_mismatch, object_key, size, sha)
+            if mismatch is not None:
+                await service.call(service.store.delete, object_key)
+                await service.call(service.release, claim)
+                log.error("stored upload differs from the body sent; nothing published", upload_id=upload_id,
+                          key=object_key, mismatch=mismatch)
+                return problem(502, "storage_mismatch", f"object storage did not keep the upload as sent "
+                                                        f"({mismatch}); nothing was published, send it again")
             # Fencing: renew the claim now; if it lapsed and its row is gone (deleted by an admission,
             # perhaps claimed again by a retry of the key), another request may own the upload: never
             # publish over it. A renewed claim cannot lapse during the publish (the keeper renews it).

@@ -17,7 +17,7 @@ from domain import events as ev
 from domain.codec import default_codec
 from tapeline import kafka
 from domain.errors import ServiceUnavailable, SubmitError
-from tapeline.objectstore import ObjectStore
+from tapeline.objectstore import ObjectStore, normalised_content_type
 from domain.policy.tiers import TIERS
 from tapeline.settings import Settings
 
@@ -49,15 +49,23 @@ def check_file(path: Path) -> int:
 def upload(settings: Settings, path: Path, priority: str = "standard", submitter: str = "cli",
            on_bytes: Callable[[int], None] | None = None, upload_id: str | None = None,
            profile: str = "default") -> Submission:
-    """Store `path` and build its `UploadCompleted` (not yet published). Raises `SubmitError`."""
+    """Store `path`, read it back (size and sha256 must match what was sent) and build its
+    `UploadCompleted` (not yet published). Raises `SubmitError` (a stored object that differs is
+    deleted) or `StorageError`."""
     if priority not in TIERS:
         raise SubmitError(f"unknown priority {priority!r}; choose one of {', '.join(TIERS)}")
     check_file(path)
     upload_id = upload_id or str(uuid.uuid4())
     key = f"uploads/{upload_id}/{path.name}"
-    content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    content_type = normalised_content_type(mimetypes.guess_type(path.name)[0])
+    store = ObjectStore(settings)
     with open(path, "rb") as fh:
-        sha, size = ObjectStore(settings).upload_stream(fh, key, content_type, on_bytes=on_bytes)
+        sha, size = store.upload_stream(fh, key, content_type, on_bytes=on_bytes)
+    mismatch = store.stored_mismatch(key, size, sha)  # what the event declares is what was stored
+    if mismatch is not None:
+        store.delete(key)
+        raise SubmitError(f"{path}: object storage did not keep the upload as sent ({mismatch}); nothing was "
+                          f"published")
     event = upload_completed(settings, upload_id, key, size, sha, path.name, priority, submitter,
                              recorded_by=f"submit@{settings.instance_id}", profile=profile)
     return Submission(upload_id, event.job_id, key, size, sha, event)

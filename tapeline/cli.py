@@ -653,9 +653,13 @@ def main() -> None:  # pragma: no cover
     setting (its environment variable and pydantic's reason), or per broken rule between settings,
     exit code 2, instead of a traceback."""
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
     try:
         app()
+    except SettingsError as exc:  # a value that is not even JSON: the message names the field only
+        console.print(f"[red]error:[/red] invalid settings: {exc}", soft_wrap=True, highlight=False)
+        sys.exit(2)
     except ValidationError as exc:
         if exc.title != Settings.__name__:
             raise
@@ -664,10 +668,18 @@ def main() -> None:  # pragma: no cover
                 message = error["msg"].removeprefix("Value error, ")
                 console.print(f"[red]error:[/red] invalid settings: {message}", soft_wrap=True, highlight=False)
                 continue
+            if error["loc"][0] in SECRET_SETTINGS:  # a token may be the value, or a key of it (intake_tokens)
+                console.print(f"[red]error:[/red] invalid setting TAPELINE_{str(error['loc'][0]).upper()} (its value "
+                              f"is not shown: it holds secrets): {error['msg']}", soft_wrap=True, highlight=False)
+                continue
             name = "TAPELINE_" + "_".join(str(part) for part in error["loc"]).upper()
             console.print(f"[red]error:[/red] invalid setting {name}={error.get('input')!r}: {error['msg']}",
                           soft_wrap=True, highlight=False)
         sys.exit(2)
+
+
+SECRET_SETTINGS = frozenset({"intake_tokens", "admin_token", "s3_access_key", "s3_secret_key", "database_url"})
+"""Settings whose values (or keys) are secrets: an error about one never prints them (issue 20)."""
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ publicly readable prefix).
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, BinaryIO, Callable
 import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError
 
 from domain.errors import StorageError
 from tapeline.settings import Settings
@@ -26,6 +27,20 @@ if TYPE_CHECKING:  # the cleanup planner's row types (imported lazily at run tim
     from domain.policy.cleanup import MultipartUpload, StoredObject
 
 PUBLISHED_PREFIX = "published/"
+SOURCE_CONTENT_TYPE = "application/octet-stream"
+"""What a stored source's Content-Type is when the client's is not a plain audio/video type."""
+_MEDIA_TYPE = re.compile(r"(?:video|audio)/[a-z0-9][a-z0-9.+-]{0,62}")
+
+
+def normalised_content_type(header: str | None) -> str:
+    """The Content-Type a source is stored with: the client's `video/...` or `audio/...` type
+    (lower case, parameters dropped) when it is one, else `application/octet-stream`. Pure.
+
+    The client's header is never passed on as it is: moto's server parses an
+    `application/x-www-form-urlencoded` or `multipart/form-data` PutObject body as a form and stores
+    0 bytes (what `curl --data-binary` sends; issue 20), and a stored type is served to players."""
+    media_type = (header or "").split(";", 1)[0].strip().lower()
+    return media_type if _MEDIA_TYPE.fullmatch(media_type) else SOURCE_CONTENT_TYPE
 
 
 def client(settings: Settings):
@@ -93,6 +108,29 @@ class ObjectStore:
         except (BotoCoreError, ClientError) as exc:
             raise StorageError(f"upload of {key} failed: {exc}") from exc
         return reader.digest.hexdigest(), reader.size
+
+    def stored_mismatch(self, key: str, size: int, sha256: str) -> str | None:
+        """Read `key` back and compare it with what was sent: None when the stored object has `size`
+        bytes and hex `sha256`, else what differs (for a person). Reads the object once, streaming
+        (1 MiB blocks). A stored body that fails the checksum the endpoint keeps for it
+        (`FlexibleChecksumError`) is a mismatch. Raises `StorageError` when S3 cannot answer."""
+        found = self.head(key)
+        if found is None:
+            return f"{key} is not in the bucket after its upload"
+        if found[0] != size:
+            return f"object storage kept {found[0]} bytes of the {size} sent"
+        digest = hashlib.sha256()
+        try:
+            body = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"]
+            while block := body.read(1 << 20):
+                digest.update(block)
+        except FlexibleChecksumError as exc:
+            return f"the stored object fails its checksum ({exc})"
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageError(f"read-back of {key} failed: {exc}") from exc
+        if digest.hexdigest() != sha256:
+            return f"the stored object's sha256 {digest.hexdigest()[:12]}... differs from the sent {sha256[:12]}..."
+        return None
 
     def upload_file(self, path: Path, key: str, content_type: str) -> tuple[str, int]:
         """Upload a local file; returns (hex sha256, bytes). The sha256 is kept as object metadata."""

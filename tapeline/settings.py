@@ -98,6 +98,11 @@ class Settings(BaseSettings):
     max_source_duration_s: float = Field(4 * 3600.0, description="Longest source, seconds of media")
     max_source_bitrate_kbps: int = Field(200_000, description="Highest source bitrate (whole file), kbit/s")
     probe_timeout_s: float = Field(300.0, description="Longest an intake ffprobe (which reads every packet) may run, s")
+    intake_record_max_tries: int = Field(4, ge=1, description="Tries of one uploads record that fails (any error, "
+                                         "transient ones too) before the intake dead-letters it with its reason")
+    intake_record_backoff_s: float = Field(2.0, ge=0, description="Wait before an uploads record's second try, "
+                                           "seconds; doubles per try, at most 30 s (processors/intake.py states the "
+                                           "bound this gives)")
     ffmpeg_timeout_s: float = Field(600.0, description="Wall-clock limit of one transcode: this many seconds plus ...")
     ffmpeg_timeout_factor: float = Field(10.0, description="... this many seconds per second of source media")
     multipart_chunk_bytes: int = 8 * 1024**2

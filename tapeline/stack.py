@@ -7,8 +7,10 @@ already answers and starting only what is missing:
   from jars that Maven resolves from Maven Central (`stack/pom.xml`).
 * **PostgreSQL** - the Debian package's cluster (`pg_ctlcluster`), plus the role and database
   named in `settings.database_url`.
-* **S3** - `moto_server` (objects live in its memory and are gone when it stops), with the bucket
-  `settings.s3_bucket` whose `published/` prefix, and only that prefix, is publicly readable.
+* **S3** - moto's S3 behind a signature gate, `python -m tapeline.s3server` (objects live in its
+  memory and are gone when it stops), with the bucket `settings.s3_bucket`: requests signed with
+  `s3_access_key`/`s3_secret_key` pass, anonymous ones only as GET/HEAD of objects under
+  `published/` (tapeline/s3server.py says why not moto's own IAM mode).
 * **ffmpeg** - checked, never started.
 
 Everything the stack writes lives under `settings.home` (one project-owned directory)::
@@ -18,7 +20,7 @@ Everything the stack writes lives under `settings.home` (one project-owned direc
     <home>/kafka/libs/           broker jars (Maven)
     <home>/kafka/data/           KRaft metadata and topic data
     <home>/kafka/server.properties, kafka.log, kafka.pid
-    <home>/s3/moto.log, moto.pid
+    <home>/s3/moto.log, moto.pid    (the tapeline.s3server process)
 
 `down` stops only what the stack started: a process whose pid is in a pid file *and* whose command
 line is still the one the stack launched (a recycled pid is never signalled), and the PostgreSQL
@@ -286,11 +288,13 @@ def _kafka_markers(paths: StackPaths) -> tuple[str, ...]:
 
 def _s3_markers(settings: Settings) -> tuple[str, ...]:
     _, port = _host_port(urlsplit(settings.s3_endpoint).netloc, 80)
-    return ("moto_server", str(port))
+    return ("tapeline.s3server", str(port))
 
 
-def _spawn(argv: list[str], log: Path, pid_file: Path, cwd: Path) -> subprocess.Popen:
-    """Start argv detached (own session), output appended to log, pid written to pid_file."""
+def _spawn(argv: list[str], log: Path, pid_file: Path, cwd: Path,
+           env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start argv detached (own session), output appended to log, pid written to pid_file; `env`
+    (default: this process's environment)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     if log.exists() and log.stat().st_size > LOG_ROTATE_BYTES:
         log.replace(log.with_name(log.name + ".1"))
@@ -298,7 +302,7 @@ def _spawn(argv: list[str], log: Path, pid_file: Path, cwd: Path) -> subprocess.
         out.write(f"\n===== {_now()} starting: {' '.join(argv)}\n".encode())
         out.flush()
         proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True, env=env)
     pid_file.write_text(f"{proc.pid}\n")
     return proc
 
@@ -694,16 +698,23 @@ def _pg_params(settings: Settings) -> dict[str, str]:
 
 
 def masked_dsn(dsn: str) -> str:
-    """The DSN with its password replaced by `***` (URL or key=value form)."""
+    """The DSN with its password replaced by `***`: a URL's user info and its `password` query
+    parameter (libpq reads both), or the key=value form's `password`."""
     if "://" in dsn:
         parts = urlsplit(dsn)
-        if parts.password is None:
-            return dsn
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-        return urlunsplit(parts._replace(netloc=netloc))
+        netloc = parts.netloc
+        if parts.password is not None:
+            netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
+        query = "&".join("password=***" if p.split("=", 1)[0].lower() == "password" else p
+                         for p in parts.query.split("&")) if parts.query else parts.query
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
+    import psycopg
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    return make_conninfo(dsn, password="***") if "password" in conninfo_to_dict(dsn) else dsn
+    try:
+        return make_conninfo(dsn, password="***") if "password" in conninfo_to_dict(dsn) else dsn
+    except psycopg.ProgrammingError:  # malformed: it may still hold a password, so show none of it
+        return "(a key=value DSN libpq cannot parse; not shown)"
 
 
 def _pg_connect_error(settings: Settings, timeout_s: int = 3) -> str | None:
@@ -884,19 +895,21 @@ def _warn_if_no_createdb(settings: Settings, console: Console | None) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# S3 (moto_server)
+# S3 (moto behind tapeline.s3server's signature gate)
 
 
-def _moto_server() -> str:
-    """The moto_server executable of this interpreter's environment, else the one on PATH."""
-    beside = Path(sys.executable).parent / "moto_server"
-    if beside.is_file():
-        return str(beside)
-    found = shutil.which("moto_server")
-    if found is None:
-        raise StackError("moto_server not found; install it with `pip install 'moto[server]'` "
-                         "(part of Tapeline's dependencies).")
-    return found
+def s3_server_command(host: str, port: int) -> list[str]:
+    """The command line of the local object store (`tapeline.s3server`) on host:port, run by this
+    interpreter (its environment has moto)."""
+    return [sys.executable, "-m", "tapeline.s3server", "-H", host, "-p", str(port)]
+
+
+def s3_server_env(settings: Settings) -> dict[str, str]:
+    """The environment of the local object store: this process's, with the credentials it accepts
+    and the bucket whose `published/` prefix anonymous GET/HEAD may read taken from `settings` (in the
+    environment, never on the command line, where `ps` would show the secret)."""
+    return {**os.environ, "TAPELINE_S3_ACCESS_KEY": settings.s3_access_key,
+            "TAPELINE_S3_SECRET_KEY": settings.s3_secret_key, "TAPELINE_S3_BUCKET": settings.s3_bucket}
 
 
 def _s3_answers(settings: Settings, timeout_s: float = 3.0) -> tuple[bool, str | None]:
@@ -959,15 +972,15 @@ def _ensure_bucket(settings: Settings, console: Console | None) -> None:
 
 
 def _up_s3(settings: Settings, paths: StackPaths, console: Console | None) -> None:
-    """Make the S3 endpoint answer (reuse, or start moto_server) and ensure the bucket.
+    """Make the S3 endpoint answer (reuse, or start `tapeline.s3server`) and ensure the bucket.
 
     Raises:
-        StackError: moto_server is missing, exits, or does not answer within S3_READY_TIMEOUT_S.
+        StackError: the server exits, or does not answer within S3_READY_TIMEOUT_S.
     """
     pid = _owned_pid(paths.s3_pid, _s3_markers(settings))
     proc = None
     if pid is not None:
-        _say(console, f"[bold]s3[/]: moto_server already running (pid {pid})")
+        _say(console, f"[bold]s3[/]: tapeline.s3server already running (pid {pid})")
     elif _s3_answers(settings)[0]:
         _say(console, f"[bold]s3[/]: {settings.s3_endpoint} answers; reusing it")
         _update_state(paths, "s3", None)
@@ -975,15 +988,16 @@ def _up_s3(settings: Settings, paths: StackPaths, console: Console | None) -> No
         parts = urlsplit(settings.s3_endpoint)
         host, port = _host_port(parts.netloc, 443 if parts.scheme == "https" else 80)
         paths.s3.mkdir(parents=True, exist_ok=True)
-        proc = _spawn([_moto_server(), "-H", host, "-p", str(port)], paths.s3_log, paths.s3_pid, cwd=paths.s3)
-        _say(console, f"[bold]s3[/]: started moto_server pid {proc.pid} on {settings.s3_endpoint} "
-                      "(objects live in memory)")
+        proc = _spawn(s3_server_command(host, port), paths.s3_log, paths.s3_pid, cwd=paths.s3,
+                      env=s3_server_env(settings))
+        _say(console, f"[bold]s3[/]: started tapeline.s3server pid {proc.pid} on {settings.s3_endpoint} "
+                      "(moto, objects in memory; signed requests only, anonymous reads of published/)")
         _update_state(paths, "s3", {"pid": proc.pid, "started_at": _now(), "endpoint": settings.s3_endpoint,
                                     "log": str(paths.s3_log)})
     deadline = time.monotonic() + S3_READY_TIMEOUT_S
     while not (answer := _s3_answers(settings))[0]:
         if proc is not None and proc.poll() is not None:
-            raise StackError(f"moto_server exited with code {proc.returncode}. See {paths.s3_log}:\n"
+            raise StackError(f"tapeline.s3server exited with code {proc.returncode}. See {paths.s3_log}:\n"
                              f"{_tail(paths.s3_log)}")
         if time.monotonic() > deadline:
             raise StackError(f"{settings.s3_endpoint} did not answer within {S3_READY_TIMEOUT_S:.0f} s "

@@ -170,7 +170,8 @@ def make_dsn(settings: Settings) -> str:
 
 @contextlib.contextmanager
 def private_moto_server(settings: Settings, directory: Path, **overrides: Any) -> Iterator[tuple[Settings, subprocess.Popen]]:
-    """A moto_server of the caller's own on a free port, with the bucket and policy `tapeline stack up`
+    """A local object store (`tapeline.s3server`: moto behind the signature gate) of the caller's own
+    on a free port, with the bucket and policy `tapeline stack up`
     creates: for tests that pause S3 or sweep the whole bucket, which the shared endpoint (objects in
     memory, used by every test) must never see. Yields (settings pointing at it + `overrides`, process)."""
     import socket
@@ -181,9 +182,9 @@ def private_moto_server(settings: Settings, directory: Path, **overrides: Any) -
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     log = open(directory / "moto.log", "wb")
-    server = subprocess.Popen([stack._moto_server(), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log,
-                              cwd=directory, start_new_session=True)
     private = settings.model_copy(update={"s3_endpoint": f"http://127.0.0.1:{port}", **overrides})
+    server = subprocess.Popen(stack.s3_server_command("127.0.0.1", port), stdout=log, stderr=log, cwd=directory,
+                              env=stack.s3_server_env(private), start_new_session=True)
     try:
         wait_for(lambda: stack._s3_answers(private)[0], 30, "the private moto_server to answer")
         stack._ensure_bucket(private, None)

@@ -126,6 +126,10 @@ SELECT * FROM stalled_handoffs WHERE redrive_due ORDER BY since_s DESC;
 -- Uploads that never became jobs.
 SELECT * FROM expected_work_missing ORDER BY since_s DESC;
 
+-- name: expected_work_unreported
+-- Uploads that never became jobs and the watchdog has not reported yet: it reports these, once.
+SELECT * FROM expected_work_missing WHERE NOT reported ORDER BY since_s DESC;
+
 -- name: set_stall_policy
 -- The watchdog's thresholds, seconds.
 UPDATE stall_policy SET no_progress_timeout_s = %(no_progress_timeout_s)s, handoff_timeout_s = %(handoff_timeout_s)s,

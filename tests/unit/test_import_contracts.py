@@ -49,12 +49,14 @@ def test_each_contract_fails_on_a_forbidden_import(tmp_path: Path):
         "producers/__init__.py": "",
         "tapeline/__init__.py": "",
         "tapeline/settings.py": "import processors.worker\n",  # contract 3
-        "tapeline/kafka.py": "", "tapeline/postgres.py": "", "tapeline/read.py": "", "tapeline/lag.py": "",
-        "tapeline/objectstore.py": "", "tapeline/health.py": "", "tapeline/logs.py": "",
-        "tapeline/crashpoints.py": "", "tapeline/stack.py": "", "tapeline/samples.py": "",
         "tapeline/supervisor.py": "import schemas.register\n",  # contract 4
         "schemas/__init__.py": "", "schemas/register.py": "",
     }
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    for contract in config["contracts"]:  # every module a contract names must exist, or lint-imports stops
+        for module in contract.get("source_modules", []) + contract.get("modules", []):
+            path = module.replace(".", "/") + ("/__init__.py" if "." not in module else ".py")
+            modules.setdefault(path, "")
     for name, text in modules.items():
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
