@@ -39,7 +39,7 @@ def _fail(exc: Exception, code: int = 1) -> None:
 
 
 try:
-    from tapeline.stack import stack_app
+    from tapeline.stack.cli import stack_app
 
     app.add_typer(stack_app, name="stack", help="Start, inspect and stop the local real services (no Docker).")
 except ImportError:  # pragma: no cover - the stack module ships with the package

@@ -176,7 +176,7 @@ def private_moto_server(settings: Settings, directory: Path, **overrides: Any) -
     memory, used by every test) must never see. Yields (settings pointing at it + `overrides`, process)."""
     import socket
 
-    from tapeline import stack
+    from tapeline.stack import s3 as stack
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -26,6 +26,7 @@ from psycopg.conninfo import conninfo_to_dict
 from typer.testing import CliRunner
 
 from tapeline.settings import Settings
+from tapeline.stack.cli import stack_app
 from tapeline.stack import (
     StackError,
     StackPaths,
@@ -35,7 +36,6 @@ from tapeline.stack import (
     drop_database,
     ensure_topics,
     masked_dsn,
-    stack_app,
     status,
     up,
 )

@@ -1,0 +1,177 @@
+"""The local stack: real Kafka (KRaft), PostgreSQL, an S3 endpoint and ffmpeg, without Docker.
+
+`tapeline stack up` brings up every service the default `Settings` point at, reusing whatever
+already answers and starting only what is missing:
+
+* **Kafka** - a single combined KRaft node (broker + controller) run with the machine's Java 17+
+  from jars that Maven resolves from Maven Central (`stack/pom.xml`).
+* **PostgreSQL** - the Debian package's cluster (`pg_ctlcluster`), plus the role and database
+  named in `settings.database_url`.
+* **S3** - moto's S3 behind a signature gate, `python -m tapeline.s3server` (objects live in its
+  memory and are gone when it stops), with the bucket `settings.s3_bucket`: requests signed with
+  `s3_access_key`/`s3_secret_key` pass, anonymous ones only as GET/HEAD of objects under
+  `published/` (tapeline/s3server.py says why not moto's own IAM mode).
+* **ffmpeg** - checked, never started.
+
+Everything the stack writes lives under `settings.home` (one project-owned directory)::
+
+    <home>/stack.json            what the stack itself started (pids, the PostgreSQL cluster)
+    <home>/stack.lock            serialises concurrent `up`/`down`
+    <home>/kafka/libs/           broker jars (Maven)
+    <home>/kafka/data/           KRaft metadata and topic data
+    <home>/kafka/server.properties, kafka.log, kafka.pid
+    <home>/s3/moto.log, moto.pid    (the tapeline.s3server process)
+
+`down` stops only what the stack started: a process whose pid is in a pid file *and* whose command
+line is still the one the stack launched (a recycled pid is never signalled), and the PostgreSQL
+cluster only if `stack.json` says the stack started it. Reused services are left alone.
+
+The local stack runs ONE Kafka broker, so every topic has replication factor 1 and the internal
+topics are configured to fit it. Production replicates the log (replication factor 3,
+`min.insync.replicas=2`); see docs/design.md, "Production settings".
+
+`status()` reports the PostgreSQL DSN with its password masked (`***`): the status output is meant
+to be pasted into issues and logs, and secrets are never logged.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from typing import Any
+
+from rich.console import Console
+
+from tapeline.settings import Settings
+
+from tapeline.stack.base import StackError, StackPaths, _kafka_markers, _locked, _owned_pid, _paths, _read_state, _s3_markers, _say, _stop_pid, _update_state
+from tapeline.stack.ffmpeg import _ffmpeg_version, check_ffmpeg
+from tapeline.stack.kafka import _kafka_answers, _start_kafka, _wait_for_kafka
+from tapeline.stack.topics import delete_topics, ensure_topics
+from tapeline.stack.postgres import _pg_connect_error, _up_postgres, drop_database, masked_dsn
+from tapeline.stack.s3 import _ensure_bucket, _s3_answers, _s3_client, _up_s3, public_read_policy
+
+__all__ = ["up", "status", "down", "StackError", "StackPaths", "_s3_client", "check_ffmpeg", "drop_database", "ensure_topics", "delete_topics", "masked_dsn", "public_read_policy", "_s3_answers", "_ensure_bucket"]
+"""The local stack's API (the services' modules hold the rest)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+
+
+def up(settings: Settings, console: Console | None = None) -> dict[str, Any]:
+    """Bring up Kafka, PostgreSQL and S3 for `settings`, check ffmpeg, and create the topics.
+
+    Idempotent: whatever already answers is reused (nothing is started twice, nothing existing is
+    recreated); only what is missing is started and then recorded in `<home>/stack.json`.
+    A cold start takes roughly 10-20 s (the broker's JVM dominates); a warm `up` about a second.
+
+    Returns:
+        `status(settings)` after everything is up.
+
+    Raises:
+        StackError: a service could not be started or does not answer; the message names the fix
+            or the log file.
+    """
+    paths = _paths(settings)
+    with _locked(paths):
+        check_ffmpeg()
+        started = time.monotonic()
+        kafka = _start_kafka(settings, paths, console)  # the JVM boots while PG and S3 come up
+        _up_postgres(settings, paths, console)
+        _up_s3(settings, paths, console)
+        _wait_for_kafka(settings, paths, kafka)
+        _say(console, f"[bold]kafka[/]: ready on {settings.kafka_bootstrap}"
+                      + (f" ({time.monotonic() - started:.1f} s after start)" if kafka is not None else ""))
+        ensure_topics(settings)
+        _say(console, f"[bold]kafka[/]: {len(settings.all_topics())} topics present "
+                      f"(prefix {settings.topic_prefix!r})")
+    return status(settings)
+
+
+def status(settings: Settings) -> dict[str, Any]:
+    """Report each service's address, whether it answers, and whether the stack started it.
+
+    Returns a JSON-serialisable dict: `{"home": ..., "kafka": {...}, "postgres": {...}, "s3": {...},
+    "ffmpeg": {...}}`; each service has `address` and `up` (bool); Kafka and S3 have `pid` (int or
+    None: the stack's own process, alive) and `started_by_stack`; PostgreSQL has `cluster` and
+    `started_by_stack` (the stack started the Debian cluster); `error` says why a service is down.
+    The PostgreSQL address is the DSN with the password masked. Never raises for a down service.
+    Takes up to ~10 s when services are down (connection timeouts), well under a second when up.
+    """
+    paths = _paths(settings)
+    state = _read_state(paths)
+
+    kafka_pid = _owned_pid(paths.kafka_pid, _kafka_markers(paths))
+    kafka_up, kafka_error = _kafka_answers(settings)
+    kafka = {"address": settings.kafka_bootstrap, "up": kafka_up, "pid": kafka_pid,
+             "started_by_stack": kafka_pid is not None, "log": str(paths.kafka_log) if kafka_pid else None}
+    if kafka_error:
+        kafka["error"] = kafka_error
+
+    pg_error = _pg_connect_error(settings)
+    pg_state = state.get("postgres") or {}
+    postgres = {"address": masked_dsn(settings.database_url), "up": pg_error is None,
+                "cluster": pg_state.get("cluster"), "started_by_stack": bool(pg_state)}
+    if pg_error:
+        postgres["error"] = pg_error
+
+    s3_pid = _owned_pid(paths.s3_pid, _s3_markers(settings))
+    s3_up, s3_error = _s3_answers(settings)
+    s3 = {"address": settings.s3_endpoint, "bucket": settings.s3_bucket, "up": s3_up, "pid": s3_pid,
+          "started_by_stack": s3_pid is not None, "log": str(paths.s3_log) if s3_pid else None}
+    if s3_error:
+        s3["error"] = s3_error
+
+    version = _ffmpeg_version()
+    ffmpeg = {"address": shutil.which("ffmpeg"), "version": version, "up": version is not None,
+              "ffprobe": shutil.which("ffprobe")}
+    if version is None or ffmpeg["ffprobe"] is None:
+        ffmpeg["up"] = False
+        ffmpeg["error"] = "ffmpeg/ffprobe missing: apt-get install -y ffmpeg"
+
+    return {"home": str(paths.home), "kafka": kafka, "postgres": postgres, "s3": s3, "ffmpeg": ffmpeg}
+
+
+def down(settings: Settings, console: Console | None = None) -> None:
+    """Stop what the stack started, and nothing else.
+
+    Kafka and moto_server are stopped by the pid in their pid file, only if that process is alive
+    and still runs the command the stack launched (SIGTERM, then SIGKILL after STOP_TIMEOUT_S
+    seconds); a stale pid file is removed without signalling anything. The PostgreSQL cluster is
+    stopped (`pg_ctlcluster ... stop`) only if `stack.json` records that the stack started it.
+    Kafka's data stays on disk; moto's objects are gone (they lived in memory).
+
+    Raises:
+        StackError: `pg_ctlcluster stop` failed.
+    """
+    paths = _paths(settings)
+    if not paths.home.is_dir():
+        return
+    with _locked(paths):
+        for name, pid_file, markers in (("kafka", paths.kafka_pid, _kafka_markers(paths)),
+                                        ("s3", paths.s3_pid, _s3_markers(settings))):
+            pid = _owned_pid(pid_file, markers)
+            if pid is not None:
+                _stop_pid(pid, name, console)
+            elif pid_file.exists():
+                _say(console, f"[bold]{name}[/]: stale pid file {pid_file} (process gone or not ours); removing it")
+            else:
+                _say(console, f"[bold]{name}[/]: not started by the stack; leaving it alone")
+            pid_file.unlink(missing_ok=True)
+            _update_state(paths, name, None)
+
+        pg_state = _read_state(paths).get("postgres")
+        if pg_state:
+            version, _, name = pg_state["cluster"].partition("/")
+            _say(console, f"[bold]postgres[/]: stopping cluster {pg_state['cluster']} (the stack started it)")
+            result = subprocess.run(["pg_ctlcluster", version, name, "stop"], capture_output=True, text=True)
+            if result.returncode != 0 and "is not running" not in (result.stdout + result.stderr):
+                raise StackError(f"`pg_ctlcluster {version} {name} stop` failed:\n"
+                                 f"{(result.stdout + result.stderr).strip()}")
+            _update_state(paths, "postgres", None)
+        else:
+            _say(console, "[bold]postgres[/]: not started by the stack; leaving it alone")
+
+

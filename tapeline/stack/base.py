@@ -1,0 +1,272 @@
+"""Paths, state, timeouts and process helpers shared by the local stack's services."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import urlsplit
+
+from rich.console import Console
+
+from tapeline.settings import PROJECT_ROOT, Settings
+
+
+KAFKA_READY_TIMEOUT_S = 120.0
+"""How long `up` waits for a freshly started broker to answer a metadata request, seconds."""
+S3_READY_TIMEOUT_S = 30.0
+"""How long `up` waits for a freshly started moto_server to answer HTTP, seconds."""
+PG_READY_TIMEOUT_S = 30.0
+"""How long `up` waits for PostgreSQL to accept the DSN after starting its cluster, seconds."""
+STOP_TIMEOUT_S = 30.0
+"""How long `down` waits after SIGTERM before it sends SIGKILL, seconds."""
+TOPICS_TIMEOUT_S = 60.0
+"""How long `ensure_topics` keeps retrying while the broker is not yet ready, seconds."""
+LOG_ROTATE_BYTES = 50 * 1024**2
+"""A service log larger than this (bytes) is moved to `<name>.1` when the service starts again."""
+KAFKA_HEAP = ("-Xmx512m", "-Xms256m")
+"""A modest broker heap on purpose: a 2-core CI machine must leave room for ffmpeg."""
+
+KAFKA_JVM_FLAGS = (
+    # What kafka-server-start.sh uses; without it a 2-core JVM picks the serial collector.
+    "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
+    # slf4j-simple writes to stderr (the log file); give each line a timestamp.
+    "-Dorg.slf4j.simpleLogger.showDateTime=true",
+    "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd'T'HH:mm:ss.SSSXXX",
+)
+
+POM = PROJECT_ROOT / "stack" / "pom.xml"
+"""The Maven project that resolves the Kafka broker jars."""
+
+class StackError(RuntimeError):
+    """A local service could not be brought up or checked; the message says what to do."""
+
+
+# --------------------------------------------------------------------------------------------
+# Paths, state and small helpers
+
+
+@dataclass(frozen=True)
+class StackPaths:
+    """Every file the stack owns, all under one home directory."""
+
+    home: Path
+
+    @property
+    def state(self) -> Path:
+        return self.home / "stack.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.home / "stack.lock"
+
+    @property
+    def kafka(self) -> Path:
+        return self.home / "kafka"
+
+    @property
+    def kafka_libs(self) -> Path:
+        return self.kafka / "libs"
+
+    @property
+    def kafka_data(self) -> Path:
+        return self.kafka / "data"
+
+    @property
+    def kafka_properties(self) -> Path:
+        return self.kafka / "server.properties"
+
+    @property
+    def kafka_log(self) -> Path:
+        return self.kafka / "kafka.log"
+
+    @property
+    def kafka_pid(self) -> Path:
+        return self.kafka / "kafka.pid"
+
+    @property
+    def s3(self) -> Path:
+        return self.home / "s3"
+
+    @property
+    def s3_log(self) -> Path:
+        return self.s3 / "moto.log"
+
+    @property
+    def s3_pid(self) -> Path:
+        return self.s3 / "moto.pid"
+
+
+def _paths(settings: Settings) -> StackPaths:
+    return StackPaths(Path(settings.home).resolve())
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _read_state(paths: StackPaths) -> dict[str, Any]:
+    """`stack.json` as a dict (empty if missing or unreadable)."""
+    try:
+        return json.loads(paths.state.read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def _write_state(paths: StackPaths, state: dict[str, Any]) -> None:
+    """Replace `stack.json` atomically."""
+    paths.home.mkdir(parents=True, exist_ok=True)
+    tmp = paths.state.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    tmp.replace(paths.state)
+
+
+def _update_state(paths: StackPaths, service: str, record: dict[str, Any] | None) -> None:
+    """Set (or, with None, remove) one service's record in `stack.json`."""
+    state = _read_state(paths)
+    if record is None:
+        state.pop(service, None)
+    else:
+        state[service] = record
+    _write_state(paths, state)
+
+
+@contextlib.contextmanager
+def _locked(paths: StackPaths) -> Iterator[None]:
+    """Hold an exclusive lock on `<home>/stack.lock` so two `up`s never start two brokers."""
+    paths.home.mkdir(parents=True, exist_ok=True)
+    with open(paths.lock, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _host_port(address: str, default_port: int) -> tuple[str, int]:
+    """Split `host:port` (or a URL's netloc) into its parts."""
+    host, _, port = address.rpartition(":")
+    if not host:
+        return address, default_port
+    return host.strip("[]"), int(port)
+
+
+def _port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    """True if something accepts TCP connections at host:port within timeout_s seconds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    """The last lines of a log file, for error messages."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log yet)"
+
+
+def _log_errors(path: Path, limit: int = 5) -> str:
+    """The first ERROR/FATAL lines the current run (since the last start marker) wrote to a log."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    run = text.rpartition("\n===== ")[2].splitlines()
+    hits = [line for line in run if " ERROR " in line or " FATAL " in line][:limit]
+    return ("First errors:\n" + "\n".join(hits) + "\n") if hits else ""
+
+
+def _say(console: Console | None, message: str) -> None:
+    if console is not None:
+        console.print(message)
+
+
+# --------------------------------------------------------------------------------------------
+# Processes the stack starts: pid files checked against the command line
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    """The argv of a live, non-zombie process, or None if there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rpartition(")")[2].split()[0] == "Z":
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)  # reap our own child so it really goes away
+            return None
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _owned_pid(pid_file: Path, markers: tuple[str, ...]) -> int | None:
+    """The pid in pid_file if that process is alive and its argv contains every marker.
+
+    A pid file whose process is gone, or whose pid now belongs to another program, is stale and
+    yields None; such a pid is never signalled.
+    """
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    argv = _cmdline(pid)
+    if argv is None or not all(any(marker in arg for arg in argv) for marker in markers):
+        return None
+    return pid
+
+
+def _kafka_markers(paths: StackPaths) -> tuple[str, ...]:
+    return ("kafka.Kafka", str(paths.kafka_properties))
+
+
+def _s3_markers(settings: Settings) -> tuple[str, ...]:
+    _, port = _host_port(urlsplit(settings.s3_endpoint).netloc, 80)
+    return ("tapeline.s3server", str(port))
+
+
+def _spawn(argv: list[str], log: Path, pid_file: Path, cwd: Path,
+           env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start argv detached (own session), output appended to log, pid written to pid_file; `env`
+    (default: this process's environment)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    if log.exists() and log.stat().st_size > LOG_ROTATE_BYTES:
+        log.replace(log.with_name(log.name + ".1"))
+    with open(log, "ab") as out:
+        out.write(f"\n===== {_now()} starting: {' '.join(argv)}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    pid_file.write_text(f"{proc.pid}\n")
+    return proc
+
+
+def _stop_pid(pid: int, name: str, console: Console | None, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM pid, wait up to timeout_s seconds, then SIGKILL it."""
+    _say(console, f"[bold]{name}[/]: stopping pid {pid} (SIGTERM)")
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _cmdline(pid) is None:
+            return
+        time.sleep(0.2)
+    _say(console, f"[yellow]{name}[/]: still alive after {timeout_s:.0f} s, sending SIGKILL")
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _cmdline(pid) is not None:
+        time.sleep(0.1)
+
+

@@ -1,0 +1,91 @@
+"""`tapeline stack up|status|down|topics`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tapeline.settings import Settings
+
+from tapeline.stack import StackError, down, ensure_topics, status, up
+
+# --------------------------------------------------------------------------------------------
+# CLI: `tapeline stack up|status|down|topics`
+
+stack_app = typer.Typer(help="The local stack of real services (Kafka KRaft, PostgreSQL, S3 via moto, "
+                             "ffmpeg) without Docker; state and logs under the settings' home directory.",
+                        no_args_is_help=True)
+
+
+def _print_table(report: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"Tapeline local stack ({report['home']})")
+    for column in ("service", "up", "address", "started by stack", "detail"):
+        table.add_column(column)
+    for name in ("kafka", "postgres", "s3", "ffmpeg"):
+        svc = report[name]
+        if name in ("kafka", "s3"):
+            started = f"yes (pid {svc['pid']})" if svc["pid"] else "no"
+        elif name == "postgres":
+            started = f"yes ({svc['cluster']})" if svc["started_by_stack"] else "no"
+        else:
+            started = "-"
+        detail = svc.get("error") or (f"version {svc['version']}" if name == "ffmpeg"
+                                      else f"bucket {svc['bucket']}" if name == "s3" else svc.get("log") or "")
+        table.add_row(name, "[green]up[/]" if svc["up"] else "[red]down[/]", str(svc["address"]), started,
+                      str(detail))
+    console.print(table)
+
+
+@stack_app.command("up")
+def up_command() -> None:
+    """Start (or reuse) Kafka, PostgreSQL and S3, check ffmpeg, create the topics."""
+    err = Console(stderr=True)
+    try:
+        report = up(Settings(), console=err)
+    except StackError as exc:
+        err.print(f"[red]stack up failed:[/] {exc}")
+        raise typer.Exit(1) from exc
+    _print_table(report, Console())
+
+
+@stack_app.command("status")
+def status_command(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+) -> None:
+    """Show each service's address, whether it answers, and whether the stack started it.
+
+    The PostgreSQL DSN is shown with its password masked. Exit code 0 either way.
+    """
+    report = status(Settings())
+    if as_json:
+        typer.echo(json.dumps(report))
+    else:
+        _print_table(report, Console())
+
+
+@stack_app.command("down")
+def down_command() -> None:
+    """Stop only what `stack up` started (Kafka data stays on disk; moto's objects are lost)."""
+    err = Console(stderr=True)
+    try:
+        down(Settings(), console=err)
+    except StackError as exc:
+        err.print(f"[red]stack down failed:[/] {exc}")
+        raise typer.Exit(1) from exc
+
+
+@stack_app.command("topics")
+def topics_command() -> None:
+    """Create any missing topic (LogAppendTime and unlimited retention where `ensure_topics` says)."""
+    settings = Settings()
+    try:
+        ensure_topics(settings)
+    except StackError as exc:
+        Console(stderr=True).print(f"[red]creating topics failed:[/] {exc}")
+        raise typer.Exit(1) from exc
+    for topic, partitions in settings.all_topics().items():
+        typer.echo(f"{topic}\t{partitions} partitions")

@@ -1,0 +1,229 @@
+"""The local PostgreSQL: the Debian cluster, the role and database of `database_url`, the reader role."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+from rich.console import Console
+
+from tapeline.settings import Settings
+
+from tapeline.stack.base import PG_READY_TIMEOUT_S, StackError, StackPaths, _now, _say, _update_state
+
+# --------------------------------------------------------------------------------------------
+# PostgreSQL
+
+
+def _pg_params(settings: Settings) -> dict[str, str]:
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = {key: str(value) for key, value in conninfo_to_dict(settings.database_url).items()}
+    params.setdefault("host", "127.0.0.1")
+    params.setdefault("port", "5432")
+    params.setdefault("user", os.environ.get("USER", "postgres"))
+    params.setdefault("dbname", params["user"])
+    return params
+
+
+def masked_dsn(dsn: str) -> str:
+    """The DSN with its password replaced by `***`: a URL's user info and its `password` query
+    parameter (libpq reads both), or the key=value form's `password`."""
+    if "://" in dsn:
+        parts = urlsplit(dsn)
+        netloc = parts.netloc
+        if parts.password is not None:
+            netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
+        query = "&".join("password=***" if p.split("=", 1)[0].lower() == "password" else p
+                         for p in parts.query.split("&")) if parts.query else parts.query
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    try:
+        return make_conninfo(dsn, password="***") if "password" in conninfo_to_dict(dsn) else dsn
+    except psycopg.ProgrammingError:  # malformed: it may still hold a password, so show none of it
+        return "(a key=value DSN libpq cannot parse; not shown)"
+
+
+def _pg_connect_error(settings: Settings, timeout_s: int = 3) -> str | None:
+    """None if the DSN accepts a connection and `SELECT 1`, else the error text."""
+    import psycopg
+
+    try:
+        with psycopg.connect(settings.database_url, connect_timeout=timeout_s) as conn:
+            conn.execute("SELECT 1")
+        return None
+    except psycopg.Error as exc:
+        return str(exc).strip() or type(exc).__name__
+
+
+def drop_database(admin_url: str, dbname: str, attempts: int = 4) -> None:
+    """Drop database `dbname` if it exists, ending its sessions first.
+
+    `admin_url` is a DSN for another database of the same cluster (the drop cannot run inside the
+    database it drops). `DROP DATABASE ... WITH (FORCE)` terminates the sessions, but PostgreSQL 15
+    and 16 refuse it to a role that is not a superuser while an autovacuum worker is in the database
+    (the worker has no role, so "must be a member of the role whose process is being terminated";
+    PostgreSQL 17 added `pg_signal_autovacuum_worker` for this). On that error this runs a plain
+    `DROP DATABASE`, which stops autovacuum workers itself and waits up to 5 seconds for the other
+    sessions to end, up to `attempts` times.
+
+    Raises psycopg.errors.ObjectInUse if sessions that this role may not end stay connected through
+    every attempt, and any other psycopg.Error as it comes.
+    """
+    import psycopg
+    from psycopg import errors, sql
+
+    name = sql.Identifier(dbname)
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        try:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+            return
+        except errors.InsufficientPrivilege:
+            pass
+        for attempt in range(1, attempts + 1):
+            try:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(name))
+                return
+            except errors.ObjectInUse:
+                if attempt == attempts:
+                    raise
+
+
+def _pg_clusters() -> list[dict[str, str]]:
+    """Debian's PostgreSQL clusters (`pg_lsclusters`): version, name, port, status."""
+    if shutil.which("pg_lsclusters") is None:
+        return []
+    out = subprocess.run(["pg_lsclusters", "-h"], capture_output=True, text=True, check=True).stdout
+    clusters = []
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) >= 4:
+            clusters.append({"version": fields[0], "name": fields[1], "port": fields[2], "status": fields[3]})
+    return clusters
+
+
+def _psql_quote(value: str) -> str:
+    """A value as a single-quoted psql meta-command argument (`\\set name '...'`)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+READER_ROLE_SQL = ("SELECT 'CREATE ROLE tapeline_reader NOLOGIN' WHERE NOT EXISTS "
+                   "(SELECT FROM pg_roles WHERE rolname = 'tapeline_reader') \\gexec")
+"""The read-only role dashboards are granted (migration 010 grants it SELECT on every projection)."""
+
+
+def reader_grant_sql(user: str) -> str:
+    """psql script: make the DSN's login role a member of `tapeline_reader`, so `tapeline serve` can
+    `SET ROLE tapeline_reader` (a NOLOGIN role is only reachable that way). Idempotent."""
+    return "\n".join([f"\\set login {_psql_quote(user)}",
+                      "SELECT format('GRANT tapeline_reader TO %I', :'login') WHERE NOT pg_has_role(:'login', "
+                      "'tapeline_reader', 'MEMBER') \\gexec"])
+
+
+def _pg_ensure_reader_role(port: str, user: str, console: Console | None) -> None:
+    """Create the NOLOGIN role `tapeline_reader` as the `postgres` OS user when it is missing and grant
+    it to the DSN's login role `user` (root only; otherwise the migrations and `tapeline serve` say
+    how). Failures are reported, not raised."""
+    if os.geteuid() != 0 or shutil.which("runuser") is None or shutil.which("psql") is None:
+        return
+    result = subprocess.run(["runuser", "-u", "postgres", "--", "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1",
+                             "-p", port, "-d", "postgres"], input=READER_ROLE_SQL + "\n" + reader_grant_sql(user) + "\n",
+                            capture_output=True, text=True, cwd="/")
+    if result.returncode != 0:
+        _say(console, f"[yellow]postgres[/]: could not create role tapeline_reader: {result.stderr.strip()}")
+
+
+def _pg_ensure_role_and_db(params: dict[str, str], port: str, console: Console | None) -> None:
+    """Create the DSN's role (LOGIN, CREATEDB, its password) and database if missing.
+
+    Runs `psql` as the `postgres` OS user over the local socket (peer authentication); the server
+    refuses to run as root and TCP logins need a password. The values travel on psql's stdin,
+    never on a command line. Nothing that already exists is altered.
+    """
+    if shutil.which("runuser") is None or shutil.which("psql") is None:
+        raise StackError("`runuser` and `psql` are needed to create the PostgreSQL role; "
+                         "install `postgresql-client` (and run as root).")
+    if os.geteuid() != 0:
+        raise StackError(f"Creating the PostgreSQL role {params['user']!r} needs root (`runuser -u postgres`); "
+                         "run `tapeline stack up` as root once, or create the role and database yourself.")
+    script = "\n".join([
+        f"\\set role {_psql_quote(params['user'])}",
+        f"\\set pw {_psql_quote(params.get('password', ''))}",
+        f"\\set db {_psql_quote(params['dbname'])}",
+        "SELECT format('CREATE ROLE %I LOGIN CREATEDB PASSWORD %L', :'role', :'pw')"
+        " WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'role') \\gexec",
+        "SELECT format('CREATE DATABASE %I OWNER %I', :'db', :'role')"
+        " WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = :'db') \\gexec",
+        READER_ROLE_SQL,
+        reader_grant_sql(params["user"]),
+        "",
+    ])
+    result = subprocess.run(["runuser", "-u", "postgres", "--", "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1",
+                             "-p", port, "-d", "postgres"], input=script, capture_output=True, text=True,
+                            cwd="/")
+    if result.returncode != 0:
+        raise StackError(f"Creating the PostgreSQL role/database failed:\n{result.stderr.strip()}")
+    _say(console, f"[bold]postgres[/]: role {params['user']!r} (CREATEDB) and database "
+                  f"{params['dbname']!r} are present")
+
+
+def _up_postgres(settings: Settings, paths: StackPaths, console: Console | None) -> None:
+    """Make `settings.database_url` answer: reuse it, or start the Debian cluster and create the role.
+
+    Raises:
+        StackError: PostgreSQL is not installed, no local cluster serves the DSN's port, or the
+            DSN still fails after starting the cluster and creating the role and database.
+    """
+    if _pg_connect_error(settings) is None:
+        _say(console, f"[bold]postgres[/]: {masked_dsn(settings.database_url)} answers; reusing it")
+        _warn_if_no_createdb(settings, console)
+        params = _pg_params(settings)
+        if params["host"] in ("127.0.0.1", "localhost", "::1", ""):
+            _pg_ensure_reader_role(params["port"], params["user"], console)
+        return
+    params = _pg_params(settings)
+    if params["host"] not in ("127.0.0.1", "localhost", "::1", "") and not params["host"].startswith("/"):
+        raise StackError(f"PostgreSQL at {masked_dsn(settings.database_url)} does not answer: "
+                         f"{_pg_connect_error(settings)}. It is not local, so the stack does not manage it.")
+    if shutil.which("pg_ctlcluster") is None:
+        raise StackError("PostgreSQL is not installed. Install it with `apt-get install -y postgresql`.")
+    clusters = [c for c in _pg_clusters() if c["port"] == params["port"]]
+    if not clusters:
+        raise StackError(f"No PostgreSQL cluster listens on port {params['port']} (see `pg_lsclusters`). "
+                         f"Create one with `pg_createcluster <version> main -p {params['port']}`.")
+    cluster = clusters[0]
+    if not cluster["status"].startswith("online"):
+        _say(console, f"[bold]postgres[/]: starting cluster {cluster['version']}/{cluster['name']}")
+        result = subprocess.run(["pg_ctlcluster", cluster["version"], cluster["name"], "start"],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise StackError(f"`pg_ctlcluster {cluster['version']} {cluster['name']} start` failed:\n"
+                             f"{(result.stdout + result.stderr).strip()}")
+        _update_state(paths, "postgres", {"cluster": f"{cluster['version']}/{cluster['name']}",
+                                          "port": int(cluster["port"]), "started_at": _now()})
+    _pg_ensure_role_and_db(params, cluster["port"], console)
+    deadline = time.monotonic() + PG_READY_TIMEOUT_S
+    while (error := _pg_connect_error(settings)) is not None:
+        if time.monotonic() > deadline:
+            raise StackError(f"PostgreSQL still refuses {masked_dsn(settings.database_url)}: {error}")
+        time.sleep(0.5)
+    _say(console, f"[bold]postgres[/]: {masked_dsn(settings.database_url)} answers")
+
+
+def _warn_if_no_createdb(settings: Settings, console: Console | None) -> None:
+    """Warn if the DSN's role cannot CREATE DATABASE (tests create one database per module)."""
+    import psycopg
+
+    with contextlib.suppress(psycopg.Error), psycopg.connect(settings.database_url, connect_timeout=3) as conn:
+        row = conn.execute("SELECT rolcreatedb OR rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
+        if row is not None and not row[0]:
+            _say(console, "[yellow]postgres[/]: the role cannot CREATE DATABASE; tests that create "
+                          "their own database will fail (ALTER ROLE ... CREATEDB)")
+
+

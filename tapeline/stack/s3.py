@@ -1,0 +1,131 @@
+"""The local S3 endpoint: moto behind `tapeline.s3server`'s signature gate, with the bucket and its policy."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import urlsplit
+
+from rich.console import Console
+
+from tapeline.settings import Settings
+
+from tapeline.stack.base import S3_READY_TIMEOUT_S, StackError, StackPaths, _host_port, _now, _owned_pid, _s3_markers, _say, _spawn, _tail, _update_state
+
+# --------------------------------------------------------------------------------------------
+# S3 (moto behind tapeline.s3server's signature gate)
+
+
+def s3_server_command(host: str, port: int) -> list[str]:
+    """The command line of the local object store (`tapeline.s3server`) on host:port, run by this
+    interpreter (its environment has moto)."""
+    return [sys.executable, "-m", "tapeline.s3server", "-H", host, "-p", str(port)]
+
+
+def s3_server_env(settings: Settings) -> dict[str, str]:
+    """The environment of the local object store: this process's, with the credentials it accepts
+    and the bucket whose `published/` prefix anonymous GET/HEAD may read taken from `settings` (in the
+    environment, never on the command line, where `ps` would show the secret)."""
+    return {**os.environ, "TAPELINE_S3_ACCESS_KEY": settings.s3_access_key,
+            "TAPELINE_S3_SECRET_KEY": settings.s3_secret_key, "TAPELINE_S3_BUCKET": settings.s3_bucket}
+
+
+def _s3_answers(settings: Settings, timeout_s: float = 3.0) -> tuple[bool, str | None]:
+    """True if an HTTP server answers at the S3 endpoint (any HTTP status counts as an answer)."""
+    try:
+        with urllib.request.urlopen(settings.s3_endpoint, timeout=timeout_s):
+            return True, None
+    except urllib.error.HTTPError:
+        return True, None
+    except (urllib.error.URLError, OSError) as exc:
+        return False, str(getattr(exc, "reason", exc))
+
+
+def _s3_client(settings: Settings):
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", endpoint_url=settings.s3_endpoint, region_name=settings.s3_region,
+                        aws_access_key_id=settings.s3_access_key, aws_secret_access_key=settings.s3_secret_key,
+                        config=Config(retries={"max_attempts": 3, "mode": "standard"},
+                                      connect_timeout=5, read_timeout=30))
+
+
+def public_read_policy(bucket: str, prefix: str = "published/") -> dict[str, Any]:
+    """The bucket policy that makes objects under prefix, and only those, anonymously readable."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [{
+            "Sid": "PublicReadPublished",
+            "Effect": "Allow",
+            "Principal": "*",
+            "Action": "s3:GetObject",
+            "Resource": f"arn:aws:s3:::{bucket}/{prefix}*",
+        }],
+    }
+
+
+def _ensure_bucket(settings: Settings, console: Console | None) -> None:
+    """Create `settings.s3_bucket` if missing and give it the published-prefix read policy if it has none."""
+    from botocore.exceptions import ClientError
+
+    s3 = _s3_client(settings)
+    bucket = settings.s3_bucket
+    try:
+        s3.head_bucket(Bucket=bucket)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchBucket", "NotFound"):
+            raise StackError(f"Checking bucket {bucket} at {settings.s3_endpoint} failed: {exc}") from exc
+        extra = ({} if settings.s3_region == "us-east-1"
+                 else {"CreateBucketConfiguration": {"LocationConstraint": settings.s3_region}})
+        s3.create_bucket(Bucket=bucket, **extra)
+        _say(console, f"[bold]s3[/]: created bucket {bucket}")
+    try:
+        s3.get_bucket_policy(Bucket=bucket)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") != "NoSuchBucketPolicy":
+            raise StackError(f"Reading the policy of bucket {bucket} failed: {exc}") from exc
+        s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps(public_read_policy(bucket)))
+        _say(console, f"[bold]s3[/]: {bucket}/published/* is publicly readable; everything else is private")
+
+
+def _up_s3(settings: Settings, paths: StackPaths, console: Console | None) -> None:
+    """Make the S3 endpoint answer (reuse, or start `tapeline.s3server`) and ensure the bucket.
+
+    Raises:
+        StackError: the server exits, or does not answer within S3_READY_TIMEOUT_S.
+    """
+    pid = _owned_pid(paths.s3_pid, _s3_markers(settings))
+    proc = None
+    if pid is not None:
+        _say(console, f"[bold]s3[/]: tapeline.s3server already running (pid {pid})")
+    elif _s3_answers(settings)[0]:
+        _say(console, f"[bold]s3[/]: {settings.s3_endpoint} answers; reusing it")
+        _update_state(paths, "s3", None)
+    else:
+        parts = urlsplit(settings.s3_endpoint)
+        host, port = _host_port(parts.netloc, 443 if parts.scheme == "https" else 80)
+        paths.s3.mkdir(parents=True, exist_ok=True)
+        proc = _spawn(s3_server_command(host, port), paths.s3_log, paths.s3_pid, cwd=paths.s3,
+                      env=s3_server_env(settings))
+        _say(console, f"[bold]s3[/]: started tapeline.s3server pid {proc.pid} on {settings.s3_endpoint} "
+                      "(moto, objects in memory; signed requests only, anonymous reads of published/)")
+        _update_state(paths, "s3", {"pid": proc.pid, "started_at": _now(), "endpoint": settings.s3_endpoint,
+                                    "log": str(paths.s3_log)})
+    deadline = time.monotonic() + S3_READY_TIMEOUT_S
+    while not (answer := _s3_answers(settings))[0]:
+        if proc is not None and proc.poll() is not None:
+            raise StackError(f"tapeline.s3server exited with code {proc.returncode}. See {paths.s3_log}:\n"
+                             f"{_tail(paths.s3_log)}")
+        if time.monotonic() > deadline:
+            raise StackError(f"{settings.s3_endpoint} did not answer within {S3_READY_TIMEOUT_S:.0f} s "
+                             f"({answer[1]}). See {paths.s3_log}:\n{_tail(paths.s3_log)}")
+        time.sleep(0.2)
+    _ensure_bucket(settings, console)
+
+
