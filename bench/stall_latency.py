@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import bench_settings, drop_bench_database  # noqa: E402
 from producers.submit import publish, upload  # noqa: E402
+from projections.writes import PAYLOAD_OMITS  # noqa: E402
 from tapeline.samples import sample_video  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402
 
@@ -74,10 +75,14 @@ def running_with_progress(settings: Settings, job_id: str):
 
 
 def event_time(settings: Settings, job_id: str, event_type: str, **match) -> float | None:
-    rows = query(settings, "SELECT broker_ts, payload FROM lifecycle_evidence WHERE job_id = %s AND event_type = %s"
+    """Broker time (epoch s) of the job's first `event_type` whose fields equal `match`, or None.
+
+    A field the evidence row has a column for (`writes.PAYLOAD_OMITS`: attempt, stage, ...) is read
+    from that column: since migration 017 it is no longer in the payload."""
+    rows = query(settings, "SELECT * FROM lifecycle_evidence WHERE job_id = %s AND event_type = %s"
                            " ORDER BY broker_ts", job_id, event_type)
     for row in rows:
-        if all(row["payload"].get(k) == v for k, v in match.items()):
+        if all((row[k] if k in PAYLOAD_OMITS else row["payload"].get(k)) == v for k, v in match.items()):
             return row["broker_ts"].timestamp()
     return None
 
