@@ -32,6 +32,7 @@ def bench_settings(name: str, **overrides: Any) -> Settings:
         "topic_prefix": f"{name}{tag}", "app_name": f"bench-{name}-{tag}", "jobs_partitions": 3, "work_partitions": 2,
         "uploads_partitions": 2, "database_url": base.database_url.rsplit("/", 1)[0] + "/" + dbname,
         "reuse_results": False,  # benches resubmit one clip to measure transcodes, not result reuse
+        "cleanup_orphans": False,  # the bucket is shared: never sweep objects of jobs this bench does not know
         **overrides})
     stack.ensure_topics(settings)
     migrate(settings.database_url, settings.db_schema, settings.reader_role)  # the schema the processes use
