@@ -1,6 +1,8 @@
 """Replay benchmark (a script, not a test): how close does a rebuild come to the hardware?
 
-    python -m bench.replay [--events 1000000] [--keep]
+    python -m bench.replay [--events 1000000] [--keep] [--smoke]
+
+(`--smoke`: 5,000 events, for `bench/run.py --smoke`.)
 
 1. Generates about `--events` realistic lifecycle events (jobs with attempts, retries, zombies,
    heartbeats, checkpoints; one upload each) into fresh topics `bench<tag>.*`, with a
@@ -267,7 +269,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=1_000_000, help="lifecycle events to generate")
     parser.add_argument("--keep", action="store_true", help="keep the topics and schema afterwards")
+    parser.add_argument("--smoke", action="store_true", help="tiny run: --events 5000")
     args = parser.parse_args()
+    if args.smoke:
+        args.events = 5000
     tag = uuid.uuid4().hex[:8]
     settings = Settings().model_copy(update={"topic_prefix": f"bench{tag}", "app_name": f"bench-{tag}"})
     schema = f"bench_{tag}"

@@ -14,7 +14,8 @@ and keyframe interval:
     upload the playlists.
 The runs alternate (bare, segment, pipeline, then reversed, ...) so load from other processes hits all.
 
-Usage: python bench/transcode_overhead.py [--pairs 1] [--loops 11] [--preset veryfast]
+Usage: python bench/transcode_overhead.py [--pairs 1] [--loops 11] [--preset veryfast] [--smoke]
+(`--smoke`: one pair on the 5.3 s sample with the ultrafast preset, for `bench/run.py --smoke`.)
 Prints each run (wall and CPU seconds: on a shared machine the CPU figure is the steadier one),
 where the pipeline's time goes, and ends with one line
 `RESULT bare_s=... pipeline_s=... overhead_pct=...` (medians over the pairs).
@@ -102,7 +103,10 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=1, help="bare/pipeline pairs (alternating order)")
     parser.add_argument("--loops", type=int, default=11, help="copies of the 5.3 s sample (11: about 58 s)")
     parser.add_argument("--preset", default=None, help="x264 preset (default: the setting, veryfast)")
+    parser.add_argument("--smoke", action="store_true", help="tiny run: --pairs 1 --loops 1 --preset ultrafast")
     args = parser.parse_args()
+    if args.smoke:
+        args.pairs, args.loops, args.preset = 1, 1, "ultrafast"
 
     settings = bench_settings("overhead", **({"x264_preset": args.preset} if args.preset else {}))
     work = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
