@@ -33,7 +33,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import bench_settings  # noqa: E402
+from bench.common import bench_settings, drop_bench_database  # noqa: E402
 from bench.stall_latency import env_for  # noqa: E402
 from producers.submit import publish, upload  # noqa: E402
 from tapeline.chaos import ENDED_STATES, ProviderProcess, audit  # noqa: E402
@@ -158,7 +158,10 @@ def main() -> int:
         posts = provider.posts()
         provider.stop()
     elapsed = time.monotonic() - started
-    result = audit(settings, jobs, posts)
+    try:
+        result = audit(settings, jobs, posts)
+    finally:
+        drop_bench_database(settings)
     covered = len({p.name for p in once.iterdir()} & set(PIPELINE_CRASH_POINTS)) if once.exists() else 0
     print(f"\ncrash points: {len(PIPELINE_CRASH_POINTS)}, covered: {covered}")
     print(f"crashes injected: {crashes}, pauses: {pauses}, jobs: {result.jobs} in {elapsed:.0f} s")
