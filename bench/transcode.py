@@ -124,7 +124,7 @@ def main() -> int:
     print(f"RESULT overhead_ratio={ratio:.3f} waste_max_s={max(wastes):.2f} segment_s={settings.segment_s:g}"
           if ratio is not None else
           f"RESULT overhead_ratio=nan waste_max_s={max(wastes):.2f} segment_s={settings.segment_s:g}")
-    return 0
+    return 1 if ratio is None and not args.skip_overhead else 0  # the overhead part failed: say so
 
 
 if __name__ == "__main__":
