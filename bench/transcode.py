@@ -11,7 +11,7 @@ b. waste: for each run, a real pipeline (projector, intake, watchdog, publish, t
    it recorded) — the media encoded twice. Goal: at most one segment (`segment_s`) per run.
 
 Usage: python bench/transcode.py [--runs 3] [--loops 11] [--pairs 1] [--skip-overhead] [--smoke]
-(`--smoke`: one kill on a 21 s source within 1 s of the first checkpoint, the overhead part with
+(`--smoke`: one kill on a 16 s source within 1 s of the first checkpoint, lease 6 s, the overhead part with
 `transcode_overhead.py --smoke`; for `bench/run.py --smoke`.)
 Ends with one line `RESULT overhead_ratio=... waste_max_s=... segment_s=...`.
 """
@@ -88,14 +88,14 @@ def main() -> int:
     parser.add_argument("--loops", type=int, default=11, help="copies of the 5.3 s sample (11: about 58 s)")
     parser.add_argument("--pairs", type=int, default=1, help="overhead pairs (bench/transcode_overhead.py)")
     parser.add_argument("--skip-overhead", action="store_true")
-    parser.add_argument("--smoke", action="store_true", help="tiny run: --runs 1 --loops 4, kill within 1 s")
+    parser.add_argument("--smoke", action="store_true", help="tiny run: --runs 1 --loops 3, kill within 1 s, lease 6 s")
     args = parser.parse_args()
     kill_within_s = 8.0
     if args.smoke:
-        args.runs, args.loops, kill_within_s = 1, 4, 1.0
+        args.runs, args.loops, kill_within_s = 1, 3, 1.0
 
     ratio = None if args.skip_overhead else overhead(args.pairs, args.loops, smoke=args.smoke)
-    settings = bench_settings("waste", lease_s=10.0, tick_interval_s=0.5, handoff_timeout_s=600.0,
+    settings = bench_settings("waste", lease_s=6.0 if args.smoke else 10.0, tick_interval_s=0.5, handoff_timeout_s=600.0,
                               transaction_timeout_ms=5000)
     work = Path(tempfile.mkdtemp(prefix="bench-transcode-"))
     video = work / "long.mp4"
