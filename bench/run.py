@@ -10,7 +10,7 @@ the runner names it and shows the tail of its output, runs the rest, and exits 1
 
 `--record` appends one row per benchmark that passed to `docs/benchmarks.md`, under `## Runs`:
 `| YYYY-MM-DD | <short commit> | <benchmark> | <RESULT line> |` (UTC date; the commit gets `-dirty`
-when tracked files differ from it). `make bench-smoke` is `--smoke`, `make bench` full size with
+when tracked files differ from it; a smoke run's benchmark cell reads `<name> --smoke`). `make bench-smoke` is `--smoke`, `make bench` full size with
 `--record`.
 """
 
@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                   + (f" (nan: {', '.join(nan)})" if nan else ""), flush=True)
         if args.record and not outcome.error:
             date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-            append_runs(args.docs, [run_row(date, commit, name, outcome.line)])
+            label = f"{name} --smoke" if args.smoke else name  # a smoke row is never read as a full-size figure
+            append_runs(args.docs, [run_row(date, commit, label, outcome.line)])
     failed = [o.name for o in outcomes if o.error]
     print("bench: " + ", ".join(f"{o.name} {o.seconds:.1f} s{' FAILED' if o.error else ''}" for o in outcomes))
     if failed:
