@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV := .venv
 TAPELINE := $(VENV)/bin/tapeline
 
-.PHONY: bootstrap up demo test down
+.PHONY: bootstrap up demo test down bench-smoke bench
 
 bootstrap:
 	bash scripts/bootstrap.sh
@@ -28,3 +28,12 @@ test: bootstrap
 down:
 	-$(TAPELINE) run --stop
 	-$(TAPELINE) stack down
+
+# Every benchmark with tiny parameters (seconds each), checked for its RESULT line
+# (tests/integration/test_bench_smoke.py runs the same under `make test`).
+bench-smoke: bootstrap
+	$(VENV)/bin/python bench/run.py --smoke
+
+# Every benchmark at full size; one dated row per benchmark with the commit goes to docs/benchmarks.md.
+bench: bootstrap
+	$(VENV)/bin/python bench/run.py --record

@@ -8,10 +8,13 @@ sometimes, then SIGCONT). At the end `tapeline.chaos.audit` checks every job: en
 one post per completed job, one committed `JobCompleted`, one published output set, projection equal
 to a fold over the log.
 
-Usage: python bench/chaos.py [--jobs 2] [--random 10] [--seed 1]
+Usage: python bench/chaos.py [--jobs 2] [--random 10] [--seed 1] [--points P,...] [--smoke]
+(`--points`: round 1 enables only these crash points; `--smoke`: one job, one crash point
+(`transcode.CheckpointRecorded.after_commit`: a kill mid-transcode), no random rounds, for
+`bench/run.py --smoke`.)
 Prints the figures and ends with one line
-`RESULT crash_points=... covered=... crashes=... pauses=... jobs=... duplicates=... lost=... needs_review=...`.
-Goal: every crash point covered, duplicates 0, lost 0.
+`RESULT crash_points=... enabled=... covered=... crashes=... pauses=... jobs=... duplicates=... lost=... needs_review=...`.
+Goal: every crash point covered, duplicates 0, lost 0 (`enabled`: the crash points round 1 enabled).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import bench_settings  # noqa: E402
+from bench.common import bench_settings, drop_bench_database  # noqa: E402
 from bench.stall_latency import env_for  # noqa: E402
 from producers.submit import publish, upload  # noqa: E402
 from tapeline.chaos import ENDED_STATES, ProviderProcess, audit  # noqa: E402
@@ -95,7 +98,16 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="jobs per round")
     parser.add_argument("--random", type=int, default=10, help="rounds with a random crash point and maybe a pause")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--points", default=None, help="comma-separated crash points for round 1 (default: all)")
+    parser.add_argument("--smoke", action="store_true", help="tiny run: --jobs 1 --random 0 --points "
+                        "transcode.CheckpointRecorded.after_commit")
     args = parser.parse_args()
+    if args.smoke:
+        args.jobs, args.random, args.points = 1, 0, "transcode.CheckpointRecorded.after_commit"
+    first_round = PIPELINE_CRASH_POINTS if args.points is None else tuple(args.points.split(","))
+    unknown = set(first_round) - set(PIPELINE_CRASH_POINTS)
+    if unknown:
+        parser.error(f"unknown crash points: {', '.join(sorted(unknown))}")
     random.seed(args.seed)
 
     work = Path(tempfile.mkdtemp(prefix="bench-chaos-"))
@@ -117,7 +129,7 @@ def main() -> int:
     started = time.monotonic()
     try:
         time.sleep(5)
-        for point in PIPELINE_CRASH_POINTS:
+        for point in first_round:
             points_file.write_text(point + "\n")
             video = longer if point.startswith("transcode.Heartbeat") else small
             jobs.update(run_round(settings, point, args.jobs, video))
@@ -146,7 +158,10 @@ def main() -> int:
         posts = provider.posts()
         provider.stop()
     elapsed = time.monotonic() - started
-    result = audit(settings, jobs, posts)
+    try:
+        result = audit(settings, jobs, posts)
+    finally:
+        drop_bench_database(settings)
     covered = len({p.name for p in once.iterdir()} & set(PIPELINE_CRASH_POINTS)) if once.exists() else 0
     print(f"\ncrash points: {len(PIPELINE_CRASH_POINTS)}, covered: {covered}")
     print(f"crashes injected: {crashes}, pauses: {pauses}, jobs: {result.jobs} in {elapsed:.0f} s")
@@ -155,7 +170,8 @@ def main() -> int:
     print(f"duplicates: {result.duplicates}, lost: {result.lost}")
     for line in result.violations:
         print("VIOLATION", line)
-    print(f"RESULT crash_points={len(PIPELINE_CRASH_POINTS)} covered={covered} crashes={crashes} pauses={pauses} "
+    print(f"RESULT crash_points={len(PIPELINE_CRASH_POINTS)} enabled={len(first_round)} covered={covered} "
+          f"crashes={crashes} pauses={pauses} "
           f"jobs={result.jobs} duplicates={result.duplicates} lost={result.lost} "
           f"needs_review={len(result.needs_review)}")
     return 0 if result.duplicates == 0 and result.lost == 0 else 1

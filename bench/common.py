@@ -14,6 +14,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tapeline.postgres import migrate  # noqa: E402
+from tapeline.objectstore import ObjectStore  # noqa: E402
 from tapeline import stack  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402
 
@@ -32,17 +33,51 @@ def bench_settings(name: str, **overrides: Any) -> Settings:
         "topic_prefix": f"{name}{tag}", "app_name": f"bench-{name}-{tag}", "jobs_partitions": 3, "work_partitions": 2,
         "uploads_partitions": 2, "database_url": base.database_url.rsplit("/", 1)[0] + "/" + dbname,
         "reuse_results": False,  # benches resubmit one clip to measure transcodes, not result reuse
+        "cleanup_orphans": False,  # the bucket is shared: never sweep objects of jobs this bench does not know
         **overrides})
     stack.ensure_topics(settings)
     migrate(settings.database_url, settings.db_schema, settings.reader_role)  # the schema the processes use
     return settings
 
 
-def drop_bench_database(settings: Settings) -> None:
-    """Drop the database `bench_settings` created, and its topics."""
+def drop_bench_database(settings: Settings, extra_prefixes: tuple[str, ...] = ()) -> None:
+    """Drop the database `bench_settings` created, its topics, and its jobs' objects in the bucket
+    (`delete_bench_objects`, with `extra_prefixes`)."""
+    removed = delete_bench_objects(settings, extra_prefixes)
+    print(f"cleanup: removed {removed} objects of this benchmark from the bucket", file=sys.stderr)
     stack.delete_topics(settings)
     dbname = settings.database_url.rsplit("/", 1)[1]
     stack.drop_database(Settings().database_url, dbname)
+
+
+def delete_bench_objects(settings: Settings, extra_prefixes: tuple[str, ...] = ()) -> int:
+    """Remove from the (shared) bucket the objects of this benchmark's jobs: `uploads/{upload_id}/`,
+    `work/{job}/`, `markers/{job}/` and `published/{job}/` of every job in its database's job_state,
+    and every key under `extra_prefixes` (objects a benchmark wrote without a projected job).
+    Returns the number of objects removed."""
+    prefixes = list(extra_prefixes)
+    try:
+        with psycopg.connect(settings.database_url) as conn:
+            rows = conn.execute("SELECT job_id, upload_id FROM job_state").fetchall()
+    except psycopg.errors.UndefinedTable:
+        rows = []
+    for job_id, upload_id in rows:
+        prefixes.append(f"uploads/{upload_id}/")
+    for job_id in [row[0] for row in rows]:
+        prefixes += [f"work/{job_id}/", f"markers/{job_id}/", f"published/{job_id}/"]
+    store, removed = ObjectStore(settings), 0
+    for prefix in prefixes:
+        token = None
+        while True:
+            objects, token = store.list_page(prefix, token, 1000)
+            keys = [o.key for o in objects]
+            if keys:  # ObjectStore.delete_many refuses published/: these are the bench's own
+                store.s3.delete_objects(Bucket=store.bucket, Delete={"Objects": [{"Key": k} for k in keys],
+                                                                     "Quiet": True})
+                removed += len(keys)
+            if token is None:
+                break
+    return removed
 
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

@@ -14,7 +14,8 @@ appears (accepted). Checked exactly once: every 202 names a distinct job, every 
 Figures: accepted_per_s = N / (first request start -> last JobAccepted visible); p50/p99 of
 (request start -> JobAccepted visible), milliseconds; also HTTP-only figures (202 latency).
 
-Usage: python bench/intake.py [--uploads 60] [--concurrency 8]
+Usage: python bench/intake.py [--uploads 60] [--concurrency 8] [--smoke]
+(`--smoke`: 5 uploads from 2 threads, for `bench/run.py --smoke`.)
 Ends with one line `RESULT accepted_per_s=... p50_ms=... p99_ms=...`.
 """
 
@@ -68,7 +69,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--uploads", type=int, default=60)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--smoke", action="store_true", help="tiny run: --uploads 5 --concurrency 2")
     args = parser.parse_args()
+    if args.smoke:
+        args.uploads, args.concurrency = 5, 2
 
     settings = bench_settings("intake", intake_tokens={TOKEN: "bench"}, intake_max_in_flight_per_submitter=1_000_000,
                               intake_tier_capacity={"standard": 100_000}, intake_total_capacity=100_000)

@@ -1,6 +1,8 @@
 """Replay benchmark (a script, not a test): how close does a rebuild come to the hardware?
 
-    python -m bench.replay [--events 1000000] [--keep]
+    python -m bench.replay [--events 1000000] [--keep] [--smoke]
+
+(`--smoke`: 5,000 events, for `bench/run.py --smoke`.)
 
 1. Generates about `--events` realistic lifecycle events (jobs with attempts, retries, zombies,
    heartbeats, checkpoints; one upload each) into fresh topics `bench<tag>.*`, with a
@@ -101,6 +103,33 @@ def _bulk_producer(settings: Settings):
     return bulk
 
 
+def wait_until_stable(settings: Settings, timeout_s: float = 60.0) -> None:
+    """Wait until every partition's last stable offset (what read_committed readers reach) equals its
+    high watermark: `commit_transaction` returns once the coordinator has logged the commit, and
+    the markers reach the partitions afterwards, so a reader started at once can stop short of the
+    last transaction. Raises SystemExit after `timeout_s`."""
+    from confluent_kafka import TopicPartition
+
+    committed = kafka.consumer(settings, f"{settings.app_name}.bench-stable")
+    uncommitted = kafka.consumer(settings, f"{settings.app_name}.bench-stable", **{"isolation.level": "read_uncommitted"})
+    try:
+        partitions = [TopicPartition(topic, p) for topic in (settings.jobs_topic, settings.uploads_topic)
+                      for p in range(kafka.partition_count(committed, topic))]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            behind = [tp for tp in partitions if committed.get_watermark_offsets(tp, timeout=10, cached=False)[1]
+                      != uncommitted.get_watermark_offsets(tp, timeout=10, cached=False)[1]]
+            if not behind:
+                return
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the generated log is not stable after {timeout_s:g} s: {len(behind)} partition(s) "
+                                 "have an open transaction")
+            time.sleep(0.1)
+    finally:
+        committed.close()
+        uncommitted.close()
+
+
 def measure_decode(settings: Settings) -> tuple[int, float, float]:
     """(records, seconds for consume + Avro decode, seconds for consume + decode + event models)."""
     codec = default_codec()
@@ -122,8 +151,10 @@ def measure_decode(settings: Settings) -> tuple[int, float, float]:
     return results[0][0], results[0][1], results[1][1]
 
 
-def measure_replay(settings: Settings, schema: str, engine: str = "auto") -> tuple[dict, float]:
-    """Run `tapeline replay --into schema --json --engine engine` as a child; (its summary, its peak RSS in MB)."""
+def measure_replay(settings: Settings, schema: str, engine: str = "auto", expected: int | None = None
+                   ) -> tuple[dict, float]:
+    """Run `tapeline replay --into schema --json --engine engine` as a child; (its summary, its peak RSS in MB).
+    Raises SystemExit when it fails, or when it read other than `expected` records (if given)."""
     env = dict(os.environ)
     for name in ("app_name", "kafka_bootstrap", "database_url", "topic_prefix", "uploads_partitions",
                  "jobs_partitions", "work_partitions"):
@@ -134,6 +165,8 @@ def measure_replay(settings: Settings, schema: str, engine: str = "auto") -> tup
     if done.returncode != 0:
         raise SystemExit(f"replay failed ({done.returncode})")
     summary = json.loads(done.stdout)
+    if expected is not None and summary["records"] != expected:
+        raise SystemExit(f"replay ({engine}) read {summary['records']:,} records of the {expected:,} written")
     # The replay's own figure: each of its processes' VmHWM, summed (`partitioned.peak_rss_mb`; not
     # getrusage(RUSAGE_CHILDREN), which Linux carries over from this big process into its child).
     return summary, summary["rss_mb"]
@@ -236,7 +269,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=1_000_000, help="lifecycle events to generate")
     parser.add_argument("--keep", action="store_true", help="keep the topics and schema afterwards")
+    parser.add_argument("--smoke", action="store_true", help="tiny run: --events 5000")
     args = parser.parse_args()
+    if args.smoke:
+        args.events = 5000
     tag = uuid.uuid4().hex[:8]
     settings = Settings().model_copy(update={"topic_prefix": f"bench{tag}", "app_name": f"bench-{tag}"})
     schema = f"bench_{tag}"
@@ -244,12 +280,15 @@ def main() -> None:
     try:
         records, gen_s = generate(settings, args.events)
         print(f"generated {records:,} records in {gen_s:.1f} s ({records / gen_s:,.0f}/s)")
+        wait_until_stable(settings)
         decoded, decode_s, models_s = measure_decode(settings)
+        if decoded != records:
+            raise SystemExit(f"(a) decoded {decoded:,} records of the {records:,} written")
         decode_rate = decoded / decode_s
         print(f"(a) consume + Avro decode:           {decoded:,} in {decode_s:.1f} s = {decode_rate:,.0f} events/s "
               f"(+ event models: {decoded / models_s:,.0f}/s)")
         cpu_before = cpu_seconds(settings.database_url)
-        summary, rss_mb = measure_replay(settings, schema)
+        summary, rss_mb = measure_replay(settings, schema, expected=records)
         cpu = cpu_delta(cpu_before, cpu_seconds(settings.database_url))
         replay_rate = summary["records"] / summary["elapsed_s"]
         print(f"(b) replay into PostgreSQL ({schema}, {summary.get('engine')} engine"
@@ -262,7 +301,7 @@ def main() -> None:
         print("    " + cpu_report(cpu, summary["records"]))
         # (b') the same replay with the Python engine, the reference (`--engine python`), in this run.
         cpu_before = cpu_seconds(settings.database_url)
-        py_summary, py_rss_mb = measure_replay(settings, f"{schema}_py", "python")
+        py_summary, py_rss_mb = measure_replay(settings, f"{schema}_py", "python", expected=records)
         py_cpu = cpu_delta(cpu_before, cpu_seconds(settings.database_url))
         py_rate = py_summary["records"] / py_summary["elapsed_s"]
         print(f"(b') replay with the Python engine ({schema}_py): {py_summary['records']:,} in "

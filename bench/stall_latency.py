@@ -8,7 +8,8 @@ Two transcode workers run, so the next attempt has a free worker. The fault come
 between two heartbeats (the bench sees progress right after a heartbeat is projected). Goals (docs): detection within
 L + 1 s; next attempt within L (median) and L + 2 s (max).
 
-Usage: python bench/stall_latency.py [--lease 5] [--runs 5] [--hang-runs 3]
+Usage: python bench/stall_latency.py [--lease 5] [--runs 5] [--hang-runs 3] [--loops 6] [--smoke]
+(`--smoke`: one kill run and one hang run on a 16 s source, for `bench/run.py --smoke`.)
 Prints the figures and ends with one line `RESULT lease_s=... detect_median_s=... ...`.
 """
 
@@ -34,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import bench_settings, drop_bench_database  # noqa: E402
 from producers.submit import publish, upload  # noqa: E402
+from projections.writes import PAYLOAD_OMITS  # noqa: E402
 from tapeline.samples import sample_video  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402
 
@@ -74,10 +76,14 @@ def running_with_progress(settings: Settings, job_id: str):
 
 
 def event_time(settings: Settings, job_id: str, event_type: str, **match) -> float | None:
-    rows = query(settings, "SELECT broker_ts, payload FROM lifecycle_evidence WHERE job_id = %s AND event_type = %s"
+    """Broker time (epoch s) of the job's first `event_type` whose fields equal `match`, or None.
+
+    A field the evidence row has a column for (`writes.PAYLOAD_OMITS`: attempt, stage, ...) is read
+    from that column: since migration 017 it is no longer in the payload."""
+    rows = query(settings, "SELECT * FROM lifecycle_evidence WHERE job_id = %s AND event_type = %s"
                            " ORDER BY broker_ts", job_id, event_type)
     for row in rows:
-        if all(row["payload"].get(k) == v for k, v in match.items()):
+        if all((row[k] if k in PAYLOAD_OMITS else row["payload"].get(k)) == v for k, v in match.items()):
             return row["broker_ts"].timestamp()
     return None
 
@@ -102,14 +108,18 @@ def main() -> int:
     parser.add_argument("--lease", type=float, default=5.0, help="lease L, seconds")
     parser.add_argument("--runs", type=int, default=5, help="kill -9 runs")
     parser.add_argument("--hang-runs", type=int, default=3, help="SIGSTOP-ffmpeg runs")
+    parser.add_argument("--loops", type=int, default=6, help="copies of the 5.3 s sample (6: about 32 s)")
+    parser.add_argument("--smoke", action="store_true", help="tiny run: --runs 1 --hang-runs 1 --loops 3")
     args = parser.parse_args()
+    if args.smoke:
+        args.runs, args.hang_runs, args.loops = 1, 1, 3
 
     settings = bench_settings(
         "stall", lease_s=args.lease, no_progress_timeout_s=args.lease, tick_interval_s=0.25, handoff_timeout_s=600.0,
         x264_preset="ultrafast", transaction_timeout_ms=int(args.lease * 600))
     work = Path(tempfile.mkdtemp(prefix="bench-stall-"))
     video = work / "long.mp4"
-    subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-stream_loop", "5", "-i", str(sample_video()), "-c", "copy",
+    subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-stream_loop", str(args.loops - 1), "-i", str(sample_video()), "-c", "copy",
                     "-y", str(video)], check=True)
     processes = [start(role, settings, work) for role in ("projector", "intake", "watchdog", "publish")]
     workers = [start("transcode", settings, work) for _ in range(2)]

@@ -14,7 +14,8 @@ and keyframe interval:
     upload the playlists.
 The runs alternate (bare, segment, pipeline, then reversed, ...) so load from other processes hits all.
 
-Usage: python bench/transcode_overhead.py [--pairs 1] [--loops 11] [--preset veryfast]
+Usage: python bench/transcode_overhead.py [--pairs 1] [--loops 11] [--preset veryfast] [--smoke]
+(`--smoke`: one pair on the 5.3 s sample with the ultrafast preset, for `bench/run.py --smoke`.)
 Prints each run (wall and CPU seconds: on a shared machine the CPU figure is the steadier one),
 where the pipeline's time goes, and ends with one line
 `RESULT bare_s=... pipeline_s=... overhead_pct=...` (medians over the pairs).
@@ -79,10 +80,10 @@ def segment_ffmpeg(source: Path, ladder: list[ev.Rendition], has_audio: bool, du
     return elapsed
 
 
-def pipeline(settings: Settings, runtime: Runtime, source_key: str, ladder: list[ev.Rendition]) -> tuple[float, float, int]:
-    """Wall seconds of the transcode stage's `work` for a fresh job, its ffmpeg wall seconds, and the
-    number of checkpoints it recorded."""
-    job_id = str(uuid.uuid4())
+def pipeline(settings: Settings, runtime: Runtime, source_key: str, ladder: list[ev.Rendition],
+             job_id: str) -> tuple[float, float, int]:
+    """Wall seconds of the transcode stage's `work` for a fresh job `job_id`, its ffmpeg wall seconds,
+    and the number of checkpoints it recorded."""
     item = ev.WorkItem.new(job_id=job_id, stage="transcode", attempt=1, recorded_by="bench", correlation_id=job_id,
                            tier="standard", source_key=source_key, inputs=[], renditions=ladder)
     producer = kafka.transactional_producer(settings, f"{settings.app_name}.transcode.{job_id}")
@@ -102,7 +103,10 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=1, help="bare/pipeline pairs (alternating order)")
     parser.add_argument("--loops", type=int, default=11, help="copies of the 5.3 s sample (11: about 58 s)")
     parser.add_argument("--preset", default=None, help="x264 preset (default: the setting, veryfast)")
+    parser.add_argument("--smoke", action="store_true", help="tiny run: --pairs 1 --loops 1 --preset ultrafast")
     args = parser.parse_args()
+    if args.smoke:
+        args.pairs, args.loops, args.preset = 1, 1, "ultrafast"
 
     settings = bench_settings("overhead", **({"x264_preset": args.preset} if args.preset else {}))
     work = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
@@ -118,6 +122,7 @@ def main() -> int:
           f"{[r.name for r in ladder]} + audio, preset {settings.x264_preset}, segments {settings.segment_s:g} s")
     bare_s, seg_s, pipe_s, encode_s = [], [], [], []
     has_audio = probe.audio_codec is not None
+    job_ids: list[str] = []  # the pipeline side's jobs: their work objects go at the end
     try:
         for pair in range(args.pairs):
             order = ("bare", "segment", "pipeline") if pair % 2 == 0 else ("pipeline", "segment", "bare")
@@ -132,7 +137,8 @@ def main() -> int:
                     print(f"pair {pair + 1}: segment ffmpeg   {seg_s[-1]:7.2f} s, {cpu_s() - cpu_before:6.1f} CPU s "
                           "(the pipeline's command alone)")
                 else:
-                    total, ffmpeg_s, checkpoints = pipeline(settings, runtime, source_key, ladder)
+                    job_ids.append(str(uuid.uuid4()))
+                    total, ffmpeg_s, checkpoints = pipeline(settings, runtime, source_key, ladder, job_ids[-1])
                     pipe_s.append(total)
                     encode_s.append(ffmpeg_s)
                     print(f"pair {pair + 1}: transcode stage  {total:7.2f} s, {cpu_s() - cpu_before:6.1f} CPU s of "
@@ -140,7 +146,7 @@ def main() -> int:
                           f"{ffmpeg_s:.2f} s, {checkpoints} checkpoints)")
     finally:
         runtime.close()
-        drop_bench_database(settings)
+        drop_bench_database(settings, (source_key,) + tuple(f"work/{job_id}/" for job_id in job_ids))
     b, p, e = statistics.median(bare_s), statistics.median(pipe_s), statistics.median(encode_s)
     sg = statistics.median(seg_s)
     overhead = (p / b - 1) * 100

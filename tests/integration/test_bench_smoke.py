@@ -1,0 +1,45 @@
+"""Every benchmark runs in its smoke mode and ends with a parsable RESULT line (issue 21, C.5).
+
+Each benchmark is the real script (`bench/<name>.py --smoke`: tiny parameters, the same code path)
+against the real services, as `bench/run.py --smoke` runs it: a benchmark that rots (exits non-zero,
+hangs past its timeout, stops printing its RESULT line) fails here, not on someone's next full run.
+Each benchmark makes its own topics, app name and database and drops them (bench/common.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.run import BENCHMARKS, BENCH, TIMEOUT_S, run_benchmark
+from tapeline.settings import Settings
+
+KEYS = {
+    "stall_latency": {"lease_s", "detect_median_s", "restart_median_s", "no_progress_detect_median_s"},
+    "replay": {"decode_events_per_s", "replay_events_per_s", "copy_rows_per_s", "replay_engine"},
+    "chaos": {"crash_points", "covered", "duplicates", "lost"},
+    "transcode": {"overhead_ratio", "waste_max_s", "segment_s"},
+    "transcode_overhead": {"bare_s", "pipeline_s", "overhead_pct"},
+    "intake": {"accepted_per_s", "p50_ms", "p99_ms"},
+}
+"""Figures each benchmark's RESULT line must carry (the ones its docstring and docs cite)."""
+
+
+def test_every_benchmark_is_smoked():
+    assert set(KEYS) == set(BENCHMARKS)
+    assert {path.stem for path in BENCH.glob("*.py")} - set(BENCHMARKS) == {"__init__", "common", "lifecycles",
+                                                                            "intake_load", "run"}
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_benchmark_smoke_ends_with_a_result_line(name: str, base_settings: Settings):
+    outcome = run_benchmark(BENCH / f"{name}.py", smoke=True, timeout_s=TIMEOUT_S["smoke"])
+    print(f"{name}: {outcome.seconds:.1f} s: {outcome.line}")
+    assert outcome.error is None, f"{name} --smoke: {outcome.error}; last lines:\n{outcome.tail()}"
+    assert KEYS[name] <= set(outcome.figures), outcome.line
+    numbers = {k: v for k, v in outcome.figures.items() if k in KEYS[name] and isinstance(v, float)}
+    assert numbers and not any(math.isnan(v) for v in numbers.values()), outcome.line
+    if name == "chaos":
+        assert outcome.figures["duplicates"] == 0 and outcome.figures["lost"] == 0
+        assert outcome.figures["covered"] >= 1, "the smoke's crash point did not fire"
