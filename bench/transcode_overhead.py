@@ -47,6 +47,7 @@ from tapeline import kafka  # noqa: E402
 from tapeline.objectstore import ObjectStore  # noqa: E402
 from tapeline.samples import sample_video  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402
+from tapeline.clock import system_clock  # noqa: E402
 
 
 def cpu_s() -> float:
@@ -84,7 +85,7 @@ def pipeline(settings: Settings, runtime: Runtime, source_key: str, ladder: list
              job_id: str) -> tuple[float, float, int]:
     """Wall seconds of the transcode stage's `work` for a fresh job `job_id`, its ffmpeg wall seconds,
     and the number of checkpoints it recorded."""
-    item = ev.WorkItem.new(job_id=job_id, stage="transcode", attempt=1, recorded_by="bench", correlation_id=job_id,
+    item = ev.WorkItem.new(system_clock.stamp(), job_id=job_id, stage="transcode", attempt=1, recorded_by="bench", correlation_id=job_id,
                            tier="standard", source_key=source_key, inputs=[], renditions=ladder)
     producer = kafka.transactional_producer(settings, f"{settings.app_name}.transcode.{job_id}")
     identity = AttemptIdentity(job_id=job_id, stage="transcode", attempt=1, claim_token=new_claim_token(),

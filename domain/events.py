@@ -1,18 +1,17 @@
 """Pydantic models of every event, mirroring `avro/*.avsc` field for field.
 
 `tests/unit/test_schemas.py` checks that each model's fields equal its schema's, so the two cannot
-drift. Build events with `EventClass.new(job_id=..., stage=..., attempt=..., ...)`, which fills
-`event_id`, `occurred_at` and the deterministic `dedup_key`.
+drift. Build events with `EventClass.new(stamp, job_id=..., stage=..., attempt=..., ...)`: the caller's clock
+gives `event_id` and `occurred_at` (`Stamp`), and `new` adds the deterministic `dedup_key`.
 """
 
 from __future__ import annotations
 
-import os
 import types
 import typing
 import uuid
-from datetime import datetime, timedelta, timezone
-from typing import Any, ClassVar
+from datetime import datetime
+from typing import Any, ClassVar, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,15 +33,13 @@ def dedup_key(job_id: str, stage: str, attempt: int, event_type: str, sequence: 
     return key if sequence is None else f"{key}:{sequence}"
 
 
-def utc_now() -> datetime:
-    """The writer's clock, UTC, microsecond precision (evidence only; leases use broker time).
+class Stamp(NamedTuple):
+    """When an event was written and its id: `occurred_at` (the writer's clock, UTC, microseconds;
+    evidence only, leases use broker time) and a fresh `event_id`. The caller's clock makes it
+    (`tapeline/clock.py`); the domain never reads a clock or draws an id itself."""
 
-    `TAPELINE_CLOCK_OFFSET_S` shifts it by that many seconds, to run a process with a skewed clock
-    in fault tests (libfaketime cannot be used: librdkafka's timed waits break under it, checked).
-    """
-    offset = os.environ.get("TAPELINE_CLOCK_OFFSET_S")
-    now = datetime.now(timezone.utc)
-    return now + timedelta(seconds=float(offset)) if offset else now
+    occurred_at: datetime
+    event_id: str
 
 
 class _Frozen(BaseModel):
@@ -113,18 +110,19 @@ class Event(_Frozen):
         Event.registry[cls.__name__] = cls
 
     @classmethod
-    def new(cls, *, job_id: str, stage: str, attempt: int, recorded_by: str, correlation_id: str,
+    def new(cls, stamp: Stamp, *, job_id: str, stage: str, attempt: int, recorded_by: str, correlation_id: str,
             claim_token: str | None = None, causation_id: str | None = None,
             sequence: int | str | None = None, occurred_at: datetime | None = None, **fields: Any) -> "Event":
-        """Build an event with a fresh `event_id`, `occurred_at = now` and its dedup key.
+        """Build an event with the `event_id` and `occurred_at` of `stamp` (an explicit `occurred_at`
+        wins: golden files and tests fix it) and its deterministic dedup key.
 
         `sequence` (heartbeats, checkpoints, ticks) goes into the dedup key and, where the event
         has a `sequence` field, into that field too.
         """
         if sequence is not None and "sequence" in cls.model_fields:
             fields["sequence"] = sequence
-        return cls(event_id=str(uuid.uuid4()), event_type=cls.__name__, job_id=job_id, stage=stage,
-                   attempt=attempt, claim_token=claim_token, occurred_at=occurred_at or utc_now(),
+        return cls(event_id=stamp.event_id, event_type=cls.__name__, job_id=job_id, stage=stage,
+                   attempt=attempt, claim_token=claim_token, occurred_at=occurred_at or stamp.occurred_at,
                    recorded_by=recorded_by, correlation_id=correlation_id, causation_id=causation_id,
                    dedup_key=dedup_key(job_id, stage, attempt, cls.__name__, sequence), **fields)
 

@@ -32,6 +32,7 @@ from tapeline.health import HealthState
 from tapeline.objectstore import ObjectStore, sha256_file
 from domain.policy.tiers import TIERS
 from tapeline.settings import Settings
+from tapeline.clock import system_clock
 
 log = structlog.get_logger("tapeline.intake")
 RECORD_BACKOFF_CAP_S = 30.0
@@ -82,13 +83,13 @@ def decide(existing: dict[str, Any] | None, upload: ev.UploadCompleted, probe: e
                   causation_id=upload.event_id)
     jobs = settings.jobs_topic
     if isinstance(probe, TapelineError):
-        return [(jobs, ev.JobRejected.new(stage="intake", attempt=0, upload_id=upload.upload_id,
+        return [(jobs, ev.JobRejected.new(system_clock.stamp(), stage="intake", attempt=0, upload_id=upload.upload_id,
                                           error_class=probe.error_class, reason=str(probe), **common))]
     if profile is None:
         profile = reuse.full_profile(upload.profile, media.plan_ladder(probe, settings.ladder), settings)
     ladder = list(profile.ladder)
     work_topic = settings.work_topic("transcode", upload.priority)
-    accepted = ev.JobAccepted.new(stage="intake", attempt=0, upload_id=upload.upload_id, source_key=upload.object_key,
+    accepted = ev.JobAccepted.new(system_clock.stamp(), stage="intake", attempt=0, upload_id=upload.upload_id, source_key=upload.object_key,
                                   source_sha256=upload.sha256, source_size_bytes=upload.size_bytes,
                                   priority=upload.priority, profile=upload.profile, media=probe, ladder=ladder,
                                   profile_fingerprint=profile.fingerprint, degraded=profile.degraded,
@@ -97,17 +98,17 @@ def decide(existing: dict[str, Any] | None, upload: ev.UploadCompleted, probe: e
         duration = reusable.media_duration_s if reusable.media_duration_s is not None else probe.duration_s
         return [
             (jobs, accepted),
-            (jobs, ev.ResultReused.new(stage="intake", attempt=0, reused_job_id=reusable.origin_job_id,
+            (jobs, ev.ResultReused.new(system_clock.stamp(), stage="intake", attempt=0, reused_job_id=reusable.origin_job_id,
                                        profile_fingerprint=reusable.fingerprint, master_key=reusable.master_key,
                                        master_url=reusable.master_url, renditions=reusable.renditions,
                                        outputs=reusable.outputs, media_duration_s=duration, **common)),
-            (jobs, ev.JobCompleted.new(stage="intake", attempt=0, master_url=reusable.master_url,
+            (jobs, ev.JobCompleted.new(system_clock.stamp(), stage="intake", attempt=0, master_url=reusable.master_url,
                                        media_duration_s=duration, **common)),
         ]
     return [
         (jobs, accepted),
-        (jobs, ev.StageQueued.new(stage="transcode", attempt=1, tier=upload.priority, work_topic=work_topic, **common)),
-        (work_topic, ev.WorkItem.new(stage="transcode", attempt=1, tier=upload.priority, source_key=upload.object_key,
+        (jobs, ev.StageQueued.new(system_clock.stamp(), stage="transcode", attempt=1, tier=upload.priority, work_topic=work_topic, **common)),
+        (work_topic, ev.WorkItem.new(system_clock.stamp(), stage="transcode", attempt=1, tier=upload.priority, source_key=upload.object_key,
                                      inputs=[], renditions=ladder, media_duration_s=probe.duration_s,
                                      x264_preset=profile.x264_preset, degraded=profile.degraded, **common)),
     ]

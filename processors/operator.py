@@ -30,6 +30,7 @@ from domain import events as ev
 from tapeline import kafka
 from domain.errors import NoSuchJob, NotCancellable, NotReplayable
 from tapeline.settings import Settings
+from tapeline.clock import system_clock
 
 log = structlog.get_logger("tapeline.operator")
 
@@ -52,7 +53,7 @@ def replay_events(row: dict[str, Any] | None, dead_letter_id: str, operator: str
     if row is None or row["state"] not in REOPENABLE_STATES:
         return []
     common = dict(job_id=row["job_id"], recorded_by=recorded_by, correlation_id=row["upload_id"])
-    replayed = ev.JobReplayed.new(stage=row["stage"], attempt=row["attempt"], operator=operator, reason=reason,
+    replayed = ev.JobReplayed.new(system_clock.stamp(), stage=row["stage"], attempt=row["attempt"], operator=operator, reason=reason,
                                   dead_letter_id=dead_letter_id, **common)
     return [(settings.jobs_topic, replayed)] + queue_attempt(row, row["stage"], row["attempt"] + 1,
                                                              dict(common, causation_id=replayed.event_id), settings)
@@ -131,7 +132,7 @@ def resolve_review_events(row: dict[str, Any] | None, operator: str, reason: str
     if row is None or row["state"] != "needs_review":
         return []
     common = dict(job_id=row["job_id"], recorded_by=recorded_by, correlation_id=row["upload_id"])
-    replayed = ev.JobReplayed.new(stage=row["stage"], attempt=row["attempt"], operator=operator, reason=reason,
+    replayed = ev.JobReplayed.new(system_clock.stamp(), stage=row["stage"], attempt=row["attempt"], operator=operator, reason=reason,
                                   dead_letter_id=None, **common)
     out: list[Outgoing] = [(settings.jobs_topic, replayed)]
     caused = dict(common, causation_id=replayed.event_id)
@@ -140,11 +141,11 @@ def resolve_review_events(row: dict[str, Any] | None, operator: str, reason: str
     renditions = [ev.Rendition(**r) for r in (row.get("renditions") or [])]
     master_key = f"published/{row['job_id']}/master.m3u8"
     return out + [
-        (settings.jobs_topic, ev.Published.new(stage="publish", attempt=row["attempt"], sequence=f"{provider}-review",
+        (settings.jobs_topic, ev.Published.new(system_clock.stamp(), stage="publish", attempt=row["attempt"], sequence=f"{provider}-review",
                                                provider=provider, provider_ref=posted_ref, master_key=master_key,
                                                master_url=row.get("master_url") or "", renditions=renditions,
                                                **caused)),
-        (settings.jobs_topic, ev.JobCompleted.new(stage="publish", attempt=row["attempt"],
+        (settings.jobs_topic, ev.JobCompleted.new(system_clock.stamp(), stage="publish", attempt=row["attempt"],
                                                   master_url=row.get("master_url") or "",
                                                   media_duration_s=row.get("source_duration_s"), **caused)),
     ]
@@ -190,7 +191,7 @@ def cancel_events(row: dict[str, Any] | None, operator: str, reason: str, settin
     """
     if row is None or row["state"] in TERMINAL_STATES:
         return []
-    return [(settings.jobs_topic, ev.JobCancelled.new(job_id=row["job_id"], stage=row["stage"], attempt=row["attempt"],
+    return [(settings.jobs_topic, ev.JobCancelled.new(system_clock.stamp(), job_id=row["job_id"], stage=row["stage"], attempt=row["attempt"],
                                                       operator=operator, reason=reason, recorded_by=recorded_by,
                                                       correlation_id=row["upload_id"]))]
 

@@ -39,6 +39,7 @@ from domain.lifecycle import PAYLOAD_OMITS
 from domain import events as ev
 from domain.errors import Fenced, ProviderDeferred, ProviderError
 from tapeline.settings import Settings
+from tapeline.clock import system_clock
 
 log = structlog.get_logger("tapeline.provider_guard")
 
@@ -130,7 +131,7 @@ class ProviderGuard:
         try:
             return self._admit(attempt, claim_token)
         except psycopg.errors.LockNotAvailable as exc:  # another process holds the lock too long (a slow broker)
-            now = ev.utc_now()
+            now = system_clock.now()
             raise self._defer(now, now + timedelta(seconds=1), "in_flight",
                               f"{self.provider}: admission lock busy for {ADMIT_LOCK_TIMEOUT_S:g} s") from exc
 

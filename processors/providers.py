@@ -27,6 +27,7 @@ from domain.errors import ProviderError, ProviderLookupFailed, StorageError
 from tapeline.objectstore import PUBLISHED_PREFIX, ObjectStore
 from tapeline.postgres import q
 from tapeline.settings import Settings
+from tapeline.clock import system_clock
 
 AUDIO_BITRATE_BPS = 128_000
 
@@ -252,7 +253,7 @@ class ProviderLimits:
                 self.slot = slot
                 return self
         raise ProviderDeferred(f"{self.provider} has {self.max_in_flight} posts in flight (its concurrency limit)",
-                               provider=self.provider, wait="in_flight", until=ev.utc_now() + timedelta(seconds=1),
+                               provider=self.provider, wait="in_flight", until=system_clock.now() + timedelta(seconds=1),
                                retry_after_s=1.0, limit=self.max_in_flight)
 
     def __exit__(self, *exc_info) -> None:

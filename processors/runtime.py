@@ -23,6 +23,7 @@ from tapeline.crashpoints import crash_point
 from domain.errors import Fenced
 from tapeline.health import HealthState
 from tapeline.settings import Settings
+from tapeline.clock import system_clock
 
 log = structlog.get_logger("tapeline.processors")
 
@@ -113,7 +114,7 @@ class AttemptIdentity:
     causation_id: str | None
 
     def event(self, cls: type[ev.Event], sequence: int | None = None, **fields: Any) -> ev.Event:
-        return cls.new(job_id=self.job_id, stage=self.stage, attempt=self.attempt, claim_token=self.claim_token,
+        return cls.new(system_clock.stamp(), job_id=self.job_id, stage=self.stage, attempt=self.attempt, claim_token=self.claim_token,
                        recorded_by=self.recorded_by, correlation_id=self.correlation_id,
                        causation_id=self.causation_id, sequence=sequence, **fields)
 
@@ -128,7 +129,7 @@ def dead_letter_event(processor: str, recorded_by: str, error: Exception, *, top
     is also the dead letter's id in the `dead_letters` projection.
     """
     position = f"{topic}/{partition}/{offset}"
-    return ev.DeadLetter.new(
+    return ev.DeadLetter.new(system_clock.stamp(), 
         job_id=position, stage=processor, attempt=0, recorded_by=recorded_by, correlation_id=position,
         source_topic=topic, source_partition=partition, source_offset=offset, key=key, value=value,
         headers={str(k): bytes(v or b"") for k, v in (headers or [])},

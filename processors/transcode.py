@@ -35,6 +35,7 @@ from domain import events as ev
 from tapeline.crashpoints import delay_point, fail_point
 from domain.errors import StorageError, TranscodeFailed
 from tapeline.objectstore import ObjectStore, sha256_file
+from tapeline.clock import system_clock
 
 log = structlog.get_logger("tapeline.transcode")
 
@@ -175,8 +176,8 @@ class TranscodeWorker(StageWorker):
             (jobs, attempt.event(ev.AttemptSucceeded, outputs=outputs, renditions=renditions,
                                  audio_playlist_key=audio_key, media_duration_s=probe.duration_s,
                                  elapsed_s=elapsed_s)),
-            (jobs, ev.StageQueued.new(stage="publish", attempt=1, tier=item.tier, work_topic=publish_topic, **common)),
-            (publish_topic, ev.WorkItem.new(stage="publish", attempt=1, tier=item.tier, source_key=item.source_key,
+            (jobs, ev.StageQueued.new(system_clock.stamp(), stage="publish", attempt=1, tier=item.tier, work_topic=publish_topic, **common)),
+            (publish_topic, ev.WorkItem.new(system_clock.stamp(), stage="publish", attempt=1, tier=item.tier, source_key=item.source_key,
                                             inputs=outputs, renditions=renditions, audio_playlist_key=audio_key,
                                             media_duration_s=probe.duration_s, **common)),
         ]

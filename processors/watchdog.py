@@ -43,6 +43,7 @@ from domain.errors import ServiceUnavailable, StorageError
 from tapeline.health import HealthState
 from tapeline.objectstore import ObjectStore, StorageGauge
 from tapeline.settings import Settings
+from tapeline.clock import system_clock
 
 log = structlog.get_logger("tapeline.watchdog")
 WATCHDOG_LOCK = 0x7A9E_0010
@@ -83,7 +84,7 @@ def _work_item(job: dict[str, Any], stage: str, attempt: int, common: dict[str, 
     inputs = [ev.OutputFile(**o) for o in (job.get("outputs") or [])] if stage == "publish" else []
     if stage == "transcode":
         ladder = [r.model_copy(update={"playlist_key": None, "url": None}) for r in ladder]
-    return ev.WorkItem.new(stage=stage, attempt=attempt, tier=job.get("priority") or "standard",
+    return ev.WorkItem.new(system_clock.stamp(), stage=stage, attempt=attempt, tier=job.get("priority") or "standard",
                            source_key=job.get("source_key") or "", inputs=inputs, renditions=ladder,
                            audio_playlist_key=job.get("audio_playlist_key") if stage == "publish" else None,
                            media_duration_s=job.get("source_duration_s"),
@@ -96,7 +97,7 @@ def queue_attempt(job: dict[str, Any], stage: str, attempt: int, common: dict[st
     """`StageQueued` + `WorkItem` of `stage` attempt `attempt` on the job's tier (the watchdog's
     retries and re-drives, and an operator's replay)."""
     tier = job.get("priority") or "standard"
-    return [(settings.jobs_topic, ev.StageQueued.new(stage=stage, attempt=attempt, tier=tier,
+    return [(settings.jobs_topic, ev.StageQueued.new(system_clock.stamp(), stage=stage, attempt=attempt, tier=tier,
                                                      work_topic=settings.work_topic(stage, tier), **common)),
             (settings.work_topic(stage, tier), _work_item(job, stage, attempt, common))]
 
@@ -126,20 +127,20 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
         common = dict(job_id=row["job_id"], recorded_by=recorded_by, correlation_id=job["upload_id"])
         detail = (f"lease ended {row['leased_until']:%H:%M:%S.%f}" if row["kind"] == "lease_expired"
                   else f"frames stuck at {row['progress_frames']}")
-        result.outgoing.append((jobs_topic, ev.StallDetected.new(
+        result.outgoing.append((jobs_topic, ev.StallDetected.new(system_clock.stamp(), 
             stage=stage, attempt=attempt, kind=row["kind"], stalled_attempt=attempt,
             last_progress_at=row["last_progress_at"], since_s=float(row["since_s"] or 0.0), detail=detail, **common)))
         used = attempts_used(job, attempt)
         decision = retry_decision("worker_lost", used, settings.retry_policy())
         if decision.action is Action.RETRY:
             nxt = attempt + 1
-            result.outgoing.append((jobs_topic, retry_scheduled(decision.delay_s, ev.utc_now(), stage=stage, attempt=attempt,
+            result.outgoing.append((jobs_topic, retry_scheduled(decision.delay_s, system_clock.stamp(), stage=stage, attempt=attempt,
                                                                 next_attempt=nxt, error_class="worker_lost", **common)))
             if decision.delay_s <= 0:  # a stall is retried at once (docs/design.md)
                 result.outgoing += queue_attempt(job, stage, nxt, common, settings)
             result.count(Verdict.RETRY)
         else:
-            dead = ev.JobDeadLettered.new(
+            dead = ev.JobDeadLettered.new(system_clock.stamp(), 
                 stage=stage, attempt=attempt, error_class="worker_lost",
                 reason=f"attempt {attempt} stalled ({row['kind']}) and no attempts are left", attempts=used,
                 evidence=f"{jobs_topic} partition {row['log_partition']}", **common)
@@ -160,7 +161,7 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
             continue
         common = dict(job_id=row["job_id"], recorded_by=recorded_by, correlation_id=job["upload_id"])
         result.outgoing += [
-            (jobs_topic, ev.StallDetected.new(stage=row["stage"], attempt=row["attempt"], kind="handoff",
+            (jobs_topic, ev.StallDetected.new(system_clock.stamp(), stage=row["stage"], attempt=row["attempt"], kind="handoff",
                                               stalled_attempt=row["attempt"], since_s=float(row["since_s"]),
                                               detail=f"queued, not claimed (re-drive {row['redrives'] + 1})",
                                               sequence=f"handoff-{row['redrives']}", **common)),
@@ -169,7 +170,7 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
         ]
         result.count(Verdict.REDRIVE)
     for row in missing:
-        result.outgoing.append((jobs_topic, ev.StallDetected.new(
+        result.outgoing.append((jobs_topic, ev.StallDetected.new(system_clock.stamp(), 
             job_id=row["job_id"], stage="intake", attempt=0, recorded_by=recorded_by, correlation_id=row["upload_id"],
             kind="expected_work_missing", stalled_attempt=0, since_s=float(row["since_s"]),
             detail=f"upload {row['upload_id']} has no job")))
@@ -231,7 +232,7 @@ class Watchdog:
         self.ticks += 1
         # Step 1
         sequence = time.time_ns() // 1_000_000
-        transact(producer, lambda: [runtime.produce_to(producer, jobs_topic, p, ev.WatchdogTick.new(
+        transact(producer, lambda: [runtime.produce_to(producer, jobs_topic, p, ev.WatchdogTick.new(system_clock.stamp(), 
             job_id=f"tick:{p}", stage="watchdog", attempt=0, recorded_by=runtime.recorded_by,
             correlation_id="watchdog", partition=p, sequence=sequence)) for p in range(partitions)],
                  name="watchdog.tick")

@@ -42,6 +42,7 @@ from domain.errors import DecodeError, Fenced, SchemaError, ServiceUnavailable, 
 from tapeline.health import HealthState
 from tapeline.objectstore import ObjectStore
 from tapeline.settings import Settings
+from tapeline.clock import system_clock
 
 log = structlog.get_logger("tapeline.worker")
 
@@ -504,9 +505,9 @@ class StageWorker:
                       causation_id=item.event_id, claim_token=identity.claim_token)
         work_topic = self.settings.work_topic(self.stage, item.tier)
         return [
-            (self.settings.jobs_topic, ev.StageQueued.new(stage=self.stage, attempt=next_attempt, tier=item.tier,
+            (self.settings.jobs_topic, ev.StageQueued.new(system_clock.stamp(), stage=self.stage, attempt=next_attempt, tier=item.tier,
                                                           work_topic=work_topic, **common)),
-            (work_topic, ev.WorkItem.new(
+            (work_topic, ev.WorkItem.new(system_clock.stamp(), 
                 stage=self.stage, attempt=next_attempt, tier=item.tier, source_key=item.source_key,
                 inputs=item.inputs, renditions=item.renditions, audio_playlist_key=item.audio_playlist_key,
                 media_duration_s=item.media_duration_s, checkpoint_refs=item.checkpoint_refs,
@@ -538,14 +539,14 @@ class StageWorker:
         common = dict(job_id=item.job_id, recorded_by=attempt.identity.recorded_by, correlation_id=item.correlation_id,
                       causation_id=item.event_id, claim_token=attempt.identity.claim_token)
         if decision.action is Action.FAIL:
-            out.append((jobs, ev.JobFailed.new(stage=self.stage, attempt=item.attempt, error_class=error_class,
+            out.append((jobs, ev.JobFailed.new(system_clock.stamp(), stage=self.stage, attempt=item.attempt, error_class=error_class,
                                                reason=reason, **common)))
         elif decision.action is Action.DEAD_LETTER:
-            dead = ev.JobDeadLettered.new(stage=self.stage, attempt=item.attempt, error_class=error_class,
+            dead = ev.JobDeadLettered.new(system_clock.stamp(), stage=self.stage, attempt=item.attempt, error_class=error_class,
                                           reason=reason, attempts=used, evidence=f"{jobs} job {item.job_id}", **common)
             out += [(jobs, dead), (self.settings.dlq_topic, dead)]  # the lifecycle fact + its dead-letter record
         else:
-            out.append((jobs, retry_scheduled(decision.delay_s, ev.utc_now(), stage=self.stage, attempt=item.attempt,
+            out.append((jobs, retry_scheduled(decision.delay_s, system_clock.stamp(), stage=self.stage, attempt=item.attempt,
                                               next_attempt=decision.next_attempt, error_class=error_class, **common)))
             if decision.delay_s <= 0:  # at once; otherwise the watchdog dispatches it when due
                 out += self.next_attempt_events(attempt, decision.next_attempt)

@@ -20,6 +20,7 @@ from domain.errors import ServiceUnavailable, SubmitError
 from tapeline.objectstore import ObjectStore, normalised_content_type
 from domain.policy.tiers import TIERS
 from tapeline.settings import Settings
+from tapeline.clock import system_clock
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def upload(settings: Settings, path: Path, priority: str = "standard", submitter
 def upload_completed(settings: Settings, upload_id: str, key: str, size: int, sha: str, filename: str,
                      priority: str, submitter: str, recorded_by: str, profile: str = "default") -> ev.UploadCompleted:
     """The `UploadCompleted` of a stored source (job id `uuid5(namespace, upload_id)`). Pure."""
-    return ev.UploadCompleted.new(job_id=ev.job_id_for(upload_id), stage="intake", attempt=0, recorded_by=recorded_by,
+    return ev.UploadCompleted.new(system_clock.stamp(), job_id=ev.job_id_for(upload_id), stage="intake", attempt=0, recorded_by=recorded_by,
                                   correlation_id=upload_id, upload_id=upload_id, bucket=settings.s3_bucket,
                                   object_key=key, size_bytes=size, sha256=sha, filename=filename,
                                   priority=priority, profile=profile, submitter=submitter)

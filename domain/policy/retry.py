@@ -9,7 +9,7 @@ input errors and the submitter's quota are never retried. A schedule may be set 
 from __future__ import annotations
 
 import random
-from datetime import datetime, timedelta
+from datetime import timedelta
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -80,11 +80,11 @@ def retry_decision(error_class: str, attempt: int, policy: RetryPolicy,
     return RetryDecision(Action.RETRY, attempt + 1, max(0.0, base * (1 + spread)))
 
 
-def retry_scheduled(delay_s: float, now: datetime, **fields) -> ev.RetryScheduled:
-    """A `RetryScheduled` written at `now` (the writer's clock, UTC) whose `not_before` is `delay_s`
-    seconds later.
+def retry_scheduled(delay_s: float, stamp: ev.Stamp, **fields) -> ev.RetryScheduled:
+    """A `RetryScheduled` written at `stamp.occurred_at` (the writer's clock, UTC) whose `not_before`
+    is `delay_s` seconds later.
 
     Only the difference is used: the projector adds it to the event's broker time, so the due time
     is on the log clock whatever the writer's clock says.
     """
-    return ev.RetryScheduled.new(occurred_at=now, not_before=now + timedelta(seconds=delay_s), **fields)
+    return ev.RetryScheduled.new(stamp, not_before=stamp.occurred_at + timedelta(seconds=delay_s), **fields)

@@ -2,7 +2,7 @@
 Leases are judged on the broker's clock (LogAppendTime), never a worker's.
 
 The skew is applied with `TAPELINE_CLOCK_OFFSET_S` (every wall-clock read of Tapeline's code goes
-through `domain.events.utc_now`). libfaketime was tried first: librdkafka's timed waits break under
+through `tapeline.clock.system_clock`). libfaketime was tried first: librdkafka's timed waits break under
 it (metadata requests time out at once with -120 s, hang with +120 s), so a worker cannot run there.
 """
 

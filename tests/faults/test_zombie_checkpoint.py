@@ -28,6 +28,7 @@ from domain import events as ev
 from domain.codec import default_codec
 from tapeline import kafka
 from tapeline.objectstore import ObjectStore
+from tapeline.clock import system_clock
 from tests.conftest import wait_for
 from tests.faults.test_checkpoint_resume import VIDEO, checkpoints_of_attempt, video_frames
 from tests.faults.test_worker_faults import assert_completed_once, submit, wait_state
@@ -83,7 +84,7 @@ def test_a_late_checkpoint_under_a_superseded_claim_is_never_reused(fault_settin
         key = f"work/{job_id}/transcode/1/{rendition}/seg_{p:05d}.ts"
         store.s3.put_object(Bucket=store.bucket, Key=key, Body=body, ContentType="video/mp2t")
         zombie_keys.add(key)
-        late = ev.CheckpointRecorded.new(
+        late = ev.CheckpointRecorded.new(system_clock.stamp(), 
             job_id=job_id, stage="transcode", attempt=1, claim_token=attempt_1.claim_token,
             recorded_by="zombie@test", correlation_id=attempt_1.correlation_id, sequence=1000 + i,
             segment_index=p, rendition=rendition, object_key=key, sha256=hashlib.sha256(body).hexdigest(),

@@ -31,6 +31,7 @@ from fastavro.schema import expand_schema, parse_schema
 
 from domain import events as ev
 from domain.codec import MAGIC, REGISTERED_DIR, Codec, default_codec, schema_fingerprint
+from tapeline.clock import system_clock
 
 GOLDEN_DIR = Path(__file__).resolve().parent
 RECORDS = GOLDEN_DIR / "lifecycle-v1.records.jsonl"
@@ -57,7 +58,7 @@ def lifecycle() -> list[ev.Event]:
 
     def make(cls, stage, attempt, claim_token=None, sequence=None, **fields):
         n = next(counter)
-        event = cls.new(job_id=job_id, stage=stage, attempt=attempt, recorded_by="golden@v1",
+        event = cls.new(system_clock.stamp(), job_id=job_id, stage=stage, attempt=attempt, recorded_by="golden@v1",
                         correlation_id=UPLOAD_ID, claim_token=claim_token, sequence=sequence,
                         occurred_at=T0 + timedelta(seconds=n), **fields)
         return event.model_copy(update={"event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"golden-v1/{n}"))})

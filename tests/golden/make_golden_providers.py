@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 
 from domain import events as ev
 from domain.codec import default_codec
+from tapeline.clock import system_clock
 from tests.golden import GOLDEN_DIR
 
 NAME = "providers-v1"
@@ -27,7 +28,7 @@ def events() -> list[ev.Event]:
 
     def make(cls, job: str, attempt: int, sequence=None, **fields):
         n = next(counter)
-        event = cls.new(job_id=ev.job_id_for(job), stage="publish", attempt=attempt, recorded_by="golden@v1",
+        event = cls.new(system_clock.stamp(), job_id=ev.job_id_for(job), stage="publish", attempt=attempt, recorded_by="golden@v1",
                         correlation_id=job, claim_token=f"golden-{job}-{attempt}", sequence=sequence,
                         occurred_at=T0 + timedelta(seconds=n), **fields)
         return event.model_copy(update={"event_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{NAME}/{n}"))})

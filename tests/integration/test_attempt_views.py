@@ -20,6 +20,7 @@ from domain import events as ev
 from domain.codec import default_codec
 from tapeline import kafka
 from tapeline.samples import sample_video
+from tapeline.clock import system_clock
 from tests.conftest import tapeline_cli
 from tests.fakelog import FakeLog, at
 from tests.integration.helpers import committed_messages
@@ -41,27 +42,27 @@ class Job:
         self.common = dict(job_id=self.job_id, recorded_by="test", correlation_id=self.upload_id)
 
     def accepted(self):
-        return ev.JobAccepted.new(stage="intake", attempt=0, upload_id=self.upload_id, source_key="k",
+        return ev.JobAccepted.new(system_clock.stamp(), stage="intake", attempt=0, upload_id=self.upload_id, source_key="k",
                                   source_sha256="0" * 64, source_size_bytes=1, priority="standard", profile="default",
                                   media=MEDIA, ladder=LADDER, **self.common)
 
     def queued(self, stage, attempt):
-        return ev.StageQueued.new(stage=stage, attempt=attempt, tier="standard", work_topic="w", **self.common)
+        return ev.StageQueued.new(system_clock.stamp(), stage=stage, attempt=attempt, tier="standard", work_topic="w", **self.common)
 
     def started(self, stage, attempt, token, worker):
-        return ev.AttemptStarted.new(stage=stage, attempt=attempt, claim_token=token, lease_s=10.0, worker=worker,
+        return ev.AttemptStarted.new(system_clock.stamp(), stage=stage, attempt=attempt, claim_token=token, lease_s=10.0, worker=worker,
                                      work_topic="w", work_partition=0, work_offset=attempt, **self.common)
 
     def heartbeat(self, attempt, token, sequence, frames, out_time_s):
-        return ev.Heartbeat.new(stage="transcode", attempt=attempt, claim_token=token, sequence=sequence,
+        return ev.Heartbeat.new(system_clock.stamp(), stage="transcode", attempt=attempt, claim_token=token, sequence=sequence,
                                 frames_done=frames, out_time_s=out_time_s, speed=2.0, **self.common)
 
     def succeeded(self, stage, attempt, token):
-        return ev.AttemptSucceeded.new(stage=stage, attempt=attempt, claim_token=token, outputs=[], renditions=LADDER,
+        return ev.AttemptSucceeded.new(system_clock.stamp(), stage=stage, attempt=attempt, claim_token=token, outputs=[], renditions=LADDER,
                                        elapsed_s=1.0, **self.common)
 
     def event(self, cls, stage, attempt, token=None, **fields):
-        return cls.new(stage=stage, attempt=attempt, claim_token=token, **fields, **self.common)
+        return cls.new(system_clock.stamp(), stage=stage, attempt=attempt, claim_token=token, **fields, **self.common)
 
 
 @pytest.fixture(scope="module")

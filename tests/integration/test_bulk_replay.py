@@ -13,6 +13,7 @@ from projections.bulk import BulkReplay
 from projections.projector import apply_batch
 from tapeline.postgres import connect, migrate
 from domain import events as ev
+from tapeline.clock import system_clock
 from tests.fakelog import FakeLog
 from tests.integration.test_attempt_views import Job
 
@@ -40,7 +41,7 @@ def build_log() -> tuple[list, dict]:
     def put(log, at_s, event):
         order.append(log.append(at_s, event))
 
-    put(uploads, 0, ev.UploadCompleted.new(job_id=a.job_id, stage="intake", attempt=0, recorded_by="t",
+    put(uploads, 0, ev.UploadCompleted.new(system_clock.stamp(), job_id=a.job_id, stage="intake", attempt=0, recorded_by="t",
                                            correlation_id=a.upload_id, upload_id=a.upload_id, bucket="b",
                                            object_key="k", size_bytes=1, sha256="0" * 64, filename="a.mp4",
                                            priority="standard"))
@@ -63,12 +64,12 @@ def build_log() -> tuple[list, dict]:
                         (12, a.started("publish", 1, "ap", "p1")),
                         (13, a.event(ev.JobCompleted, "publish", 1, "ap", master_url="http://x/m.m3u8"))]:
         put(p0, at_s, event)
-    put(p0, 14, ev.WatchdogTick.new(job_id="watchdog", stage="watchdog", attempt=0, recorded_by="t",
+    put(p0, 14, ev.WatchdogTick.new(system_clock.stamp(), job_id="watchdog", stage="watchdog", attempt=0, recorded_by="t",
                                     correlation_id="tick", partition=0, sequence=1))
     put(p0, 15, b"\x00not an event")  # undecodable: a projection dead letter
     put(p0, 16, hb_a1)  # redelivered: a duplicate
     put(p0, 17, a.heartbeat(2, "a2", 9, 900, 36.0))  # after completion: evidence only
-    put(uploads, 18, ev.UploadCompleted.new(job_id=a.job_id, stage="intake", attempt=0, recorded_by="t",
+    put(uploads, 18, ev.UploadCompleted.new(system_clock.stamp(), job_id=a.job_id, stage="intake", attempt=0, recorded_by="t",
                                             correlation_id=a.upload_id, upload_id=a.upload_id, bucket="b",
                                             object_key="k", size_bytes=1, sha256="0" * 64, filename="a.mp4",
                                             priority="standard"))  # a second copy
@@ -88,7 +89,7 @@ def build_log() -> tuple[list, dict]:
                         (28, dead)]:
         put(p1, at_s, event)
     put(dlq, 28, dead)
-    put(dlq, 29, ev.DeadLetter.new(job_id=b.job_id, stage="transcode", attempt=0, recorded_by="t",
+    put(dlq, 29, ev.DeadLetter.new(system_clock.stamp(), job_id=b.job_id, stage="transcode", attempt=0, recorded_by="t",
                                    correlation_id="x", source_topic="fake.work", source_partition=3, source_offset=7,
                                    key=b"k", value=b"\x01\x02", headers={"h": b"v"}, error_class="invalid_input",
                                    error="not Avro", processor="transcode"))

@@ -18,6 +18,7 @@ from projections import native
 from projections.replay import replay
 from domain import events as ev
 from tapeline import kafka
+from tapeline.clock import system_clock
 from tests.conftest import tapeline_cli
 from tests.integration.test_projector import run_projector_until_caught_up
 from tests.integration.test_replay import phase, produce, rows
@@ -54,10 +55,10 @@ def log(isolated):
     produce(isolated, producer, [], raw=[(b"not-a-job", b"\x00garbage")] + golden_values())
     job = lifecycles.job(random.Random(4), heartbeats=2, checkpoints=1)
     accepted = job[0]
-    dead = ev.JobDeadLettered.new(job_id=accepted.job_id, stage="transcode", attempt=1, recorded_by="watchdog@x",
+    dead = ev.JobDeadLettered.new(system_clock.stamp(), job_id=accepted.job_id, stage="transcode", attempt=1, recorded_by="watchdog@x",
                                   correlation_id=accepted.upload_id, error_class="storage_transient",
                                   reason="out of attempts", attempts=1, evidence="x/1")
-    replayed = ev.JobReplayed.new(job_id=accepted.job_id, stage="transcode", attempt=1, recorded_by="operator@y",
+    replayed = ev.JobReplayed.new(system_clock.stamp(), job_id=accepted.job_id, stage="transcode", attempt=1, recorded_by="operator@y",
                                   correlation_id=accepted.upload_id, operator="ops", reason="back",
                                   dead_letter_id=f"{accepted.job_id}/1")
     produce(isolated, producer, [accepted, job[1], dead, replayed, dead])
@@ -95,7 +96,7 @@ def test_native_and_python_engines_build_the_same_tables(isolated, log, workers)
 def test_a_log_the_native_engine_cannot_fold_is_replayed_by_the_python_engine(isolated, log, workers):
     # A processor's dead letter written to the lifecycle topic (bytes in a lifecycle event): the
     # native engine does not fold it, the Python one keeps it as evidence.
-    stray = ev.DeadLetter.new(job_id="stray", stage="intake", attempt=0, recorded_by="intake@a", correlation_id="c",
+    stray = ev.DeadLetter.new(system_clock.stamp(), job_id="stray", stage="intake", attempt=0, recorded_by="intake@a", correlation_id="c",
                               source_topic="x", source_partition=0, source_offset=1, key=b"k", value=b"v",
                               headers={}, error_class="invalid_input", error="bad", processor="intake")
     produce(isolated, log, [stray])
@@ -135,7 +136,7 @@ def test_float_payloads_are_spelled_the_same(isolated):
     rng = random.Random(1)
     values = [0.0, -0.0, 1.0, 0.1, 1e15, 1e16, 1e17, 1.5e-7, 1e-5, 5e-324, 1.7976931348623157e308, 2.0 ** 63, 1 / 3]
     values += [rng.uniform(-1e6, 1e6) for _ in range(100)] + [10 ** rng.uniform(-30, 30) for _ in range(100)]
-    messages = [FakeMessage("t.jobs", 0, i, 1_700_000_000_000 + i, default_codec().encode(ev.Heartbeat.new(
+    messages = [FakeMessage("t.jobs", 0, i, 1_700_000_000_000 + i, default_codec().encode(ev.Heartbeat.new(system_clock.stamp(), 
         job_id="j", stage="transcode", attempt=1, recorded_by="w@x", correlation_id="c", sequence=i, frames_done=1,
         out_time_s=v, speed=-v).to_record())) for i, v in enumerate(values)]
     _, native_rows = NativeFoldState("t.jobs", "t.dlq").fold(messages, None, {})

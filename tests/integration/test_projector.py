@@ -15,6 +15,7 @@ from projections.projector import Projector, apply_batch
 from tapeline.postgres import connect, migrate
 from domain import events as ev
 from tapeline import kafka, stack
+from tapeline.clock import system_clock
 from tests.conftest import wait_for
 from tests.integration.helpers import committed_messages
 
@@ -28,18 +29,18 @@ def lifecycle(upload_id: str) -> list[ev.Event]:
     common = dict(job_id=job, recorded_by="test", correlation_id=upload_id)
     ladder = [ev.Rendition(name="720p", width=1280, height=720, video_bitrate_kbps=2800)]
     return [
-        ev.JobAccepted.new(stage="intake", attempt=0, upload_id=upload_id, source_key="k", source_sha256="0" * 64,
+        ev.JobAccepted.new(system_clock.stamp(), stage="intake", attempt=0, upload_id=upload_id, source_key="k", source_sha256="0" * 64,
                            source_size_bytes=1, priority="standard", profile="default", media=MEDIA, ladder=ladder,
                            **common),
-        ev.StageQueued.new(stage="transcode", attempt=1, tier="standard", work_topic="w", **common),
-        ev.AttemptStarted.new(stage="transcode", attempt=1, claim_token="t1", lease_s=10.0, worker="w", work_topic="w",
+        ev.StageQueued.new(system_clock.stamp(), stage="transcode", attempt=1, tier="standard", work_topic="w", **common),
+        ev.AttemptStarted.new(system_clock.stamp(), stage="transcode", attempt=1, claim_token="t1", lease_s=10.0, worker="w", work_topic="w",
                               work_partition=0, work_offset=0, **common),
-        ev.Heartbeat.new(stage="transcode", attempt=1, claim_token="t1", sequence=1, frames_done=10, out_time_s=0.4,
+        ev.Heartbeat.new(system_clock.stamp(), stage="transcode", attempt=1, claim_token="t1", sequence=1, frames_done=10, out_time_s=0.4,
                          **common),
         # A zombie's late event: another claim token, kept as evidence only.
-        ev.AttemptFailed.new(stage="transcode", attempt=1, claim_token="zombie", error_class="unknown",
+        ev.AttemptFailed.new(system_clock.stamp(), stage="transcode", attempt=1, claim_token="zombie", error_class="unknown",
                              retryable=True, reason="late", **common),
-        ev.JobFailed.new(stage="transcode", attempt=1, claim_token="t1", error_class="invalid_input", reason="bad",
+        ev.JobFailed.new(system_clock.stamp(), stage="transcode", attempt=1, claim_token="t1", error_class="invalid_input", reason="bad",
                          **common),
     ]
 

@@ -12,6 +12,7 @@ from processors.provider_guard import breaker_change_params
 from tapeline.postgres import q
 from projections.writes import PAYLOAD_OMITS
 from domain import events as ev
+from tapeline.clock import system_clock
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +20,7 @@ T0 = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
 
 
 def change(version: int, to_state: str, job: str = "upload-a", provider: str = "webhook-x") -> ev.ProviderBreakerChanged:
-    return ev.ProviderBreakerChanged.new(
+    return ev.ProviderBreakerChanged.new(system_clock.stamp(), 
         job_id=ev.job_id_for(job), stage="publish", attempt=version, recorded_by="test", correlation_id=job,
         claim_token="tok", sequence=f"{provider}.{version}", occurred_at=T0 + timedelta(seconds=version),
         provider=provider, from_state="closed", to_state=to_state,

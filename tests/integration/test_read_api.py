@@ -33,6 +33,7 @@ from processors.runtime import Runtime, transact
 from tapeline.wiring import build_app as create_app
 from domain import events as ev
 from tapeline import kafka
+from tapeline.clock import system_clock
 from tests.conftest import settings_env, wait_for
 
 pytestmark = pytest.mark.integration
@@ -53,7 +54,7 @@ class Job:
         self.common = dict(job_id=self.job_id, recorded_by="test@api", correlation_id=self.upload_id)
 
     def event(self, cls, stage, attempt, token=None, **fields):
-        return cls.new(stage=stage, attempt=attempt, claim_token=token, **fields, **self.common)
+        return cls.new(system_clock.stamp(), stage=stage, attempt=attempt, claim_token=token, **fields, **self.common)
 
     def accepted(self):
         return self.event(ev.JobAccepted, "intake", 0, upload_id=self.upload_id, source_key="k",

@@ -27,6 +27,7 @@ from bench import lifecycles
 from projections.replay import replay
 from domain import events as ev
 from tapeline import kafka
+from tapeline.clock import system_clock
 from tests.integration.test_projector import run_projector_until_caught_up
 from tests.integration.test_replay import produce, rows
 
@@ -60,31 +61,31 @@ class Job:
         self.tokens: dict[int, str] = {}
 
     def accepted(self) -> list[ev.Event]:
-        return [ev.JobAccepted.new(stage="intake", attempt=0, upload_id=self.upload_id,
+        return [ev.JobAccepted.new(system_clock.stamp(), stage="intake", attempt=0, upload_id=self.upload_id,
                                    source_key=f"uploads/{self.upload_id}/a.mp4", source_sha256="0" * 64,
                                    source_size_bytes=1_000_000, priority="standard", profile="default",
                                    media=lifecycles.MEDIA, ladder=lifecycles.LADDER, **self.common),
                 self.queued(1)]
 
     def queued(self, attempt: int) -> ev.Event:
-        return ev.StageQueued.new(stage="transcode", attempt=attempt, tier="standard",
+        return ev.StageQueued.new(system_clock.stamp(), stage="transcode", attempt=attempt, tier="standard",
                                   work_topic="work.transcode.standard", **self.common)
 
     def started(self, attempt: int, lease_s: float) -> ev.Event:
         self.tokens[attempt] = uuid.uuid4().hex
-        return ev.AttemptStarted.new(stage="transcode", attempt=attempt, claim_token=self.tokens[attempt],
+        return ev.AttemptStarted.new(system_clock.stamp(), stage="transcode", attempt=attempt, claim_token=self.tokens[attempt],
                                      lease_s=lease_s, worker="w1", work_topic="work.transcode.standard",
                                      work_partition=0, work_offset=attempt, **self.common)
 
     def heartbeat(self, attempt: int, sequence: int, frames: int, grace_s: float | None = None) -> ev.Event:
-        return ev.Heartbeat.new(stage="transcode", attempt=attempt, claim_token=self.tokens[attempt],
+        return ev.Heartbeat.new(system_clock.stamp(), stage="transcode", attempt=attempt, claim_token=self.tokens[attempt],
                                 sequence=sequence, frames_done=frames, frames_total=3000, out_time_s=frames / 25,
                                 speed=1.0, progress_grace_s=grace_s, **self.common)
 
 
 def ticks(settings, producer, sequence: int) -> list[ev.Event]:
     partitions = kafka.partition_count(producer, settings.jobs_topic)
-    return [ev.WatchdogTick.new(job_id=f"tick:{p}", stage="watchdog", attempt=0, recorded_by="test",
+    return [ev.WatchdogTick.new(system_clock.stamp(), job_id=f"tick:{p}", stage="watchdog", attempt=0, recorded_by="test",
                                 correlation_id="watchdog", partition=p, sequence=sequence) for p in range(partitions)]
 
 
@@ -128,9 +129,9 @@ def test_a_replay_and_an_as_of_replay_reach_the_live_stall_decisions(isolated):
     while datetime.now(timezone.utc) <= cut + timedelta(milliseconds=50):
         time.sleep(0.01)
     produce(isolated, producer, [
-        ev.StallDetected.new(stage="transcode", attempt=1, kind="lease_expired", stalled_attempt=1,
+        ev.StallDetected.new(system_clock.stamp(), stage="transcode", attempt=1, kind="lease_expired", stalled_attempt=1,
                              claim_token=lost.tokens[1], since_s=1.0, **lost.common),
-        ev.RetryScheduled.new(stage="transcode", attempt=1, next_attempt=2, not_before=cut,
+        ev.RetryScheduled.new(system_clock.stamp(), stage="transcode", attempt=1, next_attempt=2, not_before=cut,
                               error_class="worker_lost", **lost.common),
         lost.queued(2), lost.started(2, lease_s=600.0), lost.heartbeat(2, 1, 50),
         frozen.heartbeat(1, 3, 200), unclaimed.started(1, lease_s=600.0), unclaimed.heartbeat(1, 1, 10)])

@@ -10,6 +10,7 @@ from processors.worker import projection_behind, should_skip, superseded_reason
 from domain import events as ev
 from domain.errors import InvalidInput, UnsupportedMedia
 from tapeline.settings import Settings
+from tapeline.clock import system_clock
 
 SETTINGS = Settings(topic_prefix="unit")
 MEDIA = ev.SourceMedia(format_name="mov", duration_s=5.28, width=1280, height=720, display_width=1280,
@@ -17,7 +18,7 @@ MEDIA = ev.SourceMedia(format_name="mov", duration_s=5.28, width=1280, height=72
 
 
 def upload(priority="standard"):
-    return ev.UploadCompleted.new(job_id=ev.job_id_for("u1"), stage="intake", attempt=0, recorded_by="t",
+    return ev.UploadCompleted.new(system_clock.stamp(), job_id=ev.job_id_for("u1"), stage="intake", attempt=0, recorded_by="t",
                                   correlation_id="u1", upload_id="u1", bucket="b", object_key="uploads/u1/a.mp4",
                                   size_bytes=10, sha256="00" * 32, filename="a.mp4", priority=priority)
 
@@ -47,7 +48,7 @@ def test_intake_ignores_a_duplicate_of_an_existing_job():
 
 
 def item(stage="transcode", attempt=1):
-    return ev.WorkItem.new(job_id="j", stage=stage, attempt=attempt, recorded_by="t", correlation_id="u",
+    return ev.WorkItem.new(system_clock.stamp(), job_id="j", stage=stage, attempt=attempt, recorded_by="t", correlation_id="u",
                            tier="standard", source_key="k", inputs=[], renditions=[])
 
 

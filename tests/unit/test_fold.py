@@ -6,6 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 from domain.lifecycle import JOB_STATE_COLUMNS, attempts_used, evolve
 from domain import events as ev
+from tapeline.clock import system_clock
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
 JOB = ev.job_id_for("upload-1")
@@ -15,7 +16,7 @@ LADDER = [ev.Rendition(name="720p", width=1280, height=720, video_bitrate_kbps=2
 
 
 def new(cls, stage="transcode", attempt=1, token=None, **fields):
-    return cls.new(job_id=JOB, stage=stage, attempt=attempt, claim_token=token, recorded_by="test",
+    return cls.new(system_clock.stamp(), job_id=JOB, stage=stage, attempt=attempt, claim_token=token, recorded_by="test",
                    correlation_id="upload-1", **fields)
 
 
@@ -126,7 +127,7 @@ def test_second_intake_decision_for_an_existing_job_is_not_applied():
 def test_retry_due_time_is_the_writers_delay_on_the_broker_clock():
     row, _ = fold_all(happy_path()[:3])
     skewed = T0 - timedelta(minutes=2)  # the writer's clock is two minutes slow
-    retry = ev.RetryScheduled.new(job_id=JOB, stage="transcode", attempt=1, claim_token="tok-t", recorded_by="w",
+    retry = ev.RetryScheduled.new(system_clock.stamp(), job_id=JOB, stage="transcode", attempt=1, claim_token="tok-t", recorded_by="w",
                                   correlation_id="upload-1", occurred_at=skewed,
                                   not_before=skewed + timedelta(seconds=60), next_attempt=2, error_class="timeout")
     outcome = evolve(row, retry, T0 + timedelta(seconds=10))

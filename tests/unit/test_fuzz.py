@@ -21,6 +21,7 @@ from domain import events as ev
 from domain.codec import HEADER_BYTES, MAGIC, default_codec
 from domain.errors import DecodeError, InvalidInput, MediaError, SchemaError, UnsupportedMedia
 from tapeline.settings import Settings
+from tapeline.clock import system_clock
 
 codec = default_codec()
 SETTINGS = Settings(topic_prefix="fuzz")
@@ -46,7 +47,7 @@ def _upload(upload_id: str = "u-1", **fields) -> ev.UploadCompleted:
     base = dict(job_id=ev.job_id_for(upload_id), stage="intake", attempt=0, recorded_by="fuzz",
                 correlation_id=upload_id, upload_id=upload_id, bucket="b", object_key=f"uploads/{upload_id}/a.mp4",
                 size_bytes=1000, sha256="0" * 64, filename="a.mp4", priority="standard")
-    return ev.UploadCompleted.new(**{**base, **fields})
+    return ev.UploadCompleted.new(system_clock.stamp(), **{**base, **fields})
 
 
 VALID_UPLOAD = codec.encode(_upload().to_record())
@@ -143,7 +144,7 @@ def test_intake_triage_yields_an_upload_or_a_dead_letter(value, key, hdrs):
 
 
 def test_triage_dead_letters_each_kind_of_bad_record():
-    job_failed = ev.JobFailed.new(job_id="j", stage="transcode", attempt=1, recorded_by="t", correlation_id="u",
+    job_failed = ev.JobFailed.new(system_clock.stamp(), job_id="j", stage="transcode", attempt=1, recorded_by="t", correlation_id="u",
                                   error_class="invalid_input", reason="bad")
     wrong_job = _upload().model_copy(update={"job_id": ev.job_id_for("another upload")})
     for value, message in [(None, "missing C3 01 marker"), (b"garbage", "missing C3 01 marker"),

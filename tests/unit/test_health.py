@@ -12,6 +12,7 @@ from typing import Any, Iterator
 import pytest
 
 from tapeline.health import HealthServer, HealthState, ffmpeg_version
+from tapeline.clock import system_clock
 
 
 def get(server: HealthServer, path: str) -> tuple[int, str, str]:
@@ -139,7 +140,7 @@ def test_metrics_exposition_names_every_metric(state, server):
         def value(self) -> bytes:
             return self._value
 
-    item = ev.StageQueued.new(job_id="j1", stage="transcode", attempt=1, recorded_by="t", correlation_id="u1",
+    item = ev.StageQueued.new(system_clock.stamp(), job_id="j1", stage="transcode", attempt=1, recorded_by="t", correlation_id="u1",
                               tier="standard", work_topic="t.work.transcode.standard")
     state.produced("AttemptStarted")
     state.consumed_messages([Message("t.jobs", default_codec().encode(item.to_record())), Message("t.jobs", b"junk")])

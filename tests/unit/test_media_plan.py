@@ -12,6 +12,7 @@ from domain import events as ev
 from domain.events import SourceMedia
 from domain.errors import InvalidInput, LimitsExceeded, UnsupportedMedia
 from tapeline.settings import Settings
+from tapeline.clock import system_clock
 
 HEIGHTS = (1080, 720, 480, 360, 240)
 
@@ -224,7 +225,7 @@ def upload_event(**fields):
     base = dict(job_id=ev.job_id_for("u1"), stage="intake", attempt=0, recorded_by="test", correlation_id="u1",
                 upload_id="u1", bucket="b", object_key="uploads/u1/a.mp4", size_bytes=1000, sha256="0" * 64,
                 filename="a.mp4", priority="standard")
-    return ev.UploadCompleted.new(**{**base, **fields})
+    return ev.UploadCompleted.new(system_clock.stamp(), **{**base, **fields})
 
 
 @pytest.mark.parametrize("fields,error,message", [

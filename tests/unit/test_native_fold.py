@@ -22,6 +22,7 @@ from projections.bulk import FoldState
 from projections.native import NativeFoldState, NativeUnsupported, tapeline_native
 from domain import events as ev
 from domain.codec import default_codec
+from tapeline.clock import system_clock
 from tests.fakelog import T0, FakeMessage
 
 pytestmark = pytest.mark.skipif(tapeline_native is None, reason="tapeline_native is not built")
@@ -192,7 +193,7 @@ def test_poison_records_are_dead_letters_in_both() -> None:
     nul = accepted[1].model_copy(update={"recorded_by": "intake@\x00x"})
     values = [good[0], b"not avro", None, good[1][:-3], good[1] + b"\x00", codec.encode(nul.to_record())] + good[1:]
     messages = [message(JOBS, 0, i, i * 2.0, value) for i, value in enumerate(values)]
-    dead_letter = ev.DeadLetter.new(job_id="x", stage="intake", attempt=0, recorded_by="intake@a", correlation_id="c",
+    dead_letter = ev.DeadLetter.new(system_clock.stamp(), job_id="x", stage="intake", attempt=0, recorded_by="intake@a", correlation_id="c",
                                     source_topic="t.uploads", source_partition=0, source_offset=7, key=b"k",
                                     value=b"\x00\x01", headers={"h": b"v"}, error_class="invalid_input", error="bad",
                                     processor="intake")
@@ -215,7 +216,7 @@ def test_a_lease_evolve_raises_on_is_the_same_dead_letter(lease) -> None:
 
 
 def test_bytes_in_a_lifecycle_event_is_unsupported() -> None:
-    dead_letter = ev.DeadLetter.new(job_id="x", stage="intake", attempt=0, recorded_by="intake@a", correlation_id="c",
+    dead_letter = ev.DeadLetter.new(system_clock.stamp(), job_id="x", stage="intake", attempt=0, recorded_by="intake@a", correlation_id="c",
                                     source_topic="t.uploads", source_partition=0, source_offset=7, key=b"k",
                                     value=b"v", headers={}, error_class="invalid_input", error="bad", processor="intake")
     with pytest.raises(NativeUnsupported, match="bytes"):
@@ -231,7 +232,7 @@ def test_strings_that_need_escaping_come_out_equal() -> None:
     events = [e.model_copy(update={"reason": odd}) if "reason" in type(e).model_fields else e for e in events]
     events += [e.model_copy(update={"worker": odd, "dedup_key": e.dedup_key + odd})
                for e in events if isinstance(e, ev.AttemptStarted)]
-    stall = ev.StallDetected.new(job_id=events[0].job_id, stage="transcode", attempt=1, recorded_by="w@" + odd,
+    stall = ev.StallDetected.new(system_clock.stamp(), job_id=events[0].job_id, stage="transcode", attempt=1, recorded_by="w@" + odd,
                                  correlation_id=odd, kind="handoff", stalled_attempt=1, since_s=0.25, detail=odd)
     messages = [message(JOBS, 0, i, i * 2.0, codec.encode(e.to_record())) for i, e in enumerate(events + [stall])]
     python, native = fold_both(messages, slice_size=5)

@@ -8,6 +8,7 @@ from processors.intake import decide
 from processors.reuse import Reusable, degraded_ladder, full_profile, plan_profile, profile_fingerprint
 from domain import events as ev
 from tapeline.settings import Settings
+from tapeline.clock import system_clock
 
 SETTINGS = Settings(topic_prefix="unit", degrade_backlog_threshold=2)
 MEDIA = ev.SourceMedia(format_name="mov", duration_s=5.28, width=1280, height=720, display_width=1280,
@@ -16,7 +17,7 @@ LADDER = media.plan_ladder(MEDIA, SETTINGS.ladder)
 
 
 def upload(priority="standard", profile="default"):
-    return ev.UploadCompleted.new(job_id=ev.job_id_for("u1"), stage="intake", attempt=0, recorded_by="t",
+    return ev.UploadCompleted.new(system_clock.stamp(), job_id=ev.job_id_for("u1"), stage="intake", attempt=0, recorded_by="t",
                                   correlation_id="u1", upload_id="u1", bucket="b", object_key="uploads/u1/a.mp4",
                                   size_bytes=10, sha256="ab" * 32, filename="a.mp4", priority=priority,
                                   profile=profile)
@@ -109,7 +110,7 @@ def test_fold_records_the_profile_the_degradation_and_the_reused_job():
     assert (row["degraded"], row["degraded_reason"], row["x264_preset"], row["profile_fingerprint"]) == \
         (True, cheap.reason, "superfast", cheap.fingerprint)
     origin = "11111111-1111-5111-8111-111111111111"
-    reused = ev.ResultReused.new(job_id=accepted.job_id, stage="intake", attempt=0, recorded_by="t",
+    reused = ev.ResultReused.new(system_clock.stamp(), job_id=accepted.job_id, stage="intake", attempt=0, recorded_by="t",
                                  correlation_id="u1", reused_job_id=origin, profile_fingerprint=cheap.fingerprint,
                                  master_key="m", master_url="http://m", renditions=list(cheap.ladder), outputs=[])
     row = evolve(row, reused, now).row

@@ -13,6 +13,7 @@ from domain import codec as codec_module
 from domain.codec import MAGIC, Codec, default_codec, schema_fingerprint
 from schemas.register import incompatibilities, registered_versions
 from domain.errors import DecodeError, SchemaError
+from tapeline.clock import system_clock
 
 codec = default_codec()
 EVENT_TYPES = sorted(codec.schemas)
@@ -47,7 +48,7 @@ def test_model_fields_equal_schema_fields(event_type):
 
 
 def test_model_round_trip_through_the_codec():
-    event = ev.JobAccepted.new(
+    event = ev.JobAccepted.new(system_clock.stamp(), 
         job_id=ev.job_id_for("u1"), stage="intake", attempt=0, recorded_by="t", correlation_id="u1",
         upload_id="u1", source_key="uploads/u1/a.mp4", source_sha256="ab" * 32, source_size_bytes=10,
         priority="standard", profile="default",
@@ -95,7 +96,7 @@ def test_old_version_with_fewer_fields_is_read_with_defaults(tmp_path):
     writer = Codec(registered_dir=None)
     writer.parsed["JobCompleted"] = __import__("fastavro").parse_schema(old)
     writer.fingerprints["JobCompleted"] = schema_fingerprint(old)
-    record = ev.JobCompleted.new(job_id="j", stage="publish", attempt=1, recorded_by="t", correlation_id="u",
+    record = ev.JobCompleted.new(system_clock.stamp(), job_id="j", stage="publish", attempt=1, recorded_by="t", correlation_id="u",
                                  master_url="http://x/m.m3u8").to_record()
     record.pop("media_duration_s")
     decoded = reader.decode(writer.encode(record))
@@ -112,7 +113,7 @@ def test_garbage_raises_our_decode_error_with_position(garbage):
 
 
 def test_truncated_valid_record_is_a_decode_error():
-    event = ev.JobFailed.new(job_id="j", stage="transcode", attempt=1, recorded_by="t", correlation_id="u",
+    event = ev.JobFailed.new(system_clock.stamp(), job_id="j", stage="transcode", attempt=1, recorded_by="t", correlation_id="u",
                              error_class="invalid_input", reason="bad")
     data = codec.encode(event.to_record())
     with pytest.raises(DecodeError):
@@ -129,7 +130,7 @@ def test_encoding_a_record_that_does_not_fit_is_a_schema_error():
 @pytest.mark.parametrize("trailing", [b"x", b"\x00", codec_module._END[:-1], codec_module._END,
                                       codec_module._END + b"more"])
 def test_trailing_bytes_after_a_valid_body_are_a_decode_error(trailing):
-    event = ev.JobFailed.new(job_id="j", stage="transcode", attempt=1, recorded_by="t", correlation_id="u",
+    event = ev.JobFailed.new(system_clock.stamp(), job_id="j", stage="transcode", attempt=1, recorded_by="t", correlation_id="u",
                              error_class="invalid_input", reason="bad")
     with pytest.raises(DecodeError, match="trailing bytes"):
         codec.decode(codec.encode(event.to_record()) + trailing, topic="t", partition=0, offset=1)
@@ -137,7 +138,7 @@ def test_trailing_bytes_after_a_valid_body_are_a_decode_error(trailing):
 
 def test_a_bytes_field_holding_the_fast_readers_end_mark_still_decodes():
     value = b"raw " + codec_module._END + b" tail"  # the slow path reads it (no string can hold the mark: \xff)
-    event = ev.DeadLetter.new(job_id="j", stage="intake", attempt=0, recorded_by="t", correlation_id="u",
+    event = ev.DeadLetter.new(system_clock.stamp(), job_id="j", stage="intake", attempt=0, recorded_by="t", correlation_id="u",
                               source_topic="t.uploads", source_partition=0, source_offset=3, value=value,
                               error_class="invalid_input", error="undecodable", processor="intake")
     assert codec.decode(codec.encode(event.to_record()))["value"] == value
