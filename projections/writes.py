@@ -22,14 +22,13 @@ except ImportError:  # pragma: no cover - older layouts
     from psycopg.copy import format_row_binary as _format_row_binary, format_row_text as _format_row_text
 
 from projections.sql import q
-from schemas import models as ev
+from schemas.lifecycle import LIFECYCLE
 
-EVIDENCE_COLUMNS = ("topic", "partition", "offset", "broker_ts", "event_id", "event_type", "job_id", "stage",
-                    "attempt", "claim_token", "dedup_key", "occurred_at", "recorded_by", "causation_id", "applied",
-                    "superseded", "duplicate", "payload")
-PAYLOAD_OMITS: set[str] = set(ev.Event.model_fields) & set(EVIDENCE_COLUMNS)
+EVIDENCE_COLUMNS: tuple[str, ...] = LIFECYCLE.evidence_columns  # schemas/lifecycle.json, as the Rust engine
+PAYLOAD_OMITS: set[str] = set(LIFECYCLE.payload_omits)
 """The envelope fields an evidence row has a column for (event_id, event_type, job_id, stage, attempt,
-claim_token, occurred_at, recorded_by, causation_id, dedup_key), left out of its `payload` JSON: the
+claim_token, occurred_at, recorded_by, causation_id, dedup_key; `schemas/lifecycle.json`, which a test
+checks equals the envelope's fields that are `EVIDENCE_COLUMNS`), left out of its `payload` JSON: the
 row holds each value once, and the payload (the JSON the server checks for every row) is about 2.5
 times smaller, which doubles the rows/s PostgreSQL takes in a replay (`bench/replay.py`). An event's
 own fields and `correlation_id` stay in the payload. (A set, not a frozenset: pydantic's `exclude`.)"""
