@@ -21,7 +21,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -46,10 +46,15 @@ log = structlog.get_logger("tapeline.projector")
 JSON_COLUMNS = frozenset({"ladder", "outputs", "renditions"})
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
 def broker_time(message: Message) -> datetime:
-    """The record's timestamp (LogAppendTime on the lifecycle topic) as an aware UTC datetime."""
+    """The record's timestamp (LogAppendTime on the lifecycle topic) as an aware UTC datetime, exact to
+    the millisecond (`fromtimestamp(millis / 1000.0)` was off by microseconds after about 2112, where
+    the float's resolution passes half a microsecond; the native engine is exact)."""
     _, millis = message.timestamp()
-    return datetime.fromtimestamp(millis / 1000.0, tz=timezone.utc)
+    return _EPOCH + timedelta(milliseconds=millis)
 
 
 def _upsert_job_sql() -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import random
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -113,4 +113,22 @@ def test_strings_that_need_escaping_come_out_equal() -> None:
     messages = [message(JOBS, 0, i, i * 2.0, codec.encode(e.to_record())) for i, e in enumerate(events + [stall])]
     python, native = fold_both(messages, slice_size=5)
     assert any(row[12] == "w@" + odd and json.loads(row[17])["detail"] == odd for row in python["evidence"])  # recorded_by, payload
+    assert_same(python, native)
+
+
+def test_broker_times_after_2112_are_exact_in_both():
+    """`projector.broker_time` was `fromtimestamp(millis / 1000.0)`: past about 2112 the float cannot
+    hold a microsecond, so a broker time of 9999-12-31 22:00:00.001 came out as ...00.001007 (the
+    native engine, exact, said .001000). Found by tests/unit/test_fold_differential.py."""
+    from projections.projector import broker_time
+
+    late = datetime(9999, 12, 31, 22, 0, 0, 1000, tzinfo=timezone.utc)
+    millis = int((late - datetime(1970, 1, 1, tzinfo=timezone.utc)) / timedelta(milliseconds=1))
+    assert broker_time(FakeMessage(JOBS, 0, 0, millis, b"")) == late
+    events = [e for e in next(iter(lifecycles.jobs(5, 1, heartbeats=1, checkpoints=1)))
+              if not isinstance(e, ev.UploadCompleted)]
+    codec = default_codec()
+    messages = [FakeMessage(JOBS, 0, i, millis + i * 7, codec.encode(e.to_record())) for i, e in enumerate(events)]
+    python, native = fold_both(messages, slice_size=3)
+    assert python["evidence"][0][3] == late
     assert_same(python, native)
