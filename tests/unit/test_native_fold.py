@@ -132,3 +132,21 @@ def test_broker_times_after_2112_are_exact_in_both():
     python, native = fold_both(messages, slice_size=3)
     assert python["evidence"][0][3] == late
     assert_same(python, native)
+
+
+def test_a_build_from_another_lifecycle_file_is_refused(monkeypatch):
+    """The engine's constants come from schemas/lifecycle.json at build time (native/build.rs); a build
+    from another version of the file (changed since, not rebuilt) must not fold: the replay falls back."""
+    import types
+
+    from projections import native
+    from schemas.lifecycle import PATH
+
+    native.check_build()  # this build: from this file
+    data = json.loads(PATH.read_text())
+    data["reopenable_states"] = ["dead_lettered"]
+    monkeypatch.setattr(native, "tapeline_native", types.SimpleNamespace(LIFECYCLE_JSON=json.dumps(data)))
+    with pytest.raises(NativeUnsupported, match="built from another lifecycle.json"):
+        native.check_build()
+    with pytest.raises(NativeUnsupported, match="built from another lifecycle.json"):
+        NativeFoldState(JOBS, DLQ)
