@@ -17,11 +17,15 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from domain import events as ev
+from domain.lifecycle_data import LIFECYCLE
 
-FINAL_STATES = frozenset({"completed", "rejected", "failed", "cancelled"})
-REOPENABLE_STATES = frozenset({"dead_lettered", "needs_review"})
-TERMINAL_STATES = FINAL_STATES | REOPENABLE_STATES
-STAGE_ORDER = {"intake": 0, "transcode": 1, "publish": 2}
+# The lifecycle data lives in schemas/lifecycle.json (read by domain/lifecycle_data.py here and by
+# native/build.rs for the Rust engine): change it there.
+STATES: tuple[str, ...] = LIFECYCLE.states
+FINAL_STATES: frozenset[str] = LIFECYCLE.final_states
+REOPENABLE_STATES: frozenset[str] = LIFECYCLE.reopenable_states
+TERMINAL_STATES: frozenset[str] = FINAL_STATES | REOPENABLE_STATES
+STAGE_ORDER: dict[str, int] = LIFECYCLE.stage_order
 
 
 class Outcome(NamedTuple):
@@ -173,24 +177,16 @@ def _accepted(event: ev.JobAccepted, broker_ts: datetime) -> dict[str, Any]:
                     degraded_reason=event.degraded_reason, x264_preset=event.x264_preset)
 
 
-JOB_STATE_COLUMNS: tuple[str, ...] = (
-    "job_id", "upload_id", "state", "stage", "attempt", "attempts", "claim_token", "worker", "priority", "profile",
-    "source_key", "source_sha256", "source_size_bytes", "source_duration_s", "source_width", "source_height",
-    "ladder", "outputs", "renditions", "master_url", "error_class", "reason", "lease_s", "leased_until",
-    "progress_frames", "progress_out_time_s", "progress_speed", "progress_at", "events", "last_event_type",
-    "created_at", "updated_at", "completed_at", "log_partition", "queued_at", "yields", "redrives",
-    "audio_playlist_key", "last_heartbeat_at", "retry_next_attempt", "retry_due_at", "budget_base",
-    "profile_fingerprint", "degraded", "degraded_reason", "x264_preset", "reused_from",
-    "progress_grace_s")
-"""Columns of `job_state`, in table order (a test checks them against the migration)."""
+JOB_STATE_COLUMNS: tuple[str, ...] = LIFECYCLE.job_state_columns
+"""Columns of `job_state`, in table order (`schemas/lifecycle.json`; a test checks them against the migration)."""
 
 
-EVIDENCE_COLUMNS = ("topic", "partition", "offset", "broker_ts", "event_id", "event_type", "job_id", "stage",
-                    "attempt", "claim_token", "dedup_key", "occurred_at", "recorded_by", "causation_id", "applied",
-                    "superseded", "duplicate", "payload")
-PAYLOAD_OMITS: set[str] = set(ev.Event.model_fields) & set(EVIDENCE_COLUMNS)
+EVIDENCE_COLUMNS: tuple[str, ...] = LIFECYCLE.evidence_columns
+"""Columns of `lifecycle_evidence`, in table order (`schemas/lifecycle.json`, as the Rust engine)."""
+PAYLOAD_OMITS: set[str] = set(LIFECYCLE.payload_omits)
 """The envelope fields an evidence row has a column for (event_id, event_type, job_id, stage, attempt,
-claim_token, occurred_at, recorded_by, causation_id, dedup_key), left out of its `payload` JSON: the
+claim_token, occurred_at, recorded_by, causation_id, dedup_key; `schemas/lifecycle.json`, which a test
+checks equals the envelope's fields that are `EVIDENCE_COLUMNS`), left out of its `payload` JSON: the
 row holds each value once, and the payload (the JSON the server checks for every row) is about 2.5
 times smaller, which doubles the rows/s PostgreSQL takes in a replay (`bench/replay.py`). An event's
 own fields and `correlation_id` stay in the payload. (A set, not a frozenset: pydantic's `exclude`.)"""

@@ -88,6 +88,19 @@ def _schemas() -> tuple[dict[str, dict], list[tuple[bytes, str, dict]]]:
     return codec.schemas, writers
 
 
+def check_build() -> None:
+    """Raise `NativeUnsupported` when `tapeline_native` was built from a `schemas/lifecycle.json` other
+    than this repository's (a stale build: `scripts/bootstrap.sh` rebuilds it) or is not installed."""
+    from domain.lifecycle_data import PATH
+
+    if tapeline_native is None:
+        raise NativeUnsupported(f"tapeline_native is not installed: {IMPORT_ERROR}")
+    built = getattr(tapeline_native, "LIFECYCLE_JSON", None)
+    if built is None or json.loads(built) != json.loads(PATH.read_text(encoding="utf-8")):
+        raise NativeUnsupported(f"tapeline_native was built from another {PATH.name} than {PATH}: rebuild it "
+                                "(scripts/bootstrap.sh)")
+
+
 EngineSetup = tuple[dict[str, dict], list[tuple[bytes, str, dict]], list[str], list[str]]
 """What `tapeline_native.Engine` is built from: reader schemas, writer schemas, `lifecycle.JOB_STATE_COLUMNS`
 and the sorted `writes.PAYLOAD_OMITS`. Plain data: a replay's parent computes it once and pickles it
@@ -99,6 +112,7 @@ def engine_setup() -> EngineSetup:
     from domain import lifecycle
     from projections import writes
 
+    check_build()
     readers, writers = _schemas()
     return readers, writers, list(lifecycle.JOB_STATE_COLUMNS), sorted(writes.PAYLOAD_OMITS)
 

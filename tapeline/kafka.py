@@ -8,7 +8,7 @@ Kafka's default (murmur2) partitioner, so Java clients and our own lookups agree
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -135,7 +135,12 @@ def is_fenced(exc: KafkaException) -> bool:
                             KafkaError.INVALID_PRODUCER_EPOCH) or error.fatal()
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
 def broker_time(message: Message) -> datetime:
-    """The record's timestamp (LogAppendTime on the lifecycle topic) as an aware UTC datetime."""
+    """The record's timestamp (LogAppendTime on the lifecycle topic) as an aware UTC datetime, exact to
+    the millisecond (`fromtimestamp(millis / 1000.0)` was off by microseconds after about 2112, where
+    the float's resolution passes half a microsecond; the native engine is exact)."""
     _, millis = message.timestamp()
-    return datetime.fromtimestamp(millis / 1000.0, tz=timezone.utc)
+    return _EPOCH + timedelta(milliseconds=millis)

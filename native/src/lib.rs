@@ -1,16 +1,26 @@
 //! `tapeline_native`: the fresh replay's decode, fold and COPY encoding, compiled.
 //!
 //! A second implementation of `projections/projector.py` (`decode_batch`, `fold_batch`),
-//! `projections/fold.py` (`evolve`) and `projections/bulk.py` (`FoldState`); those Python rules are
+//! `domain/lifecycle.py` (`evolve`) and `projections/bulk.py` (`FoldState`); those Python rules are
 //! the specification and `projections/native.py` drives this module. What it does not reproduce
 //! exactly it does not guess: records it cannot decode, records of the dead-letter topic and
 //! events holding a NUL character are handed back to Python one by one ("delegated"; the Python
 //! rules make their dead letters), so is the dead letter of an event whose date arithmetic the
 //! Python fold raises on, and anything else it cannot fold exactly (bytes or maps in a lifecycle
 //! event) raises `Unsupported`, after which the caller replays with the Python engine.
+//! The lifecycle data (states, final and reopenable sets, stage order, column lists, payload
+//! omissions) is not restated here: build.rs generates it from schemas/lifecycle.json.
+//! tests/unit/test_fold_differential.py folds generated lifecycles with both engines.
 
 mod avro;
 mod encode;
+/// The lifecycle data (`STATES` and a `ST_*` per state, `FINAL`, `REOPENABLE`, `STAGE_ORDER`, `COLUMNS`
+/// and a constant per column index, `EVIDENCE_COLUMNS`, `PAYLOAD_OMITS`, `BOOKKEEPING_EVENTS`, `SOURCE_JSON`), generated
+/// by build.rs from schemas/lifecycle.json, the file the Python fold reads (`domain/lifecycle_data.py`).
+#[allow(dead_code)]
+mod lifecycle {
+    include!(concat!(env!("OUT_DIR"), "/lifecycle.rs"));
+}
 
 use std::collections::{HashMap, HashSet};
 
@@ -21,6 +31,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use avro::{Plan, Reader, Schema, Value, TS_MAX, TS_MIN};
 use encode::*;
+use lifecycle::*;
 
 /// FxHash (rustc's): the maps hold job ids and dedup keys this project's own processors wrote, so a
 /// fast non-keyed hash is enough (SipHash was ~4 % of a replay's CPU).
@@ -78,70 +89,6 @@ type FxSet<K> = HashSet<K, FxBuild>;
 
 create_exception!(tapeline_native, Unsupported, PyException, "The native engine cannot fold this log exactly.");
 
-const COLUMNS: [&str; 48] = [
-    "job_id", "upload_id", "state", "stage", "attempt", "attempts", "claim_token", "worker", "priority", "profile",
-    "source_key", "source_sha256", "source_size_bytes", "source_duration_s", "source_width", "source_height",
-    "ladder", "outputs", "renditions", "master_url", "error_class", "reason", "lease_s", "leased_until",
-    "progress_frames", "progress_out_time_s", "progress_speed", "progress_at", "events", "last_event_type",
-    "created_at", "updated_at", "completed_at", "log_partition", "queued_at", "yields", "redrives",
-    "audio_playlist_key", "last_heartbeat_at", "retry_next_attempt", "retry_due_at", "budget_base",
-    "profile_fingerprint", "degraded", "degraded_reason", "x264_preset", "reused_from", "progress_grace_s",
-];
-const JOB_ID: usize = 0;
-const UPLOAD_ID: usize = 1;
-const STATE: usize = 2;
-const STAGE: usize = 3;
-const ATTEMPT: usize = 4;
-const ATTEMPTS: usize = 5;
-const CLAIM_TOKEN: usize = 6;
-const WORKER: usize = 7;
-const PRIORITY: usize = 8;
-const PROFILE: usize = 9;
-const SOURCE_KEY: usize = 10;
-const SOURCE_SHA256: usize = 11;
-const SOURCE_SIZE_BYTES: usize = 12;
-const SOURCE_DURATION_S: usize = 13;
-const SOURCE_WIDTH: usize = 14;
-const SOURCE_HEIGHT: usize = 15;
-const LADDER: usize = 16;
-const OUTPUTS: usize = 17;
-const RENDITIONS: usize = 18;
-const MASTER_URL: usize = 19;
-const ERROR_CLASS: usize = 20;
-const REASON: usize = 21;
-const LEASE_S: usize = 22;
-const LEASED_UNTIL: usize = 23;
-const PROGRESS_FRAMES: usize = 24;
-const PROGRESS_OUT_TIME_S: usize = 25;
-const PROGRESS_SPEED: usize = 26;
-const PROGRESS_AT: usize = 27;
-const EVENTS: usize = 28;
-const LAST_EVENT_TYPE: usize = 29;
-const CREATED_AT: usize = 30;
-const UPDATED_AT: usize = 31;
-const COMPLETED_AT: usize = 32;
-const LOG_PARTITION: usize = 33;
-const QUEUED_AT: usize = 34;
-const YIELDS: usize = 35;
-const REDRIVES: usize = 36;
-const AUDIO_PLAYLIST_KEY: usize = 37;
-const LAST_HEARTBEAT_AT: usize = 38;
-const RETRY_NEXT_ATTEMPT: usize = 39;
-const RETRY_DUE_AT: usize = 40;
-const BUDGET_BASE: usize = 41;
-const PROFILE_FINGERPRINT: usize = 42;
-const DEGRADED: usize = 43;
-const DEGRADED_REASON: usize = 44;
-const X264_PRESET: usize = 45;
-const REUSED_FROM: usize = 46;
-const PROGRESS_GRACE_S: usize = 47;
-
-/// Envelope fields with an evidence column of their own (`writes.PAYLOAD_OMITS`).
-const PAYLOAD_OMITS: [&str; 10] = [
-    "event_id", "event_type", "job_id", "stage", "attempt", "claim_token", "occurred_at", "recorded_by",
-    "causation_id", "dedup_key",
-];
-
 #[derive(Clone, Debug, PartialEq)]
 enum Cell {
     N,
@@ -181,19 +128,13 @@ enum Slot {
     Done(&'static str),
 }
 
-const FINAL: [&str; 4] = ["completed", "rejected", "failed", "cancelled"];
-const REOPENABLE: [&str; 2] = ["dead_lettered", "needs_review"];
-
 fn final_name(state: &str) -> Option<&'static str> {
     FINAL.iter().copied().find(|s| *s == state)
 }
 
+/// `fold.STAGE_ORDER.get(stage, 0)`.
 fn stage_order(stage: Option<&str>) -> i64 {
-    match stage {
-        Some("transcode") => 1,
-        Some("publish") => 2,
-        _ => 0,
-    }
+    stage.and_then(|s| STAGE_ORDER.iter().position(|x| *x == s)).map_or(0, |i| i as i64)
 }
 
 /// `timedelta(seconds=s)` in microseconds, rounded as CPython rounds it; None where Python raises.
@@ -409,14 +350,20 @@ impl Engine {
         dlq_topic: Option<String>,
     ) -> PyResult<Self> {
         if columns != COLUMNS {
-            return Err(Unsupported::new_err("job_state columns differ from the native engine's"));
+            return Err(Unsupported::new_err(
+                "job_state columns differ from the native engine's: it was built from another schemas/lifecycle.json \
+                 (rebuild it: scripts/bootstrap.sh)",
+            ));
         }
         let mut want: Vec<&str> = PAYLOAD_OMITS.to_vec();
         want.sort();
         let mut got: Vec<&str> = omits.iter().map(|s| s.as_str()).collect();
         got.sort();
         if want != got {
-            return Err(Unsupported::new_err("writes.PAYLOAD_OMITS differs from the native engine's"));
+            return Err(Unsupported::new_err(
+                "writes.PAYLOAD_OMITS differs from the native engine's: it was built from another \
+                 schemas/lifecycle.json (rebuild it: scripts/bootstrap.sh)",
+            ));
         }
         let mut types = Vec::new();
         let mut reader_schemas: HashMap<String, (usize, Schema)> = HashMap::new();
@@ -616,7 +563,7 @@ impl Engine {
                 json(&mut payload, &fields[i]);
             }
             payload.push(b'}');
-            out.extend_from_slice(&18i16.to_be_bytes());
+            out.extend_from_slice(&(EVIDENCE_COLUMNS.len() as i16).to_be_bytes());
             bin_text(&mut out, topic);
             bin_i32(&mut out, partition);
             bin_i64(&mut out, offset);
@@ -679,7 +626,7 @@ impl Engine {
             if let Some(slot) = self.rows.get_mut(&job_id) {
                 if let Slot::Open(row) = slot {
                     text_row(&mut out, row);
-                    let state = row[STATE].s().and_then(final_name).unwrap_or("completed");
+                    let state = row[STATE].s().and_then(final_name).unwrap_or(ST_COMPLETED);
                     *slot = Slot::Done(state);
                 }
             }
@@ -823,7 +770,7 @@ impl Engine {
                 };
                 if kind == "JobAccepted" {
                     new(&mut row);
-                    row[STATE] = Cell::S("accepted".into());
+                    row[STATE] = Cell::S(ST_ACCEPTED.into());
                     row[PRIORITY] = opt_s(ev.s("priority"));
                     row[PROFILE] = opt_s(ev.s("profile"));
                     row[SOURCE_KEY] = opt_s(ev.s("source_key"));
@@ -856,7 +803,7 @@ impl Engine {
                     row[X264_PRESET] = opt_s(ev.s("x264_preset"));
                 } else if kind == "JobRejected" {
                     new(&mut row);
-                    row[STATE] = Cell::S("rejected".into());
+                    row[STATE] = Cell::S(ST_REJECTED.into());
                     row[ERROR_CLASS] = opt_s(ev.s("error_class"));
                     row[REASON] = opt_s(ev.s("reason"));
                     row[COMPLETED_AT] = Cell::T(ts);
@@ -932,7 +879,7 @@ impl Engine {
         let s = |name: &str| opt_s(ev.s(name));
         match kind {
             "StageQueued" => {
-                row[STATE] = Cell::S("queued".into());
+                row[STATE] = Cell::S(ST_QUEUED.into());
                 row[STAGE] = s("stage");
                 row[ATTEMPT] = ev.i("attempt").map_or(Cell::N, Cell::I);
                 for c in [CLAIM_TOKEN, WORKER, LEASED_UNTIL, PROGRESS_FRAMES, PROGRESS_OUT_TIME_S, PROGRESS_SPEED,
@@ -944,7 +891,7 @@ impl Engine {
             }
             "AttemptStarted" => {
                 let attempt = ev.i("attempt").unwrap_or(0);
-                row[STATE] = Cell::S("running".into());
+                row[STATE] = Cell::S(ST_RUNNING.into());
                 row[STAGE] = s("stage");
                 row[ATTEMPT] = Cell::I(attempt);
                 row[CLAIM_TOKEN] = s("claim_token");
@@ -1016,7 +963,7 @@ impl Engine {
                 }
             }
             "RetryScheduled" => {
-                row[STATE] = Cell::S("retry_scheduled".into());
+                row[STATE] = Cell::S(ST_RETRY_SCHEDULED.into());
                 row[ERROR_CLASS] = s("error_class");
                 row[RETRY_NEXT_ATTEMPT] = ev.i("next_attempt").map_or(Cell::N, Cell::I);
                 row[RETRY_DUE_AT] = Cell::T(retry_due.unwrap());
@@ -1032,7 +979,7 @@ impl Engine {
                 row[RENDITIONS] = ev.json_cell("renditions")?;
             }
             "JobCompleted" => {
-                row[STATE] = Cell::S("completed".into());
+                row[STATE] = Cell::S(ST_COMPLETED.into());
                 row[MASTER_URL] = s("master_url");
                 row[COMPLETED_AT] = Cell::T(ts);
                 row[LEASED_UNTIL] = Cell::N;
@@ -1040,27 +987,31 @@ impl Engine {
                 row[REASON] = Cell::N;
             }
             "JobFailed" | "JobDeadLettered" => {
-                row[STATE] = Cell::S(if kind == "JobFailed" { "failed" } else { "dead_lettered" }.into());
+                row[STATE] = Cell::S(if kind == "JobFailed" { ST_FAILED } else { ST_DEAD_LETTERED }.into());
                 row[ERROR_CLASS] = s("error_class");
                 row[REASON] = s("reason");
                 row[COMPLETED_AT] = Cell::T(ts);
                 row[LEASED_UNTIL] = Cell::N;
             }
             "NeedsReview" | "JobCancelled" => {
-                row[STATE] = Cell::S(if kind == "NeedsReview" { "needs_review" } else { "cancelled" }.into());
+                row[STATE] = Cell::S(if kind == "NeedsReview" { ST_NEEDS_REVIEW } else { ST_CANCELLED }.into());
                 row[REASON] = s("reason");
                 row[COMPLETED_AT] = Cell::T(ts);
                 row[LEASED_UNTIL] = Cell::N;
             }
             "JobReplayed" => {
-                row[STATE] = Cell::S("queued".into());
+                row[STATE] = Cell::S(ST_QUEUED.into());
                 row[COMPLETED_AT] = Cell::N;
                 row[ERROR_CLASS] = Cell::N;
                 row[BUDGET_BASE] = row[ATTEMPT].clone();
                 row[YIELDS] = Cell::I(0);
                 row[REASON] = Cell::S(format!("replayed by {}: {}", ev.str("operator"), ev.str("reason")));
             }
-            _ => {} // PublishIntended, CheckpointRecorded, ...: evidence with bookkeeping only
+            // PublishIntended, CheckpointRecorded, ...: evidence with bookkeeping only.
+            _ if BOOKKEEPING_EVENTS.contains(&kind) => {}
+            // A kind lifecycle.json does not list as bookkeeping and this engine has no rule for:
+            // the Python engine folds it.
+            _ => return Err(format!("{kind} has no native fold rule (schemas/lifecycle.json)").into()),
         }
         Ok((true, false))
     }
@@ -1070,5 +1021,6 @@ impl Engine {
 fn tapeline_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Engine>()?;
     m.add("Unsupported", m.py().get_type::<Unsupported>())?;
+    m.add("LIFECYCLE_JSON", SOURCE_JSON)?;
     Ok(())
 }

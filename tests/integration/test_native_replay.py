@@ -14,17 +14,17 @@ import psycopg
 import pytest
 
 from bench import lifecycles
-from projections import native
 from projections.replay import replay
 from domain import events as ev
 from tapeline import kafka
 from tapeline.clock import system_clock
 from tests.conftest import tapeline_cli
+from tests.enginecompare import require_native
 from tests.integration.test_projector import run_projector_until_caught_up
 from tests.integration.test_replay import phase, produce, rows
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(native.tapeline_native is None, reason="tapeline_native is not built")]
+pytestmark = pytest.mark.integration
+require_native()  # where cargo exists the engine must be built: these tests fail instead of skipping
 TABLES = {  # every table a replay writes; (columns, order); columns written with now() left out
     "job_state": ("*", "job_id"),
     "lifecycle_evidence": ("*, payload::text AS payload_text", 'topic, partition, "offset"'),

@@ -3,150 +3,27 @@
 Both engines fold the same hand-made log (the replay benchmark's lifecycles, the golden files of
 older writer schemas, poison records); every evidence row, job row, dedup key, upload, clock value,
 position, dead letter and count must come out equal. (The real-services comparison, through
-PostgreSQL, is `tests/integration/test_native_replay.py`.)
+PostgreSQL, is `tests/integration/test_native_replay.py`; generated lifecycles over every event kind,
+`tests/unit/test_fold_differential.py`.) Where cargo exists these tests must run: `require_native`.
 """
 
 from __future__ import annotations
 
 import json
 import random
-import struct
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from bench import lifecycles
-from domain import lifecycle
-from projections import writes
-from projections.bulk import FoldState
-from projections.native import NativeFoldState, NativeUnsupported, tapeline_native
+from projections.native import NativeFoldState, NativeUnsupported
 from domain import events as ev
 from domain.codec import default_codec
 from tapeline.clock import system_clock
+from tests.enginecompare import DLQ, JOBS, UPLOADS, assert_same, fold_both, require_native
 from tests.fakelog import T0, FakeMessage
 
-pytestmark = pytest.mark.skipif(tapeline_native is None, reason="tapeline_native is not built")
-
-JOBS, DLQ, UPLOADS = "t.jobs", "t.dlq", "t.uploads"
-EPOCH_2000 = datetime(2000, 1, 1, tzinfo=timezone.utc)
-FLOAT_COLUMNS = {"source_duration_s", "lease_s", "progress_out_time_s", "progress_speed", "progress_grace_s"}
-TS_COLUMNS = {"leased_until", "progress_at", "created_at", "updated_at", "completed_at", "queued_at",
-              "last_heartbeat_at", "retry_due_at"}
-INT_COLUMNS = {"attempt", "attempts", "source_size_bytes", "source_width", "source_height", "progress_frames",
-               "events", "log_partition", "yields", "redrives", "retry_next_attempt", "budget_base"}
-
-
-def parse_evidence(data: bytes) -> list[tuple]:
-    """Binary COPY rows (writes.EVIDENCE_TYPES) back into Python values."""
-    rows, pos = [], 0
-    while pos < len(data):
-        (count,), pos = struct.unpack_from(">h", data, pos), pos + 2
-        row = []
-        for kind in writes.EVIDENCE_TYPES[:count]:
-            (size,), pos = struct.unpack_from(">i", data, pos), pos + 4
-            if size < 0:
-                row.append(None)
-                continue
-            raw, pos = data[pos:pos + size], pos + size
-            if kind == "text":
-                row.append(raw.decode())
-            elif kind in ("int4", "int8"):
-                row.append(int.from_bytes(raw, "big", signed=True))
-            elif kind == "timestamptz":
-                row.append(EPOCH_2000 + timedelta(microseconds=int.from_bytes(raw, "big", signed=True)))
-            elif kind == "bool":
-                row.append(raw == b"\x01")
-            else:  # the json payload: its text, kept as written (so the spelling must match too)
-                json.loads(raw)
-                row.append(raw.decode())
-        rows.append(tuple(row))
-    return rows
-
-
-def parse_text_rows(chunks: list[bytes]) -> list[dict]:
-    """Text COPY rows of job_state back into Python values."""
-    rows = []
-    for line in b"".join(chunks).decode().splitlines():
-        row = {}
-        for column, field in zip(lifecycle.JOB_STATE_COLUMNS, line.split("\t")):
-            if field == "\\N":
-                row[column] = None
-                continue
-            field = field.replace("\\t", "\t").replace("\\n", "\n").replace("\\r", "\r").replace("\\\\", "\\")
-            if column in FLOAT_COLUMNS:
-                row[column] = float(field)
-            elif column in INT_COLUMNS:
-                row[column] = int(field)
-            elif column in TS_COLUMNS:
-                row[column] = datetime.fromisoformat(field + ":00")
-            elif column == "degraded":
-                row[column] = field == "t"
-            elif column in ("ladder", "outputs", "renditions"):
-                row[column] = json.loads(field)
-            else:
-                row[column] = field
-        rows.append(row)
-    return rows
-
-
-def python_row(values: tuple) -> dict:
-    row = dict(zip(lifecycle.JOB_STATE_COLUMNS, values))
-    for column in ("ladder", "outputs", "renditions"):
-        if row[column] is not None:
-            row[column] = row[column].obj
-    return row
-
-
-def fold_both(messages: list, slice_size: int = 97) -> tuple[dict, dict]:
-    """Fold `messages` with each engine (in slices, final rows taken as they come); what each made."""
-    made = {}
-    for name, state in (("python", FoldState(JOBS, DLQ, 5)), ("native", NativeFoldState(JOBS, DLQ, 5))):
-        evidence, final, dead, counts = [], [], [], [0, 0, 0, 0, 0]
-        for start in range(0, len(messages), slice_size):
-            result, folded = state.fold(messages[start:start + slice_size], None, {})
-            counts = [a + b for a, b in zip(counts, (result.records, result.applied, result.duplicates,
-                                                     result.superseded, result.dead_letters))]
-            if state.native:
-                evidence += parse_evidence(folded)
-                if state.flush_due():
-                    final += parse_text_rows([state.take_final_rows_copy()])
-            else:
-                evidence += parse_evidence(bytes(writes.RowEncoder(writes.EVIDENCE_TYPES).encode(folded.evidence)))
-                if state.flush_due():
-                    final += [python_row(r) for r in state.take_final_rows()]
-            dead += state.take_dead()
-        if state.native:
-            final += parse_text_rows([state.take_final_rows_copy()])
-            open_rows = parse_text_rows(state.open_rows_copy())
-            keys = set(b"".join(state.keys_copy()).decode().splitlines())
-        else:
-            final += [python_row(r) for r in state.take_final_rows()]
-            open_rows = [python_row(r) for r in state.open_rows()]
-            keys = set(state.seen)
-        made[name] = {"evidence": evidence, "final": sorted(final, key=lambda r: r["job_id"]),
-                      "open": sorted(open_rows, key=lambda r: r["job_id"]), "keys": keys, "dead": dead,
-                      "counts": counts, "uploads": state.uploads, "clock": state.clock,
-                      "positions": dict(state.positions)}
-    return made["python"], made["native"]
-
-
-def assert_same(python: dict, native: dict) -> None:
-    assert native["counts"] == python["counts"]
-    assert len(native["evidence"]) == len(python["evidence"])
-    for ours, theirs in zip(native["evidence"], python["evidence"]):
-        assert ours == theirs
-    for kind in ("final", "open"):
-        assert [r["job_id"] for r in native[kind]] == [r["job_id"] for r in python[kind]]
-        for ours, theirs in zip(native[kind], python[kind]):
-            assert ours == theirs, {c: (ours[c], theirs[c]) for c in ours if ours[c] != theirs[c]}
-    for name in ("keys", "uploads", "clock", "positions"):
-        assert native[name] == python[name], name
-    assert plain(native["dead"]) == plain(python["dead"])
-
-
-def plain(dead: list) -> list:
-    """Dead letters with their jsonb headers unwrapped (psycopg's `Jsonb` compares by identity)."""
-    return [([{k: getattr(v, "obj", v) for k, v in d.items()} for d in letters], marks) for letters, marks in dead]
+require_native()
 
 
 def message(topic: str, partition: int, offset: int, at_s: float, value: bytes | None) -> FakeMessage:
@@ -238,3 +115,39 @@ def test_strings_that_need_escaping_come_out_equal() -> None:
     python, native = fold_both(messages, slice_size=5)
     assert any(row[12] == "w@" + odd and json.loads(row[17])["detail"] == odd for row in python["evidence"])  # recorded_by, payload
     assert_same(python, native)
+
+
+def test_broker_times_after_2112_are_exact_in_both():
+    """`projector.broker_time` was `fromtimestamp(millis / 1000.0)`: past about 2112 the float cannot
+    hold a microsecond, so a broker time of 9999-12-31 22:00:00.001 came out as ...00.001007 (the
+    native engine, exact, said .001000). Found by tests/unit/test_fold_differential.py."""
+    from projections.projector import broker_time
+
+    late = datetime(9999, 12, 31, 22, 0, 0, 1000, tzinfo=timezone.utc)
+    millis = int((late - datetime(1970, 1, 1, tzinfo=timezone.utc)) / timedelta(milliseconds=1))
+    assert broker_time(FakeMessage(JOBS, 0, 0, millis, b"")) == late
+    events = [e for e in next(iter(lifecycles.jobs(5, 1, heartbeats=1, checkpoints=1)))
+              if not isinstance(e, ev.UploadCompleted)]
+    codec = default_codec()
+    messages = [FakeMessage(JOBS, 0, i, millis + i * 7, codec.encode(e.to_record())) for i, e in enumerate(events)]
+    python, native = fold_both(messages, slice_size=3)
+    assert python["evidence"][0][3] == late
+    assert_same(python, native)
+
+
+def test_a_build_from_another_lifecycle_file_is_refused(monkeypatch):
+    """The engine's constants come from schemas/lifecycle.json at build time (native/build.rs); a build
+    from another version of the file (changed since, not rebuilt) must not fold: the replay falls back."""
+    import types
+
+    from projections import native
+    from domain.lifecycle_data import PATH
+
+    native.check_build()  # this build: from this file
+    data = json.loads(PATH.read_text())
+    data["reopenable_states"] = ["dead_lettered"]
+    monkeypatch.setattr(native, "tapeline_native", types.SimpleNamespace(LIFECYCLE_JSON=json.dumps(data)))
+    with pytest.raises(NativeUnsupported, match="built from another lifecycle.json"):
+        native.check_build()
+    with pytest.raises(NativeUnsupported, match="built from another lifecycle.json"):
+        NativeFoldState(JOBS, DLQ)
