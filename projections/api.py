@@ -46,6 +46,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import BaseModel, Field, model_validator
 
+from domain import lifecycle
 from projections.ports import Intake, OperatorActions
 from tapeline import read
 from projections.provider_status import provider_overview
@@ -55,11 +56,9 @@ from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.api")
 HERE = Path(__file__).resolve().parent
-STATES = ("accepted", "queued", "running", "retry_scheduled", "completed", "rejected", "failed", "dead_lettered",
-          "needs_review", "cancelled")
-State = Literal["accepted", "queued", "running", "retry_scheduled", "completed", "rejected", "failed",
-                "dead_lettered", "needs_review", "cancelled"]
-Stage = Literal["intake", "transcode", "publish"]
+STATES = lifecycle.STATES  # schemas/lifecycle.json, in lifecycle order
+State = Literal[STATES]  # type: ignore[valid-type]  (a job state, checked by FastAPI)
+Stage = Literal[tuple(lifecycle.STAGE_ORDER)]  # type: ignore[valid-type]
 Priority = Literal["archive", "standard", "index"]
 
 

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from tapeline import logs
 from domain.errors import TapelineError
+from domain.lifecycle import TERMINAL_STATES
 from domain.policy.tiers import TIERS
 from tapeline.settings import Settings
 
@@ -25,7 +26,7 @@ app = typer.Typer(help="Tapeline: event-sourced media jobs (upload -> transcode 
                   no_args_is_help=True, pretty_exceptions_enable=False)
 console = Console(stderr=True)
 out = Console() if sys.stdout.isatty() else Console(width=160)  # pipes and CI logs get wide tables
-FINAL = ("completed", "rejected", "failed", "dead_lettered", "needs_review", "cancelled")
+FINAL = TERMINAL_STATES  # a job in one of these has stopped (until an operator replays it)
 ROLE_CHOICES = ("intake", "transcode", "publish", "projector", "watchdog", "all")
 
 
