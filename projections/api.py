@@ -59,6 +59,8 @@ HERE = Path(__file__).resolve().parent
 STATES = lifecycle.STATES  # schemas/lifecycle.json, in lifecycle order
 State = Literal[STATES]  # type: ignore[valid-type]  (a job state, checked by FastAPI)
 Stage = Literal[tuple(lifecycle.STAGE_ORDER)]  # type: ignore[valid-type]
+PG_BIGINT_MAX = 2**63 - 1
+"""The largest OFFSET PostgreSQL takes (bigint); a larger one would reach psycopg and fail there."""
 Priority = Literal["archive", "standard", "index"]
 
 
@@ -338,8 +340,18 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next):
+        """Count every response, refusals and server errors included; refuse a NUL byte in the path
+        or a query value with 400 before it reaches a handler (PostgreSQL text cannot hold one)."""
         started = time.perf_counter()
-        response = await call_next(request)
+        if "\x00" in request.url.path or any("\x00" in k or "\x00" in v for k, v in request.query_params.multi_items()):
+            response = JSONResponse({"detail": "a NUL byte (%00) is not allowed in a path or query"}, status_code=400)
+        else:
+            try:
+                response = await call_next(request)
+            except Exception:
+                route = getattr(request.scope.get("route"), "path", "unmatched")
+                metrics.requests.labels(route=route, method=request.method, status="500").inc()
+                raise
         route = getattr(request.scope.get("route"), "path", "unmatched")
         metrics.requests.labels(route=route, method=request.method, status=str(response.status_code)).inc()
         metrics.latency.labels(route=route).observe(time.perf_counter() - started)
@@ -390,7 +402,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
                   since: datetime | None = Query(None, description="Last event at or after (ISO 8601; UTC if no zone)"),
                   until: datetime | None = Query(None, description="Last event before (ISO 8601; UTC if no zone)"),
                   limit: int = Query(50, ge=1, le=500, description="Page size"),
-                  offset: int = Query(0, ge=0, description="Jobs to skip"),
+                  offset: int = Query(0, ge=0, le=PG_BIGINT_MAX, description="Jobs to skip"),
                   conn: psycopg.Connection = Depends(db)) -> JobPage:
         """Jobs, newest last event first, filtered by state, stage, priority and last-event broker time."""
         rows, total = read.jobs_page(conn, state=state_, stage=stage, priority=priority, since=_utc(since),
@@ -592,7 +604,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
     @app.get("/jobs", response_class=HTMLResponse, include_in_schema=False)
     def jobs_list_page(request: Request, state_: State | None = Query(None, alias="state"),
                        stage: Stage | None = None, priority: Priority | None = None,
-                       limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0),
+                       limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0, le=PG_BIGINT_MAX),
                        conn: psycopg.Connection = Depends(db)) -> HTMLResponse:
         rows, total = read.jobs_page(conn, state=state_, stage=stage, priority=priority, limit=limit, offset=offset)
         filters = {k: v for k, v in (("state", state_), ("stage", stage), ("priority", priority)) if v}

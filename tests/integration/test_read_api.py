@@ -397,3 +397,24 @@ def test_tapeline_serve_command(world):
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(20)
     assert "actions disabled: no TAPELINE_ADMIN_TOKEN" in server.stdout.read()
+
+
+def _requests_counted(client, status: str) -> float:
+    """The sum of `tapeline_api_requests_total` samples with this status code."""
+    text = client.get("/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("tapeline_api_requests_total{") and f'status="{status}"' in line)
+
+
+def test_nul_bytes_and_out_of_range_numbers_are_4xx_and_counted(client):
+    """Issue 20 item 5: a NUL in a path segment or query value, and an offset past PostgreSQL's bigint,
+    reached psycopg and answered 500 (not counted); now each is a 4xx, counted like every response."""
+    before = _requests_counted(client, "400") + _requests_counted(client, "422")
+    for url in ("/api/jobs/%00", "/api/jobs/abc%00def/timeline", "/api/dead-letters?reason=%00",
+                "/api/dead-letters/%00", "/jobs/%00", "/api/jobs?offset=9223372036854775808",
+                "/jobs?offset=9223372036854775808"):
+        response = client.get(url)
+        assert 400 <= response.status_code < 500, (url, response.status_code, response.text[:200])
+    after = _requests_counted(client, "400") + _requests_counted(client, "422")
+    assert after - before == 7
+    assert client.get("/api/jobs?offset=9223372036854775807").status_code == 200  # the largest bigint is fine
