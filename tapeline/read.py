@@ -40,10 +40,16 @@ def job_row(conn: psycopg.Connection, job_id: str) -> dict[str, Any] | None:
 
 
 def percent_done(row: dict[str, Any]) -> float:
-    """0-100: stages weighted by `STAGE_SHARE`, transcode progress from media seconds encoded."""
-    if row["state"] in TERMINAL_STATES:
+    """0-100: stages weighted by `STAGE_SHARE`, transcode progress from media seconds encoded.
+
+    Only a completed job is 100; a job that ended otherwise (cancelled, failed, dead-lettered, ...)
+    shows where it stopped: the share of the stages before the one it was in (a job cancelled before
+    it ever ran is 0)."""
+    if row["state"] == "completed":
         return 100.0
     low, high = STAGE_SHARE.get(row["stage"], (0.0, 0.05))
+    if row["state"] in TERMINAL_STATES:
+        return round(100.0 * low, 1)
     inside = 0.0
     if row["state"] == "running" and row["stage"] == "transcode" and row.get("source_duration_s"):
         inside = min(1.0, (row.get("progress_out_time_s") or 0.0) / row["source_duration_s"])
