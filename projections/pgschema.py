@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import lru_cache
 
 import psycopg
 from psycopg import sql
 
-from tapeline.postgres import CONTROL_SCHEMA, READER_ROLE, check_schema_name, connect, migrate, migrations
+from tapeline.postgres import CONTROL_SCHEMA, READER_ROLE, check_schema_name, connect, migrate, migrations, q, qf
 from domain.errors import ConfigurationError, TapelineError
 
 SWAP_GUARD = f"{CONTROL_SCHEMA}.swap_guard"
@@ -44,9 +45,9 @@ class SwapRefused(SchemaRefused):
 def schema_oid(conn: psycopg.Connection, schema: str | None = None) -> int | None:
     """OID of `schema` (default: the connection's current schema), or None when it does not exist."""
     if schema is None:
-        row = conn.execute("SELECT oid FROM pg_namespace WHERE nspname = current_schema()").fetchone()
+        row = conn.execute(q("current_schema_oid")).fetchone()
     else:
-        row = conn.execute("SELECT oid FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()
+        row = conn.execute(q("schema_oid"), {"schema": schema}).fetchone()
     if row is None:
         return None
     return row["oid"] if isinstance(row, dict) else row[0]
@@ -54,8 +55,7 @@ def schema_oid(conn: psycopg.Connection, schema: str | None = None) -> int | Non
 
 def relation_count(conn: psycopg.Connection, schema: str) -> int:
     """How many tables, views and sequences `schema` holds (0 when it is missing or empty)."""
-    row = conn.execute("SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-                       " WHERE n.nspname = %s AND c.relkind IN ('r', 'v', 'm', 'S', 'p')", (schema,)).fetchone()
+    row = conn.execute(q("relation_count"), {"schema": schema}).fetchone()
     return row["count"] if isinstance(row, dict) else row[0]
 
 
@@ -68,13 +68,19 @@ class LiveGuard:
 
     def check(self, conn: psycopg.Connection) -> None:
         """Call inside the batch's transaction, before any read. Raises `SchemaSwapped`."""
-        conn.execute(f"LOCK TABLE {SWAP_GUARD} IN ROW EXCLUSIVE MODE")
+        conn.execute(_guard_lock("lock_swap_guard_for_batch"))
         current = schema_oid(conn)
         if self.oid is None:
             self.oid = current
         elif current != self.oid:
             self.oid = current
             raise SchemaSwapped(f"live schema changed (oid {current}); re-seeking at the stored offsets")
+
+
+@lru_cache(maxsize=None)
+def _guard_lock(name: str) -> sql.Composed:
+    """The named LOCK TABLE of `SWAP_GUARD` (composed once: the projector takes it in every batch)."""
+    return qf(name, guard=sql.Identifier(CONTROL_SCHEMA, "swap_guard"))
 
 
 def check_target_name(schema: str) -> str:
@@ -107,7 +113,7 @@ def prepare_fresh(database_url: str, schema: str, live_schema: str, force: bool 
                                     f"choose another name, or drop it yourself")
             if not force and not holds_no_projection(conn, schema):
                 raise SchemaRefused(f"schema {schema} exists and is not empty (use --force to drop it)")
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+            conn.execute(qf("drop_schema_cascade", schema=schema))
     migrate(database_url, schema, reader_role)
 
 
@@ -119,26 +125,21 @@ PROJECTION_TABLES = ("projector_offsets", "lifecycle_evidence", "job_state", "ap
 def is_projection_schema(conn: psycopg.Connection, schema: str) -> bool:
     """True when `schema` holds a `schema_migrations` table recording Tapeline's first migration
     (`001_init.sql`, by version and name): a schema this code (or an older version of it) migrated."""
-    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f'"{schema}".schema_migrations',)).fetchone()
+    row = conn.execute(q("relation_exists"), {"schema": schema, "table": "schema_migrations"}).fetchone()
     if not (next(iter(row.values())) if isinstance(row, dict) else row[0]):
         return False
     version, name, _ = min(migrations())
-    row = conn.execute(sql.SQL("SELECT count(*) FROM {}.schema_migrations WHERE version = %s AND name = %s")
-                       .format(sql.Identifier(schema)), (version, name)).fetchone()
+    row = conn.execute(qf("migration_recorded_in", schema=schema), {"version": version, "name": name}).fetchone()
     return (next(iter(row.values())) if isinstance(row, dict) else row[0]) == 1
 
 
 def holds_no_projection(conn: psycopg.Connection, schema: str) -> bool:
     """True when `schema` has every table of `PROJECTION_TABLES` and all of them are empty; False for
     any other schema (one that is not Tapeline's, or holds rows)."""
-    present = conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = %s AND tablename = ANY(%s)",
-                           (schema, list(PROJECTION_TABLES))).fetchone()
+    present = conn.execute(q("tables_present"), {"schema": schema, "tables": list(PROJECTION_TABLES)}).fetchone()
     if (present["count"] if isinstance(present, dict) else present[0]) != len(PROJECTION_TABLES):
         return False
-    any_row = sql.SQL(" OR ").join(
-        sql.SQL("EXISTS (SELECT 1 FROM {}.{})").format(sql.Identifier(schema), sql.Identifier(table))
-        for table in PROJECTION_TABLES)
-    row = conn.execute(sql.SQL("SELECT {} AS any_row").format(any_row)).fetchone()
+    row = conn.execute(qf("projection_holds_rows", schema=schema)).fetchone()  # reads each of PROJECTION_TABLES
     return not (row["any_row"] if isinstance(row, dict) else row[0])
 
 
@@ -148,8 +149,7 @@ def record_source(conn: psycopg.Connection, cluster_id: str, projection: str = "
     A replay calls it in the transaction that commits its rows, so a rebuilt schema carries the
     cluster id the projector checks (`projector.other_cluster`) from the moment it is swapped in, and
     the row doubles as the mark of a replay that finished (`replay_finished`)."""
-    conn.execute("INSERT INTO projection_source (projection, cluster_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                 (projection, cluster_id))
+    conn.execute(q("record_projection_source"), {"projection": projection, "cluster_id": cluster_id})
 
 
 def replay_finished(conn: psycopg.Connection, schema: str, projection: str = "main") -> bool:
@@ -157,9 +157,7 @@ def replay_finished(conn: psycopg.Connection, schema: str, projection: str = "ma
     (its `projection_source` row, written in the replay's one transaction) or any stored offset (a
     projector or catch-up committed at least one batch; schemas rebuilt before replays recorded
     their source). A replay that crashed or was interrupted leaves neither."""
-    row = conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {}.projection_source WHERE projection = %s)"
-                               " OR EXISTS (SELECT 1 FROM {}.projector_offsets WHERE projection = %s)")
-                       .format(sql.Identifier(schema), sql.Identifier(schema)), (projection, projection)).fetchone()
+    row = conn.execute(qf("replay_finished_in", schema=schema), {"projection": projection}).fetchone()
     return bool(next(iter(row.values())) if isinstance(row, dict) else row[0])
 
 
@@ -216,11 +214,10 @@ def swap(database_url: str, schema: str, live_schema: str, retired: str | None =
     migrate(database_url, schema)  # a schema rebuilt by older code gets the newer migrations first
     with connect(database_url, autocommit=True) as conn:
         with conn.transaction():
-            conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{int(lock_timeout_s * 1000)}ms")))
-            conn.execute(f"LOCK TABLE {SWAP_GUARD} IN EXCLUSIVE MODE")
+            conn.execute(qf("set_local_lock_timeout", timeout=sql.Literal(f"{int(lock_timeout_s * 1000)}ms")))
+            conn.execute(_guard_lock("lock_swap_guard_for_swap"))
             check_swap_candidate(conn, schema, live_schema)  # again under the lock: a concurrent swap took it
-            version = conn.execute(sql.SQL("SELECT max(version) FROM {}.schema_migrations")
-                                   .format(sql.Identifier(schema))).fetchone()[0]
+            version = conn.execute(qf("schema_migration_version", schema=schema)).fetchone()[0]
             if version != latest:
                 raise ConfigurationError(f"schema {schema} is at migration {version}, expected {latest}")
             if not replay_finished(conn, schema, projection):
@@ -233,12 +230,10 @@ def swap(database_url: str, schema: str, live_schema: str, retired: str | None =
                 raise SwapRefused(f"schema {retired} already exists; name another one to retire {live_schema} under")
             copied = False
             if schema_oid(conn, live_schema) is not None:
-                copied = _copy_stall_policy(conn, live_schema, schema)
+                copied = _copy_table(conn, live_schema, schema, "stall_policy")
                 _copy_table(conn, live_schema, schema, "intake_uploads")  # the HTTP intake's claims and keys
-                conn.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(sql.Identifier(live_schema),
-                                                                          sql.Identifier(retired)))
-            conn.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(sql.Identifier(schema),
-                                                                      sql.Identifier(live_schema)))
+                conn.execute(qf("rename_schema", schema=live_schema, new_name=retired))
+            conn.execute(qf("rename_schema", schema=schema, new_name=live_schema))
     return SwapResult(live=live_schema, retired=retired, stall_policy_copied=copied)
 
 
@@ -253,24 +248,13 @@ def _free_name(conn: psycopg.Connection, base: str) -> str:
 
 
 def _copy_table(conn: psycopg.Connection, source: str, target: str, table: str) -> bool:
-    """Replace `target.table` by the rows of `source.table` (a table not derived from the log); False
-    when either is missing. Writes to the source racing the swap's transaction may be lost."""
-    present = conn.execute("SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL",
-                           (f'"{source}".{table}', f'"{target}".{table}')).fetchone()[0]
+    """Replace `target.table` by the rows of `source.table` (a table not derived from the log:
+    `stall_policy`, `intake_uploads`); False when either is missing. Writes to the source racing the
+    swap's transaction may be lost."""
+    present = conn.execute(q("relation_in_both_schemas"), {"source": source, "target": target, "table": table}
+                           ).fetchone()[0]
     if not present:
         return False
-    conn.execute(sql.SQL("DELETE FROM {}.{}").format(sql.Identifier(target), sql.Identifier(table)))
-    conn.execute(sql.SQL("INSERT INTO {}.{} SELECT * FROM {}.{}").format(
-        sql.Identifier(target), sql.Identifier(table), sql.Identifier(source), sql.Identifier(table)))
-    return True
-
-
-def _copy_stall_policy(conn: psycopg.Connection, source: str, target: str) -> bool:
-    present = conn.execute("SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL",
-                           (f'"{source}".stall_policy', f'"{target}".stall_policy')).fetchone()[0]
-    if not present:
-        return False
-    conn.execute(sql.SQL("DELETE FROM {}.stall_policy").format(sql.Identifier(target)))
-    conn.execute(sql.SQL("INSERT INTO {}.stall_policy SELECT * FROM {}.stall_policy")
-                 .format(sql.Identifier(target), sql.Identifier(source)))
+    conn.execute(qf("delete_all_rows_of", schema=target, table=table))
+    conn.execute(qf("copy_rows_between_schemas", source=source, target=target, table=table))
     return True

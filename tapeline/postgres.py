@@ -1,8 +1,11 @@
 """The PostgreSQL adapter: connections, named queries and migrations.
 
 SQL lives in `.sql` files of the projections (`projections/sql/`): numbered migrations in
-`sql/migrations/`, named queries in `sql/queries.sql`. A named query is a block starting with
-`-- name: <name>` and a one-line description; Python calls it by name (`q`).
+`sql/migrations/`, named queries in the other `sql/*.sql` files (`queries.sql`, and one file per area
+such as `replay.sql`). A named query is a block starting with `-- name: <name>` and a one-line
+description; Python calls it by name (`q`). A query that names a table or schema chosen at run time
+writes it as a `{placeholder}` and is composed with `qf`, which quotes it as an identifier
+(`psycopg.sql.Identifier`); values stay `%(param)s` parameters.
 """
 
 from __future__ import annotations
@@ -22,17 +25,25 @@ MIGRATIONS_DIR = SQL_DIR / "migrations"
 MIGRATION_LOCK = 0x7A9E_0001  # advisory lock key: one migrator at a time
 
 
+def query_files() -> list[Path]:
+    """The files of named queries: every `sql/*.sql` (not the migrations), in name order."""
+    return sorted(SQL_DIR.glob("*.sql"))
+
+
 @lru_cache(maxsize=1)
 def queries() -> dict[str, str]:
-    """`{name: sql}` of every named query in `sql/queries.sql`."""
-    text = (SQL_DIR / "queries.sql").read_text()
-    found = {}
-    for block in re.split(r"^-- name: ", text, flags=re.M)[1:]:
-        name, _, body = block.partition("\n")
-        lines = [line for line in body.splitlines() if not line.startswith("--")]
-        if name.strip() in found:  # a second definition would silently replace the first
-            raise ValueError(f"queries.sql defines {name.strip()!r} twice")
-        found[name.strip()] = "\n".join(lines).strip()
+    """`{name: sql}` of every named query of `query_files()`. Raises `ValueError` when a name is
+    defined twice, in one file or in two (a second definition would silently replace the first)."""
+    found: dict[str, str] = {}
+    where: dict[str, str] = {}
+    for path in query_files():
+        for block in re.split(r"^-- name: ", path.read_text(), flags=re.M)[1:]:
+            name, _, body = block.partition("\n")
+            name = name.strip()
+            lines = [line for line in body.splitlines() if not line.startswith("--")]
+            if name in found:
+                raise ValueError(f"{path.name} defines {name!r}, already defined in {where[name]}")
+            found[name], where[name] = "\n".join(lines).strip(), path.name
     return found
 
 
@@ -41,7 +52,21 @@ def q(name: str) -> str:
     try:
         return queries()[name]
     except KeyError as exc:
-        raise ConfigurationError(f"no query named {name!r} in sql/queries.sql") from exc
+        raise ConfigurationError(f"no query named {name!r} in sql/*.sql") from exc
+
+
+def qf(name: str, /, **parts: str | psql.Composable) -> psql.Composed:
+    """The named query `name` with its `{placeholders}` filled: a `str` as an identifier
+    (`sql.Identifier`, quoted), a `psycopg.sql.Composable` as it is (`sql.Literal` for a value where
+    PostgreSQL takes no bind parameter: DDL, COMMENT ON, SET; `identifiers` for a list of names).
+    Raises `ConfigurationError` for an unknown name, `KeyError` for a placeholder not given."""
+    return psql.SQL(q(name)).format(**{key: value if isinstance(value, psql.Composable) else psql.Identifier(value)
+                                       for key, value in parts.items()})
+
+
+def identifiers(names) -> psql.Composed:
+    """`"a", "b", "c"`: the names quoted as identifiers, comma-separated (a column or table list for `qf`)."""
+    return psql.SQL(", ").join(psql.Identifier(name) for name in names)
 
 
 def connect(database_url: str, schema: str | None = None, **kwargs) -> psycopg.Connection:
