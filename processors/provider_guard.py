@@ -103,7 +103,7 @@ class ProviderGuard:
         """Take the provider's lock (call inside a transaction; `timeout_s`: raise
         `psycopg.errors.LockNotAvailable` after that long); returns the database's clock."""
         if timeout_s is not None:
-            self.conn.execute(q("set_local_lock_timeout"), {"timeout": f"{int(timeout_s * 1000)}ms"})
+            self.conn.execute(q("transaction_lock_timeout"), {"timeout": f"{int(timeout_s * 1000)}ms"})
         row = self.conn.execute(q("provider_gate_lock"), {"lock_class": PROVIDER_GATE_LOCK,
                                                           "lock_id": self.lock_id}).fetchone()
         return row["now"]

@@ -404,7 +404,7 @@ WHERE s.job_id = %(job_id)s AND s.event_type = 'AttemptSucceeded' AND s.stage = 
   AND NOT s.superseded
 ORDER BY s.broker_ts DESC LIMIT 1;
 
--- name: set_local_lock_timeout
+-- name: transaction_lock_timeout
 -- SET LOCAL lock_timeout for the rest of this transaction (`timeout`: text such as '1500ms').
 SELECT set_config('lock_timeout', %(timeout)s, true);
 
