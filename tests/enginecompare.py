@@ -7,6 +7,7 @@ tests: where cargo exists the engine must be built, so they fail instead of skip
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import struct
@@ -23,10 +24,14 @@ from projections.native import EngineSetup, NativeFoldState
 
 def require_native() -> ModuleType:
     """`tapeline_native`, for a test module's top level. Without cargo on PATH and without the module
-    the calling module is skipped (nothing could build it); otherwise the module must import and be
+    the calling module is skipped (nothing could build it), except under CI (`CI` set: .ci/run's bootstrap
+    builds it), where that fails; otherwise the module must import and be
     built from this repository's `schemas/lifecycle.json`, or collecting the test module fails (CI has
     cargo: a broken or stale build fails it instead of skipping the engine's tests)."""
     if shutil.which("cargo") is None and native.tapeline_native is None:
+        if os.environ.get("CI"):  # .ci/run: the bootstrap installs cargo and builds the engine, so never skip
+            pytest.fail("CI: no cargo on PATH and tapeline_native not built; the bootstrap should have built it",
+                        pytrace=False)
         pytest.skip("no cargo on PATH and tapeline_native not built: the native engine cannot be tested here",
                     allow_module_level=True)
     import tapeline_native  # an ImportError here fails the collection, as it should where cargo exists
