@@ -31,6 +31,12 @@ Outgoing = tuple[str, ev.Event]
 """(topic, event): one record a decision wants produced."""
 
 
+def attempt_transactional_id(settings: Settings, stage: str, job_id: str) -> str:
+    """The transactional id of every producer that writes for `job_id`'s `stage` attempts: the
+    claimant of the next attempt (and the rescuer of a dead one) fences the previous one with it."""
+    return f"{settings.app_name}.{stage}.{job_id}"
+
+
 def new_claim_token() -> str:
     """A fresh unguessable claim token (128 random bits, URL-safe)."""
     return secrets.token_urlsafe(16)

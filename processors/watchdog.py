@@ -107,7 +107,7 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
              due: list[dict[str, Any]] = ()) -> RunResult:
     """Classify every stall and build the events that act on it. Pure: rows in, events out.
 
-    - a stalled attempt (lease_expired | no_progress): `StallDetected` then, within the attempt
+    - a stalled attempt (lease_expired | no_progress | worker_exited, the last from `processors/rescue.py`): `StallDetected` then, within the attempt
       budget (yields do not count), `RetryScheduled` + `StageQueued` + `WorkItem` for the next
       attempt at once (error class worker_lost); out of budget, `JobDeadLettered` on the lifecycle log
       and the same event on the dead-letter topic;
@@ -125,8 +125,8 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
             continue
         stage, attempt = row["stage"], row["attempt"]
         common = dict(job_id=row["job_id"], recorded_by=recorded_by, correlation_id=job["upload_id"])
-        detail = (f"lease ended {row['leased_until']:%H:%M:%S.%f}" if row["kind"] == "lease_expired"
-                  else f"frames stuck at {row['progress_frames']}")
+        detail = row.get("detail") or (f"lease ended {row['leased_until']:%H:%M:%S.%f}" if row["kind"] == "lease_expired"
+                                       else f"frames stuck at {row['progress_frames']}")
         result.outgoing.append((jobs_topic, ev.StallDetected.new(system_clock.stamp(), 
             stage=stage, attempt=attempt, kind=row["kind"], stalled_attempt=attempt,
             last_progress_at=row["last_progress_at"], since_s=float(row["since_s"] or 0.0), detail=detail, **common)))

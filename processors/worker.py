@@ -30,14 +30,15 @@ import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from domain.policy.retry import Action, retry_decision, retry_scheduled
-from processors.runtime import (AttemptIdentity, Outgoing, Runtime, dead_letter_record, new_claim_token,
-                                transact)
+from processors.rescue import Rescuer
+from processors.runtime import (AttemptIdentity, Outgoing, Runtime, attempt_transactional_id, dead_letter_record,
+                                new_claim_token, transact)
 from domain.policy.tiers import after_claim, choose_tier, tier_of
 from processors.tiers import HeadBuffer
 from domain.lifecycle import STAGE_ORDER, TERMINAL_STATES, attempts_used
 from tapeline.postgres import q
 from domain import events as ev
-from tapeline import kafka, logs
+from tapeline import holdings, kafka, logs
 from domain.errors import DecodeError, Fenced, SchemaError, ServiceUnavailable, TapelineError
 from tapeline.health import HealthState
 from tapeline.objectstore import ObjectStore
@@ -269,6 +270,7 @@ class StageWorker:
         consumer = kafka.consumer(settings, f"{settings.app_name}.{self.stage}",
                                   **{"fetch.wait.max.ms": 100, "enable.partition.eof": True})
         self.buffer = HeadBuffer(consumer, settings.tier_gather_s)
+        self.rescue_earlier_incarnations(runtime)
         self.subscribe(consumer, topics)
         self.health.mark_ready()
         try:
@@ -283,6 +285,37 @@ class StageWorker:
         finally:
             consumer.close()
             runtime.close()
+
+    def record_holding(self, attempt: Attempt) -> None:
+        """With a stable `worker_name`: note on disk the attempt this process now holds, so that
+        whoever sees it die retries the attempt at once (`tapeline/holdings.py`)."""
+        name = self.settings.worker_name
+        if name:
+            identity = attempt.identity
+            holdings.record(self.settings, name, holdings.Holding(
+                pid=os.getpid(), job_id=identity.job_id, stage=identity.stage, attempt=identity.attempt,
+                claim_token=identity.claim_token,
+                transactional_id=attempt_transactional_id(self.settings, identity.stage, identity.job_id)))
+
+    def release_holding(self) -> None:
+        if self.settings.worker_name:
+            holdings.release(self.settings, self.settings.worker_name, os.getpid())
+
+    def rescue_earlier_incarnations(self, runtime: Runtime) -> None:
+        """A worker restarted under its stable name (systemd, Kubernetes) retries at once what an
+        earlier incarnation of that name held when it died, instead of leaving it to its lease.
+        A rescue that cannot be made now (Kafka or the projection not answering) is left to the lease."""
+        name = self.settings.worker_name
+        if not name:
+            return
+        for holding in holdings.left_by_earlier_incarnations(self.settings, name, os.getpid()):
+            try:
+                Rescuer(self.settings, self.stage, runtime=runtime).rescue(holding, "died (found by its restarted worker)")
+            except (ServiceUnavailable, KafkaException, Fenced) as exc:
+                log.warning("could not rescue an earlier incarnation's attempt; its lease will", error=str(exc),
+                            job_id=holding.job_id, attempt=holding.attempt)
+                continue
+            holdings.release(self.settings, name, holding.pid)
 
     def subscribe(self, consumer, topics: list[str]) -> None:
         """Join the stage's group on every tier's work topic; revoked partitions lose their heads."""
@@ -356,9 +389,11 @@ class StageWorker:
         self.passed_over = after_claim(self.waiting_at_choice, self.passed_over, tier)
         self.buffer.clear()  # unclaimed heads are read again from the committed offsets after rejoining
         leave_group(consumer)  # Step 5: leave the group while busy
+        self.record_holding(attempt)
         try:
             self.execute(attempt, store)
         finally:
+            self.release_holding()
             self.current = None
             self.health.clear_attempt()
             self.subscribe(consumer, topics)  # Step 6 done: free again
@@ -401,7 +436,8 @@ class StageWorker:
             commit_skipped(consumer, offsets)
             return None
         # Step 2
-        producer = kafka.transactional_producer(self.settings, f"{self.settings.app_name}.{self.stage}.{item.job_id}")
+        producer = kafka.transactional_producer(self.settings, attempt_transactional_id(self.settings, self.stage,
+                                                                                      item.job_id))
         steps.append(time.monotonic())
         # Step 3
         row = runtime.job_row(item.job_id)

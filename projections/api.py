@@ -273,7 +273,7 @@ class ApiMetrics:
                 kinds: dict[str, int] = {}
                 for stall in read.stalls(conn):
                     kinds[stall["kind"]] = kinds.get(stall["kind"], 0) + 1
-                for kind in ("lease_expired", "no_progress", "handoff", "expected_work_missing", "needs_review"):
+                for kind in ("lease_expired", "no_progress", "worker_exited", "handoff", "expected_work_missing", "needs_review"):
                     stalls.add_metric([kind], kinds.get(kind, 0))
                 letters.add_metric([], read.dead_letter_counts(conn)["pending"])
                 lag = None

@@ -114,6 +114,7 @@ def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f
         return
     try:
         from tapeline.postgres import migrate as run_migrations
+        from tapeline.wiring import rescue_on_exit
 
         run_migrations(settings.database_url, settings.db_schema, settings.reader_role)
         if role == "all":
@@ -121,7 +122,8 @@ def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f
                                                   health_port_base=settings.health_port_base,
                                                   backoff_s=settings.restart_backoff_s,
                                                   workers={"transcode": settings.transcode_workers,
-                                                           "publish": settings.publish_workers}))
+                                                           "publish": settings.publish_workers},
+                                                  on_exit=rescue_on_exit(settings)))
         raise typer.Exit(run_role(settings, role))
     except TapelineError as exc:
         _fail(exc)

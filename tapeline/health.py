@@ -50,7 +50,7 @@ def ffmpeg_version() -> str | None:
 
 STAGE_BUCKETS_S = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 """Histogram buckets of `tapeline_stage_duration_seconds`: a short clip to an hour-long encode."""
-STALL_KINDS = ("lease_expired", "no_progress", "handoff", "expected_work_missing")
+STALL_KINDS = ("lease_expired", "no_progress", "worker_exited", "handoff", "expected_work_missing")
 """The `StallDetected` kinds, exported at 0 before the first one."""
 
 

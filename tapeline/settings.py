@@ -143,6 +143,11 @@ class Settings(BaseSettings):
     # Per-stage concurrency: worker processes of each stage that `tapeline run --role all` starts.
     transcode_workers: int = Field(1, ge=1, description="`run --role all`: transcode worker processes")
     publish_workers: int = Field(1, ge=1, description="`run --role all`: publish worker processes")
+    worker_name: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_.#-]{1,64}$",
+        description="This worker's stable name on its host (`tapeline run --role all` names its children transcode, "
+                    "transcode#2, ...; under systemd or Kubernetes give each worker its own). With it, a restarted "
+                    "worker rescues at once the attempts an earlier incarnation of the same name held when it died")
 
     submitter_daily_quota: int | None = Field(None, description="Jobs one submitter may have accepted per 24 h "
                                                                 "(log time); past it, JobRejected(quota_exceeded)")

@@ -11,8 +11,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import structlog
 
@@ -28,12 +30,15 @@ def child_command(role: str, extra: list[str] | None = None) -> list[str]:
     return [sys.executable, "-m", "tapeline.cli", "run", "--role", role, *(extra or [])]
 
 
-def child_env(role: str, health_port_base: int = 0, extra_index: int | None = None) -> dict[str, str]:
-    """The child's environment: with a health port base, TAPELINE_HEALTH_PORT = base + the role's index
+def child_env(role: str, health_port_base: int = 0, extra_index: int | None = None,
+              name: str | None = None) -> dict[str, str]:
+    """The child's environment: TAPELINE_WORKER_NAME = its child name (`name`, default the role;
+    see `instances`), and with a health port base, TAPELINE_HEALTH_PORT = base + the role's index
     in ROLES (projector 0, intake 1, transcode 2, publish 3, ...), and for the n-th extra worker of a
     stage (`extra_index` n, 0-based) base + len(ROLES) + n; without a base, no child inherits a port."""
     env = dict(os.environ)
     env.pop("TAPELINE_HEALTH_PORT", None)  # one port shared by every child would make all but one crash-loop
+    env["TAPELINE_WORKER_NAME"] = name or role  # the child's stable name: its holdings survive its death
     if health_port_base:
         offset = ROLES.index(role) if extra_index is None else len(ROLES) + extra_index
         env["TAPELINE_HEALTH_PORT"] = str(health_port_base + offset)
@@ -55,10 +60,13 @@ def instances(roles: tuple[str, ...], workers: dict[str, int] | None = None) -> 
 
 def supervise(roles: tuple[str, ...], stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
               grace_s: float = 30.0, health_port_base: int = 0, backoff_s: tuple[float, ...] = BACKOFF_S,
-              workers: dict[str, int] | None = None) -> int:
+              workers: dict[str, int] | None = None,
+              on_exit: Callable[[str, str, int, int], None] | None = None) -> int:
     """Run `roles` as children until a stop signal; restart any that exits, after `backoff_s[n-1]`
     seconds for its n-th consecutive crash (the last entry repeats). `workers`: processes per stage
-    (`{"publish": 2}`; default one per role, see `instances`). Returns 0."""
+    (`{"publish": 2}`; default one per role, see `instances`). `on_exit(name, role, pid, returncode)`
+    runs in its own thread as soon as a child is seen to exit (within 0.2 s) while not stopping: the
+    rescue of what it held (`tapeline/wiring.py`); a negative returncode is the killing signal. Returns 0."""
     plan = {name: (role, extra) for name, role, extra in instances(roles, workers)}
     roles = tuple(plan)  # child names from here on
     stopping = False
@@ -83,11 +91,14 @@ def supervise(roles: tuple[str, ...], stop_signals: tuple[int, ...] = (signal.SI
                 delay = backoff_s[min(crashes[role], len(backoff_s)) - 1] if crashes[role] else 0
                 log.warning("child exited; restarting", role=role, returncode=child.returncode, ran_s=round(ran, 1),
                             restart_in_s=delay)
+                if on_exit is not None:
+                    threading.Thread(target=on_exit, args=(role, plan[role][0], child.pid, child.returncode),
+                                     name=f"on-exit-{role}", daemon=True).start()
                 restart_at[role] = now + delay
                 del children[role]
             if role not in children and now >= restart_at[role]:
                 kind, extra = plan[role]
-                children[role] = subprocess.Popen(child_command(kind), env=child_env(kind, health_port_base, extra))
+                children[role] = subprocess.Popen(child_command(kind), env=child_env(kind, health_port_base, extra, role))
                 started_at[role] = now
                 log.info("child started", role=role, pid=children[role].pid)
         time.sleep(0.2)

@@ -69,5 +69,41 @@ def serve(settings: Settings, host: str | None = None, port: int | None = None, 
     from projections.api import check_reader
 
     check_reader(settings)
+    if host:  # the address it binds decides which Host headers it answers (projections/edge.py allowed_hosts)
+        settings = settings.model_copy(update={"serve_host": host})
     uvicorn.run(build_app(settings), host=host or settings.serve_host, port=port or settings.serve_port,
                 log_level=log_level, access_log=False)
+
+
+WORKER_ROLES = ("transcode", "publish")
+
+
+def rescue_on_exit(settings: Settings):
+    """The supervisor's `on_exit` callback (`tapeline/supervisor.py`): when a worker child dies,
+    retry at once the attempt it held (`tapeline/holdings.py`, `processors/rescue.py`). A rescue that
+    cannot be made now is logged and left to the attempt's lease."""
+    import structlog
+    from confluent_kafka import KafkaException
+
+    from domain.errors import Fenced, ServiceUnavailable
+    from processors.rescue import Rescuer, exit_detail
+    from tapeline import holdings
+
+    log = structlog.get_logger("tapeline.supervisor")
+    rescuer = Rescuer(settings, "supervisor")
+
+    def on_exit(name: str, role: str, pid: int, returncode: int) -> None:
+        if role not in WORKER_ROLES:
+            return
+        holding = holdings.read(settings, name, pid)
+        if holding is None:
+            return  # it held no attempt
+        try:
+            rescuer.rescue(holding, exit_detail(returncode))
+        except (ServiceUnavailable, KafkaException, Fenced) as exc:
+            log.warning("could not rescue the dead worker's attempt; its lease will", child=name, pid=pid,
+                        job_id=holding.job_id, error=str(exc))
+            return
+        holdings.release(settings, name, pid)
+
+    return on_exit

@@ -54,8 +54,8 @@ def test_kill_9_after_two_checkpoints_resumes_from_them(fault_settings, fault_pi
     wait_state(fault_settings, job_id)
     events = assert_completed_once(fault_settings, job_id)
 
-    # The first attempt was cut short by the kill: its lease expired, a second attempt finished.
-    assert [(s.kind, s.stalled_attempt) for s in of_job(events, job_id, "StallDetected")] == [("lease_expired", 1)]
+    # The first attempt was cut short by the kill: the supervisor saw the worker exit, a second attempt finished.
+    assert [(s.kind, s.stalled_attempt) for s in of_job(events, job_id, "StallDetected")] == [("worker_exited", 1)]
     first = checkpoints_of_attempt(fault_settings, job_id, 1)
     second = checkpoints_of_attempt(fault_settings, job_id, 2)
     total = len(set(first.get("720p", [])) | set(second["720p"]))

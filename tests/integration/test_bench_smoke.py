@@ -16,7 +16,8 @@ from bench.run import BENCHMARKS, BENCH, TIMEOUT_S, run_benchmark
 from tapeline.settings import Settings
 
 KEYS = {
-    "stall_latency": {"lease_s", "detect_median_s", "restart_median_s", "no_progress_detect_median_s"},
+    "stall_latency": {"lease_s", "worker_restart_median_s", "worker_restart_max_s", "host_detect_median_s",
+                      "host_restart_median_s", "host_restart_max_s", "no_progress_detect_median_s"},
     "replay": {"decode_events_per_s", "replay_events_per_s", "copy_rows_per_s", "replay_engine"},
     "chaos": {"crash_points", "covered", "duplicates", "lost"},
     "transcode": {"overhead_ratio", "waste_max_s", "segment_s"},

@@ -5,8 +5,8 @@ The run behind it, all real processes and media:
 1. a pipeline whose transcode always fails (`TAPELINE_FAIL_POINTS`, storage_transient) with one
    attempt allowed: job DEAD is dead-lettered;
 2. a healthy pipeline with a 4 s lease: job DONE (a 4 s clip) completes; job STALLED (a 21 s clip)
-   has its transcode worker killed with SIGKILL mid-encode, its lease expires, the watchdog
-   retries it and it completes.
+   has its transcode worker killed with SIGKILL mid-encode, the supervisor sees it exit and the
+   attempt is retried at once (`StallDetected(worker_exited)`), and it completes.
 
 The browser then finds each where it belongs, refuses a replay with a wrong token, replays DEAD
 with the token through the page and watches (live refresh, no reload) the job complete, checks a
@@ -126,7 +126,7 @@ def test_the_dashboard_shows_each_job_where_it_belongs_and_replays_the_dead_lett
                         ["publish", "1", outcomes[2][2], "succeeded"]]
     stall = page.locator('#timeline tr[data-event="StallDetected"] td.detail')
     expect(stall).to_have_count(1)
-    expect(stall).to_contain_text("kind=lease_expired")
+    expect(stall).to_contain_text("kind=worker_exited")
     expect(page.locator("#progress-chart polyline.series")).to_have_count(2)
     expect(page.locator("#progress-legend .series-key")).to_have_count(2)
     assert "attempt 1 (stalled" in page.locator('#progress-legend .series-key[data-attempt="1"]').inner_text()
