@@ -11,6 +11,9 @@ same `UploadCompleted` as `tapeline submit`, then answers
     Authorization: Bearer <token>          (TAPELINE_INTAKE_TOKENS maps tokens to submitter names)
     Idempotency-Key: <any string, at most 255 characters>   (optional)
 
+A body must keep the pace of `domain/policy/body_rate.py` (`intake_body_*` settings): a client
+that trickles or stops gets 408 `body_too_slow` and its slot is released.
+
 Admission (`admission`, pure) runs before a byte is stored, in one PostgreSQL transaction under an
 advisory lock, so concurrent requests are counted exactly:
 
@@ -63,7 +66,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, AsyncIterator
 
 import psycopg
 import structlog
@@ -80,6 +83,7 @@ from domain.codec import default_codec
 from tapeline import kafka
 from domain.errors import ServiceUnavailable, StorageError
 from tapeline.objectstore import ObjectStore, StorageGauge, normalised_content_type
+from domain.policy.body_rate import BodyRate
 from domain.policy.tiers import TIERS
 from tapeline.settings import Settings
 
@@ -283,6 +287,10 @@ class BodyTooLarge(Exception):
     """The request body passed `max_upload_bytes`."""
 
 
+class BodyTooSlow(Exception):
+    """The request body did not keep the pace of `domain/policy/body_rate.py` (answered 408)."""
+
+
 class IntakeService:
     """The state of one intake process: a writer connection pool (the login role, not the read
     API's read-only role: it writes `intake_uploads`), the object store, one idempotent producer,
@@ -441,7 +449,7 @@ class IntakeService:
         upload = asyncio.ensure_future(self.call(self.store.upload_stream, reader, key, content_type))
         received, limit = 0, self.settings.max_upload_bytes
         try:
-            async for chunk in request.stream():
+            async for chunk in self.body_chunks(request):
                 if upload.done():
                     break  # the writer failed: awaiting it raises
                 if not chunk:
@@ -460,14 +468,39 @@ class IntakeService:
             raise
         return await upload
 
-    @staticmethod
-    async def hash_body(request: Request) -> tuple[str, int]:
-        """Read the request body through sha256 without keeping it: (hex sha256, bytes)."""
+    async def hash_body(self, request: Request) -> tuple[str, int]:
+        """Read the request body through sha256 without keeping it: (hex sha256, bytes), at the pace
+        `body_chunks` asks. Raises `BodyTooLarge` past `max_upload_bytes`, `BodyTooSlow`, `ClientDisconnect`."""
         digest, size = hashlib.sha256(), 0
-        async for chunk in request.stream():
+        async for chunk in self.body_chunks(request):
             digest.update(chunk)
             size += len(chunk)
+            if size > self.settings.max_upload_bytes:
+                raise BodyTooLarge(f"the body passed max_upload_bytes = {self.settings.max_upload_bytes}")
         return digest.hexdigest(), size
+
+    async def body_chunks(self, request: Request) -> AsyncIterator[bytes]:
+        """The request body's chunks, each awaited no longer than `BodyRate.read_deadline` allows
+        (`domain/policy/body_rate.py`, from the `intake_body_*` settings). Raises `BodyTooSlow` when a
+        chunk does not come in time (the caller answers 408 and releases the upload's slot),
+        `ClientDisconnect` when the client went away."""
+        rate = BodyRate(self.settings.intake_body_timeout_s, self.settings.intake_body_min_rate_bytes_s,
+                        self.settings.intake_body_idle_timeout_s)
+        loop = asyncio.get_running_loop()
+        chunks = request.stream().__aiter__()
+        started = last = loop.time()
+        received = 0
+        while True:
+            wait_s = rate.read_deadline(started, last, received) - loop.time()
+            try:
+                chunk = await asyncio.wait_for(chunks.__anext__(), timeout=max(0.0, wait_s))
+            except StopAsyncIteration:
+                return
+            except asyncio.TimeoutError:
+                raise BodyTooSlow(rate.explain(received, loop.time() - started)) from None
+            last = loop.time()
+            received += len(chunk)
+            yield chunk
 
 
 def _param(request: Request, name: str, default: str | None) -> str | None:
@@ -507,6 +540,10 @@ def intake_router(service: IntakeService) -> APIRouter:
             sha, size = await service.hash_body(request)
         except ClientDisconnect:
             return problem(400, "client_disconnected", "the request body ended early")
+        except BodyTooSlow as exc:
+            return problem(408, "body_too_slow", str(exc))
+        except BodyTooLarge as exc:
+            return problem(413, "limits_exceeded", str(exc))
         deadline = time.monotonic() + settings.intake_idempotency_wait_s
         while row is not None and row["state"] == "uploading" and not row["abandoned"]:
             if time.monotonic() > deadline:
@@ -526,6 +563,7 @@ def intake_router(service: IntakeService) -> APIRouter:
     @router.post("/uploads", status_code=202, responses={
         202: {"description": "Stored and published: `{job_id, upload_id, status_url}`, `Location` the status URL"},
         401: {"description": "No or unknown API token"}, 409: {"description": "Idempotency-Key's first request failed"},
+        408: {"description": "The body came too slowly (intake_body_* settings); the upload's slot was released"},
         413: {"description": "Larger than max_upload_bytes"}, 422: {"description": "Bad parameters or key reuse"},
         502: {"description": "Object storage did not keep the body as sent (size or sha256 read back differ)"},
         429: {"description": "The submitter's jobs in flight are at its cap (Retry-After)"},
@@ -633,6 +671,10 @@ def intake_router(service: IntakeService) -> APIRouter:
         except BodyTooLarge as exc:
             await service.call(service.release, claim)
             return problem(413, "limits_exceeded", str(exc))
+        except BodyTooSlow as exc:
+            await service.call(service.release, claim)
+            log.info("upload cut off: its body came too slowly", upload_id=upload_id, reason=str(exc))
+            return problem(408, "body_too_slow", str(exc))
         except ClientDisconnect:
             await service.call(service.release, claim)
             log.info("client went away mid-upload", upload_id=upload_id)

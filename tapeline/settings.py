@@ -198,6 +198,13 @@ class Settings(BaseSettings):
                                         "row) is renewed every third of this while its request runs; one not renewed "
                                         "this long belongs to an intake that went away: it stops counting against "
                                         "capacity and its Idempotency-Key may be sent again, seconds")
+    intake_body_timeout_s: float = Field(20.0, gt=0, description="An upload's body gets this long plus one second "
+                                         "per intake_body_min_rate_bytes_s received (domain/policy/body_rate.py), "
+                                         "seconds; past it 408 and its slot is released")
+    intake_body_min_rate_bytes_s: float = Field(65536.0, gt=0, description="Slowest average pace an upload's body may "
+                                                "keep after intake_body_timeout_s, bytes per second")
+    intake_body_idle_timeout_s: float = Field(30.0, gt=0, description="Longest pause between two chunks of an "
+                                              "upload's body, seconds; past it 408 and its slot is released")
     intake_key_retention_s: float = Field(86400.0, gt=0, description="A published upload's Idempotency-Key answers "
                                           "with the first response this long; later the row is deleted, seconds")
     storage_limit_bytes: int | None = Field(None, description="Object storage budget, bytes (the bucket's total): "

@@ -1,0 +1,45 @@
+"""How long a request body may take to arrive: slow or stalled clients give their intake slot back.
+
+The rule (pure, `BodyRate.read_deadline`): the next chunk of a body must arrive
+
+- within `idle_s` of the previous one (or of the start), as nginx's `client_body_timeout` (a
+  timeout between two successive reads, 60 s by default there), and
+- by `started + timeout_s + received / min_rate_bytes_s`, as Apache httpd's `mod_reqtimeout`
+  `body=20,MinRate=500` (a time allowance that grows by one second per `MinRate` bytes received).
+
+A client that sends at `min_rate_bytes_s` or faster and never pauses longer than `idle_s` is never
+cut off, however large its body; a client that trickles or stops loses its request (408) within
+`max(idle_s, timeout_s)` seconds of falling behind. The defaults (`tapeline/settings.py`:
+`intake_body_timeout_s` 20 s as httpd's, `intake_body_min_rate_bytes_s` 64 KiB/s, about half a
+megabit per second, for video rather than httpd's 500 bytes/s, `intake_body_idle_timeout_s` 30 s)
+suit a phone on a poor mobile link.
+
+The I/O side (awaiting the chunks, the 408) is `producers/http_intake.py` `IntakeService.body_chunks`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BodyRate:
+    """The pace a request body must keep. `timeout_s`: seconds allowed before any credit for bytes;
+    `min_rate_bytes_s`: bytes per second that each earn one more second (> 0); `idle_s`: longest
+    pause between two chunks, seconds."""
+
+    timeout_s: float
+    min_rate_bytes_s: float
+    idle_s: float
+
+    def read_deadline(self, started: float, last_chunk_at: float, received: int) -> float:
+        """The time (same clock as the arguments, seconds) by which the next chunk must have arrived,
+        given the body `started` at, its last chunk arrived at `last_chunk_at` (`started` before the
+        first) and `received` bytes so far. Pure."""
+        return min(last_chunk_at + self.idle_s, started + self.timeout_s + received / self.min_rate_bytes_s)
+
+    def explain(self, received: int, elapsed_s: float) -> str:
+        """Why a body was cut off, for the 408 answer: what came and what the rule asks."""
+        return (f"the request body is too slow: {received} bytes in {elapsed_s:.1f} s; send at least "
+                f"{self.min_rate_bytes_s:.0f} bytes/s after the first {self.timeout_s:g} s, with no pause "
+                f"over {self.idle_s:g} s")
