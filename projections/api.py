@@ -36,7 +36,12 @@ from urllib.parse import quote, urlencode
 
 import psycopg
 import structlog
+import fastapi_offline
 from fastapi import Depends, FastAPI, Form, HTTPException, Query, Request
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.routing import APIRoute
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.routing import Match
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
@@ -47,6 +52,8 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import BaseModel, Field, model_validator
 
 from domain import lifecycle
+from projections.edge import CONTENT_SECURITY_POLICY, Answer, EdgeGuard, allowed_hosts, script_hashes
+from projections.edge import problem as edge_problem
 from projections.ports import Intake, OperatorActions
 from tapeline import read
 from projections.provider_status import provider_overview
@@ -202,11 +209,16 @@ class JobDetail(BaseModel):
     checkpoints: list[dict[str, Any]]
 
 
+OPERATOR_MAX, WHY_MAX, ID_MAX, TOKEN_MAX = 200, 2000, 500, 1000
+"""Longest operator name, reason, id (a dead letter's, a provider's post ref) and admin token an
+action takes, characters: the same for the JSON API and the dashboard's forms."""
+
+
 class Action(BaseModel):
     """Who does it and why: recorded in the event (`operator`, `reason`) and so in the timeline."""
 
-    operator: str = Field(..., min_length=1, max_length=200, description="Who acts (a person's name or login)")
-    why: str = Field(..., min_length=1, max_length=2000, description="Why: recorded as the event's reason")
+    operator: str = Field(..., min_length=1, max_length=OPERATOR_MAX, description="Who acts (a person's name or login)")
+    why: str = Field(..., min_length=1, max_length=WHY_MAX, description="Why: recorded as the event's reason")
 
 
 class ReplayRequest(Action):
@@ -320,10 +332,15 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
             if intake is not None:
                 intake.close()
 
-    app = FastAPI(title="Tapeline", version="1", lifespan=lifespan,
+    app = FastAPI(title="Tapeline", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Read API over Tapeline's projections (broker time, UTC; seconds) and operator "
                               "actions that emit events. Actions need `Authorization: Bearer <TAPELINE_ADMIN_TOKEN>`.")
+    # The edge (projections/edge.py): inside the request counter below, so its refusals are counted too.
+    app.add_middleware(EdgeGuard, refuse=lambda scope: admin_refusal(scope), body_limit=lambda scope: body_limit(scope))
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(settings))
     templates = Jinja2Templates(directory=str(HERE / "templates"))
+    app.mount("/static/docs", StaticFiles(directory=str(Path(fastapi_offline.__file__).parent / "static")),
+              name="docs-assets")
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     lag = LagCache(settings, settings.lag_cache_s)
     metrics = ApiMetrics(lambda: state["pool"], lag)
@@ -520,6 +537,39 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
             metrics.actions.labels(action=last.replace("-", "_"), result="unauthorized").inc()
             raise HTTPException(401, reason, headers={"WWW-Authenticate": "Bearer"})
 
+    def admin_routes() -> list[APIRoute]:
+        return [r for r in app.routes if isinstance(r, APIRoute)
+                and any(d.dependency is require_admin for d in r.dependencies)]
+
+    def admin_refusal(scope) -> Answer | None:
+        """`require_admin`'s answer for a request to an action route, from its headers alone (the
+        edge calls it before the body is read); None for other routes and for a good token."""
+        if not any(route.matches(scope)[0] is Match.FULL for route in admin_routes()):
+            return None
+        try:
+            require_admin(Request(scope))
+        except HTTPException as exc:
+            return edge_problem(exc.status_code, exc.detail, exc.headers)
+        return None
+
+    def body_limit(scope) -> int | None:
+        """Bytes a request body may have: `POST /uploads` applies its own limits, every other route
+        `serve_max_body_bytes`."""
+        return None if intake is not None and scope["path"] == "/uploads" else settings.serve_max_body_bytes
+
+    @app.get("/docs", include_in_schema=False)
+    def openapi_page() -> HTMLResponse:
+        """Swagger UI from the assets installed with `fastapi-offline` (no CDN: the dashboard's
+        machine may have no internet, and an admin pastes a token into this page); its one inline
+        script is allowed by hash."""
+        page_html = get_swagger_ui_html(openapi_url=app.openapi_url, title="Tapeline API",
+                                        swagger_js_url="/static/docs/swagger-ui-bundle.js",
+                                        swagger_css_url="/static/docs/swagger-ui.css",
+                                        swagger_favicon_url="/static/docs/favicon.png")
+        policy = CONTENT_SECURITY_POLICY + "; script-src 'self' " + " ".join(script_hashes(page_html.body.decode()))
+        page_html.headers["content-security-policy"] = policy
+        return page_html
+
     def wired() -> OperatorActions:
         if actions is None:
             raise HTTPException(503, "this server has no operator actions wired (see tapeline.wiring.build_app)")
@@ -644,21 +694,25 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
         return RedirectResponse(f"{target}?{urlencode({'msg': f'{result.action}: {result.detail}'})}", status_code=303)
 
     @app.post("/ui/dead-letters/replay", include_in_schema=False)
-    def replay_form(request: Request, dead_letter_id: str = Form(...), token: str = Form(""),
-                    operator: str = Form(..., min_length=1), why: str = Form(..., min_length=1)) -> Response:
+    def replay_form(request: Request, dead_letter_id: str = Form(..., max_length=ID_MAX), token: str = Form("", max_length=TOKEN_MAX),
+                    operator: str = Form(..., min_length=1, max_length=OPERATOR_MAX),
+                    why: str = Form(..., min_length=1, max_length=WHY_MAX)) -> Response:
         return form_action(request, "replay", token, "/dead-letters",
                            lambda: do_replay(dead_letter_id.strip(), operator, why, client_of(request)))
 
     @app.post("/ui/jobs/{job_id}/cancel", include_in_schema=False)
-    def cancel_form(request: Request, job_id: str, token: str = Form(""), operator: str = Form(..., min_length=1),
-                    why: str = Form(..., min_length=1)) -> Response:
+    def cancel_form(request: Request, job_id: str, token: str = Form("", max_length=TOKEN_MAX),
+                    operator: str = Form(..., min_length=1, max_length=OPERATOR_MAX),
+                    why: str = Form(..., min_length=1, max_length=WHY_MAX)) -> Response:
         return form_action(request, "cancel", token, f"/jobs/{quote(job_id, safe='')}",
                            lambda: do_cancel(job_id, operator, why, client_of(request)))
 
     @app.post("/ui/jobs/{job_id}/resolve-review", include_in_schema=False)
-    def resolve_form(request: Request, job_id: str, token: str = Form(""), operator: str = Form(..., min_length=1),
-                     why: str = Form(..., min_length=1), finding: Literal["posted", "not_posted"] = Form(...),
-                     posted_ref: str = Form("")) -> Response:
+    def resolve_form(request: Request, job_id: str, token: str = Form("", max_length=TOKEN_MAX),
+                     operator: str = Form(..., min_length=1, max_length=OPERATOR_MAX),
+                     why: str = Form(..., min_length=1, max_length=WHY_MAX),
+                     finding: Literal["posted", "not_posted"] = Form(...),
+                     posted_ref: str = Form("", max_length=ID_MAX)) -> Response:
         back = f"/jobs/{quote(job_id, safe='')}"
 
         def run() -> ActionResult:

@@ -166,6 +166,11 @@ class Settings(BaseSettings):
 
     # The read API and dashboard (`tapeline serve`, projections/api.py).
     serve_host: str = Field("127.0.0.1", description="Address `tapeline serve` listens on (loopback by default)")
+    serve_allowed_hosts: list[str] = Field(default_factory=list, description="Host header values `tapeline serve` "
+                                           "answers (JSON list; `*.example.com` patterns, `*` any); empty: loopback "
+                                           "names when bound to loopback, else any (projections/edge.py)")
+    serve_max_body_bytes: int = Field(65536, gt=0, description="Largest request body of any route but POST /uploads "
+                                      "(which has max_upload_bytes), bytes; past it 413 before the body is parsed")
     serve_port: int = Field(8400, description="Port of `tapeline serve` (read API, dashboard, /metrics)")
     reader_role: str = Field("tapeline_reader", description="PostgreSQL role the read API switches to (SET ROLE) on "
                                                             "every connection; the login user must be a member")

@@ -82,7 +82,7 @@ def test_the_read_api_shows_each_providers_breaker_and_quota_use(isolated):
             if n != 1:
                 conn.execute("UPDATE provider_calls SET done_at = %s WHERE id = %s",
                              (now - timedelta(seconds=2 if n == 0 else 120), call))
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), base_url="http://localhost") as client:  # a loopback Host (projections/edge.py)
         providers = client.get("/api/providers").json()
     [webhook] = [p for p in providers if p["provider"] == "webhook"]
     assert (webhook["state"], webhook["failures"], webhook["http_status"], webhook["version"]) == ("open", 7, 503, 7)

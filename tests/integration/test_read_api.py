@@ -134,7 +134,8 @@ def world(isolated, tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(world):
     settings, _ = world
-    with TestClient(create_app(settings.model_copy(update={"admin_token": SecretStr(TOKEN)}))) as c:
+    with TestClient(create_app(settings.model_copy(update={"admin_token": SecretStr(TOKEN)})),
+                    base_url="http://localhost") as c:  # a loopback Host: the edge refuses others (projections/edge.py)
         yield c
 
 
@@ -275,7 +276,7 @@ def test_actions_without_the_token_answer_401_and_change_nothing(client, world):
         assert f'tapeline_operator_actions_total{{action="{action}",result="unauthorized"}} {count}.0' in metrics
 
     no_token = create_app(settings)  # a server without TAPELINE_ADMIN_TOKEN refuses every action
-    with TestClient(no_token) as other:
+    with TestClient(no_token, base_url="http://localhost") as other:
         response = other.post(f"/api/jobs/{ids['waiting']}/cancel", json={"operator": "a", "why": "b"},
                               headers={"Authorization": "Bearer "})
         assert response.status_code == 401

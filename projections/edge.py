@@ -1,0 +1,155 @@
+"""The edge of `tapeline serve`: what every HTTP request passes before a handler reads its body.
+
+`EdgeGuard` (a pure ASGI middleware, so nothing is buffered that it does not choose to buffer):
+
+1. **Refusals that need no body.** `refuse(scope)` may answer first, from the method, path and
+   headers alone: the read API's admin token is checked here (`projections/api.py`
+   `admin_refusal`), so an unauthenticated body is never read, let alone parsed (before, a 60 MB
+   JSON body to an action without a token was parsed, +180 MB of server memory, then 401).
+2. **A size cap on every body.** `body_limit(scope)` gives the route's cap in bytes (None: the
+   route reads its own body under its own rules, as `POST /uploads` does with
+   `max_upload_bytes` and its body pace). A `Content-Length` past the cap is 413 before a byte is
+   read; a body without one is read up to the cap and 413 past it. A body within the cap is handed
+   to the handler as it came.
+3. **Security headers on every response** (`SECURITY_HEADERS`, after the OWASP Secure Headers
+   Project): no MIME sniffing, no framing (clickjacking of the action forms), no referrer (job
+   ids in URLs stay on this site), and a Content-Security-Policy that lets a page load scripts,
+   styles and data only from this server (`CONTENT_SECURITY_POLICY`). A response that sets its
+   own `Content-Security-Policy` (the OpenAPI page, whose one inline script is allowed by hash)
+   keeps it.
+
+The Host check (DNS rebinding) is Starlette's `TrustedHostMiddleware`, given
+`allowed_hosts(settings)`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import ipaddress
+import json
+import re
+from typing import Awaitable, Callable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tapeline.settings import Settings
+
+CONTENT_SECURITY_POLICY = ("default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
+                           "frame-ancestors 'none'; form-action 'self'")
+"""Scripts, styles, fetches and images from this server only (images also as data: URIs, which
+Swagger UI's stylesheet uses for its icons); no plugins, no <base>, no framing, forms post here."""
+
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+)
+"""Headers added to every response that does not set them itself."""
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+"""What a browser on the server's own machine sends as Host to a loopback-bound server."""
+
+
+def allowed_hosts(settings: Settings, bind_host: str | None = None) -> list[str]:
+    """Host header values `tapeline serve` answers (Starlette `TrustedHostMiddleware` patterns:
+    a name, an IP, `*.example.com`, or `*` for any). `serve_allowed_hosts` when set; else, for a
+    server bound to a loopback address (`bind_host`, default `serve_host`), only `LOOPBACK_HOSTS`,
+    so a web page elsewhere cannot reach the dashboard through DNS rebinding; else `*` (a server
+    on a network address is reached by names only its operator knows: set `serve_allowed_hosts`)."""
+    if settings.serve_allowed_hosts:
+        return list(settings.serve_allowed_hosts)
+    host = bind_host or settings.serve_host
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    return list(LOOPBACK_HOSTS) if loopback else ["*"]
+
+
+def script_hashes(html: str) -> list[str]:
+    """CSP source expressions (`'sha256-...'`) of every inline `<script>` of `html`, for a page that
+    must run its own inline script under `script-src` (the OpenAPI page)."""
+    found = re.findall(r"<script>(.*?)</script>", html, flags=re.S)
+    return [f"'sha256-{base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()}'" for body in found]
+
+
+def problem(status: int, detail: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """(status, JSON body, headers) of an answer in the read API's error shape `{"detail": ...}`."""
+    body = json.dumps({"detail": detail}).encode()
+    extra = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    return status, body, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
+
+
+Answer = tuple[int, bytes, list[tuple[bytes, bytes]]]
+
+
+class EdgeGuard:
+    """ASGI middleware: refusals before the body, a body cap per route, security headers (see the
+    module). `refuse(scope)`: an `Answer` (see `problem`) or None; `body_limit(scope)`: bytes or None."""
+
+    def __init__(self, app: ASGIApp, *, refuse: Callable[[Scope], Answer | None],
+                 body_limit: Callable[[Scope], int | None]) -> None:
+        self.app, self.refuse, self.body_limit = app, refuse, body_limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        send = self._with_headers(send)
+        refusal = self.refuse(scope)
+        if refusal is not None:
+            await self._answer(send, refusal)
+            return
+        limit = self.body_limit(scope)
+        if limit is None:
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            await self._answer(send, problem(413, f"the body is {int(length)} bytes; this route takes at most {limit}"))
+            return
+        body, more, ended = bytearray(), True, None
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                ended = message
+                break
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > limit:
+                await self._answer(send, problem(413, f"the body passed {limit} bytes, the most this route takes"))
+                return
+        await self.app(scope, self._replay(bytes(body), ended, receive), send)
+
+    @staticmethod
+    def _replay(body: bytes, ended: Message | None, receive: Receive) -> Receive:
+        """A `receive` that hands the buffered body over once, then what the client does next."""
+        sent = False
+
+        async def replayed() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                if ended is not None:
+                    return ended
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+        return replayed
+
+    @staticmethod
+    def _with_headers(send: Send) -> Callable[[Message], Awaitable[None]]:
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                present = {name.lower() for name, _ in message.get("headers", [])}
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  *((k, v) for k, v in SECURITY_HEADERS if k not in present)]}
+            await send(message)
+        return sending
+
+    @staticmethod
+    async def _answer(send: Send, answer: Answer) -> None:
+        status, body, headers = answer
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
