@@ -214,7 +214,9 @@ def logs(draw) -> tuple[list[FakeMessage], Counter]:
 def test_both_engines_fold_generated_lifecycles_the_same():
     reached: Counter = Counter()
 
-    @settings(max_examples=200, deadline=None, database=None,
+    # derandomize: the coverage checks below need the same 200 examples on every run; with a random
+    # seed one run in a few dozen never reached needs_review and failed.
+    @settings(max_examples=200, deadline=None, database=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(logs(), st.integers(1, 40), st.integers(1, 4))
     def check(log, slice_size, flush_rows):
