@@ -140,7 +140,9 @@ class Pipeline:
             except OSError:
                 continue
             if int(stat.rsplit(")", 1)[1].split()[1]) == self.process.pid and b"--role" in cmdline:
-                found.append((cmdline[cmdline.index(b"--role") + 1].decode(), int(entry.name)))
+                role = cmdline[cmdline.index(b"--role") + 1].decode()
+                if role != "all":  # a child forked but not yet exec'd still shows the supervisor's command line
+                    found.append((role, int(entry.name)))
         return found
 
     def children(self) -> dict[str, int]:
