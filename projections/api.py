@@ -52,7 +52,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import BaseModel, Field, model_validator
 
 from domain import lifecycle
-from projections.edge import CONTENT_SECURITY_POLICY, Answer, EdgeGuard, allowed_hosts, script_hashes
+from projections.edge import CONTENT_SECURITY_POLICY, Answer, EdgeGuard, FlashSigner, allowed_hosts, script_hashes
 from projections.edge import problem as edge_problem
 from projections.ports import Intake, OperatorActions
 from tapeline import read
@@ -209,24 +209,62 @@ class JobDetail(BaseModel):
     checkpoints: list[dict[str, Any]]
 
 
+class Problem(BaseModel):
+    """An error answer, FastAPI's shape: `detail` says what was wrong (a string; a 422 from request
+    validation carries FastAPI's list of `{loc, msg, type}` instead)."""
+
+    detail: str | list[dict[str, Any]]
+
+
+ERRORS: dict[int, str] = {
+    400: "A NUL byte (%00) in the path or a query value, or a body that is not valid JSON",
+    401: "No valid `Authorization: Bearer <TAPELINE_ADMIN_TOKEN>` (or the server has no admin token)",
+    404: "No such job or dead letter in the projections",
+    409: "The action does not apply to what the job or dead letter is now",
+    413: "The body is larger than `serve_max_body_bytes` (checked before it is read)",
+    422: "A parameter or body field out of its range or shape",
+    503: "PostgreSQL, Kafka or the operator actions are not available",
+}
+"""What each error status of the read API and actions means: the one list the routes' documented
+responses (`answers`) and docs/operations.md follow."""
+
+
+def answers(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The `responses=` of a route: each of `statuses` with its meaning (`ERRORS`) and the `Problem`
+    shape, so the OpenAPI document names every status the route can answer. Raises KeyError for a
+    status without a meaning in `ERRORS`."""
+    return {status: {"model": Problem, "description": ERRORS[status]} for status in statuses}
+
+
+READS = answers(400, 422, 503)
+"""The error answers of a read with parameters (a NUL, a value out of range, a service down)."""
+ONE = answers(400, 404, 422, 503)
+"""The error answers of a read of one job or dead letter."""
+ACTIONS = answers(400, 401, 404, 409, 413, 422, 503)
+"""The error answers of an operator action."""
+
+
 OPERATOR_MAX, WHY_MAX, ID_MAX, TOKEN_MAX = 200, 2000, 500, 1000
 """Longest operator name, reason, id (a dead letter's, a provider's post ref) and admin token an
 action takes, characters: the same for the JSON API and the dashboard's forms."""
+NUL_FREE = r"^[^\x00]*$"
+"""Every text an action takes (JSON field or form field) matches this: PostgreSQL text cannot hold
+a NUL byte, so an event carrying one could not be projected. A NUL answers 422."""
 
 
 class Action(BaseModel):
     """Who does it and why: recorded in the event (`operator`, `reason`) and so in the timeline."""
 
-    operator: str = Field(..., min_length=1, max_length=OPERATOR_MAX, description="Who acts (a person's name or login)")
-    why: str = Field(..., min_length=1, max_length=WHY_MAX, description="Why: recorded as the event's reason")
+    operator: str = Field(..., min_length=1, max_length=OPERATOR_MAX, pattern=NUL_FREE, description="Who acts (a person's name or login)")
+    why: str = Field(..., min_length=1, max_length=WHY_MAX, pattern=NUL_FREE, description="Why: recorded as the event's reason")
 
 
 class ReplayRequest(Action):
-    dead_letter_id: str = Field(..., min_length=1, description="Id from /api/dead-letters, e.g. JOB/ATTEMPT")
+    dead_letter_id: str = Field(..., min_length=1, max_length=ID_MAX, pattern=NUL_FREE, description="Id from /api/dead-letters, e.g. JOB/ATTEMPT")
 
 
 class ResolveRequest(Action):
-    posted_ref: str | None = Field(None, description="The provider's id of the post you found: record it, "
+    posted_ref: str | None = Field(None, max_length=ID_MAX, pattern=NUL_FREE, description="The provider's id of the post you found: record it, "
                                                      "complete the job, post nothing")
     not_posted: bool = Field(False, description="You checked: the provider has no post; release the claim "
                                                 "marker and publish again")
@@ -339,6 +377,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
     app.add_middleware(EdgeGuard, refuse=lambda scope: admin_refusal(scope), body_limit=lambda scope: body_limit(scope))
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(settings))
     templates = Jinja2Templates(directory=str(HERE / "templates"))
+    flasher = FlashSigner.for_settings(settings)
     app.mount("/static/docs", StaticFiles(directory=str(Path(fastapi_offline.__file__).parent / "static")),
               name="docs-assets")
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
@@ -389,7 +428,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
         """200 while the process runs."""
         return {"status": "live"}
 
-    @app.get("/health/ready", tags=["health"])
+    @app.get("/health/ready", tags=["health"], responses=answers(503))
     def ready() -> JSONResponse:
         """200 when a read-only connection answers, else 503 with the reason."""
         try:
@@ -412,7 +451,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
             raise HTTPException(404, f"no job {job_id!r} in the projections (not submitted, or intake not caught up)")
         return row
 
-    @app.get("/api/jobs", tags=["jobs"], response_model=JobPage)
+    @app.get("/api/jobs", tags=["jobs"], response_model=JobPage, responses=READS)
     def list_jobs(state_: State | None = Query(None, alias="state", description="Only jobs in this state"),
                   stage: Stage | None = Query(None, description="Only jobs whose current stage is this"),
                   priority: Priority | None = Query(None, description="Only jobs of this priority tier"),
@@ -426,7 +465,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
                                      until=_utc(until), limit=limit, offset=offset)
         return JobPage(jobs=[job_json(r) for r in rows], total=total, limit=limit, offset=offset)
 
-    @app.get("/api/jobs/{job_id}", tags=["jobs"], response_model=JobDetail)
+    @app.get("/api/jobs/{job_id}", tags=["jobs"], response_model=JobDetail, responses=ONE)
     def get_job(job_id: str, conn: psycopg.Connection = Depends(db)) -> JobDetail:
         """One job with its attempts, stage durations and checkpoints; 404 for an unknown job."""
         row = job_or_404(conn, job_id)
@@ -434,7 +473,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
                          stage_durations=[_plain(r) for r in read.stage_durations(conn, job_id)],
                          checkpoints=read.checkpoints(conn, job_id))
 
-    @app.get("/api/jobs/{job_id}/timeline", tags=["jobs"])
+    @app.get("/api/jobs/{job_id}/timeline", tags=["jobs"], responses=ONE)
     def get_timeline(job_id: str, conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
         """Every event of the job in log order (applied, superseded and duplicate copies, with flags)."""
         rows = read.timeline(conn, job_id)
@@ -442,7 +481,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
             job_or_404(conn, job_id)
         return [_event_json(r) for r in rows]
 
-    @app.get("/api/jobs/{job_id}/progress", tags=["jobs"])
+    @app.get("/api/jobs/{job_id}/progress", tags=["jobs"], responses=ONE)
     def get_progress(job_id: str, conn: psycopg.Connection = Depends(db)) -> dict[str, Any]:
         """Heartbeat progress per attempt (`read.progress_series`) and the source's duration in
         seconds of media (the 100 % line of the chart)."""
@@ -450,19 +489,19 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
         return {"job_id": job_id, "state": row["state"], "source_duration_s": row["source_duration_s"],
                 "series": read.progress_series(conn, job_id)}
 
-    @app.get("/api/jobs/{job_id}/checkpoints", tags=["jobs"])
+    @app.get("/api/jobs/{job_id}/checkpoints", tags=["jobs"], responses=ONE)
     def get_checkpoints(job_id: str, conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
         """The job's `CheckpointRecorded` evidence (empty until checkpointed transcoding writes it)."""
         job_or_404(conn, job_id)
         return read.checkpoints(conn, job_id)
 
-    @app.get("/api/stalled", tags=["operations"])
+    @app.get("/api/stalled", tags=["operations"], responses=answers(503))
     def get_stalled(conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
         """Stalled attempts (lease_expired, no_progress), stalled handoffs, expected work missing and
         jobs in needs_review, each with `kind` and `since_s` (seconds; log clock, wall clock for reviews)."""
         return read.stalls(conn)
 
-    @app.get("/api/dead-letters", tags=["operations"])
+    @app.get("/api/dead-letters", tags=["operations"], responses=READS)
     def get_dead_letters(reason: str | None = Query(None, description="Only this error class"),
                          pending: bool = Query(False, description="Hide replayed dead letters"),
                          limit: int = Query(200, ge=1, le=1000),
@@ -471,7 +510,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
         source position, replay record (`value_bytes`: size of the raw record, bytes)."""
         return [_letter_json(r) for r in read.dead_letters(conn, reason=reason, pending=pending, limit=limit)]
 
-    @app.get("/api/dead-letters/{dead_letter_id:path}", tags=["operations"])
+    @app.get("/api/dead-letters/{dead_letter_id:path}", tags=["operations"], responses=ONE)
     def get_dead_letter(dead_letter_id: str, conn: psycopg.Connection = Depends(db)) -> dict[str, Any]:
         """One dead letter with its raw key and value (base64); 404 for an unknown id."""
         row = read.dead_letter(conn, dead_letter_id)
@@ -479,24 +518,24 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
             raise HTTPException(404, f"no dead letter {dead_letter_id!r}")
         return _letter_json(row, raw=True)
 
-    @app.get("/api/review", tags=["operations"])
+    @app.get("/api/review", tags=["operations"], responses=answers(503))
     def get_review(conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
         """Jobs in needs_review (a publish that could not be proven safe), with the reason."""
         return [job_json(r) for r in read.jobs_in_state(conn, "needs_review")]
 
-    @app.get("/api/lag", tags=["operations"])
+    @app.get("/api/lag", tags=["operations"], responses=answers(503))
     def get_lag(conn: psycopg.Connection = Depends(db)) -> dict[str, Any]:
         """Projection lag: committed events and seconds the projection is behind the log end, in total
         and per partition behind (measured at most every `lag_cache_s` seconds); 503 without Kafka."""
         return lag.get(conn)
 
-    @app.get("/api/providers", tags=["operations"])
+    @app.get("/api/providers", tags=["operations"], responses=answers(503))
     def get_providers(conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
         """Publish providers: circuit breaker (state, cooldown until, failures, probe), posts in the
         per-minute and per-day quota windows against their limits, and the last deferral."""
         return provider_overview(conn, settings)
 
-    @app.get("/api/overview", tags=["operations"])
+    @app.get("/api/overview", tags=["operations"], responses=answers(503))
     def get_overview(conn: psycopg.Connection = Depends(db)) -> dict[str, Any]:
         """What the overview page shows: jobs by state and by (stage, state), jobs created and ended per
         minute over the last hour (database clock), stall counts by kind, dead letters, projection lag
@@ -617,7 +656,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
     def client_of(request: Request) -> str:
         return request.client.host if request.client else "unknown"
 
-    @app.post("/api/dead-letters/replay", tags=["actions"], response_model=ActionResult,
+    @app.post("/api/dead-letters/replay", tags=["actions"], response_model=ActionResult, responses=ACTIONS,
               dependencies=[Depends(require_admin)])
     def replay(body: ReplayRequest, request: Request) -> ActionResult:
         """Reopen a dead-lettered job with a fresh attempt budget (`JobReplayed` + the next attempt).
@@ -625,14 +664,14 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
         unknown id, 409 for an undecodable-record dead letter."""
         return do_replay(body.dead_letter_id, body.operator, body.why, client_of(request))
 
-    @app.post("/api/jobs/{job_id}/cancel", tags=["actions"], response_model=ActionResult,
+    @app.post("/api/jobs/{job_id}/cancel", tags=["actions"], response_model=ActionResult, responses=ACTIONS,
               dependencies=[Depends(require_admin)])
     def cancel(job_id: str, body: Action, request: Request) -> ActionResult:
         """Cancel a job that has not ended (`JobCancelled` with operator and reason). 401 without the
         token, 404 for an unknown job, 409 for an ended one."""
         return do_cancel(job_id, body.operator, body.why, client_of(request))
 
-    @app.post("/api/jobs/{job_id}/resolve-review", tags=["actions"], response_model=ActionResult,
+    @app.post("/api/jobs/{job_id}/resolve-review", tags=["actions"], response_model=ActionResult, responses=ACTIONS,
               dependencies=[Depends(require_admin)])
     def resolve(job_id: str, body: ResolveRequest, request: Request) -> ActionResult:
         """Resolve a job in needs_review: `posted_ref` records the post you found and completes the job;
@@ -643,9 +682,9 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
     # -- the dashboard --------------------------------------------------------------------------
 
     def page(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
-        return templates.TemplateResponse(request, template, {"message": request.query_params.get("msg"),
-                                                              "error": request.query_params.get("err"), **context},
-                                          status_code=status_code)
+        flash = flasher.shown(request.query_params)  # only outcomes this server signed (FlashSigner)
+        return templates.TemplateResponse(request, template, {"message": flash["msg"], "error": flash["err"],
+                                                              **context}, status_code=status_code)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def overview_page(request: Request, conn: psycopg.Connection = Depends(db)) -> HTMLResponse:
@@ -687,32 +726,33 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
         try:
             result = run()
         except HTTPException as exc:
-            return RedirectResponse(f"{back}?{urlencode({'err': exc.detail})}", status_code=303)
+            return RedirectResponse(f"{back}?{flasher.query('err', str(exc.detail))}", status_code=303)
         except TapelineError as exc:
-            return RedirectResponse(f"{back}?{urlencode({'err': str(exc)})}", status_code=303)
+            return RedirectResponse(f"{back}?{flasher.query('err', str(exc))}", status_code=303)
         target = f"/jobs/{quote(result.job_id, safe='')}" if result.job_id else back
-        return RedirectResponse(f"{target}?{urlencode({'msg': f'{result.action}: {result.detail}'})}", status_code=303)
+        return RedirectResponse(f"{target}?{flasher.query('msg', f'{result.action}: {result.detail}')}",
+                                status_code=303)
 
     @app.post("/ui/dead-letters/replay", include_in_schema=False)
-    def replay_form(request: Request, dead_letter_id: str = Form(..., max_length=ID_MAX), token: str = Form("", max_length=TOKEN_MAX),
-                    operator: str = Form(..., min_length=1, max_length=OPERATOR_MAX),
-                    why: str = Form(..., min_length=1, max_length=WHY_MAX)) -> Response:
+    def replay_form(request: Request, dead_letter_id: str = Form(..., max_length=ID_MAX, pattern=NUL_FREE), token: str = Form("", max_length=TOKEN_MAX, pattern=NUL_FREE),
+                    operator: str = Form(..., min_length=1, max_length=OPERATOR_MAX, pattern=NUL_FREE),
+                    why: str = Form(..., min_length=1, max_length=WHY_MAX, pattern=NUL_FREE)) -> Response:
         return form_action(request, "replay", token, "/dead-letters",
                            lambda: do_replay(dead_letter_id.strip(), operator, why, client_of(request)))
 
     @app.post("/ui/jobs/{job_id}/cancel", include_in_schema=False)
-    def cancel_form(request: Request, job_id: str, token: str = Form("", max_length=TOKEN_MAX),
-                    operator: str = Form(..., min_length=1, max_length=OPERATOR_MAX),
-                    why: str = Form(..., min_length=1, max_length=WHY_MAX)) -> Response:
+    def cancel_form(request: Request, job_id: str, token: str = Form("", max_length=TOKEN_MAX, pattern=NUL_FREE),
+                    operator: str = Form(..., min_length=1, max_length=OPERATOR_MAX, pattern=NUL_FREE),
+                    why: str = Form(..., min_length=1, max_length=WHY_MAX, pattern=NUL_FREE)) -> Response:
         return form_action(request, "cancel", token, f"/jobs/{quote(job_id, safe='')}",
                            lambda: do_cancel(job_id, operator, why, client_of(request)))
 
     @app.post("/ui/jobs/{job_id}/resolve-review", include_in_schema=False)
-    def resolve_form(request: Request, job_id: str, token: str = Form("", max_length=TOKEN_MAX),
-                     operator: str = Form(..., min_length=1, max_length=OPERATOR_MAX),
-                     why: str = Form(..., min_length=1, max_length=WHY_MAX),
+    def resolve_form(request: Request, job_id: str, token: str = Form("", max_length=TOKEN_MAX, pattern=NUL_FREE),
+                     operator: str = Form(..., min_length=1, max_length=OPERATOR_MAX, pattern=NUL_FREE),
+                     why: str = Form(..., min_length=1, max_length=WHY_MAX, pattern=NUL_FREE),
                      finding: Literal["posted", "not_posted"] = Form(...),
-                     posted_ref: str = Form("", max_length=ID_MAX)) -> Response:
+                     posted_ref: str = Form("", max_length=ID_MAX, pattern=NUL_FREE)) -> Response:
         back = f"/jobs/{quote(job_id, safe='')}"
 
         def run() -> ActionResult:

@@ -19,17 +19,21 @@
    keeps it.
 
 The Host check (DNS rebinding) is Starlette's `TrustedHostMiddleware`, given
-`allowed_hosts(settings)`.
+`allowed_hosts(settings)`. `FlashSigner` signs the outcome a dashboard form redirects with, so a
+page shows only outcomes this server wrote.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import ipaddress
 import json
 import re
-from typing import Awaitable, Callable
+import secrets
+from typing import Awaitable, Callable, Mapping
+from urllib.parse import urlencode
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -153,3 +157,47 @@ class EdgeGuard:
         status, body, headers = answer
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+FLASH_KINDS = ("msg", "err")
+"""The query parameters that carry a form action's outcome to the page it redirects to: `msg` a
+success, `err` a refusal. `sig` signs whichever is present."""
+
+
+class FlashSigner:
+    """Signs the outcome text a dashboard form redirects with, so a page shows only outcomes this
+    server wrote. Before, `?msg=...` was shown verbatim and anyone could send an operator a
+    dashboard link saying what they liked (content spoofing, issue 20 item 6).
+
+    The signature is HMAC-SHA256 (RFC 2104) over `kind` and the text, its first 16 bytes in
+    URL-safe base64 without padding. `key` (bytes) is derived from the admin token, so every
+    replica of `tapeline serve` with the same token accepts the others' links (`for_settings`);
+    a server without one has no actions and so no outcomes, and gets a random key.
+    """
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> "FlashSigner":
+        """A signer whose key is HMAC-SHA256(admin token, "tapeline flash"), or random without a token."""
+        token = settings.admin_token.get_secret_value() if settings.admin_token else None
+        key = hmac.new(token.encode(), b"tapeline flash", hashlib.sha256).digest() if token else secrets.token_bytes(32)
+        return cls(key)
+
+    def sign(self, kind: str, text: str) -> str:
+        """The signature of `text` shown as `kind` (one of FLASH_KINDS); 22 URL-safe characters."""
+        mac = hmac.new(self._key, f"{kind}\x00{text}".encode(), hashlib.sha256).digest()[:16]
+        return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+
+    def query(self, kind: str, text: str) -> str:
+        """The query string (no `?`) that carries `text` as `kind` with its signature."""
+        return urlencode({kind: text, "sig": self.sign(kind, text)})
+
+    def shown(self, params: Mapping[str, str]) -> dict[str, str | None]:
+        """`{"msg": ..., "err": ...}` from a request's query parameters: each text only when `sig`
+        signs it, else None (a crafted or altered link shows nothing)."""
+        signature = params.get("sig") or ""
+        return {kind: text if (text := params.get(kind)) is not None
+                and hmac.compare_digest(self.sign(kind, text), signature) else None
+                for kind in FLASH_KINDS}

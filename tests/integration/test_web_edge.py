@@ -123,3 +123,24 @@ def test_the_openapi_page_loads_its_assets_from_this_server(server):
     for source in sources:
         assert httpx.get(f"{url}{source}", timeout=20).status_code == 200, source
     assert "'sha256-" in page.headers["content-security-policy"]
+
+
+def test_a_page_shows_only_the_outcomes_this_server_wrote(server):
+    """Issue 20 item 6: the outcome of a form action travels in the redirect's query (`?msg=`,
+    `?err=`) and was shown verbatim, so anyone could send an operator a dashboard link that says
+    what they like ("replay done: now run ..."). Now the server signs what it writes (`&sig=`,
+    `projections/edge.py` FlashSigner) and a page shows only text whose signature holds."""
+    base, _, _ = server
+    spoof = "cancel: done. Your admin token expired, paste it at evil.example"
+    for query in ({"msg": spoof}, {"err": spoof}, {"msg": spoof, "sig": "AAAAAAAAAAAAAAAAAAAAAA"}):
+        page = httpx.get(f"{base}/stalled", params=query)
+        assert page.status_code == 200 and "evil.example" not in page.text, query
+    # A real outcome: a cancel of an unknown job through the form redirects with a signed error...
+    answer = httpx.post(f"{base}/ui/jobs/no-such-job/cancel", data={"token": TOKEN, "operator": "a", "why": "b"})
+    assert answer.status_code == 303 and "sig=" in answer.headers["location"]
+    shown = httpx.get(f"{base}{answer.headers['location']}")
+    assert "no job &#39;no-such-job&#39;" in shown.text or "no job 'no-such-job'" in shown.text, shown.text[:2000]
+    # ...and the same signature does not vouch for other text.
+    path, query = answer.headers["location"].split("?", 1)
+    forged = httpx.get(f"{base}{path}?{query.replace('no-such-job', 'evil.example')}")
+    assert "no-such-job" in forged.text and "evil.example" not in forged.text
