@@ -98,6 +98,14 @@ class Outcome:
         return "\n".join(self.output.splitlines()[-lines:])
 
 
+def _default_sigint() -> None:
+    """In the benchmark's process, before exec: SIGINT back to its default. A shell starts
+    background jobs with SIGINT ignored, the child inherits that, and Python installs its
+    KeyboardInterrupt handler only where SIGINT is not ignored, so the timeout's SIGINT would do
+    nothing and the benchmark's `finally` would never run (the SIGKILL after GRACE_S would end it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_benchmark(script: Path, smoke: bool, timeout_s: float, env: dict[str, str] | None = None) -> Outcome:
     """Run one benchmark script as a child (its own session) and judge it (see the module docstring).
 
@@ -108,7 +116,7 @@ def run_benchmark(script: Path, smoke: bool, timeout_s: float, env: dict[str, st
     command = [sys.executable, str(script)] + (["--smoke"] if smoke else [])
     started = time.monotonic()
     child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, start_new_session=True)
+                             stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_default_sigint)
     timed_out = False
     try:
         out, _ = child.communicate(timeout=timeout_s)
