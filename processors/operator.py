@@ -5,6 +5,15 @@ Each action is a pure `*_events(row, ...)` core and an impure runner that reads 
 caught-up projection and commits the events in one Kafka transaction on `<app>.operator.<job_id>`
 (`replay_dead_letters`, `resolve_review`, `cancel_job`). The CLI and the read API's actions call the
 same runners.
+
+Exactly once, whoever acts at the same moment (issue 26 item 7). Every action on a job, of any kind,
+from any process, writes with the one transactional id `operator_transactional_id(job)`, and opens
+it (`init_transactions`) *before* it reads the job: the transaction coordinator fences the producer
+of any action on that job still in flight, so of two actions racing, the later-opened one reads a
+projection that already holds everything the other committed, and the earlier one, if it had not
+committed yet, is fenced and commits nothing. The one fenced waits for the winner's event to be
+projected and reports it ("already replayed by ... at ..."): one effect, one event, a clear answer
+for the other.
 Actions emit events only; they never write projections (docs/design.md "Parts").
 
 Replay is idempotent at three levels: a dead letter already marked replayed is left alone; a job
@@ -31,6 +40,8 @@ from tapeline import kafka
 from domain.errors import NoSuchJob, NotCancellable, NotReplayable
 from tapeline.settings import Settings
 from tapeline.clock import system_clock
+from tapeline.crashpoints import delay_point
+from domain.errors import Fenced
 
 log = structlog.get_logger("tapeline.operator")
 
@@ -38,6 +49,50 @@ log = structlog.get_logger("tapeline.operator")
 def default_operator() -> str:
     """`user@host` of whoever runs the command (recorded in `JobReplayed`)."""
     return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def operator_transactional_id(settings: Settings, job_id: str) -> str:
+    """The transactional id of every operator action on `job_id`: one per job, so that opening it
+    fences any other action on the job still in flight (see the module docstring)."""
+    return f"{settings.app_name}.operator.{job_id}"
+
+
+def done_by(timeline: list[dict[str, Any]], event_types: tuple[str, ...]) -> str | None:
+    """"by OPERATOR at YYYY-MM-DD HH:MM:SS UTC" of the latest applied event of `event_types` in a
+    job's timeline (`read.timeline` rows, broker time), or None when there is none. Pure."""
+    done = [row for row in timeline if row["event_type"] in event_types and row["applied"]]
+    if not done:
+        return None
+    last = done[-1]
+    operator = (last.get("payload") or {}).get("operator") or last["recorded_by"]
+    return f"by {operator} at {last['broker_ts']:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def winner(runtime: Runtime, job_id: str, event_types: tuple[str, ...], seen: int, timeout_s: float) -> str:
+    """After this action was fenced by another one on the same job: "already done by ... at ..."
+    once the other's event (one of `event_types`, beyond the `seen` already in the timeline) is
+    projected, waiting at most `timeout_s` seconds; else a sentence saying another action is under
+    way. Never raises for a slow projection."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            runtime.job_row(job_id)  # catch up first
+            timeline = read.timeline(runtime.db, job_id)
+            if sum(1 for row in timeline if row["event_type"] in event_types and row["applied"]) > seen:
+                return f"already done {done_by(timeline, event_types)}"
+        except Exception as exc:  # noqa: BLE001 - the answer is informative only
+            log.warning("could not read the action that took over", job_id=job_id, error=str(exc))
+        if time.monotonic() > deadline:
+            return (f"another operator action on job {job_id} took over while this one ran; this one did "
+                    f"nothing (see `tapeline timeline {job_id}`)")
+        time.sleep(0.2)
+
+
+def applied_count(runtime: Runtime, job_id: str, event_types: tuple[str, ...]) -> int:
+    """How many applied events of `event_types` the job's projected timeline has."""
+    return sum(1 for row in read.timeline(runtime.db, job_id) if row["event_type"] in event_types and row["applied"])
 
 
 def replay_events(row: dict[str, Any] | None, dead_letter_id: str, operator: str, reason: str,
@@ -92,31 +147,42 @@ def replay_dead_letters(settings: Settings, ids: list[str], operator: str, reaso
                     f"replay. Inspect it with `tapeline dlq show {dead_letter_id}` and fix its producer")
             letters.append(letter)
         for letter in letters:
-            job_id = letter["job_id"]
-            if letter["replayed_at"] is not None:
-                outcomes.append(ReplayOutcome(letter["id"], job_id, False,
-                                              f"already replayed by {letter['replayed_by']} at "
-                                              f"{letter['replayed_at']:%Y-%m-%d %H:%M:%S} UTC"))
-                continue
-            row = runtime.job_row(job_id)  # after the projection caught up with the job's partition
-            outgoing = replay_events(row, letter["id"], operator, reason, settings, runtime.recorded_by)
-            if not outgoing:
-                state = row["state"] if row else "unknown"
-                outcomes.append(ReplayOutcome(letter["id"], job_id, False, f"job is {state}: nothing to replay"))
-                continue
-            producer = kafka.transactional_producer(settings, f"{settings.app_name}.operator.{job_id}")
-            try:
-                transact(producer, lambda: runtime.produce(producer, outgoing), name="operator.replay")
-            finally:
-                producer.flush(5)
-            next_attempt = row["attempt"] + 1
-            log.info("dead letter replayed", dead_letter_id=letter["id"], job_id=job_id, operator=operator,
-                     next_attempt=next_attempt)
-            outcomes.append(ReplayOutcome(letter["id"], job_id, True,
-                                          f"{row['stage']} attempt {next_attempt} queued", next_attempt))
+            outcomes.append(_replay_one(settings, runtime, letter, operator, reason))
     finally:
         runtime.close()
     return outcomes
+
+
+def _replay_one(settings: Settings, runtime: Runtime, letter: dict[str, Any], operator: str,
+                reason: str) -> ReplayOutcome:
+    """Replay one job dead letter, exactly once whoever else acts on the job (module docstring)."""
+    job_id = letter["job_id"]
+    producer = kafka.transactional_producer(settings, operator_transactional_id(settings, job_id))  # first: fences
+    try:
+        row = runtime.job_row(job_id)  # then the caught-up read: holds every action committed before
+        letter = read.dead_letter(runtime.db, letter["id"]) or letter
+        seen = applied_count(runtime, job_id, ("JobReplayed",))
+        delay_point("operator.after_read")
+        if letter["replayed_at"] is not None:
+            return ReplayOutcome(letter["id"], job_id, False, f"already replayed by {letter['replayed_by']} at "
+                                                              f"{letter['replayed_at']:%Y-%m-%d %H:%M:%S} UTC")
+        outgoing = replay_events(row, letter["id"], operator, reason, settings, runtime.recorded_by)
+        if not outgoing:
+            state = row["state"] if row else "unknown"
+            return ReplayOutcome(letter["id"], job_id, False, f"job is {state}: nothing to replay")
+        try:
+            transact(producer, lambda: runtime.produce(producer, outgoing), name="operator.replay")
+        except Fenced:
+            detail = winner(runtime, job_id, ("JobReplayed",), seen, settings.caught_up_timeout_s)
+            log.info("dead letter replay lost to another action", dead_letter_id=letter["id"], job_id=job_id,
+                     detail=detail)
+            return ReplayOutcome(letter["id"], job_id, False, detail)
+    finally:
+        producer.flush(5)
+    next_attempt = row["attempt"] + 1
+    log.info("dead letter replayed", dead_letter_id=letter["id"], job_id=job_id, operator=operator,
+             next_attempt=next_attempt)
+    return ReplayOutcome(letter["id"], job_id, True, f"{row['stage']} attempt {next_attempt} queued", next_attempt)
 
 
 def resolve_review_events(row: dict[str, Any] | None, operator: str, reason: str, posted_ref: str | None,
@@ -164,14 +230,21 @@ def resolve_review(settings: Settings, job_id: str, operator: str, reason: str, 
 
     runtime = Runtime(settings, "operator")
     try:
-        row = runtime.job_row(job_id)
+        producer = kafka.transactional_producer(settings, operator_transactional_id(settings, job_id))  # first: fences
+        row = runtime.job_row(job_id)  # then the caught-up read (module docstring)
+        seen = applied_count(runtime, job_id, ("JobReplayed",))
+        delay_point("operator.after_read")
         if row is None or row["state"] != "needs_review":
-            raise NotReplayable(f"job {job_id} is {row['state'] if row else 'unknown'}, not needs_review")
+            already = done_by(read.timeline(runtime.db, job_id), ("JobReplayed",)) if row else None
+            raise NotReplayable(f"job {job_id} is {row['state'] if row else 'unknown'}, not needs_review"
+                                + (f" (resolved {already})" if already else ""))
         if posted_ref is None:
             ObjectStore(settings).delete(marker_key(job_id, provider))
         outgoing = resolve_review_events(row, operator, reason, posted_ref, provider, settings, runtime.recorded_by)
-        producer = kafka.transactional_producer(settings, f"{settings.app_name}.operator.{job_id}")
-        transact(producer, lambda: runtime.produce(producer, outgoing), name="operator.review")
+        try:
+            transact(producer, lambda: runtime.produce(producer, outgoing), name="operator.review")
+        except Fenced:
+            raise NotReplayable(f"job {job_id}: {winner(runtime, job_id, ('JobReplayed',), seen, settings.caught_up_timeout_s)}") from None
     finally:
         runtime.close()
     if posted_ref is None:
@@ -204,15 +277,21 @@ def cancel_job(settings: Settings, job_id: str, operator: str, reason: str) -> s
     """
     runtime = Runtime(settings, "operator")
     try:
-        row = runtime.job_row(job_id)  # after the projection caught up with the job's partition
+        producer = kafka.transactional_producer(settings, operator_transactional_id(settings, job_id))  # first: fences
+        row = runtime.job_row(job_id)  # then the caught-up read (module docstring)
         if row is None:
             raise NoSuchJob(f"no job {job_id} in the projections (not submitted, or intake not caught up)")
+        seen = applied_count(runtime, job_id, ("JobCancelled",))
+        delay_point("operator.after_read")
         outgoing = cancel_events(row, operator, reason, settings, runtime.recorded_by)
         if not outgoing:
-            raise NotCancellable(f"job {job_id} is {row['state']}: it has ended and cannot be cancelled")
-        producer = kafka.transactional_producer(settings, f"{settings.app_name}.operator.{job_id}")
+            already = done_by(read.timeline(runtime.db, job_id), ("JobCancelled",)) if row["state"] == "cancelled" else None
+            raise NotCancellable(f"job {job_id} was already cancelled {already}" if already else
+                                 f"job {job_id} is {row['state']}: it has ended and cannot be cancelled")
         try:
             transact(producer, lambda: runtime.produce(producer, outgoing), name="operator.cancel")
+        except Fenced:
+            raise NotCancellable(f"job {job_id}: {winner(runtime, job_id, ('JobCancelled',), seen, settings.caught_up_timeout_s)}") from None
         finally:
             producer.flush(5)
     finally:

@@ -167,8 +167,15 @@ def transact(producer: Producer, produce: Callable[[], None], *, consumer: Consu
     producer.begin_transaction()
     try:
         # Step 2
-        produce()
-        producer.flush(timeout_s)  # the records reach the broker inside the open transaction
+        try:
+            produce()
+            producer.flush(timeout_s)  # the records reach the broker inside the open transaction
+        except SystemError as exc:
+            # confluent-kafka: a fatal error (a fenced producer) raised while a delivery callback ran
+            # comes out as SystemError with the KafkaException as its cause.
+            if isinstance(exc.__cause__, KafkaException):
+                raise exc.__cause__ from exc
+            raise
         crash_point(f"{name}.after_produce")
         # Step 3
         if offsets:

@@ -1,0 +1,153 @@
+"""Operator actions take effect exactly once (issue 26 item 7), against real Kafka and PostgreSQL
+and real concurrent processes: two `tapeline dlq replay` of one dead letter, a `tapeline cancel` and
+the dashboard's cancel form of one job, and two `tapeline review resolve --not-posted` of one job,
+each pair at the same moment, produce one event and one effect; the other process is told who did it.
+
+"At the same moment" is made certain, not left to luck: every process pauses 3 s between its read of
+the job and its commit (`TAPELINE_DELAY_POINTS=operator.after_read:3`), and the second starts 1 s
+after the first, so both have read the job as still dead-lettered (or queued, or in review) before
+either commits. Before the fix both committed: two `JobReplayed`, two attempts dispatched.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from processors.runtime import Runtime, transact
+from tapeline import kafka
+from tapeline.wiring import build_app
+from tests.conftest import settings_env, wait_for
+from tests.integration.test_read_api import event_types, job_row, lifecycles
+
+pytestmark = pytest.mark.integration
+TOKEN = "race-admin-token"
+PAUSE = {"TAPELINE_DELAY_POINTS": "operator.after_read:3"}
+
+
+@pytest.fixture(scope="module")
+def world(isolated, tmp_path_factory):
+    """The projector running and the hand-made jobs of test_read_api projected; yields (settings, jobs)."""
+    log_path = tmp_path_factory.mktemp("races") / "projector.log"
+    with open(log_path, "ab") as log:
+        projector = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "projector"],
+                                     env=settings_env(isolated), stdout=log, stderr=log, start_new_session=True)
+    try:
+        jobs, events = lifecycles()
+        runtime = Runtime(isolated, "test")
+        producer = kafka.transactional_producer(isolated, f"{isolated.app_name}.test-seed")
+        transact(producer, lambda: runtime.produce(producer, [(isolated.jobs_topic, e) for e in events]))
+        runtime.close()
+        wait_for(lambda: all(job_row(isolated, j.job_id) for j in jobs.values())
+                 and job_row(isolated, jobs["review"].job_id)["state"] == "needs_review", 60, "the seeded jobs")
+        yield isolated, jobs
+    finally:
+        os.killpg(projector.pid, signal.SIGTERM)
+        projector.wait(30)
+        print(log_path.read_text()[-3000:])
+
+
+def cli(settings, *args: str) -> subprocess.Popen:
+    """A `tapeline` CLI process with the module's settings and the pause between read and commit."""
+    return subprocess.Popen([sys.executable, "-m", "tapeline.cli", *args], env={**settings_env(settings), **PAUSE},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(process: subprocess.Popen) -> tuple[int, str]:
+    out, _ = process.communicate(timeout=120)
+    return process.returncode, out
+
+
+def settled(settings, job_id: str) -> list[str]:
+    """The job's event types once nothing new has been projected for 2 s."""
+    last: list[str] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = event_types(settings, job_id)
+        if now == last:
+            return now
+        last = now
+        time.sleep(2)
+    return last
+
+
+def test_two_replays_of_one_dead_letter_at_once_replay_it_once(world):
+    settings, jobs = world
+    job_id = jobs["dead"].job_id
+    first = cli(settings, "dlq", "replay", f"{job_id}/1", "--why", "S3 is back", "--operator", "alice")
+    time.sleep(1.0)
+    second = cli(settings, "dlq", "replay", f"{job_id}/1", "--why", "S3 is back", "--operator", "bob")
+    answers = [finish(first), finish(second)]
+    print(answers)
+    assert all(code == 0 for code, _ in answers), answers
+    replayed = [out for _, out in answers if "replayed, transcode attempt 2 queued" in out]
+    skipped = [out for _, out in answers if "skipped, already" in out]
+    assert len(replayed) == 1 and len(skipped) == 1, answers
+    assert "already done by " in skipped[0] or "already replayed by " in skipped[0], skipped
+    assert ("by alice at" in skipped[0]) != ("by bob at" in skipped[0]), skipped  # names the one who did it
+    types = settled(settings, job_id)
+    assert types.count("JobReplayed") == 1, types
+    assert types.count("StageQueued") == 2, types  # attempt 1's and the replay's attempt 2
+    assert job_row(settings, job_id)["attempt"] == 2
+
+
+def test_a_cancel_from_the_cli_and_from_the_dashboard_at_once_cancel_once(world):
+    settings, jobs = world
+    job_id = jobs["waiting"].job_id
+    app = build_app(settings.model_copy(update={"admin_token": SecretStr(TOKEN)}))
+    from_cli = cli(settings, "cancel", job_id, "--why", "wrong file", "--operator", "carol")
+    time.sleep(1.0)
+    answer: dict = {}
+
+    def from_dashboard():
+        os.environ["TAPELINE_DELAY_POINTS"] = PAUSE["TAPELINE_DELAY_POINTS"]  # this process's action pauses too
+        try:
+            with TestClient(app, base_url="http://localhost") as client:
+                answer["response"] = client.post(f"/ui/jobs/{job_id}/cancel", follow_redirects=False,
+                                                  data={"token": TOKEN, "operator": "dave", "why": "duplicate"})
+        finally:
+            os.environ.pop("TAPELINE_DELAY_POINTS", None)
+
+    thread = threading.Thread(target=from_dashboard)
+    thread.start()
+    code, out = finish(from_cli)
+    thread.join(120)
+    response = answer["response"]
+    print(code, out, response.status_code, response.headers.get("location"))
+    assert response.status_code == 303
+    cli_won = code == 0 and "cancelled (transcode attempt 1, was queued)" in out
+    dashboard_won = "msg=cancel" in response.headers["location"]
+    assert cli_won != dashboard_won, (code, out, response.headers["location"])
+    if cli_won:
+        assert "already" in response.headers["location"] and "carol" in response.headers["location"]
+    else:
+        assert code == 1 and "already" in out and "dave" in out, out
+    types = settled(settings, job_id)
+    assert types.count("JobCancelled") == 1, types
+    assert job_row(settings, job_id)["state"] == "cancelled"
+
+
+def test_two_review_resolutions_at_once_resolve_it_once(world):
+    settings, jobs = world
+    job_id = jobs["review"].job_id
+    first = cli(settings, "review", "resolve", job_id, "--not-posted", "--why", "checked", "--operator", "erin")
+    time.sleep(1.0)
+    second = cli(settings, "review", "resolve", job_id, "--not-posted", "--why", "checked", "--operator", "frank")
+    answers = [finish(first), finish(second)]
+    print(answers)
+    won = [out for code, out in answers if code == 0 and "publish attempt 2 queued" in out]
+    lost = [out for code, out in answers if code != 0]
+    assert len(won) == 1 and len(lost) == 1, answers
+    assert "already done by " in lost[0] or "resolved by " in lost[0], lost
+    types = settled(settings, job_id)
+    assert types.count("JobReplayed") == 1, types
+    row = job_row(settings, job_id)
+    assert (row["stage"], row["attempt"], row["state"]) == ("publish", 2, "queued")
