@@ -12,7 +12,6 @@ either commits. Before the fix both committed: two `JobReplayed`, two attempts d
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -22,11 +21,9 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from processors.runtime import Runtime, transact
-from tapeline import kafka
 from tapeline.wiring import build_app
-from tests.conftest import settings_env, wait_for
-from tests.integration.test_read_api import event_types, job_row, lifecycles
+from tests.conftest import settings_env
+from tests.integration.test_read_api import event_types, job_row, projected_lifecycles
 
 pytestmark = pytest.mark.integration
 TOKEN = "race-admin-token"
@@ -36,23 +33,8 @@ PAUSE = {"TAPELINE_DELAY_POINTS": "operator.after_read:3"}
 @pytest.fixture(scope="module")
 def world(isolated, tmp_path_factory):
     """The projector running and the hand-made jobs of test_read_api projected; yields (settings, jobs)."""
-    log_path = tmp_path_factory.mktemp("races") / "projector.log"
-    with open(log_path, "ab") as log:
-        projector = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "projector"],
-                                     env=settings_env(isolated), stdout=log, stderr=log, start_new_session=True)
-    try:
-        jobs, events = lifecycles()
-        runtime = Runtime(isolated, "test")
-        producer = kafka.transactional_producer(isolated, f"{isolated.app_name}.test-seed")
-        transact(producer, lambda: runtime.produce(producer, [(isolated.jobs_topic, e) for e in events]))
-        runtime.close()
-        wait_for(lambda: all(job_row(isolated, j.job_id) for j in jobs.values())
-                 and job_row(isolated, jobs["review"].job_id)["state"] == "needs_review", 60, "the seeded jobs")
+    with projected_lifecycles(isolated, tmp_path_factory.mktemp("races")) as jobs:
         yield isolated, jobs
-    finally:
-        os.killpg(projector.pid, signal.SIGTERM)
-        projector.wait(30)
-        print(log_path.read_text()[-3000:])
 
 
 def cli(settings, *args: str) -> subprocess.Popen:

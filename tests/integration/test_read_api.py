@@ -14,6 +14,7 @@ to Kafka, and the projector's rows show what they did.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
+from typing import Iterator
 
 import httpx
 import psycopg
@@ -109,26 +111,34 @@ def event_types(settings, job_id):
                                            "ORDER BY partition, \"offset\"", (job_id,))]
 
 
-@pytest.fixture(scope="module")
-def world(isolated, tmp_path_factory):
-    """The projector running and the four jobs projected; yields (settings, jobs)."""
-    log_path = tmp_path_factory.mktemp("api") / "projector.log"
+@contextlib.contextmanager
+def projected_lifecycles(settings, log_dir) -> Iterator[dict[str, Job]]:
+    """The real projector running on `settings` and the jobs of `lifecycles()` committed and
+    projected; yields the jobs. The projector's log goes to `log_dir` and its tail is printed."""
+    log_path = log_dir / "projector.log"
     with open(log_path, "ab") as log:
         projector = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "projector"],
-                                     env=settings_env(isolated), stdout=log, stderr=log, start_new_session=True)
+                                     env=settings_env(settings), stdout=log, stderr=log, start_new_session=True)
     try:
         jobs, events = lifecycles()
-        runtime = Runtime(isolated, "test")
-        producer = kafka.transactional_producer(isolated, f"{isolated.app_name}.test-seed")
-        transact(producer, lambda: runtime.produce(producer, [(isolated.jobs_topic, e) for e in events]))
+        runtime = Runtime(settings, "test")
+        producer = kafka.transactional_producer(settings, f"{settings.app_name}.test-seed")
+        transact(producer, lambda: runtime.produce(producer, [(settings.jobs_topic, e) for e in events]))
         runtime.close()
-        wait_for(lambda: all(job_row(isolated, j.job_id) for j in jobs.values())
-                 and job_row(isolated, jobs["review"].job_id)["state"] == "needs_review", 60, "the seeded jobs")
-        yield isolated, jobs
+        wait_for(lambda: all(job_row(settings, j.job_id) for j in jobs.values())
+                 and job_row(settings, jobs["review"].job_id)["state"] == "needs_review", 60, "the seeded jobs")
+        yield jobs
     finally:
         os.killpg(projector.pid, signal.SIGTERM)
         projector.wait(30)
         print(log_path.read_text()[-3000:])
+
+
+@pytest.fixture(scope="module")
+def world(isolated, tmp_path_factory):
+    """The projector running and the four jobs projected; yields (settings, jobs)."""
+    with projected_lifecycles(isolated, tmp_path_factory.mktemp("api")) as jobs:
+        yield isolated, jobs
 
 
 @pytest.fixture(scope="module")
