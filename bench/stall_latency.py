@@ -110,6 +110,11 @@ def running_with_progress(settings: Settings, job_id: str):
     return rows[0] if rows and rows[0]["state"] == "running" and (rows[0]["progress_frames"] or 0) > 100 else None
 
 
+def completed(settings: Settings, job_id: str) -> bool:
+    """Whether the projection shows `job_id` completed."""
+    return bool(query(settings, "SELECT 1 FROM job_state WHERE job_id = %s AND state = 'completed'", job_id))
+
+
 def event_time(settings: Settings, job_id: str, event_type: str, **match) -> float | None:
     """Broker time (epoch s) of the job's first `event_type` whose fields equal `match`, or None.
 
@@ -168,7 +173,10 @@ def main() -> int:
                                        "host_restart": [], "hang_detect": []}
     plan = ["worker"] * args.runs + ["host"] * args.host_runs + ["hang"] * args.hang_runs
     try:
-        for run, fault in enumerate(plan, 1):
+        run, redone = 0, 0
+        while run < len(plan):
+            fault = plan[run]
+            run += 1
             submission = upload(settings, video)
             publish(settings, submission.event)
             job = submission.job_id
@@ -176,7 +184,16 @@ def main() -> int:
             pid = int(row["worker"].rsplit(":", 1)[1])
             time.sleep(random.uniform(0, settings.heartbeat_s))  # a random point between two heartbeats
             if fault == "hang":
-                ffmpeg = wait(lambda: children_named(pid, "ffmpeg"), 10, "the worker's ffmpeg")[0]
+                ffmpeg = wait(lambda: children_named(pid, "ffmpeg") or completed(settings, job), 30,
+                              "the worker's ffmpeg")
+                if ffmpeg is True:  # the transcode ended between two ffmpeg runs we polled: again
+                    redone += 1
+                    if redone > 3:
+                        raise SystemExit("the transcode ended before its ffmpeg was seen, four times")
+                    print(f"run {run} (hang): the job completed before its ffmpeg was seen; again")
+                    run -= 1
+                    continue
+                ffmpeg = ffmpeg[0]
                 os.kill(ffmpeg, signal.SIGSTOP)
                 t0 = time.time()
                 t_stall = wait(lambda: event_time(settings, job, "StallDetected", kind="no_progress"), 60, "no_progress")
@@ -199,8 +216,7 @@ def main() -> int:
                 figures[f"{fault}_restart"].append(t_next - t0)
                 print(f"run {run} ({fault} kill): StallDetected({kind}) {t_stall - t0:.2f} s, next attempt started "
                       f"{t_next - t0:.2f} s after kill -9 (lease {args.lease:g} s)")
-            wait(lambda: query(settings, "SELECT 1 FROM job_state WHERE job_id = %s AND state = 'completed'", job),
-                 180, "the job to complete")
+            wait(lambda: completed(settings, job), 180, "the job to complete")
     finally:
         for process in processes + hosts:
             if process.poll() is None:

@@ -127,12 +127,16 @@ def partition_count(client: Consumer | Producer, topic: str, timeout_s: float = 
 
 
 def is_fenced(exc: KafkaException) -> bool:
-    """Whether a Kafka error means a newer producer with our transactional.id took over."""
+    """Whether a Kafka error means a newer producer with our transactional.id took over.
+
+    Besides the fenced codes and any error flagged fatal: `produce()` on a producer that has just
+    been fenced raises `_FATAL` ("Unable to produce message: Local: Fatal error") whose `fatal()` is
+    False (librdkafka reports the fatal error itself through the error callback, not on this one)."""
     error = exc.args[0] if exc.args else None
     if not isinstance(error, KafkaError):
         return False
-    return error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
-                            KafkaError.INVALID_PRODUCER_EPOCH) or error.fatal()
+    return error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+                            KafkaError._FATAL) or error.fatal()
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
