@@ -49,7 +49,13 @@ log = structlog.get_logger("tapeline.worker")
 
 
 def should_skip(row: dict[str, Any] | None, item: ev.WorkItem) -> str | None:
-    """Why a work item must not be claimed, or None when it may. Pure."""
+    """Why a work item must not be claimed, or None when it may. Pure.
+
+    An item of the job's current attempt may be claimed only while the projection shows that attempt
+    `queued` (its `StageQueued` applied, nobody's `AttemptStarted` yet). Once claimed it is `running`
+    with a claim token, and once it ended (failed and `retry_scheduled`, stalled, yielded) it is never
+    claimed again, whatever produced the duplicate item (a re-drive, a replay raced by another, a
+    producer retry): the next try is always a new attempt with its own `StageQueued` (issue 26 item 7)."""
     if row is None:
         return "unknown job"
     if row["state"] in TERMINAL_STATES:
@@ -60,6 +66,8 @@ def should_skip(row: dict[str, Any] | None, item: ev.WorkItem) -> str | None:
         return f"stale work item: job is at {row['stage']} attempt {row['attempt']}"
     if wanted == current and row["state"] == "running" and row.get("claim_token"):
         return "attempt already claimed"
+    if wanted == current and row["state"] != "queued":
+        return f"attempt already ended (job is {row['state']} after {row['stage']} attempt {row['attempt']})"
     return None
 
 

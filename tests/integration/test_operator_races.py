@@ -2,6 +2,8 @@
 and real concurrent processes: two `tapeline dlq replay` of one dead letter, a `tapeline cancel` and
 the dashboard's cancel form of one job, and two `tapeline review resolve --not-posted` of one job,
 each pair at the same moment, produce one event and one effect; the other process is told who did it.
+And a real transcode worker never runs a duplicate work item of an attempt already claimed, ended or
+superseded.
 
 "At the same moment" is made certain, not left to luck: every process pauses 3 s between its read of
 the job and its commit (`TAPELINE_DELAY_POINTS=operator.after_read:3`), and the second starts 1 s
@@ -11,19 +13,26 @@ either commits. Before the fix both committed: two `JobReplayed`, two attempts d
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
+from domain import events as ev
+from processors.runtime import Runtime, transact
+from tapeline import kafka
+from tapeline.clock import system_clock
 from tapeline.wiring import build_app
-from tests.conftest import settings_env
-from tests.integration.test_read_api import event_types, job_row, projected_lifecycles
+from tests.conftest import settings_env, wait_for
+from tests.integration.test_read_api import LADDER, Job, event_types, job_row, projected_lifecycles
 
 pytestmark = pytest.mark.integration
 TOKEN = "race-admin-token"
@@ -133,3 +142,57 @@ def test_two_review_resolutions_at_once_resolve_it_once(world):
     assert types.count("JobReplayed") == 1, types
     row = job_row(settings, job_id)
     assert (row["stage"], row["attempt"], row["state"]) == ("publish", 2, "queued")
+
+
+def test_a_duplicate_work_item_of_a_claimed_ended_or_superseded_attempt_never_runs(world, tmp_path):
+    """A real transcode worker is handed attempt-1 work items of three jobs: one whose attempt 1 is
+    running under another claim, one whose attempt 1 failed with its retry scheduled an hour out (the
+    case of the issue: a duplicate dispatched by a raced replay ran ffmpeg after its attempt had
+    ended), and one already at attempt 2. It claims none of them, says why, and records nothing."""
+    settings, _ = world
+    claimed, ended, superseded = Job("standard"), Job("standard"), Job("standard")
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    events = []
+    for job in (claimed, ended, superseded):
+        events += [job.accepted(), job.queued("transcode", 1), job.started("transcode", 1, "a1")]
+    events += [
+        ended.event(ev.AttemptFailed, "transcode", 1, "a1", error_class="storage_transient", retryable=True,
+                    reason="S3 answered 503"),
+        ended.event(ev.RetryScheduled, "transcode", 1, "a1", next_attempt=2, not_before=later,
+                    error_class="storage_transient"),
+        superseded.queued("transcode", 2),
+    ]
+    runtime = Runtime(settings, "test")
+    producer = kafka.transactional_producer(settings, f"{settings.app_name}.test-duplicates")
+    transact(producer, lambda: runtime.produce(producer, [(settings.jobs_topic, e) for e in events]))
+    wait_for(lambda: (job_row(settings, ended.job_id) or {}).get("state") == "retry_scheduled"
+             and (job_row(settings, superseded.job_id) or {}).get("attempt") == 2, 60, "the three jobs projected")
+    items = [ev.WorkItem.new(system_clock.stamp(), job_id=job.job_id, stage="transcode", attempt=1,
+                             recorded_by="test@duplicate", correlation_id=job.upload_id, tier="standard",
+                             source_key="uploads/none/source.mp4", inputs=[], renditions=LADDER)
+             for job in (claimed, ended, superseded)]
+    transact(producer, lambda: runtime.produce(producer, [(settings.work_topic("transcode", "standard"), item)
+                                                          for item in items]))
+    runtime.close()
+    log_path = tmp_path / "transcode.log"
+    with open(log_path, "ab") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "transcode"],
+                                  env=settings_env(settings), stdout=log, stderr=log, start_new_session=True)
+    try:
+        def skipped() -> dict[str, str]:
+            lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+            return {line["job_id"]: line["reason"] for line in lines if line.get("event") == "work item skipped"}
+
+        reasons = wait_for(lambda: len(skipped()) == 3 and skipped(), 90, "the worker to skip all three items")
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(30)
+        print(log_path.read_text()[-3000:])
+    assert reasons == {
+        claimed.job_id: "attempt already claimed",
+        ended.job_id: "attempt already ended (job is retry_scheduled after transcode attempt 1)",
+        superseded.job_id: "stale work item: job is at transcode attempt 2",
+    }
+    for job in (claimed, ended, superseded):
+        assert settled(settings, job.job_id).count("AttemptStarted") == 1  # only the seeded one
+    assert "attempt claimed" not in log_path.read_text()

@@ -61,6 +61,10 @@ def test_should_skip_rules():
         == "attempt already claimed"
     assert should_skip({"state": "queued", "stage": "transcode", "attempt": 1, "claim_token": None}, item()) is None
     assert should_skip({"state": "queued", "stage": "publish", "attempt": 1}, item("publish")) is None
+    # An attempt that ended (failed, its retry scheduled) is never claimed again by a duplicate item.
+    ended = {"state": "retry_scheduled", "stage": "transcode", "attempt": 1, "claim_token": "t"}
+    assert should_skip(ended, item()) == "attempt already ended (job is retry_scheduled after transcode attempt 1)"
+    assert should_skip(ended, item(attempt=2)) is None  # the retry's own attempt: the projection is behind
 
 
 def test_retry_decision_by_class_and_budget():
