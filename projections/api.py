@@ -313,8 +313,8 @@ class ApiMetrics:
     def collect(self):
         jobs = GaugeMetricFamily("tapeline_jobs", "Jobs by state and current stage (projection)",
                                  labels=["state", "stage"])
-        stalls = GaugeMetricFamily("tapeline_stalls", "Stalled attempts, handoffs, missing work and jobs in "
-                                   "needs_review, by kind (projection)", labels=["kind"])
+        stalls = GaugeMetricFamily("tapeline_stalls", "Stalled attempts, handoffs, missing work, waiting "
+                                   "retries and jobs in needs_review, by kind (projection)", labels=["kind"])
         letters = GaugeMetricFamily("tapeline_dead_letters_pending", "Dead letters not yet replayed (projection)")
         try:
             with self._pool_getter().connection(timeout=5.0) as conn:
@@ -323,7 +323,8 @@ class ApiMetrics:
                 kinds: dict[str, int] = {}
                 for stall in read.stalls(conn):
                     kinds[stall["kind"]] = kinds.get(stall["kind"], 0) + 1
-                for kind in ("lease_expired", "no_progress", "worker_exited", "handoff", "expected_work_missing", "needs_review"):
+                for kind in ("lease_expired", "no_progress", "worker_exited", "handoff", "expected_work_missing", "waiting",
+                             "needs_review"):
                     stalls.add_metric([kind], kinds.get(kind, 0))
                 letters.add_metric([], read.dead_letter_counts(conn)["pending"])
                 lag = None
@@ -497,8 +498,9 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
 
     @app.get("/api/stalled", tags=["operations"], responses=answers(503))
     def get_stalled(conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
-        """Stalled attempts (lease_expired, no_progress), stalled handoffs, expected work missing and
-        jobs in needs_review, each with `kind` and `since_s` (seconds; log clock, wall clock for reviews)."""
+        """Stalled attempts (lease_expired, no_progress, worker_exited), stalled handoffs, expected work
+        missing, retries and hand-overs still waiting (`waiting`) and jobs in needs_review, each with
+        `kind` and `since_s` (seconds; log clock, wall clock for reviews)."""
         return read.stalls(conn)
 
     @app.get("/api/dead-letters", tags=["operations"], responses=READS)

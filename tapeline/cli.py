@@ -353,8 +353,9 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
 
 @app.command()
 def stalled(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
-    """Attempts, handoffs and uploads that stopped moving, with kind, job, stage, attempt and for how long
-    (seconds on the log clock)."""
+    """Attempts, handoffs and uploads that stopped moving, retries still waiting for their backoff or a
+    worker, and jobs waiting for review, with kind, job, stage, attempt and for how long (seconds on the
+    log clock)."""
     from tapeline import read
 
     try:
@@ -368,10 +369,11 @@ def stalled(as_json: bool = typer.Option(False, "--json", help="Print JSON")) ->
     if not rows:
         out.print("nothing is stalled")
         return
-    table = Table("kind", "job", "stage", "attempt", "worker", "last progress (UTC)", "frames", "for (s)")
+    table = Table("kind", "job", "stage", "attempt", "worker", "last progress (UTC)", "frames", "for (s)", "why")
     for r in rows:
         table.add_row(r["kind"], r["job_id"], r["stage"], str(r["attempt"]), r["worker"] or "-",
-                      (r["last_progress_at"] or "-")[11:23], str(r["progress_frames"] or "-"), f"{r['since_s']:.1f}")
+                      (r["last_progress_at"] or "-")[11:23], str(r["progress_frames"] or "-"), f"{r['since_s']:.1f}",
+                      r.get("reason") or "-")
     out.print(table)
 
 

@@ -88,12 +88,16 @@ def recent_jobs(conn: psycopg.Connection, limit: int = 20) -> list[dict[str, Any
 
 
 def stalls(conn: psycopg.Connection) -> list[dict[str, Any]]:
-    """Every stalled attempt, stalled handoff, missing job and job waiting in needs_review, as one
-    list with a `kind` each.
+    """Every stalled attempt, stalled handoff, missing job, retry or hand-over still waiting, and job
+    waiting in needs_review, as one list with a `kind` each.
 
     Each entry: kind, job_id, stage, attempt, last_progress_at (broker time, ISO), since_s (log clock),
     redrives (a handoff: times the watchdog re-sent its work item, since_s counting from the last;
-    None for the other kinds). A re-driven handoff stays listed until a worker claims it.
+    None for the other kinds), reason (why it waits, where known). A re-driven handoff stays listed
+    until a worker claims it. Kind `waiting` (view `waiting_jobs`): an attempt that stalled or failed
+    stays listed from its `RetryScheduled` until a worker claims the next attempt, with `attempt` the
+    one that will run, `since_s` counted from the retry being scheduled (or the attempt queued) and
+    `due_at` (ISO) the end of its backoff; past the handoff timeout it is a `handoff` instead.
     """
     found = []
     for row in conn.execute(q("stalled_attempts")).fetchall():
@@ -109,6 +113,12 @@ def stalls(conn: psycopg.Connection) -> list[dict[str, Any]]:
         found.append({"kind": "expected_work_missing", "job_id": row["job_id"], "stage": "intake", "attempt": 0,
                       "worker": None, "last_progress_at": _iso(row["uploaded_at"]), "progress_frames": None,
                       "since_s": round(row["since_s"], 3), "redrives": None})
+    for row in conn.execute(q("waiting_jobs")).fetchall():
+        due = row["retry_due_at"] if row["state"] == "retry_scheduled" else None
+        found.append({"kind": "waiting", "job_id": row["job_id"], "stage": row["stage"],
+                      "attempt": row["next_attempt"], "worker": None, "last_progress_at": _iso(row["waiting_since"]),
+                      "progress_frames": None, "since_s": round(row["since_s"] or 0.0, 3), "redrives": None,
+                      "reason": _waiting_reason(row), "due_at": _iso(due)})
     now = datetime.now(timezone.utc)  # waiting for a person: wall-clock age is what matters
     for row in jobs_in_state(conn, "needs_review"):
         since = row["completed_at"] or row["updated_at"]
@@ -117,6 +127,15 @@ def stalls(conn: psycopg.Connection) -> list[dict[str, Any]]:
                       "progress_frames": None, "since_s": round((now - since).total_seconds(), 3),
                       "redrives": None, "reason": row["reason"]})
     return found
+
+
+def _waiting_reason(row: dict[str, Any]) -> str:
+    """One line for a `waiting_jobs` row: what it waits for, and why the previous attempt ended."""
+    if row["state"] == "retry_scheduled":
+        head = f"retry (attempt {row['next_attempt']}) waits for its backoff"
+    else:
+        head = f"attempt {row['next_attempt']} waits for a free worker"
+    return f"{head}; before: {row['reason']}" if row["reason"] else head
 
 
 def _iso(value) -> str | None:

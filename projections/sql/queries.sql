@@ -122,6 +122,10 @@ SELECT * FROM stalled_handoffs ORDER BY since_s DESC;
 -- Stalled handoffs whose timeout has passed since they were queued or last re-driven: the watchdog re-drives these.
 SELECT * FROM stalled_handoffs WHERE redrive_due ORDER BY since_s DESC;
 
+-- name: waiting_jobs
+-- Retries and hand-overs waiting for their backoff or a free worker, longest waiting first.
+SELECT * FROM waiting_jobs ORDER BY since_s DESC;
+
 -- name: expected_work_missing
 -- Uploads that never became jobs.
 SELECT * FROM expected_work_missing ORDER BY since_s DESC;
