@@ -54,6 +54,7 @@ from pydantic import BaseModel, Field, model_validator
 from domain import lifecycle
 from projections.edge import CONTENT_SECURITY_POLICY, Answer, EdgeGuard, FlashSigner, allowed_hosts, script_hashes
 from projections.edge import problem as edge_problem
+from projections.glossary import STALL_KINDS, glossary
 from projections.ports import Intake, OperatorActions
 from tapeline import read
 from projections.provider_status import provider_overview
@@ -323,8 +324,7 @@ class ApiMetrics:
                 kinds: dict[str, int] = {}
                 for stall in read.stalls(conn):
                     kinds[stall["kind"]] = kinds.get(stall["kind"], 0) + 1
-                for kind in ("lease_expired", "no_progress", "worker_exited", "handoff", "expected_work_missing", "waiting",
-                             "needs_review"):
+                for kind in (*STALL_KINDS, "needs_review"):
                     stalls.add_metric([kind], kinds.get(kind, 0))
                 letters.add_metric([], read.dead_letter_counts(conn)["pending"])
                 lag = None
@@ -378,6 +378,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
     app.add_middleware(EdgeGuard, refuse=lambda scope: admin_refusal(scope), body_limit=lambda scope: body_limit(scope))
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(settings))
     templates = Jinja2Templates(directory=str(HERE / "templates"))
+    templates.env.globals["glossary"] = glossary()  # hover explanations (dashboard.js explainTerms)
     flasher = FlashSigner.for_settings(settings)
     app.mount("/static/docs", StaticFiles(directory=str(Path(fastapi_offline.__file__).parent / "static")),
               name="docs-assets")

@@ -51,6 +51,24 @@ function cells(...values) {
 
 function num(v) { return el("td", {class: "num"}, v === null || v === undefined ? "" : String(v)); }
 
+// Every term the dashboard shows gets its one-line explanation on hover: headings, states,
+// outcomes, kinds, flags, event types and error classes (projections/glossary.py, embedded in the page).
+const GLOSSARY = (() => {
+  const node = document.getElementById("glossary");
+  try { return node ? JSON.parse(node.dataset.terms) : {}; } catch (err) { return {}; }
+})();
+
+function explainTerms(root) {
+  for (const node of root.querySelectorAll("th, td.state, td.outcome, td.kind, td.flags, td.event, td.error-class")) {
+    const texts = node.textContent.split(",").map(t => t.trim()).filter(t => GLOSSARY[t])
+      .map(t => t + ": " + GLOSSARY[t]);
+    if (texts.length) {
+      node.title = texts.join("\n");
+      node.classList.add("term");
+    }
+  }
+}
+
 function stamp() {
   const where = document.getElementById("refreshed");
   if (where) where.textContent = "refreshed " + new Date().toISOString().slice(11, 19) + " UTC";
@@ -132,8 +150,10 @@ const pages = {
       Object.entries(counts).map(([state, n]) => [stage, state, n]));
     fillRows(document.querySelector("#by-stage tbody"), stageRows,
              ([stage, state, n]) => el("tr", {}, ...cells(stage, state), num(n)), "no jobs", 3);
+    const waiting = doc.stalls.waiting || 0;
     document.getElementById("stalled-count").textContent =
-      String(Object.values(doc.stalls).reduce((a, b) => a + b, 0));
+      String(Object.values(doc.stalls).reduce((a, b) => a + b, 0) - waiting);
+    document.getElementById("waiting-count").textContent = String(waiting);
     document.getElementById("dead-pending").textContent = String(doc.dead_letters.pending);
     const lag = doc.projection_lag;
     document.getElementById("lag").textContent = lag.error ? "unknown" : lag.events + " events, " + lag.seconds + " s";
@@ -157,8 +177,9 @@ const pages = {
   async "dead-letters"() {
     const rows = await getJSON("/api/dead-letters");
     fillRows(document.querySelector("#dead-letters tbody"), rows, d => el("tr", {"data-id": d.id, "data-kind": d.kind},
-      el("td", {class: "id"}, d.id), el("td", {}, d.kind), el("td", {}, d.job_id ? jobLink(d.job_id) : ""),
-      ...cells(d.stage || "", d.error_class || "", d.attempts || "", (d.broker_ts || "").slice(0, 19)),
+      el("td", {class: "id"}, d.id), el("td", {class: "kind"}, d.kind), el("td", {}, d.job_id ? jobLink(d.job_id) : ""),
+      el("td", {}, d.stage || ""), el("td", {class: "error-class"}, d.error_class || ""),
+      ...cells(d.attempts || "", (d.broker_ts || "").slice(0, 19)),
       el("td", {class: "error"}, d.error || ""),
       el("td", {class: "replayed"}, d.replayed_at ? "by " + d.replayed_by + ": " + (d.replay_reason || "") : "no")),
       "no dead letters", 9);
@@ -182,12 +203,14 @@ const pages = {
     if (job.master_url && !master.firstChild) master.append(el("a", {href: job.master_url}, job.master_url));
     fillRows(document.querySelector("#attempts tbody"), detail.attempts, a => el("tr", {"data-outcome": a.outcome},
       ...cells(a.stage, a.attempt, a.worker || ""), el("td", {class: "outcome " + a.outcome}, a.outcome),
-      ...cells(a.error_class || "", (a.started_at || "").slice(11, 23)), num(a.duration_s), num(a.wasted_s),
+      el("td", {class: "error-class"}, a.error_class || ""), ...cells((a.started_at || "").slice(11, 23)),
+      num(a.duration_s), num(a.wasted_s),
       num(a.heartbeats)), "no attempts yet", 9);
     const detailKeys = ["operator", "reason", "error_class", "kind", "detail", "frames_done", "out_time_s", "worker",
                         "master_url", "dead_letter_id"];
     fillRows(document.querySelector("#timeline tbody"), events, e => el("tr", {"data-event": e.event_type},
-      ...cells(e.broker_ts.slice(11, 23), e.event_type, e.stage, e.attempt, e.flags.join(",")),
+      ...cells(e.broker_ts.slice(11, 23)), el("td", {class: "event"}, e.event_type), ...cells(e.stage, e.attempt),
+      el("td", {class: "flags"}, e.flags.join(",")),
       el("td", {class: "detail"}, detailKeys.filter(k => e.payload[k] !== null && e.payload[k] !== undefined
         && e.payload[k] !== "").map(k => k + "=" + e.payload[k] + " ").join(""))), "no events", 6);
     progressChart(document.getElementById("progress-chart"), document.getElementById("progress-legend"), progress);
@@ -197,6 +220,7 @@ const pages = {
 async function refresh(page) {
   try {
     await pages[page]();
+    explainTerms(document);
     stamp();
     document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
   } catch (err) {
@@ -206,6 +230,7 @@ async function refresh(page) {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  explainTerms(document);
   const page = document.body.dataset.page;
   if (!pages[page]) return;
   refresh(page);

@@ -28,6 +28,7 @@ import pytest
 import uvicorn
 from pydantic import SecretStr
 
+from projections.glossary import explain
 from tapeline.wiring import build_app as create_app
 from tapeline.samples import sample_video
 from tests.conftest import Pipeline, wait_for
@@ -134,6 +135,12 @@ def test_the_dashboard_shows_each_job_where_it_belongs_and_replays_the_dead_lett
     expect(page.locator("#progress-legend .series-key")).to_have_count(2)
     assert "attempt 1 (stalled" in page.locator('#progress-legend .series-key[data-attempt="1"]').inner_text()
     assert "attempt 2 (succeeded" in page.locator('#progress-legend .series-key[data-attempt="2"]').inner_text()
+    # Every term has its one-line explanation on hover (projections/glossary.py, docs/operating.md).
+    expect(page.locator("#attempts th", has_text="wasted (s)")).to_have_attribute(
+        "title", "wasted (s): " + explain("wasted (s)"))
+    expect(page.locator("#attempts td.outcome.stalled")).to_have_attribute("title", "stalled: " + explain("stalled"))
+    expect(page.locator('#timeline tr[data-event="StallDetected"] td.event')).to_have_attribute(
+        "title", "StallDetected: " + explain("StallDetected"))
     job_png = tmp / "job-stalled-and-retried.png"
     page.screenshot(path=str(job_png), full_page=True)
 

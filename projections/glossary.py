@@ -1,0 +1,190 @@
+"""One-line explanations of every term the dashboard shows: its column headings, job states, stall
+kinds, attempt outcomes, timeline flags, event types, error classes and the platform's own words
+(log clock, fenced, superseded, ladder, yield, ...).
+
+The dashboard puts them on hover (`title`, from the page's embedded glossary: `dashboard.js`
+`explainTerms`), and `docs/operating.md` carries the same table between its glossary markers
+(`python -m projections.glossary` prints it; `tests/unit/test_glossary.py` checks that the doc, the
+templates and this module agree). Job states take their meaning from `schemas/lifecycle.json` (the
+lifecycle's own text), nothing here restates them.
+"""
+
+from __future__ import annotations
+
+from domain.lifecycle_data import LIFECYCLE
+
+STALL_KINDS: dict[str, str] = {
+    "lease_expired": "the worker stopped heartbeating: no claim or heartbeat arrived within its lease (a dead or "
+                     "frozen process, or a partitioned host)",
+    "no_progress": "ffmpeg stopped advancing while its worker was alive: heartbeats arrived but frames and media "
+                   "time stood still past the no-progress timeout",
+    "worker_exited": "the worker process exited (a crash, kill -9, OOM) and its supervisor or its restarted "
+                     "successor rescued the attempt at once, without waiting for the lease",
+    "handoff": "no worker picked the work up: a stage was queued and nobody claimed it within the handoff "
+               "timeout (the watchdog re-sends its work item)",
+    "expected_work_missing": "an upload that never became a job within the intake timeout",
+    "waiting": "a retry waiting for its backoff, or a retry, hand-over or replay queued for a free worker; listed "
+               "until a worker claims it",
+}
+"""What each kind in `tapeline stalled`, /api/stalled and the Stalled page means (`needs_review` is a state)."""
+
+OUTCOMES: dict[str, str] = {
+    "running": "the attempt holds its lease and is working",
+    "succeeded": "the attempt finished its stage",
+    "failed": "the attempt ended with an error (its error class says which)",
+    "stalled": "the watchdog or a rescuer declared the attempt stalled; a retry follows if the budget allows",
+    "yielded": "the worker handed the attempt over on a graceful shutdown (SIGTERM); this does not use up an "
+               "attempt",
+    "superseded": "a newer claim replaced this one; its late writes are kept as evidence and change nothing",
+    "cancelled": "an operator cancelled the job while this attempt ran",
+    "needs_review": "the attempt stopped at a publish that could not be proven safe; a person decides",
+}
+"""Attempt outcomes of the job page's attempts table (view `attempts`)."""
+
+FLAGS: dict[str, str] = {
+    "superseded": "written under a claim that is no longer current (a fenced zombie, a late worker): kept as "
+                  "evidence, never applied",
+    "duplicate": "a second copy of an event already applied (same dedup key): kept as evidence, applied once",
+    "evidence": "recorded but changes no state (for example an event after the job ended)",
+}
+"""Timeline flags of an event that was not applied as a state change."""
+
+EVENTS: dict[str, str] = {
+    "UploadCompleted": "a source finished uploading to object storage (size and sha256 verified)",
+    "JobAccepted": "intake probed the source and accepted the job, with its profile and ladder",
+    "JobRejected": "intake refused the upload (invalid or unsupported media, limits, the submitter's quota)",
+    "ResultReused": "the outputs of an earlier job with the same source and profile were reused; no transcode",
+    "StageQueued": "a stage attempt was queued for a worker",
+    "WorkItem": "the unit of work a worker claims from a work topic",
+    "AttemptStarted": "a worker claimed the attempt: a new claim token and lease",
+    "Heartbeat": "the worker renewed its lease and reported progress (frames, media seconds, speed)",
+    "CheckpointRecorded": "a finished segment was stored and verified; a retry resumes after it",
+    "AttemptSucceeded": "the attempt finished its stage and named its exact outputs",
+    "AttemptFailed": "the attempt ended with an error of a class that says whether it is retried",
+    "AttemptYielded": "the worker handed the attempt over on a graceful shutdown; the next attempt starts at once",
+    "StallDetected": "the attempt or handoff stopped moving (its kind says how)",
+    "RetryScheduled": "the next attempt will start after the backoff",
+    "PublishIntended": "publish recorded its intent before calling the provider",
+    "PublishDeferred": "the provider was not called (quota, circuit breaker, slots); retried later at no "
+                       "attempt's cost",
+    "Published": "the provider confirmed the post (its reference is kept)",
+    "ProviderBreakerChanged": "a provider's circuit breaker opened, half-opened or closed",
+    "JobCompleted": "the job is published and done",
+    "JobFailed": "a permanent error: retrying would fail the same way",
+    "JobDeadLettered": "out of attempts (or not safe to retry): an operator may replay it",
+    "NeedsReview": "a publish could not be proven safe; a person checks the provider and resolves it",
+    "JobCancelled": "an operator cancelled the job",
+    "JobReplayed": "an operator reopened a dead-lettered or reviewed job with a fresh attempt budget",
+    "DeadLetter": "a record that could not be processed, kept raw with its source position and reason",
+    "WatchdogTick": "the watchdog's tick: it moves the log clock of every partition",
+}
+"""Event types, as the timeline names them."""
+
+ERROR_CLASS_HELP: dict[str, str] = {
+    "invalid_input": "the source is not valid media or breaks a rule of the request; permanent",
+    "unsupported_media": "the media is valid but Tapeline cannot process it, or a check fails the same way "
+                         "every time; permanent",
+    "limits_exceeded": "the source is past a size, duration or resolution limit; permanent",
+    "quota_exceeded": "the submitter's own quota was used up at intake; rejected",
+    "provider_throttled": "the publish provider answered 429 or 5xx; retried after its cooldown",
+    "storage_transient": "the object store failed for a while; retried with backoff",
+    "broker_transient": "Kafka failed for a while; retried with backoff",
+    "timeout": "the work ran past its time limit; retried with backoff",
+    "out_of_memory": "the work ran out of memory; retried with backoff",
+    "worker_lost": "the attempt stalled (see the stall kind); retried at once",
+    "unknown": "an error not classified; retried with backoff",
+}
+"""Error classes (the table with `retryable` and the terminal event is `domain/policy/retry.py`)."""
+
+TERMS: dict[str, str] = {
+    # column headings and labels
+    "job": "the job id (uuid5 of the upload id, so a re-sent upload is the same job); as a dead-letter kind: "
+           "a job out of attempts",
+    "record": "dead-letter kind: a record a processor could not decode, kept raw with its source position",
+    "projection": "dead-letter kind: a record the projector could not decode or apply",
+    "state": "where the job is in its lifecycle (hover a state for its meaning)",
+    "stage": "the pipeline step: intake, transcode or publish",
+    "attempt": "the try of the stage, counted from 1; retries and hand-overs start a new attempt",
+    "stage / attempt": "the current stage and how many attempts the job has started",
+    "attempts": "how many attempts the job used before this dead letter",
+    "done": "share of the job done: stages before the current one plus the current stage's progress; only a "
+            "completed job shows 100 %",
+    "%": "share of the job done (see done)",
+    "priority": "the tier: archive before standard before index (with aging so none starves)",
+    "source": "the uploaded media the job transcodes",
+    "reason": "why the job or attempt is where it is, in the writer's words",
+    "error class": "what kind of error ended the attempt; decides whether and when it is retried",
+    "master playlist": "the published HLS master playlist (every rendition) a player opens",
+    "updated (UTC)": "broker time of the job's latest event",
+    "worker": "the process that holds (or held) the claim: role@host:pid",
+    "outcome": "how the attempt ended (hover an outcome for its meaning)",
+    "started (UTC)": "broker time the attempt was claimed",
+    "ran (s)": "seconds from the claim to the attempt's end, on broker time",
+    "wasted (s)": "seconds of an attempt that did not finish its stage (0 for one that succeeded)",
+    "heartbeats": "lease renewals the attempt wrote, each with progress",
+    "rendition": "one output quality of the ladder (for example 720p), or the audio track",
+    "segment": "index of a checkpointed media segment (about 4 s each)",
+    "object": "the object-store key the checkpoint wrote",
+    "media start (s)": "where the segment starts in the source, seconds",
+    "broker time (UTC)": "the time Kafka stamped on the event when it was appended (LogAppendTime); one "
+                         "clock for every machine",
+    "event": "the lifecycle fact the event records (hover an event type for its meaning)",
+    "flags": "why an event changed no state: superseded, duplicate or evidence",
+    "detail": "the event's main fields",
+    "kind": "what stopped moving, or what kind of dead letter (hover a kind for its meaning)",
+    "last progress (UTC)": "broker time the attempt's counters last moved (a handoff: when it was queued; "
+                           "waiting: when the wait began)",
+    "for (s)": "seconds since then, on the log clock (wall clock for reviews)",
+    "id": "the dead letter's id (tapeline dlq show ID)",
+    "when (UTC)": "broker time the dead letter was written",
+    "error": "the error that dead-lettered the job or record",
+    "replayed": "whether an operator replayed it, by whom and why",
+    "jobs": "how many jobs",
+    "stalled": "stopped moving: an attempt whose lease ran out, whose progress froze or whose worker exited "
+               "(a retry follows if the budget allows); on the overview, how many attempts, handoffs and uploads "
+               "stopped moving and jobs wait for review",
+    "dead letters pending": "dead letters no operator has replayed yet",
+    "projection lag": "events in the log the PostgreSQL projections have not applied yet, and how old the "
+                      "oldest is",
+    # the platform's own words
+    "log clock": "the broker time of the newest event in a partition of the lifecycle log; leases and stalls "
+                 "are judged on it, never on a machine's clock",
+    "lease": "how long a claim stays valid without a heartbeat; an attempt whose lease ran out is stalled",
+    "claim token": "the fencing token of one claim; events under an older token change nothing",
+    "fenced": "shut out for good: a newer claim's producer made the broker refuse the older one's writes",
+    "ladder": "the set of renditions a job produces (1080p down to 240p, only rungs the source can fill)",
+    "yield": "a graceful hand-over on shutdown: the attempt stops at a segment boundary and the next starts "
+             "at once, without using up an attempt",
+    "checkpoint": "a finished, verified segment; a retry resumes after the last one",
+    "dead letter": "a job out of attempts, or a record that could not be processed, kept for an operator",
+    "replay": "reopen a dead-lettered or reviewed job with a fresh attempt budget",
+    "heartbeat": "a worker's lease renewal with progress counters",
+}
+"""Column headings, labels and the platform's own words."""
+
+
+def glossary() -> dict[str, str]:
+    """Every term the dashboard explains -> its one-line explanation (states from the lifecycle file).
+
+    Later groups never override earlier ones: a heading that is also a state keeps its heading text.
+    """
+    merged: dict[str, str] = {}
+    for group in (TERMS, dict(LIFECYCLE.state_help), STALL_KINDS, OUTCOMES, FLAGS, EVENTS, ERROR_CLASS_HELP):
+        for term, text in group.items():
+            merged.setdefault(term, text)
+    return merged
+
+
+def explain(term: str) -> str:
+    """The one-line explanation of `term`, or "" when it has none."""
+    return glossary().get(term, "")
+
+
+def markdown() -> str:
+    """The glossary as the Markdown table `docs/operating.md` carries: `| term | meaning |`, by term."""
+    rows = [f"| `{term}` | {text} |" for term, text in sorted(glossary().items(), key=lambda kv: kv[0].lower())]
+    return "\n".join(["| term | meaning |", "|---|---|", *rows])
+
+
+if __name__ == "__main__":
+    print(markdown())
