@@ -208,6 +208,9 @@ class JobDetail(BaseModel):
     attempts: list[dict[str, Any]]
     stage_durations: list[dict[str, Any]]
     checkpoints: list[dict[str, Any]]
+    source: dict[str, Any] | None = Field(None, description="The source: upload (filename, size, sha256), the "
+                                          "probe summary per stream, and other jobs of the same sha256 "
+                                          "(`tapeline.read.job_source`)")
 
 
 class Problem(BaseModel):
@@ -473,7 +476,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
         row = job_or_404(conn, job_id)
         return JobDetail(job=job_json(row), attempts=read.attempt_history(conn, job_id),
                          stage_durations=[_plain(r) for r in read.stage_durations(conn, job_id)],
-                         checkpoints=read.checkpoints(conn, job_id))
+                         checkpoints=read.checkpoints(conn, job_id), source=read.job_source(conn, job_id))
 
     @app.get("/api/jobs/{job_id}/timeline", tags=["jobs"], responses=ONE)
     def get_timeline(job_id: str, conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
@@ -710,7 +713,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
             return page(request, "not_found.html", 404, what=f"no job {job_id!r} in the projections")
         return page(request, "job.html", job=job_json(row), attempts=read.attempt_history(conn, job_id),
                     events=[_event_json(r) for r in read.timeline(conn, job_id)],
-                    checkpoints=read.checkpoints(conn, job_id))
+                    checkpoints=read.checkpoints(conn, job_id), source=read.job_source(conn, job_id))
 
     @app.get("/stalled", response_class=HTMLResponse, include_in_schema=False)
     def stalled_page(request: Request, conn: psycopg.Connection = Depends(db)) -> HTMLResponse:

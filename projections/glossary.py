@@ -146,6 +146,15 @@ TERMS: dict[str, str] = {
     "dead letters pending": "dead letters no operator has replayed yet",
     "projection lag": "events in the log the PostgreSQL projections have not applied yet, and how old the "
                       "oldest is",
+    "filename": "the name the submitter gave the upload",
+    "size": "the source's size in bytes, as stored and verified",
+    "sha256": "the checksum of the source bytes; jobs with the same sha256 are the same file",
+    "uploaded (UTC)": "broker time the upload was recorded",
+    "container": "the source's container format as ffprobe named it, and its overall bit rate",
+    "video": "the source's video stream: codec, coded size, frame rate, frames and its own duration",
+    "audio": "the source's audio stream: codec and its own duration (it may differ from the video's)",
+    "handling": "what the transcode does about what is unusual in the source",
+    "created (UTC)": "broker time the job was accepted",
     # the platform's own words
     "log clock": "the broker time of the newest event in a partition of the lifecycle log; leases and stalls "
                  "are judged on it, never on a machine's clock",

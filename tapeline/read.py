@@ -83,6 +83,38 @@ def timeline(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
     return conn.execute(q("job_timeline"), {"job_id": job_id}).fetchall()
 
 
+def job_source(conn: psycopg.Connection, job_id: str, same_limit: int = 20) -> dict[str, Any] | None:
+    """What the job was made from, for the job page and `/api/jobs/{id}` (None for an unknown job).
+
+    Shape: filename, size_bytes, sha256 (the upload's, else the job row's), uploaded_at (ISO broker
+    time), and from intake's probe (`JobAccepted.media`; None before intake ran): container, video_codec,
+    audio_codec, width and height (px, coded), display (`WxH`, after rotation), rotation (deg), fps,
+    frames, video_duration_s and audio_duration_s (each stream's own, s), bit_rate_bps, handling (what
+    the transcode does about what is unusual); same_source: up to `same_limit` other jobs of the same
+    sha256, newest first (job_id, state, stage, attempts, error_class, reason, created_at, completed_at).
+    """
+    row = conn.execute(q("job_source"), {"job_id": job_id}).fetchone()
+    if row is None:
+        return None
+    sha256 = row["upload_sha256"] or row["source_sha256"]
+    media = row["media"] or {}
+    source: dict[str, Any] = {
+        "filename": row["filename"], "size_bytes": row["upload_size_bytes"] or row["source_size_bytes"],
+        "sha256": sha256, "uploaded_at": _iso(row["uploaded_at"]),
+        "container": media.get("format_name"), "video_codec": media.get("video_codec"),
+        "audio_codec": media.get("audio_codec"), "width": media.get("width"), "height": media.get("height"),
+        "display": f"{media['display_width']}x{media['display_height']}" if media.get("display_width") else None,
+        "rotation": media.get("rotation"), "fps": media.get("fps"), "frames": media.get("frames"),
+        "video_duration_s": media.get("duration_s"), "audio_duration_s": media.get("audio_duration_s"),
+        "bit_rate_bps": media.get("bit_rate_bps"), "handling": media.get("handling"),
+    }
+    same = conn.execute(q("jobs_with_source"), {"sha256": sha256, "job_id": job_id, "limit": same_limit}).fetchall() \
+        if sha256 else []
+    source["same_source"] = [{**r, "created_at": _iso(r["created_at"]), "completed_at": _iso(r["completed_at"])}
+                             for r in same]
+    return source
+
+
 def recent_jobs(conn: psycopg.Connection, limit: int = 20) -> list[dict[str, Any]]:
     return conn.execute(q("recent_jobs"), {"limit": limit}).fetchall()
 

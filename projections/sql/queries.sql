@@ -101,6 +101,28 @@ SELECT topic, partition, "offset", broker_ts, event_id, event_type, stage, attem
        recorded_by, causation_id, dedup_key, applied, superseded, duplicate, payload
 FROM lifecycle_evidence WHERE job_id = %(job_id)s ORDER BY broker_ts, partition, "offset";
 
+-- name: job_source
+-- A job's source: the upload (filename, size, sha256, upload time) and what intake's probe found (JobAccepted's media).
+SELECT j.job_id, j.upload_id, j.source_key, j.source_sha256, j.source_size_bytes,
+       u.filename, u.size_bytes AS upload_size_bytes, u.sha256 AS upload_sha256, u.broker_ts AS uploaded_at,
+       a.payload->'media' AS media
+FROM job_state j
+LEFT JOIN uploads u ON u.upload_id = j.upload_id
+LEFT JOIN LATERAL (
+    SELECT e.payload FROM lifecycle_evidence e
+    WHERE e.job_id = j.job_id AND e.event_type = 'JobAccepted'
+    ORDER BY e.applied DESC, e.broker_ts LIMIT 1
+) a ON true
+WHERE j.job_id = %(job_id)s;
+
+-- name: jobs_with_source
+-- Other jobs of the same source bytes (sha256), newest first, with how each ended (index job_state_reuse).
+SELECT job_id, state, stage, attempts, error_class, reason, created_at, completed_at
+FROM job_state
+WHERE source_sha256 = %(sha256)s AND job_id <> %(job_id)s
+ORDER BY created_at DESC
+LIMIT %(limit)s;
+
 -- name: count_events_of_type
 -- How many committed events of one type a job has (evidence, duplicates included).
 SELECT count(*) AS n FROM lifecycle_evidence WHERE job_id = %(job_id)s AND event_type = %(event_type)s;

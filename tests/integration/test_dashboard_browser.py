@@ -144,6 +144,13 @@ def test_the_dashboard_shows_each_job_where_it_belongs_and_replays_the_dead_lett
     job_png = tmp / "job-stalled-and-retried.png"
     page.screenshot(path=str(job_png), full_page=True)
 
+    # The done job's source (the real clip, as intake probed it) links the dead job: the same bytes.
+    page.goto(f"{server}/jobs/{jobs['done']}")
+    expect(page.locator("#source-filename")).to_have_text("carphone_pristine.mp4")
+    expect(page.locator("#source-video")).to_contain_text("h264 176x144")
+    expect(page.locator("#source-sha256")).to_have_text(re.compile(r"^[0-9a-f]{64}$"))
+    expect(page.locator(f'#same-source tr[data-job-id="{jobs["dead"]}"] td.state')).to_have_text("dead_lettered")
+
     # Nothing is stalled any more (the stall was retried); the completed clip has no stall.
     page.goto(f"{server}/stalled")
     expect(page.locator("#stalls tbody tr.empty")).to_have_text("nothing is stalled")

@@ -209,6 +209,16 @@ def test_one_job_with_attempts_checkpoints_timeline_and_progress(client, world):
             for c in detail["checkpoints"]] == [("720p", 0, "work/x/0.ts", 4.0)]
     assert [(s["stage"], s["attempts"]) for s in detail["stage_durations"]] == [("transcode", 1), ("publish", 1)]
     assert client.get(f"/api/jobs/{job_id}/checkpoints").json() == detail["checkpoints"]
+    # The source as intake probed it, and the other jobs of the same bytes (every seeded job has sha256 0...0).
+    source = detail["source"]
+    assert (source["sha256"], source["size_bytes"], source["filename"]) == ("0" * 64, 1, None)  # no upload seeded
+    assert (source["container"], source["video_codec"], source["width"], source["height"], source["display"],
+            source["fps"], source["video_duration_s"], source["audio_codec"]) == \
+        ("mov", "h264", 1280, 720, "1280x720", 25.0, 5.28, None)
+    others = {o["job_id"]: o["state"] for o in source["same_source"]}
+    assert job_id not in others
+    assert {jobs[n].job_id for n in ("dead", "waiting", "review")} <= set(others)
+    assert others[jobs["dead"].job_id] in ("dead_lettered", "queued", "running", "completed")
 
     timeline = client.get(f"/api/jobs/{job_id}/timeline").json()
     assert [e["event_type"] for e in timeline] == [
