@@ -289,6 +289,8 @@ class Watchdog:
         if settings.storage_limit_bytes is not None:  # storage guard: shorter retention while over the limit
             self.gauge = self.gauge or StorageGauge(settings, store)
             self.storage_pressure = self.gauge.over_limit()
+            self.health.storage_bytes.set(self.gauge.bytes())  # cached: the measurement over_limit just made
+            self.health.storage_limit_bytes.set(settings.storage_limit_bytes)
             settings = retention_under_pressure(settings, self.storage_pressure)
         prefix = SWEPT_PREFIXES[self.sweep_prefix]
         starting_pass = self.sweep_prefix == 0 and self.sweep_token is None

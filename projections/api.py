@@ -299,8 +299,9 @@ class ApiMetrics:
     when scraped (jobs by state and stage, stalls by kind, dead letters pending) and the projection lag
     (`LagCache`, so a scrape reuses a recent measurement)."""
 
-    def __init__(self, pool_getter, lag: "LagCache | None" = None) -> None:
+    def __init__(self, pool_getter, lag: "LagCache | None" = None, providers=None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._providers = providers  # conn -> provider_overview rows (the breaker gauge), or None
         self.requests = Counter("tapeline_api_requests", "HTTP requests served", ["route", "method", "status"],
                                 registry=self.registry)
         self.latency = Histogram("tapeline_api_request_duration_seconds", "HTTP request duration, seconds",
@@ -320,6 +321,8 @@ class ApiMetrics:
         stalls = GaugeMetricFamily("tapeline_stalls", "Stalled attempts, handoffs, missing work, waiting "
                                    "retries and jobs in needs_review, by kind (projection)", labels=["kind"])
         letters = GaugeMetricFamily("tapeline_dead_letters_pending", "Dead letters not yet replayed (projection)")
+        breakers = GaugeMetricFamily("tapeline_provider_breaker_open", "1 while a publish provider's circuit breaker "
+                                     "is open or half-open, 0 when closed (projection)", labels=["provider", "state"])
         try:
             with self._pool_getter().connection(timeout=5.0) as conn:
                 for row in read.jobs_by_state_and_stage(conn):
@@ -330,6 +333,9 @@ class ApiMetrics:
                 for kind in (*STALL_KINDS, "needs_review"):
                     stalls.add_metric([kind], kinds.get(kind, 0))
                 letters.add_metric([], read.dead_letter_counts(conn)["pending"])
+                for provider in (self._providers(conn) if self._providers is not None else []):
+                    breakers.add_metric([provider["provider"], provider["state"]],
+                                        0.0 if provider["state"] == "closed" else 1.0)
                 lag = None
                 try:
                     lag = self._lag.get(conn) if self._lag is not None else None
@@ -341,6 +347,7 @@ class ApiMetrics:
         yield jobs
         yield stalls
         yield letters
+        yield breakers
         if lag is not None:
             yield GaugeMetricFamily("tapeline_api_projection_lag_events", "Committed events the projection has not "
                                     "applied, all partitions (measured by the API)", value=lag["events"])
@@ -387,7 +394,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
               name="docs-assets")
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     lag = LagCache(settings, settings.lag_cache_s)
-    metrics = ApiMetrics(lambda: state["pool"], lag)
+    metrics = ApiMetrics(lambda: state["pool"], lag, providers=lambda conn: provider_overview(conn, settings))
     app.state.settings, app.state.metrics = settings, metrics
     if intake is not None:
         app.include_router(intake.router)  # POST /uploads: writes as the login role

@@ -2,7 +2,9 @@
 # Idempotent setup of a fresh Debian 12 machine (as root) for Tapeline's local stack and tests:
 #   - Debian packages: ffmpeg, postgresql, Java 17 + Maven (Kafka's jars), python3-venv, chromium
 #     (the dashboard's browser test drives it headless with Playwright; no browser download),
-#     docker-compose (validates docker-compose.yml offline; no Docker engine is used);
+#     docker-compose (validates docker-compose.yml offline; no Docker engine is used), prometheus
+#     (for promtool, which checks and tests the alerting rules; on a machine with systemd the package
+#     also enables a Prometheus service on :9090, which Tapeline does not use);
 #     apt runs only if one of them is missing.
 #   - .venv with `pip install -e '.[test]'`, skipped while pyproject.toml is unchanged
 #     (stamp: .venv/.tapeline-pyproject.sha256).
@@ -25,6 +27,7 @@ command -v mvn >/dev/null || missing+=(maven)
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v docker-compose >/dev/null || missing+=(docker-compose)
+command -v promtool >/dev/null || missing+=(prometheus)  # promtool checks and unit-tests compose/alerts.yml
 
 if ((${#missing[@]})); then
     if [[ $(id -u) -ne 0 ]]; then
@@ -36,7 +39,7 @@ if ((${#missing[@]})); then
     apt-get update
     apt-get install -y --no-install-recommends "${missing[@]}"
 else
-    say "Debian packages present (ffmpeg, postgresql, java, maven, python3-venv, chromium, docker-compose)"
+    say "Debian packages present (ffmpeg, postgresql, java, maven, python3-venv, chromium, docker-compose, prometheus)"
 fi
 
 # --- Python virtualenv ----------------------------------------------------------------------

@@ -110,6 +110,10 @@ class HealthState:
         self.jobs_processed.labels(role=role)
         self.uptime = Gauge("tapeline_uptime_seconds", "Seconds since this process started", registry=self.registry)
         self.uptime.set_function(lambda: time.monotonic() - self._started)
+        self.storage_bytes = Gauge("tapeline_storage_bytes", "Watchdog: the bucket's total bytes at its last "
+                                   "measurement (only while storage_limit_bytes is set)", registry=self.registry)
+        self.storage_limit_bytes = Gauge("tapeline_storage_limit_bytes", "Watchdog: storage_limit_bytes, the "
+                                         "object storage budget (only while set)", registry=self.registry)
         self._projection_lag: dict[str, Any] | None = None
         self._cleanup: dict[str, Any] | None = None
         self.objects_removed = Counter("tapeline_cleanup_objects", "Watchdog cleanup: objects removed and multipart "

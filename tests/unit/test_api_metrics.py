@@ -49,3 +49,14 @@ def test_without_kafka_the_other_gauges_still_answer():
     text = generate_latest(api.ApiMetrics(lambda: FakePool(), FakeLag(None)).registry).decode()
     assert "tapeline_api_projection_lag" not in text
     assert 'tapeline_jobs{stage="transcode",state="running"} 2.0' in text
+
+
+def test_an_open_or_half_open_provider_breaker_is_1_and_a_closed_one_0():
+    providers = [{"provider": "webhook", "state": "open"}, {"provider": "nodedupe", "state": "half_open"},
+                 {"provider": "dedupe", "state": "closed"}]
+    text = generate_latest(api.ApiMetrics(lambda: FakePool(), FakeLag(None), providers=lambda conn: providers)
+                           .registry).decode()
+    assert 'tapeline_provider_breaker_open{provider="webhook",state="open"} 1.0' in text
+    assert 'tapeline_provider_breaker_open{provider="nodedupe",state="half_open"} 1.0' in text
+    assert 'tapeline_provider_breaker_open{provider="dedupe",state="closed"} 0.0' in text
+    assert 'tapeline_stalls{kind="waiting"} 0.0' in text  # every kind is exported, waiting included

@@ -47,7 +47,7 @@ def test_prometheus_scrapes_every_processor_child_and_the_api():
 def test_every_bind_mount_exists_in_the_repository():
     mounts = [(name, volume.split(":")[0]) for name, service in services().items()
               for volume in service.get("volumes", []) if volume.startswith("./")]
-    assert {name for name, _ in mounts} == {"postgres", "prometheus", "grafana"}
+    assert {name for name, _ in mounts} == {"postgres", "prometheus", "grafana", "alertmanager"}
     for name, source in mounts:
         assert (ROOT / source).exists(), f"{name} mounts {source}, which does not exist"
 
