@@ -106,7 +106,8 @@ TERMS: dict[str, str] = {
     "stage": "the pipeline step: intake, transcode or publish",
     "attempt": "the try of the stage, counted from 1; retries and hand-overs start a new attempt",
     "stage / attempt": "the current stage and how many attempts the job has started",
-    "attempts": "how many attempts the job used before this dead letter",
+    "attempts": "how many attempts of the stage the job had started when it was dead-lettered (a replayed job "
+                "keeps counting); in brackets, those counted against the budget it ran out of",
     "done": "share of the job done: stages before the current one plus the current stage's progress; only a "
             "completed job shows 100 %",
     "%": "share of the job done (see done)",

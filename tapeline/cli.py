@@ -463,6 +463,14 @@ def _letter_json(row: dict[str, Any], raw: bool = False) -> dict[str, Any]:
     return data
 
 
+def _letter_attempts(row: dict[str, Any]) -> str:
+    """`6` or `6 (3 budget)`: the attempts a dead-lettered job started, and those its last budget counted."""
+    if not row["attempts"]:
+        return "-"
+    budget = row.get("budget_attempts")
+    return f"{row['attempts']} ({budget} budget)" if budget and budget != row["attempts"] else str(row["attempts"])
+
+
 @dlq_app.command("list")
 def dlq_list(reason: Optional[str] = typer.Option(None, "--reason", help="Only this error class (e.g. worker_lost)"),
              pending: bool = typer.Option(False, "--pending", help="Hide dead letters already replayed"),
@@ -484,7 +492,7 @@ def dlq_list(reason: Optional[str] = typer.Option(None, "--reason", help="Only t
         return
     table = Table("id", "kind", "stage", "class", "attempts", "when (UTC)", "replayed", "error")
     for r in rows:
-        table.add_row(r["id"], r["kind"], r["stage"] or "-", r["error_class"] or "-", str(r["attempts"] or "-"),
+        table.add_row(r["id"], r["kind"], r["stage"] or "-", r["error_class"] or "-", _letter_attempts(r),
                       r["broker_ts"].strftime("%Y-%m-%d %H:%M:%S") if r["broker_ts"] else "-",
                       f"by {r['replayed_by']}" if r["replayed_at"] else "no", escape((r["error"] or "")[:80]))
     out.print(table)

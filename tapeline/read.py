@@ -176,13 +176,27 @@ def _iso(value) -> str | None:
 
 def dead_letters(conn: psycopg.Connection, reason: str | None = None, pending: bool = False,
                  limit: int = 1000) -> list[dict[str, Any]]:
-    """Dead letters, newest first; `reason` filters on the error class, `pending` hides replayed ones."""
-    return conn.execute(q("dead_letters_list"), {"reason": reason, "pending": pending, "limit": limit}).fetchall()
+    """Dead letters, newest first; `reason` filters on the error class, `pending` hides replayed ones.
+    `attempts` and `budget_attempts` as `letter_attempts` says."""
+    rows = conn.execute(q("dead_letters_list"), {"reason": reason, "pending": pending, "limit": limit}).fetchall()
+    return [letter_attempts(row) for row in rows]
 
 
 def dead_letter(conn: psycopg.Connection, dead_letter_id: str) -> dict[str, Any] | None:
-    """One dead letter, raw bytes included, or None."""
-    return conn.execute(q("dead_letter_by_id"), {"id": dead_letter_id}).fetchone()
+    """One dead letter, raw bytes included, or None; `attempts` as `letter_attempts` says."""
+    row = conn.execute(q("dead_letter_by_id"), {"id": dead_letter_id}).fetchone()
+    return letter_attempts(row) if row is not None else None
+
+
+def letter_attempts(row: dict[str, Any]) -> dict[str, Any]:
+    """A dead-letter row with `attempts` = the stage's attempts the job had started when it was
+    dead-lettered (its attempt number: a replayed job keeps counting, so a job replayed and out of
+    attempts again shows 6, not 3) and `budget_attempts` = those of the budget it ran out of (the
+    `JobDeadLettered.attempts` the writer recorded). A record's dead letter has neither. Pure."""
+    recorded = row.get("attempts")
+    attempt = row.get("attempt")
+    total = max(recorded, attempt) if recorded is not None and attempt is not None else recorded
+    return {**row, "attempts": total, "budget_attempts": recorded}
 
 
 def jobs_in_state(conn: psycopg.Connection, state: str, limit: int = 1000) -> list[dict[str, Any]]:
