@@ -285,7 +285,8 @@ def database_now(conn: psycopg.Connection) -> datetime:
 def progress_series(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
     """Progress over time per attempt, for the job page's chart: one entry per (stage, attempt, claim
     token) that sent heartbeats, in log order, with `started_at` (broker time of its claim, ISO),
-    `outcome` (view `attempts`) and `points` [{at: ISO broker time, t_s: seconds since the claim,
+    `outcome` and `heartbeats` (applied ones: the attempts table's number; view `attempts`) and
+    `points` (every heartbeat, late superseded ones flagged) [{at: ISO broker time, t_s: seconds since the claim,
     frames_done, frames_total, out_time_s: media seconds encoded, speed: x realtime, superseded}]."""
     claims = {(a["stage"], a["attempt"], a["claim_token"]): a for a in attempts(conn, job_id)}
     series: dict[tuple, dict[str, Any]] = {}
@@ -295,7 +296,8 @@ def progress_series(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any
         if key not in series:
             series[key] = {"stage": hb["stage"], "attempt": hb["attempt"],
                            "started_at": _iso(claim["started_at"]) if claim else None,
-                           "outcome": claim["outcome"] if claim else None, "points": []}
+                           "outcome": claim["outcome"] if claim else None,
+                           "heartbeats": claim["heartbeats"] if claim else 0, "points": []}
         origin = claim["started_at"] if claim else None
         series[key]["points"].append({
             "at": _iso(hb["broker_ts"]),

@@ -122,9 +122,17 @@ function progressChart(target, legend, doc) {
                                   class: "series", "data-attempt": s.attempt});
     line.append(svg("title", {}, "attempt " + s.attempt + ": " + (s.outcome || "?")));
     nodes.push(line);
+    // A dot per heartbeat, so an attempt with a single heartbeat is drawn too.
+    for (const p of s.points.filter(p => p.t_s !== null)) {
+      nodes.push(svg("circle", {cx: x(p.t_s).toFixed(1), cy: y(p.out_time_s || 0).toFixed(1), r: 2.5, fill: color,
+                                class: "point" + (p.superseded ? " superseded" : ""), "data-attempt": s.attempt}));
+    }
+    // The attempts table's count (applied heartbeats); a fenced zombie's late ones are named apart.
+    const late = s.points.filter(p => p.superseded).length;
     keys.push(el("span", {class: "series-key", "data-attempt": String(s.attempt)},
                  el("span", {class: "swatch", style: "background:" + color}),
-                 "attempt " + s.attempt + " (" + (s.outcome || "?") + ", " + s.points.length + " heartbeats)"));
+                 "attempt " + s.attempt + " (" + (s.outcome || "?") + ", " + s.heartbeats + " heartbeats" +
+                 (late ? ", " + late + " late (superseded)" : "") + ")"));
   });
   if (!series.length) nodes.push(svg("text", {x: left + 10, y: H / 2, class: "tick"}, "no heartbeats yet"));
   target.replaceChildren(...nodes);
@@ -136,7 +144,7 @@ function progressChart(target, legend, doc) {
 function jobRow(j, withPriority) {
   const tds = [el("td", {}, jobLink(j.job_id)), el("td", {class: "state " + j.state}, j.state), el("td", {}, j.stage)];
   if (withPriority) tds.push(el("td", {}, j.priority || ""));
-  tds.push(el("td", {}, String(j.attempts)), num(j.percent), el("td", {}, (j.updated_at || "").slice(0, 19)),
+  tds.push(el("td", {}, String(j.attempts)), num(Number(j.percent).toFixed(1)), el("td", {}, (j.updated_at || "").slice(0, 19)),
            el("td", {}, j.reason || ""));
   return el("tr", {"data-job-id": j.job_id, "data-state": j.state}, ...tds);
 }
@@ -198,7 +206,7 @@ const pages = {
     state.textContent = job.state;
     state.className = "state " + job.state;
     document.getElementById("job-stage").textContent = job.stage + " / " + job.attempts;
-    document.getElementById("job-percent").textContent = job.percent + " %";
+    document.getElementById("job-percent").textContent = Number(job.percent).toFixed(1) + " %";  // as the CLI prints it
     document.getElementById("job-reason").textContent = job.reason || "";
     document.getElementById("job-error-class").textContent = job.error_class || "";
     document.getElementById("job-updated").textContent = (job.updated_at || "").slice(0, 23);

@@ -16,6 +16,7 @@ STALLED's job page (paths printed).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -31,7 +32,7 @@ from pydantic import SecretStr
 from projections.glossary import explain
 from tapeline.wiring import build_app as create_app
 from tapeline.samples import sample_video
-from tests.conftest import Pipeline, wait_for
+from tests.conftest import Pipeline, tapeline_cli, wait_for
 from tests.faults.conftest import FAULT_TIMING, job_row
 from tests.faults.test_worker_faults import submit, wait_state, wait_transcoding
 
@@ -135,6 +136,18 @@ def test_the_dashboard_shows_each_job_where_it_belongs_and_replays_the_dead_lett
     expect(page.locator("#progress-legend .series-key")).to_have_count(2)
     assert "attempt 1 (stalled" in page.locator('#progress-legend .series-key[data-attempt="1"]').inner_text()
     assert "attempt 2 (succeeded" in page.locator('#progress-legend .series-key[data-attempt="2"]').inner_text()
+    # One truth per number: the page says what `tapeline status JOB --json` says, and the chart's
+    # legend counts the heartbeats the attempts table counts.
+    cli = json.loads(tapeline_cli(settings, "status", jobs["stalled"], "--json").stdout)
+    expect(page.locator("#job-percent")).to_have_text(f"{cli['percent']:.1f} %")
+    expect(page.locator("#job-stage")).to_have_text(f"{cli['stage']} / {cli['attempts']}")
+    rows = page.locator("#attempts tbody tr").evaluate_all("rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+    assert [(r[0], r[1], r[3], float(r[7]) if r[7] else None, r[8]) for r in rows] == [
+        (a["stage"], str(a["attempt"]), a["outcome"], a["wasted_s"], str(a["heartbeats"])) for a in cli["attempt_history"]]
+    for row in rows[:2]:  # the two transcode attempts
+        legend = page.locator(f'#progress-legend .series-key[data-attempt="{row[1]}"]').inner_text()
+        assert f", {row[8]} heartbeats" in legend, (legend, row)
+
     # Every term has its one-line explanation on hover (projections/glossary.py, docs/operating.md).
     expect(page.locator("#attempts th", has_text="wasted (s)")).to_have_attribute(
         "title", "wasted (s): " + explain("wasted (s)"))
