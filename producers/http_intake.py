@@ -14,25 +14,12 @@ same `UploadCompleted` as `tapeline submit`, then answers
 A body must keep the pace of `domain/policy/body_rate.py` (`intake_body_*` settings): a client
 that trickles or stops gets 408 `body_too_slow` and its slot is released.
 
-Admission (`admission`, pure) runs before a byte is stored, in one PostgreSQL transaction under an
-advisory lock, so concurrent requests are counted exactly:
-
-1. storage guard: the bucket's bytes (`StorageGauge`, one listing per `storage_usage_cache_s`)
-   at or past `storage_limit_bytes` -> 507 `storage_full`;
-2. the tier's load (waiting + running from `tapeline.read.tier_backlog`, plus uploads this
-   intake admitted that the projection does not know yet) at or past
-   `intake_tier_capacity[tier]` -> 503 `overloaded`;
-3. the reserve for higher tiers: the load of every tier together at or past
-   `intake_total_capacity - rank x intake_tier_reserve` (rank: archive 0, standard 1, index 2), so
-   index is refused first and archive last -> 503 `overloaded`;
-4. the submitter's jobs in flight (accepted and not ended, plus admitted uploads not yet decided)
-   at or past `intake_max_in_flight_per_submitter` -> 429 `in_flight_cap`.
-
-`Retry-After` (seconds) is the time the recent completion rate (`intake_throughput_window_s`)
-needs to end the jobs over the limit, clamped to [`intake_retry_after_min_s`,
-`intake_retry_after_max_s`]; with no recent completion it is the maximum. Every refusal is an
-answer given before anything was stored. The daily quota stays with the intake processor
-(`JobRejected(quota_exceeded)`).
+Admission runs before a byte is stored, in one PostgreSQL transaction under an advisory lock, so
+concurrent requests are counted exactly: the pure rules are `domain/policy/admission.py`
+(`admission`: storage guard 507, the tier's capacity and the reserve for higher tiers 503, the
+submitter's jobs in flight 429, each with `Retry-After` from the recent completion rate;
+`check_request`: the parameters, 422 and 413). Every refusal is an answer given before anything was
+stored. The daily quota stays with the intake processor (`JobRejected(quota_exceeded)`).
 
 Idempotency: a request with an `Idempotency-Key` gets upload id `uuid5(IDEMPOTENCY_NAMESPACE,
 submitter + key)`, so its job id is fixed by the key. Admission claims the row
@@ -58,9 +45,7 @@ import asyncio
 import hashlib
 import hmac
 import json
-import math
 import queue
-import re
 import threading
 import time
 import uuid
@@ -83,15 +68,13 @@ from domain.codec import default_codec
 from tapeline import kafka
 from domain.errors import ServiceUnavailable, StorageError
 from tapeline.objectstore import ObjectStore, StorageGauge, normalised_content_type
+from domain.policy.admission import Refusal, admission, body_reuse, check_request, key_reuse, retry_after  # noqa: F401 (retry_after: re-exported)
 from domain.policy.body_rate import BodyRate
-from domain.policy.tiers import TIERS
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.http_intake")
 IDEMPOTENCY_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "tapeline:intake:idempotency-key")
 """Namespace of the upload ids derived from (submitter, Idempotency-Key)."""
-NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
-"""A profile or file name: used with `fullmatch` only."""
 QUEUED_CHUNKS = 16
 """Request-body chunks (about 64 KiB each) held between the HTTP reader and the S3 writer."""
 
@@ -99,22 +82,6 @@ QUEUED_CHUNKS = 16
 def upload_id_for_key(submitter: str, key: str) -> str:
     """The upload id of (submitter, Idempotency-Key): the same pair always names the same upload."""
     return str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{submitter}\x00{key}"))
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """An upload refused before anything was stored: HTTP `status`, `error` class, `reason` for a
-    person, and `retry_after_s` (whole seconds, None when retrying later does not help)."""
-
-    status: int
-    error: str
-    reason: str
-    retry_after_s: int | None = None
-
-    def response(self) -> JSONResponse:
-        headers = {"Retry-After": str(self.retry_after_s)} if self.retry_after_s is not None else {}
-        return JSONResponse({"error": self.error, "reason": self.reason, "retry_after_s": self.retry_after_s},
-                            status_code=self.status, headers=headers)
 
 
 @dataclass
@@ -203,47 +170,9 @@ class ClaimKeeper:
                 log.warning("upload claim lost (it lapsed and its row is gone)", upload_id=claim.upload_id)
 
 
-def retry_after(excess: int, completed_recently: int, window_s: float, settings: Settings) -> int:
-    """Seconds until `excess` jobs end at the recent rate (`completed_recently` per `window_s`),
-    rounded up and clamped to [intake_retry_after_min_s, intake_retry_after_max_s]; the maximum when
-    nothing completed recently. Pure."""
-    low, high = settings.intake_retry_after_min_s, settings.intake_retry_after_max_s
-    estimate = high if completed_recently <= 0 else max(1, excess) * window_s / completed_recently
-    return math.ceil(min(high, max(low, estimate)))
-
-
-def admission(tier: str, backlog: dict[str, TierBacklog], pending: dict[str, int], in_flight: int,
-              storage_bytes: int | None, submitter: str, settings: Settings) -> Refusal | None:
-    """Whether one more upload of `tier` from `submitter` may be stored: None, or the `Refusal`.
-    Pure. `backlog`: `tier_backlog` rows; `pending`: per tier, admitted uploads the projection does
-    not know yet; `in_flight`: the submitter's jobs not ended (pending included); `storage_bytes`:
-    the bucket's measured size (None: not measured). The rules are the module docstring's."""
-    limit = settings.storage_limit_bytes
-    if limit is not None and storage_bytes is not None and storage_bytes >= limit:
-        return Refusal(507, "storage_full", f"object storage holds {storage_bytes} bytes, at or past its limit "
-                                            f"storage_limit_bytes = {limit}; new uploads are refused until cleanup "
-                                            f"frees space")
-    load = {t: backlog[t].backlog + pending.get(t, 0) for t in TIERS}
-    done = {t: backlog[t].completed_recently for t in TIERS}
-    window = backlog[tier].window_s
-    capacity = settings.intake_tier_capacity.get(tier)
-    if capacity is not None and load[tier] >= capacity:
-        wait = retry_after(load[tier] - capacity + 1, done[tier], window, settings)
-        return Refusal(503, "overloaded", f"tier {tier!r} has {load[tier]} jobs waiting or running, at or past its "
-                                          f"capacity {capacity}; retry in {wait} s", wait)
-    total = sum(load.values())
-    ceiling = settings.intake_total_capacity - TIERS.index(tier) * settings.intake_tier_reserve
-    if total >= ceiling:
-        wait = retry_after(total - ceiling + 1, sum(done.values()), window, settings)
-        return Refusal(503, "overloaded", f"{total} jobs waiting or running in every tier, at or past the {ceiling} "
-                                          f"that tier {tier!r} may use (higher tiers keep a reserve); retry in "
-                                          f"{wait} s", wait)
-    cap = settings.intake_max_in_flight_per_submitter
-    if cap is not None and in_flight >= cap:
-        wait = retry_after(in_flight - cap + 1, sum(done.values()), window, settings)
-        return Refusal(429, "in_flight_cap", f"submitter {submitter!r} has {in_flight} jobs in flight, at or past "
-                                             f"its cap {cap}; retry in {wait} s", wait)
-    return None
+def refusal_response(refusal: Refusal) -> JSONResponse:
+    """The HTTP answer of a `Refusal`: its status, its JSON body and its `Retry-After` header."""
+    return JSONResponse(refusal.body(), status_code=refusal.status, headers=refusal.headers())
 
 
 class _QueueReader:
@@ -528,14 +457,13 @@ def intake_router(service: IntakeService) -> APIRouter:
         return JSONResponse(response, status_code=202, headers=headers)
 
     def problem(status: int, error: str, reason: str, retry_after_s: int | None = None) -> JSONResponse:
-        return Refusal(status, error, reason, retry_after_s).response()
+        return refusal_response(Refusal(status, error, reason, retry_after_s))
 
     async def replay(request: Request, row: dict[str, Any], priority: str, profile: str, filename: str) -> Response:
         """A request under a key someone already used: the first's response, or why not."""
-        if (row["priority"], row["profile"], row["filename"]) != (priority, profile, filename):
-            return problem(422, "idempotency_key_reused",
-                           f"Idempotency-Key already used with priority={row['priority']}, profile={row['profile']}, "
-                           f"filename={row['filename']}; a key names one request")
+        reused = key_reuse(row, priority, profile, filename)
+        if reused is not None:
+            return refusal_response(reused)
         try:
             sha, size = await service.hash_body(request)
         except ClientDisconnect:
@@ -554,10 +482,9 @@ def intake_router(service: IntakeService) -> APIRouter:
         if row is None or row["abandoned"]:
             return problem(409, "idempotency_key_failed", "the first request with this Idempotency-Key failed before "
                                                            "it was published; send the upload again", 1)
-        if (row["sha256"], row["size_bytes"]) != (sha, size):
-            return problem(422, "idempotency_key_reused", "Idempotency-Key already used with a different body "
-                                                           f"(sha256 {row['sha256'][:12]}..., {row['size_bytes']} "
-                                                           f"bytes); a key names one upload")
+        reused = body_reuse(row["sha256"], row["size_bytes"], sha, size)
+        if reused is not None:
+            return refusal_response(reused)
         return accepted(row["response"], replayed=True)
 
     @router.post("/uploads", status_code=202, responses={
@@ -585,18 +512,10 @@ def intake_router(service: IntakeService) -> APIRouter:
         priority = _param(request, "priority", "standard")
         profile = _param(request, "profile", "default")
         filename = _param(request, "filename", "source")
-        if priority not in TIERS:
-            return problem(422, "invalid_request", f"unknown priority {priority!r}; choose one of {', '.join(TIERS)}")
-        for name, value in (("profile", profile), ("filename", filename)):
-            if not NAME.fullmatch(value) or value in (".", ".."):  # match + `$` let "a.mp4\n" through
-                return problem(422, "invalid_request", f"{name} {value!r}: 1-128 characters of A-Z a-z 0-9 . _ -")
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > settings.max_upload_bytes:
-            return problem(413, "limits_exceeded", f"{length} bytes exceeds max_upload_bytes = "
-                                                   f"{settings.max_upload_bytes}")
         key = request.headers.get("idempotency-key")
-        if key is not None and not 1 <= len(key) <= 255:
-            return problem(422, "invalid_request", "Idempotency-Key must be 1-255 characters")
+        invalid = check_request(priority, profile, filename, request.headers.get("content-length"), key, settings)
+        if invalid is not None:
+            return refusal_response(invalid)
         if key is not None:
             row = await service.call(service.row_by_key, submitter, key)
             if row is not None and not (row["abandoned"] or row["expired"]):  # `admit` deletes those
@@ -612,7 +531,7 @@ def intake_router(service: IntakeService) -> APIRouter:
         if isinstance(verdict, Refusal):
             log.info("upload refused", submitter=submitter, priority=priority, status=verdict.status,
                      error=verdict.error, retry_after_s=verdict.retry_after_s)
-            return verdict.response()
+            return refusal_response(verdict)
         claim: Claim = verdict
         service.keeper.add(claim)
         try:
@@ -654,12 +573,10 @@ def intake_router(service: IntakeService) -> APIRouter:
             known = await service.call(service.projected_upload, upload_id) if claim.keyed else None
             if known is not None:  # nothing to publish: the job exists; our copy of the body goes
                 await service.call(service.store.delete, object_key)
-                if (known["sha256"], known["size_bytes"]) != (sha, size):
+                reused = body_reuse(known["sha256"], known["size_bytes"], sha, size)
+                if reused is not None:
                     await service.call(service.release, claim)
-                    return problem(422, "idempotency_key_reused", "Idempotency-Key already used with a different "
-                                                                   f"body (sha256 {known['sha256'][:12]}..., "
-                                                                   f"{known['size_bytes']} bytes); a key names one "
-                                                                   "upload")
+                    return refusal_response(reused)
                 response = {"job_id": known["job_id"], "upload_id": upload_id,
                             "status_url": f"/api/jobs/{known['job_id']}"}
                 service.keeper.discard(claim)
