@@ -19,7 +19,8 @@ no recent completion it is the maximum.
 Also pure here: `check_request` (the request's parameters, before anything else) and the
 Idempotency-Key checks of a request under a key already used (`key_reuse`, `body_reuse`).
 
-The I/O side (the counts, the claim, the answers) is `producers/http_intake.py`.
+The I/O side is `producers/intake_service.py` `IntakeService.admit` (the counts, the claim) and
+`producers/http_intake.py` (the answers).
 """
 
 from __future__ import annotations
