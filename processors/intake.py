@@ -1,9 +1,9 @@
 """Intake: `UploadCompleted` -> `JobAccepted` + `StageQueued` + a transcode work item, or `JobRejected`.
 
-The pure core is `decide`; `IntakeProcessor` is the loop: poll -> reconcile -> probe -> one
-transaction with the events and the upload's offset. Duplicates of an upload collapse onto one job
-because the job id is `uuid5(upload_id)` and a job that already exists in the (caught-up)
-projection gets no second decision.
+The pure core is `domain/policy/intake.py` (`decide`, `preflight`); `IntakeProcessor` is the
+loop: poll -> reconcile -> probe -> one transaction with the events and the upload's offset.
+Duplicates of an upload collapse onto one job because the job id is `uuid5(upload_id)` and a job
+that already exists in the (caught-up) projection gets no second decision.
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ from processors.runtime import Outgoing, Runtime, dead_letter_event, dead_letter
 from domain import events as ev
 from domain.codec import Codec
 from tapeline import kafka, logs
-from domain.errors import (DecodeError, InvalidInput, LimitsExceeded, MediaError, QuotaExceeded, SchemaError,
+from domain.errors import (DecodeError, InvalidInput, MediaError, QuotaExceeded, SchemaError,
                              StorageError, TapelineError)
 from tapeline.health import HealthState
 from tapeline.objectstore import ObjectStore, sha256_file
-from domain.policy.tiers import TIERS
+from domain.policy import intake as policy
+from domain.policy.intake import preflight
 from tapeline.settings import Settings
 from tapeline.clock import system_clock
 
@@ -65,53 +66,12 @@ def record_hold_bound_s(settings: Settings) -> float:
 def decide(existing: dict[str, Any] | None, upload: ev.UploadCompleted, probe: ev.SourceMedia | TapelineError,
            settings: Settings, recorded_by: str, profile: reuse.OutputProfile | None = None,
            reusable: reuse.Reusable | None = None) -> list[Outgoing]:
-    """The intake decision for one upload. Pure.
-
-    - the job already exists (a duplicate upload event): nothing;
-    - the probe failed, or the submitter's quota is used up (`probe` is then the `TapelineError`):
-      `JobRejected` with the error's class and message;
-    - a `reusable` result (same source sha256 and profile fingerprint, outputs verified to exist):
-      `JobAccepted` + `ResultReused` + `JobCompleted` pointing at that job's published outputs, with
-      no transcode attempt;
-    - otherwise `JobAccepted` (with the probe, the ladder and preset of `profile`, its fingerprint
-      and whether it is degraded), `StageQueued(transcode)` and the transcode `WorkItem` for attempt 1
-      on the upload's priority tier. `profile` None: the full profile (`reuse.full_profile`).
-    """
-    if existing is not None:
-        return []
-    common = dict(job_id=upload.job_id, recorded_by=recorded_by, correlation_id=upload.upload_id,
-                  causation_id=upload.event_id)
-    jobs = settings.jobs_topic
-    if isinstance(probe, TapelineError):
-        return [(jobs, ev.JobRejected.new(system_clock.stamp(), stage="intake", attempt=0, upload_id=upload.upload_id,
-                                          error_class=probe.error_class, reason=str(probe), **common))]
-    if profile is None:
+    """The intake decision for one upload: `domain/policy/intake.py` `decide` (the rules are its
+    docstring's) with the system clock, and with `profile` None the full profile
+    (`reuse.full_profile` of `media.plan_ladder`)."""
+    if profile is None and existing is None and not isinstance(probe, TapelineError):
         profile = reuse.full_profile(upload.profile, media.plan_ladder(probe, settings.ladder), settings)
-    ladder = list(profile.ladder)
-    work_topic = settings.work_topic("transcode", upload.priority)
-    accepted = ev.JobAccepted.new(system_clock.stamp(), stage="intake", attempt=0, upload_id=upload.upload_id, source_key=upload.object_key,
-                                  source_sha256=upload.sha256, source_size_bytes=upload.size_bytes,
-                                  priority=upload.priority, profile=upload.profile, media=probe, ladder=ladder,
-                                  profile_fingerprint=profile.fingerprint, degraded=profile.degraded,
-                                  degraded_reason=profile.reason, x264_preset=profile.x264_preset, **common)
-    if reusable is not None:
-        duration = reusable.media_duration_s if reusable.media_duration_s is not None else probe.duration_s
-        return [
-            (jobs, accepted),
-            (jobs, ev.ResultReused.new(system_clock.stamp(), stage="intake", attempt=0, reused_job_id=reusable.origin_job_id,
-                                       profile_fingerprint=reusable.fingerprint, master_key=reusable.master_key,
-                                       master_url=reusable.master_url, renditions=reusable.renditions,
-                                       outputs=reusable.outputs, media_duration_s=duration, **common)),
-            (jobs, ev.JobCompleted.new(system_clock.stamp(), stage="intake", attempt=0, master_url=reusable.master_url,
-                                       media_duration_s=duration, **common)),
-        ]
-    return [
-        (jobs, accepted),
-        (jobs, ev.StageQueued.new(system_clock.stamp(), stage="transcode", attempt=1, tier=upload.priority, work_topic=work_topic, **common)),
-        (work_topic, ev.WorkItem.new(system_clock.stamp(), stage="transcode", attempt=1, tier=upload.priority, source_key=upload.object_key,
-                                     inputs=[], renditions=ladder, media_duration_s=probe.duration_s,
-                                     x264_preset=profile.x264_preset, degraded=profile.degraded, **common)),
-    ]
+    return policy.decide(existing, upload, probe, profile, reusable, settings, recorded_by, system_clock.stamp)
 
 
 def choose_profile(runtime: Runtime, store: ObjectStore, upload: ev.UploadCompleted, probe: ev.SourceMedia,
@@ -132,22 +92,6 @@ def choose_profile(runtime: Runtime, store: ObjectStore, upload: ev.UploadComple
     if found is None:
         return profile, None
     return next(c for c in candidates if c.fingerprint == found.fingerprint), found
-
-
-def preflight(upload: ev.UploadCompleted, settings: Settings) -> MediaError | None:
-    """What is wrong with an upload judged by its event alone (before any download), or None. Pure.
-
-    Unknown priority tier or an empty upload -> `InvalidInput`; larger than `max_upload_bytes` ->
-    `LimitsExceeded` naming the limit.
-    """
-    if upload.priority not in TIERS:
-        return InvalidInput(f"unknown priority tier {upload.priority!r}")
-    if upload.size_bytes <= 0:
-        return InvalidInput(f"the upload declares {upload.size_bytes} bytes; a source has at least one")
-    if upload.size_bytes > settings.max_upload_bytes:
-        return LimitsExceeded(f"file size {upload.size_bytes} bytes exceeds the limit "
-                              f"max_upload_bytes = {settings.max_upload_bytes}")
-    return None
 
 
 def inspect_upload(store: ObjectStore, upload: ev.UploadCompleted, settings: Settings) -> ev.SourceMedia | MediaError:

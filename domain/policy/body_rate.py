@@ -14,7 +14,8 @@ cut off, however large its body; a client that trickles or stops loses its reque
 megabit per second, for video rather than httpd's 500 bytes/s, `intake_body_idle_timeout_s` 30 s)
 suit a phone on a poor mobile link.
 
-The I/O side (awaiting the chunks, the 408) is `producers/http_intake.py` `IntakeService.body_chunks`.
+The I/O side (awaiting the chunks) is `producers/intake_body.py` `body_chunks`; the 408 answer is
+`producers/http_intake.py`'s.
 """
 
 from __future__ import annotations

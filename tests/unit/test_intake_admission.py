@@ -1,10 +1,11 @@
-"""The HTTP intake's pure admission rules (producers/http_intake.py) and the storage-pressure
+"""The HTTP intake's pure admission rules (domain/policy/admission.py) and the storage-pressure
 retention of cleanup (issue 9)."""
 
 from __future__ import annotations
 
 from domain.policy.cleanup import retention_under_pressure
-from producers.http_intake import admission, retry_after, upload_id_for_key
+from domain.policy.admission import admission, retry_after
+from producers.http_intake import refusal_response, upload_id_for_key
 from tapeline.read import TierBacklog
 from domain import events as ev
 from tapeline.settings import Settings
@@ -55,7 +56,7 @@ def test_the_submitter_cap_answers_429_and_storage_507_first():
     full = admission("standard", backlog({"standard": 50}), {}, 9, 1000, "alice", SETTINGS)
     assert (full.status, full.error, full.retry_after_s) == (507, "storage_full", None)
     assert admission("standard", backlog({}), {}, 0, 999, "a", SETTINGS) is None
-    response = full.response()
+    response = refusal_response(full)
     assert response.status_code == 507 and "retry-after" not in response.headers
 
 
