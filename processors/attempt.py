@@ -1,0 +1,114 @@
+"""One claimed attempt of a stage: its identity, its fenced transactional producer, heartbeats
+(also from a keep-alive thread while nothing reports progress) and the ownership checks made before
+every side effect. Built by `StageWorker.claim` (processors/worker.py); stages use it through
+`work(attempt)`."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any, Iterator
+
+from domain import events as ev
+from domain.errors import Fenced
+from domain.policy.claim import superseded_reason
+from processors.runtime import AttemptIdentity, Outgoing, Runtime, transact
+from tapeline.postgres import q
+
+
+class Attempt:
+    """One claimed attempt: its identity, its fenced producer and a heartbeat sequence."""
+
+    def __init__(self, runtime: Runtime, identity: AttemptIdentity, producer, item: ev.WorkItem,
+                 uncounted: int = 0) -> None:
+        self.runtime, self.identity, self.producer, self.item = runtime, identity, producer, item
+        # Attempt numbers that do not count against the budget: graceful yields, and every attempt
+        # before the last operator replay (fold.attempts_used).
+        self.uncounted = uncounted
+        self.heartbeats = 0
+        self.last_heartbeat = time.monotonic()
+        self.claimed_at = time.monotonic()  # for the stage duration histogram
+        self._transacting = threading.RLock()  # one transaction at a time on the producer (`keepalive`)
+
+    def send(self, outgoing: list[Outgoing], point: str | None = None) -> None:
+        """Commit `outgoing` in one transaction on the attempt's producer. Raises `Fenced`.
+        `point`: the transaction's crash-point name (default `{stage}.{first event type}`)."""
+        with self._transacting:
+            transact(self.producer, lambda: self.runtime.produce(self.producer, outgoing),
+                     name=point or f"{self.identity.stage}.{outgoing[0][1].event_type if outgoing else 'empty'}")
+
+    @contextlib.contextmanager
+    def keepalive(self, frames_done: int, out_time_s: float, frames_total: int | None,
+                  progress_grace_s: float | None = None) -> Iterator[None]:
+        """Heartbeats from a thread of their own while the caller works with nothing to report
+        heartbeats from: before ffmpeg starts, the source's download and probe; after it ended, the
+        last segments' uploads, the checks of every rendition (ffprobe) and the playlists' uploads.
+        Without them those phases had to fit in one lease: under load the second did not, and a
+        healthy attempt was declared stalled and run again. `progress_grace_s`: seconds the
+        no-progress timeout grows by meanwhile (`Heartbeat.progress_grace_s`; e.g. a large download).
+
+        Every heartbeat reports `frames_done` / `out_time_s` (the encode's final figures), so the
+        no-progress timeout still bounds the phase: a check that hangs is caught by it, as a hung
+        ffmpeg is. The caller may `send` meanwhile (one transaction at a time). A `Fenced` (or any
+        other error) of a heartbeat stops the thread and is raised here when the block ends.
+        """
+        stop, failures = threading.Event(), []
+        interval_s = self.runtime.settings.heartbeat_s / 4
+
+        def beat() -> None:
+            while not stop.wait(interval_s):
+                try:
+                    with self._transacting:
+                        self.heartbeat(frames_done, out_time_s, None, frames_total, progress_grace_s=progress_grace_s)
+                except Exception as exc:  # noqa: BLE001 - raised in the caller's thread below
+                    failures.append(exc)
+                    return
+
+        thread = threading.Thread(target=beat, name=f"keepalive-{self.identity.job_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+        if failures:
+            raise failures[0]
+
+    def event(self, cls: type[ev.Event], **fields: Any) -> ev.Event:
+        return self.identity.event(cls, **fields)
+
+    def heartbeat(self, frames_done: int, out_time_s: float, speed: float | None, frames_total: int | None,
+                  progress_grace_s: float | None = None, point: str | None = None) -> None:
+        """Emit a `Heartbeat` if the heartbeat interval has passed (monotonic clock). `progress_grace_s`:
+        seconds the no-progress timeout is extended by while ffmpeg seeks silently (`Heartbeat`);
+        `point`: the transaction's crash-point name (`send`)."""
+        if time.monotonic() - self.last_heartbeat < self.runtime.settings.heartbeat_s:
+            return
+        self.heartbeats += 1
+        self.last_heartbeat = time.monotonic()
+        self.send([(self.runtime.settings.jobs_topic, self.identity.event(
+            ev.Heartbeat, sequence=self.heartbeats, frames_done=frames_done, frames_total=frames_total,
+            out_time_s=out_time_s, speed=speed, progress_grace_s=progress_grace_s))], point=point)
+        self.check_still_owner()
+
+    def prove_ownership(self) -> None:
+        """Right before an external side effect: a heartbeat in a transaction on the attempt's fenced
+        producer (a newer attempt's `init_transactions` makes it fail with `Fenced`), then the
+        projection check. A paused zombie that wakes up here stops before acting."""
+        self.heartbeats += 1
+        self.last_heartbeat = time.monotonic()
+        self.send([(self.runtime.settings.jobs_topic, self.identity.event(
+            ev.Heartbeat, sequence=self.heartbeats, frames_done=0, frames_total=None, out_time_s=0.0, speed=None))])
+        self.check_still_owner()
+
+    def check_still_owner(self) -> None:
+        """Raise `Fenced` when the projection shows a newer attempt or an ended job (the watchdog
+        declared this attempt stalled, or an operator acted): stop, kill ffmpeg, commit nothing.
+        Reads the projection without waiting for it to catch up: late news is still news."""
+        identity = self.identity
+        row = self.runtime.db.execute(q("job_status"), {"job_id": identity.job_id}).fetchone()
+        reason = superseded_reason(row, identity.stage, identity.attempt, identity.claim_token)
+        if reason is not None:
+            raise Fenced(f"attempt {identity.attempt} no longer owns job {identity.job_id}: {reason}")
+        self.runtime.health.lease_renewed()
