@@ -33,7 +33,7 @@ import psycopg
 import structlog
 
 from domain.policy.cleanup import SWEPT_PREFIXES, CleanupPlan, job_ids_of, plan_cleanup, retention_under_pressure
-from domain.policy.retry import Action, retry_decision, retry_scheduled
+from domain.policy.retry import Action, retry_decision, retry_scheduled, stall_error_class
 from processors.runtime import Outgoing, Runtime, transact
 from domain.lifecycle import attempts_used
 from tapeline.postgres import connect, q
@@ -109,7 +109,8 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
 
     - a stalled attempt (lease_expired | no_progress | worker_exited, the last from `processors/rescue.py`): `StallDetected` then, within the attempt
       budget (yields do not count), `RetryScheduled` + `StageQueued` + `WorkItem` for the next
-      attempt at once (error class worker_lost); out of budget, `JobDeadLettered` on the lifecycle log
+      attempt at once (error class by the stall's kind: `stall_error_class`, worker_lost or
+      progress_stalled); out of budget, `JobDeadLettered` on the lifecycle log
       and the same event on the dead-letter topic;
     - a due retry (`RetryScheduled` whose time has come on the log clock): `StageQueued` + `WorkItem`
       of the next attempt, once (dedup keys);
@@ -131,17 +132,18 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
             stage=stage, attempt=attempt, kind=row["kind"], stalled_attempt=attempt,
             last_progress_at=row["last_progress_at"], since_s=float(row["since_s"] or 0.0), detail=detail, **common)))
         used = attempts_used(job, attempt)
-        decision = retry_decision("worker_lost", used, settings.retry_policy())
+        error_class = stall_error_class(row["kind"])
+        decision = retry_decision(error_class, used, settings.retry_policy())
         if decision.action is Action.RETRY:
             nxt = attempt + 1
             result.outgoing.append((jobs_topic, retry_scheduled(decision.delay_s, system_clock.stamp(), stage=stage, attempt=attempt,
-                                                                next_attempt=nxt, error_class="worker_lost", **common)))
+                                                                next_attempt=nxt, error_class=error_class, **common)))
             if decision.delay_s <= 0:  # a stall is retried at once (docs/design.md)
                 result.outgoing += queue_attempt(job, stage, nxt, common, settings)
             result.count(Verdict.RETRY)
         else:
             dead = ev.JobDeadLettered.new(system_clock.stamp(), 
-                stage=stage, attempt=attempt, error_class="worker_lost",
+                stage=stage, attempt=attempt, error_class=error_class,
                 reason=f"attempt {attempt} stalled ({row['kind']}) and no attempts are left", attempts=used,
                 evidence=f"{jobs_topic} partition {row['log_partition']}", **common)
             result.outgoing += [(jobs_topic, dead), (settings.dlq_topic, dead)]  # the fact + its dead-letter record

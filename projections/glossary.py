@@ -91,7 +91,9 @@ ERROR_CLASS_HELP: dict[str, str] = {
     "broker_transient": "Kafka failed for a while; retried with backoff",
     "timeout": "the work ran past its time limit; retried with backoff",
     "out_of_memory": "the work ran out of memory; retried with backoff",
-    "worker_lost": "the attempt stalled (see the stall kind); retried at once",
+    "worker_lost": "the worker was lost: it stopped heartbeating or its process exited; retried at once",
+    "progress_stalled": "the worker was alive but its ffmpeg stopped advancing (a no-progress stall); retried "
+                        "at once",
     "unknown": "an error not classified; retried with backoff",
 }
 """Error classes (the table with `retryable` and the terminal event is `domain/policy/retry.py`)."""
@@ -121,7 +123,8 @@ TERMS: dict[str, str] = {
     "outcome": "how the attempt ended (hover an outcome for its meaning)",
     "started (UTC)": "broker time the attempt was claimed",
     "ran (s)": "seconds from the claim to the attempt's end, on broker time",
-    "wasted (s)": "seconds of an attempt that did not finish its stage (0 for one that succeeded)",
+    "wasted (s)": "seconds of work thrown away: the run of an attempt that did not finish its stage, less the "
+                  "part up to its last checkpoint a later attempt reused (0 for one that succeeded)",
     "heartbeats": "lease renewals the attempt wrote, each with progress",
     "rendition": "one output quality of the ladder (for example 720p), or the audio track",
     "segment": "index of a checkpointed media segment (about 4 s each)",

@@ -321,7 +321,9 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
                     out.print(f"  {a['stage']} attempt {a['attempt']} by {a['worker']}: {a['outcome']}"
                               f"{' (' + a['error_class'] + ')' if a['error_class'] else ''}, started "
                               f"{a['started_at'][11:19]} UTC, ran {a['duration_s'] if a['duration_s'] is not None else '-'} s, "
-                              f"wasted {a['wasted_s'] if a['wasted_s'] is not None else '-'} s", highlight=False)
+                              f"wasted {a['wasted_s'] if a['wasted_s'] is not None else '-'} s"
+                              + (f" ({a['reused_segments']} of its segments reused by a later attempt)"
+                                 if a["reused_segments"] else ""), highlight=False)
                 return
             rows = [read.job_summary(r) for r in read.recent_jobs(conn)]
             providers = provider_overview(conn, settings)  # breakers, quota use, last waits (migration 014)

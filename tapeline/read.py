@@ -227,12 +227,16 @@ def attempts(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
 
 
 def attempt_history(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
-    """JSON-ready attempts of a job for `tapeline status JOB`: stage, attempt, worker, outcome, error class,
-    started_at / ended_at (broker time, ISO 8601 UTC), duration_s and wasted_s (seconds, 3 decimals)."""
+    """JSON-ready attempts of a job for `tapeline status JOB`, the API and the job page (one source for
+    every count shown): stage, attempt, worker, outcome, error class, started_at / ended_at (broker
+    time, ISO 8601 UTC), duration_s, wasted_s (net of the checkpoints a later attempt reused) and
+    gross_wasted_s (seconds, 3 decimals), heartbeats (applied), segments (checkpoints written),
+    reused_segments (of those, taken over by a later attempt); view `attempts`, migration 023."""
     return [{"stage": a["stage"], "attempt": a["attempt"], "worker": a["worker"], "outcome": a["outcome"],
              "error_class": a["error_class"], "started_at": _iso(a["started_at"]), "ended_at": _iso(a["ended_at"]),
-             "duration_s": _round(a["duration_s"]), "wasted_s": _round(a["wasted_s"]), "heartbeats": a["heartbeats"],
-             "segments": a["segments"]}
+             "duration_s": _round(a["duration_s"]), "wasted_s": _round(a["wasted_s"]),
+             "gross_wasted_s": _round(a["gross_wasted_s"]), "heartbeats": a["heartbeats"],
+             "segments": a["segments"], "reused_segments": a["reused_segments"]}
             for a in attempts(conn, job_id)]
 
 

@@ -156,7 +156,8 @@ class Settings(BaseSettings):
     retry_backoff_s: tuple[float, ...] = Field((60.0, 300.0, 900.0), description="Backoff per retry, seconds (last repeats)")
     retry_jitter: float = Field(0.1, description="Backoff jitter, fraction (0.1 = +-10 %)")
     retry_backoff_by_class: dict[str, tuple[float, ...]] = Field(
-        default_factory=lambda: {"worker_lost": (0.0,)}, description="Backoff per error class (JSON), seconds")
+        default_factory=dict, description="Backoff per error class (JSON), seconds; the stall classes "
+                                          "(worker_lost, progress_stalled) retry at once unless named here")
 
     # Health and metrics (tapeline/health.py).
     health_host: str = Field("127.0.0.1", description="Address the health and metrics server listens on")
@@ -255,10 +256,10 @@ class Settings(BaseSettings):
 
     def retry_policy(self):
         """The retry policy these settings describe (`domain.policy.retry.RetryPolicy`)."""
-        from domain.policy.retry import RetryPolicy
+        from domain.policy.retry import STALL_BACKOFF_S, RetryPolicy
 
         return RetryPolicy(max_attempts=self.max_attempts, backoff_s=self.retry_backoff_s, jitter=self.retry_jitter,
-                           backoff_by_class=dict(self.retry_backoff_by_class))
+                           backoff_by_class={**STALL_BACKOFF_S, **self.retry_backoff_by_class})
 
     @property
     def tick_s(self) -> float:

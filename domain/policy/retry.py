@@ -2,8 +2,9 @@
 
 `retry_decision(error_class, attempt, policy)` is pure: what to do after attempt number `attempt`
 (1-based, graceful yields not counted) failed. Defaults from docs/design.md: at most 3 attempts, backoff
-60 s, 300 s, 900 s (the last repeats), with +-10 % jitter; a stall (`worker_lost`) is retried at once;
-input errors and the submitter's quota are never retried. A schedule may be set per error class.
+60 s, 300 s, 900 s (the last repeats), with +-10 % jitter; a stall (`worker_lost`, `progress_stalled`)
+is retried at once; input errors and the submitter's quota are never retried. A schedule may be set
+per error class.
 """
 
 from __future__ import annotations
@@ -34,8 +35,27 @@ ERROR_CLASSES: dict[str, ErrorClass] = {c.name: c for c in (
     ErrorClass("timeout", True, "JobDeadLettered"),
     ErrorClass("out_of_memory", True, "JobDeadLettered"),
     ErrorClass("worker_lost", True, "JobDeadLettered"),
+    ErrorClass("progress_stalled", True, "JobDeadLettered"),
     ErrorClass("unknown", True, "JobDeadLettered"),
 )}
+
+STALL_ERROR_CLASSES: dict[str, str] = {
+    "lease_expired": "worker_lost",  # no heartbeat within the lease: the worker (or its host) is gone
+    "worker_exited": "worker_lost",  # its supervisor saw the process die
+    "no_progress": "progress_stalled",  # the worker was alive and heartbeating; its ffmpeg stopped advancing
+}
+"""The error class a stalled attempt's retry or dead letter records, named after what was seen
+(events before this table recorded `worker_lost` for every stall; they read as before). The
+`attempts` view (migration 023) maps `StallDetected.kind` the same way: tests/unit/test_decisions.py
+checks that the two agree."""
+
+STALL_BACKOFF_S: dict[str, tuple[float, ...]] = {name: (0.0,) for name in set(STALL_ERROR_CLASSES.values())}
+"""A stall is retried at once (docs/design.md, error class table): the default per-class schedules."""
+
+
+def stall_error_class(kind: str) -> str:
+    """The error class of a stall of `kind` (`STALL_ERROR_CLASSES`; an unknown kind is `worker_lost`)."""
+    return STALL_ERROR_CLASSES.get(kind, "worker_lost")
 
 
 class Action(str, Enum):
@@ -59,7 +79,7 @@ class RetryPolicy:
     max_attempts: int = 3
     backoff_s: tuple[float, ...] = (60.0, 300.0, 900.0)
     jitter: float = 0.1
-    backoff_by_class: dict[str, tuple[float, ...]] = field(default_factory=lambda: {"worker_lost": (0.0,)})
+    backoff_by_class: dict[str, tuple[float, ...]] = field(default_factory=lambda: dict(STALL_BACKOFF_S))
 
 
 def retry_decision(error_class: str, attempt: int, policy: RetryPolicy,

@@ -99,3 +99,11 @@ def test_kill_9_after_two_checkpoints_resumes_from_them(fault_settings, fault_pi
     success = next(r for r in timeline if r["event_type"] == "AttemptSucceeded" and r["stage"] == "transcode")
     span = f"0-{reused_up_to - 1}" if reused_up_to > 1 else "0"
     assert success["detail"].endswith("reused=" + "; ".join(f"{r} {span} (attempt 1)" for r in sorted(VIDEO)))
+
+    # Waste is net of reuse (issue 26 item 2): attempt 1's run up to its last checkpoint that attempt 2
+    # took over is not counted as wasted, in `tapeline status JOB` as in the API and the job page.
+    status = json.loads(tapeline_cli(fault_settings, "status", job_id, "--json").stdout)
+    first_attempt = next(a for a in status["attempt_history"] if (a["stage"], a["attempt"]) == ("transcode", 1))
+    reused_objects = sum(1 for key in keys if f"/transcode/1/" in key)
+    assert first_attempt["outcome"] == "stalled" and first_attempt["reused_segments"] == reused_objects > 0
+    assert 0.0 <= first_attempt["wasted_s"] < first_attempt["gross_wasted_s"] == first_attempt["duration_s"]

@@ -120,3 +120,19 @@ def test_projection_behind_a_work_item_means_wait_not_skip():
     assert not projection_behind({"state": "queued", "stage": "transcode", "attempt": 1}, item())
     assert not projection_behind({"state": "queued", "stage": "transcode", "attempt": 2}, item())  # stale item
     assert not projection_behind({"state": "rejected", "stage": "intake", "attempt": 0}, item())
+
+
+def test_a_stall_records_the_error_class_of_what_was_seen_and_the_attempts_view_agrees():
+    from pathlib import Path
+
+    from domain.policy.retry import STALL_ERROR_CLASSES, stall_error_class
+
+    assert stall_error_class("no_progress") == "progress_stalled"  # the worker was alive: not "lost"
+    assert stall_error_class("lease_expired") == stall_error_class("worker_exited") == "worker_lost"
+    policy = RetryPolicy()
+    assert retry_decision("progress_stalled", 1, policy).delay_s == 0.0  # retried at once, like worker_lost
+    views = sorted((Path(__file__).resolve().parents[2] / "projections/sql/migrations").glob("*.sql"))
+    newest = [v.read_text() for v in views if "VIEW attempts AS" in v.read_text()][-1]
+    for kind, error_class in STALL_ERROR_CLASSES.items():
+        if error_class != "worker_lost":  # the view's default for a stall
+            assert f"x.payload->>'kind' = '{kind}' THEN '{error_class}'" in newest
