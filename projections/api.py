@@ -211,6 +211,9 @@ class JobDetail(BaseModel):
     source: dict[str, Any] | None = Field(None, description="The source: upload (filename, size, sha256), the "
                                           "probe summary per stream, and other jobs of the same sha256 "
                                           "(`tapeline.read.job_source`)")
+    diagnosis: dict[str, Any] | None = Field(None, description="What happened and what to do, in plain words: "
+                                             "summary, stall, permanent, why, action, same_source "
+                                             "(`domain.diagnosis.diagnose`)")
 
 
 class Problem(BaseModel):
@@ -481,9 +484,11 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
     def get_job(job_id: str, conn: psycopg.Connection = Depends(db)) -> JobDetail:
         """One job with its attempts, stage durations and checkpoints; 404 for an unknown job."""
         row = job_or_404(conn, job_id)
+        source = read.job_source(conn, job_id)
         return JobDetail(job=job_json(row), attempts=read.attempt_history(conn, job_id),
                          stage_durations=[_plain(r) for r in read.stage_durations(conn, job_id)],
-                         checkpoints=read.checkpoints(conn, job_id), source=read.job_source(conn, job_id))
+                         checkpoints=read.checkpoints(conn, job_id), source=source,
+                         diagnosis=read.job_diagnosis(conn, row, source))
 
     @app.get("/api/jobs/{job_id}/timeline", tags=["jobs"], responses=ONE)
     def get_timeline(job_id: str, conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
@@ -718,9 +723,11 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
         row = read.job_row(conn, job_id)
         if row is None:
             return page(request, "not_found.html", 404, what=f"no job {job_id!r} in the projections")
+        source = read.job_source(conn, job_id)
         return page(request, "job.html", job=job_json(row), attempts=read.attempt_history(conn, job_id),
                     events=[_event_json(r) for r in read.timeline(conn, job_id)],
-                    checkpoints=read.checkpoints(conn, job_id), source=read.job_source(conn, job_id))
+                    checkpoints=read.checkpoints(conn, job_id), source=source,
+                    diagnosis=read.job_diagnosis(conn, row, source), dead_letter_id=f"{job_id}/{row['attempt']}")
 
     @app.get("/stalled", response_class=HTMLResponse, include_in_schema=False)
     def stalled_page(request: Request, conn: psycopg.Connection = Depends(db)) -> HTMLResponse:

@@ -292,6 +292,20 @@ def _print_summary(summary: dict[str, Any]) -> None:
         out.print(f"  {rendition['name']:>6} {rendition['width']}x{rendition['height']}  {rendition['url']}")
 
 
+def _print_diagnosis(found: dict[str, Any]) -> None:
+    """The diagnosis (domain/diagnosis.py) as an operator reads it: what happened, why, what to do."""
+    from rich.markup import escape  # reasons are the writers' words: never read as markup
+
+    out.print(f"  [bold]what happened:[/bold] {escape(found['summary'])}", highlight=False)
+    if found["why"]:
+        verdict = "will fail the same way again" if found["permanent"] else "may pass on a retry"
+        out.print(f"  [bold]{verdict}:[/bold] {escape(found['why'])}", highlight=False)
+    out.print(f"  [bold]what to do:[/bold] {escape(found['action'])}", highlight=False)
+    for other in found["same_source"][:5]:
+        out.print(f"  same file: job {other['job_id']} {other['state']}"
+                  f"{' (' + other['error_class'] + ')' if other['error_class'] else ''}", highlight=False)
+
+
 @app.command()
 def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, the most recent jobs"),
            as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
@@ -310,11 +324,13 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
                 if row is None:
                     _fail(TapelineError(f"no job {job} in the projections (not submitted, or intake not caught up)"), 2)
                 summary = read.job_summary(row)
-                summary["attempt_history"] = read.attempt_history(conn, job)  # view attempts (migration 006)
+                summary["attempt_history"] = read.attempt_history(conn, job)  # view attempts (migration 023)
+                summary["diagnosis"] = read.job_diagnosis(conn, row)  # domain/diagnosis.py
                 if as_json:
                     out.print_json(json.dumps(summary))
                     return
                 _print_summary(summary)
+                _print_diagnosis(summary["diagnosis"])
                 out.print(f"  tier {summary['priority']}, stage {summary['stage']}, {summary['percent']}% done; lease until "
                           f"{summary['leased_until'] or '-'}; frames {summary['progress_frames'] or 0}")
                 for a in summary["attempt_history"]:

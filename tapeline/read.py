@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 
+from domain.diagnosis import diagnose
 from domain.lifecycle import TERMINAL_STATES
 from tapeline import kafka
 from tapeline.postgres import connect, q
@@ -113,6 +114,17 @@ def job_source(conn: psycopg.Connection, job_id: str, same_limit: int = 20) -> d
     source["same_source"] = [{**r, "created_at": _iso(r["created_at"]), "completed_at": _iso(r["completed_at"])}
                              for r in same]
     return source
+
+
+def job_diagnosis(conn: psycopg.Connection, row: dict[str, Any], source: dict[str, Any] | None = None,
+                  now: datetime | None = None) -> dict[str, Any]:
+    """The job's diagnosis (`domain.diagnosis.diagnose` over its row, its applied events and the other
+    jobs of its source, `job_source`'s `same_source`) as a dict: summary, stall, permanent, why,
+    action, same_source. `now`: the reader's clock (UTC), for ages."""
+    if source is None:
+        source = job_source(conn, row["job_id"]) or {}
+    events = [e for e in timeline(conn, row["job_id"]) if e["applied"]]
+    return diagnose(row, events, source.get("same_source", []), now or datetime.now(timezone.utc)).as_dict()
 
 
 def recent_jobs(conn: psycopg.Connection, limit: int = 20) -> list[dict[str, Any]]:

@@ -136,9 +136,16 @@ def test_the_dashboard_shows_each_job_where_it_belongs_and_replays_the_dead_lett
     expect(page.locator("#progress-legend .series-key")).to_have_count(2)
     assert "attempt 1 (stalled" in page.locator('#progress-legend .series-key[data-attempt="1"]').inner_text()
     assert "attempt 2 (succeeded" in page.locator('#progress-legend .series-key[data-attempt="2"]').inner_text()
+    # The diagnosis on top says what happened in words, the same text `tapeline status JOB` prints.
+    expect(page.locator("#diagnosis-summary")).to_contain_text(
+        "Completed; it recovered by itself after transcode attempt 1 stalled: the worker process exited (")
+    expect(page.locator("#diagnosis-action")).to_have_text(
+        "What to do: Nothing to do. If this repeats on one worker host or one file, look there.")
+
     # One truth per number: the page says what `tapeline status JOB --json` says, and the chart's
     # legend counts the heartbeats the attempts table counts.
     cli = json.loads(tapeline_cli(settings, "status", jobs["stalled"], "--json").stdout)
+    expect(page.locator("#diagnosis-summary")).to_have_text("What happened: " + cli["diagnosis"]["summary"])
     expect(page.locator("#job-percent")).to_have_text(f"{cli['percent']:.1f} %")
     expect(page.locator("#job-stage")).to_have_text(f"{cli['stage']} / {cli['attempts']}")
     rows = page.locator("#attempts tbody tr").evaluate_all("rows => rows.map(r => [...r.cells].map(c => c.textContent))")
@@ -167,6 +174,17 @@ def test_the_dashboard_shows_each_job_where_it_belongs_and_replays_the_dead_lett
     # Nothing is stalled any more (the stall was retried); the completed clip has no stall.
     page.goto(f"{server}/stalled")
     expect(page.locator("#stalls tbody tr.empty")).to_have_text("nothing is stalled")
+
+    # The dead job's page: why it stopped, that a replay may pass once storage works, and a replay form
+    # without a warning (a permanent failure would get one; tests/unit/test_diagnosis.py has those texts).
+    page.goto(f"{server}/jobs/{jobs['dead']}")
+    expect(page.locator("#diagnosis-summary")).to_contain_text(
+        "What happened: Dead-lettered after 1 attempt(s) of transcode: storage_transient (")
+    expect(page.locator("#diagnosis-why")).to_have_text(
+        "A retry may pass: storage_transient is retryable: it should pass once the object store works again")
+    expect(page.locator("#diagnosis-action")).to_contain_text("Fix the object store, then replay")
+    expect(page.locator("#replay-warning")).to_have_count(0)
+    expect(page.locator('#job-replay-form input[name="dead_letter_id"]')).to_have_value(f"{jobs['dead']}/1")
 
     # The dead letter with its reason.
     letter_id = f"{jobs['dead']}/1"

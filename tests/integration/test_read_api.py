@@ -215,6 +215,9 @@ def test_one_job_with_attempts_checkpoints_timeline_and_progress(client, world):
     assert (source["container"], source["video_codec"], source["width"], source["height"], source["display"],
             source["fps"], source["video_duration_s"], source["audio_codec"]) == \
         ("mov", "h264", 1280, 720, "1280x720", 25.0, 5.28, None)
+    diagnosis = detail["diagnosis"]
+    assert diagnosis["summary"].startswith("Completed without a failed or stalled attempt. Other jobs of the same file: ")
+    assert (diagnosis["permanent"], diagnosis["action"]) == (None, "Nothing to do.")
     others = {o["job_id"]: o["state"] for o in source["same_source"]}
     assert job_id not in others
     assert {jobs[n].job_id for n in ("dead", "waiting", "review")} <= set(others)

@@ -1,0 +1,187 @@
+"""What happened to a job, in plain words, and what an operator should do (issue 26 item 1).
+
+`diagnose(job, events, same_source, now)` is pure: the job's projected row, its applied lifecycle
+events in log order and the other jobs of the same source sha256 in, one `Diagnosis` out. The CLI
+(`tapeline status JOB`), the read API (`/api/jobs/{id}`) and the job page all show this one text.
+Permanence comes from the error-class table (`domain/policy/retry.py` `ERROR_CLASSES`) and from the
+job's own history: a job that failed the same way after a replay, or whose exact file failed the
+same way in another job, will most likely fail again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Mapping, Sequence
+
+from domain.policy.retry import ERROR_CLASSES
+
+STALL_WORDS: dict[str, str] = {
+    "no_progress": "ffmpeg stopped advancing while its worker was alive",
+    "lease_expired": "the worker stopped heartbeating",
+    "worker_exited": "the worker process exited",
+    "handoff": "no worker picked the work up",
+    "expected_work_missing": "the upload did not become a job",
+}
+"""Each `StallDetected.kind` in an operator's words."""
+
+CAUSES: dict[str, str] = {
+    "storage_transient": "the object store",
+    "broker_transient": "Kafka",
+    "provider_throttled": "the publish provider",
+    "timeout": "what made the work slow (load, or a time limit too short for the source)",
+    "out_of_memory": "the memory limit",
+    "worker_lost": "the workers (their hosts, their logs)",
+    "progress_stalled": "what froze ffmpeg (the source, or the worker's host)",
+    "unknown": "the error shown in the timeline",
+}
+"""What to fix before replaying a job dead-lettered with a retryable class."""
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """`summary`: one or two plain sentences; `stall`: the last stall in words (None: no stall);
+    `permanent`: True when retrying would fail the same way, False when a retry may pass, None when
+    nothing failed; `why`: the reason for `permanent`; `action`: what an operator should do;
+    `same_source`: the other jobs of the same file, `[{job_id, state, error_class}]` newest first."""
+
+    summary: str
+    action: str
+    stall: str | None = None
+    permanent: bool | None = None
+    why: str | None = None
+    same_source: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"summary": self.summary, "stall": self.stall, "permanent": self.permanent, "why": self.why,
+                "action": self.action, "same_source": [dict(o) for o in self.same_source]}
+
+
+def stall_words(kind: str, detail: str = "") -> str:
+    """`kind` in words; a worker's exit carries its detail (`worker process 12 killed by SIGKILL`)."""
+    words = STALL_WORDS.get(kind, f"it stalled ({kind})")
+    return f"{words} ({detail})" if kind == "worker_exited" and detail else words
+
+
+def _incidents(events: Sequence[Mapping[str, Any]]) -> list[tuple[int, str, int, str, str | None]]:
+    """(position, stage, attempt, words, error class) of every stall and failure, in log order."""
+    found = []
+    for i, e in enumerate(events):
+        payload = e.get("payload") or {}
+        if e["event_type"] == "StallDetected" and payload.get("kind") in ("no_progress", "lease_expired", "worker_exited"):
+            found.append((i, e["stage"], e["attempt"], "stalled: " + stall_words(payload["kind"], payload.get("detail", "")),
+                          None))
+        elif e["event_type"] == "AttemptFailed":
+            found.append((i, e["stage"], e["attempt"], f"failed: {payload.get('error_class')} ({payload.get('reason')})",
+                          payload.get("error_class")))
+    return found
+
+
+def _told(incidents: list[tuple[int, str, int, str, str | None]]) -> str:
+    return "; ".join(f"{stage} attempt {attempt} {words}" for _, stage, attempt, words, _ in incidents)
+
+
+def _same_source_text(same: Sequence[Mapping[str, Any]]) -> str:
+    if not same:
+        return ""
+    counts: dict[str, int] = {}
+    for other in same:
+        counts[other["state"]] = counts.get(other["state"], 0) + 1
+    return " Other jobs of the same file: " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) + "."
+
+
+def diagnose(job: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
+             same_source: Sequence[Mapping[str, Any]], now: datetime) -> Diagnosis:
+    """The diagnosis of one job.
+
+    `job`: its `job_state` row (state, stage, attempt, attempts, error_class, reason, worker,
+    retry_next_attempt, retry_due_at, queued_at, reused_from); `events`: its lifecycle events in log
+    order, applied ones only, each `{event_type, stage, attempt, payload}`; `same_source`: other jobs
+    of the same sha256 (`{job_id, state, error_class}`); `now`: the reader's time (UTC), for ages.
+    """
+    state, stage, attempt = job["state"], job["stage"], job["attempt"]
+    error_class, reason = job.get("error_class"), job.get("reason")
+    incidents = _incidents(events)
+    stalls = [words for _, _, _, words, _ in incidents if words.startswith("stalled: ")]
+    stall = stalls[-1].removeprefix("stalled: ") if stalls else None
+    same = tuple({"job_id": o["job_id"], "state": o["state"], "error_class": o.get("error_class")} for o in same_source)
+    others = _same_source_text(same)
+    earlier = f" Earlier: {_told(incidents)}." if incidents else ""
+
+    def made(summary: str, action: str, permanent: bool | None = None, why: str | None = None) -> Diagnosis:
+        return Diagnosis(summary + others, action, stall, permanent, why, same)
+
+    if state == "completed":
+        if job.get("reused_from"):
+            return made(f"Completed by reusing the outputs of job {job['reused_from']} (same file and profile); "
+                        "no transcode ran.", "Nothing to do.")
+        if incidents:
+            return made(f"Completed; it recovered by itself after {_told(incidents)}.",
+                        "Nothing to do. If this repeats on one worker host or one file, look there.")
+        return made("Completed without a failed or stalled attempt.", "Nothing to do.")
+    if state == "accepted":
+        return made("Accepted by intake; no stage is queued yet.", "Nothing to do.")
+    if state == "running":
+        return made(f"Running: {stage} attempt {attempt} on {job.get('worker') or 'a worker'}.{earlier}",
+                    "Nothing to do while it progresses; the watchdog acts if it stops.")
+    if state == "queued":
+        waited = ""
+        if job.get("queued_at") is not None:
+            waited = f" for {max(0.0, (now - job['queued_at']).total_seconds()):.0f} s"
+        return made(f"Queued: {stage} attempt {attempt} has waited{waited} for a free worker.{earlier}",
+                    f"Nothing to do unless it waits long; then check that {stage} workers run (tapeline status).")
+    if state == "retry_scheduled":
+        last = _told(incidents[-1:]) or f"{stage} attempt {attempt} ended"
+        due = job.get("retry_due_at")
+        when = f" at {due:%H:%M:%S} UTC" if due is not None else ""
+        return made(f"{last[0].upper()}{last[1:]}; attempt {job.get('retry_next_attempt')} is scheduled{when}.",
+                    "Nothing to do: it retries by itself.", False, f"{error_class} is retryable")
+    if state == "failed":
+        return made(f"Failed for good at {stage}: {error_class}: {reason}.",
+                    "Do not replay: ask the submitter for a corrected file.", True,
+                    f"{error_class} is not retryable: the same input fails the same way every time")
+    if state == "rejected":
+        if error_class == "quota_exceeded":
+            return made(f"Rejected at intake: {reason}.", "Nothing to do: resubmit once the submitter's quota allows it.",
+                        True, "the submitter's quota was used up when it arrived")
+        return made(f"Rejected at intake: {error_class}: {reason}.",
+                    "Nothing to do: the submitter must send a valid file.", True, "the upload itself was refused")
+    if state == "cancelled":
+        cancel = next((e for e in reversed(events) if e["event_type"] == "JobCancelled"), None)
+        who = (cancel.get("payload") or {}).get("operator") if cancel else None
+        return made(f"Cancelled by {who or 'an operator'}: {(cancel.get('payload') or {}).get('reason') if cancel else reason}.",
+                    "Nothing to do: a cancelled job never runs again; submit the file again if it should run.")
+    if state == "needs_review":
+        return made(f"Waiting for a person: {reason}.",
+                    f"Look the post up at the provider, then `tapeline review resolve {job['job_id']} --posted REF` "
+                    "or `--not-posted`.")
+    if state == "dead_lettered":
+        return _dead_lettered(job, events, same, made)
+    return made(f"{state}: {reason or ''}".rstrip(": ") + ".", "Nothing to do.")
+
+
+def _dead_lettered(job, events, same, made) -> Diagnosis:
+    """A dead-lettered job: permanent when its last two dead letters (before and after a replay)
+    share an error class, or when the same file was dead-lettered or failed with that class in
+    another job, or when the class is not retryable; otherwise fix the cause, then replay."""
+    stage, attempt, error_class, reason = job["stage"], job["attempt"], job.get("error_class"), job.get("reason")
+    letters = [(e.get("payload") or {}).get("error_class") for e in events if e["event_type"] == "JobDeadLettered"]
+    summary = f"Dead-lettered after {attempt} attempt(s) of {stage}: {error_class} ({reason})."
+    failed_same = [o for o in same if o["state"] in ("failed", "dead_lettered") and o.get("error_class") == error_class]
+    spec = ERROR_CLASSES.get(error_class or "unknown", ERROR_CLASSES["unknown"])
+    if len(letters) >= 2 and letters[-1] == letters[-2]:
+        return made(summary + " It had been replayed and failed the same way again.",
+                    "Do not replay again until the cause is found: look at the source on this page and ask the "
+                    "submitter for a new file if the file is the cause.", True,
+                    "the same error came back after a replay")
+    if failed_same:
+        other = failed_same[0]
+        return made(summary, "Do not replay: the same file failed the same way in another job; ask the submitter "
+                             "for a new file.", True,
+                    f"job {other['job_id']} of the same file ended {other['state']} with {error_class}")
+    if not spec.retryable:
+        return made(summary, "Do not replay: ask the submitter for a corrected file.", True,
+                    f"{error_class} is not retryable: the same input fails the same way every time")
+    cause = CAUSES.get(spec.name, CAUSES["unknown"])
+    return made(summary, f"Fix {cause}, then replay: `tapeline dlq replay {job['job_id']}/{attempt} --why \"...\"`.",
+                False, f"{error_class} is retryable: it should pass once {cause} works again")
