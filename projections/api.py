@@ -756,9 +756,23 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
     @app.post("/ui/dead-letters/replay", include_in_schema=False)
     def replay_form(request: Request, dead_letter_id: str = Form(..., max_length=ID_MAX, pattern=NUL_FREE), token: str = Form("", max_length=TOKEN_MAX, pattern=NUL_FREE),
                     operator: str = Form(..., min_length=1, max_length=OPERATOR_MAX, pattern=NUL_FREE),
-                    why: str = Form(..., min_length=1, max_length=WHY_MAX, pattern=NUL_FREE)) -> Response:
-        return form_action(request, "replay", token, "/dead-letters",
-                           lambda: do_replay(dead_letter_id.strip(), operator, why, client_of(request)))
+                    why: str = Form(..., min_length=1, max_length=WHY_MAX, pattern=NUL_FREE),
+                    anyway: str = Form("", max_length=8, pattern=NUL_FREE)) -> Response:
+        """The dashboard's replay. A dead letter whose job would most likely fail the same way again
+        (its diagnosis is permanent) is replayed only with `anyway` (the job page's "Replay anyway",
+        under its warning); without it the answer says why and nothing is replayed. The CLI and the
+        JSON API replay as asked."""
+        def replay():
+            letter_id = dead_letter_id.strip()
+            if not anyway:
+                with state["pool"].connection() as conn:
+                    warning = read.replay_warning(conn, letter_id)
+                if warning:
+                    raise TapelineError(f"not replayed: it would most likely fail again ({warning}); "
+                                        "its job page offers Replay anyway")
+            return do_replay(letter_id, operator, why, client_of(request))
+
+        return form_action(request, "replay", token, "/dead-letters", replay)
 
     @app.post("/ui/jobs/{job_id}/cancel", include_in_schema=False)
     def cancel_form(request: Request, job_id: str, token: str = Form("", max_length=TOKEN_MAX, pattern=NUL_FREE),

@@ -127,6 +127,18 @@ def job_diagnosis(conn: psycopg.Connection, row: dict[str, Any], source: dict[st
     return diagnose(row, events, source.get("same_source", []), now or datetime.now(timezone.utc)).as_dict()
 
 
+def replay_warning(conn: psycopg.Connection, dead_letter_id: str) -> str | None:
+    """Why replaying this dead letter would most likely fail the same way again (the job's diagnosis
+    calls it permanent), or None: not a job's dead letter, the job no longer dead-lettered, or a
+    retry may pass."""
+    letter = dead_letter(conn, dead_letter_id)
+    row = job_row(conn, letter["job_id"]) if letter is not None and letter.get("job_id") else None
+    if row is None or row["state"] != "dead_lettered":
+        return None
+    found = job_diagnosis(conn, row)
+    return found["why"] if found["permanent"] else None
+
+
 def recent_jobs(conn: psycopg.Connection, limit: int = 20) -> list[dict[str, Any]]:
     return conn.execute(q("recent_jobs"), {"limit": limit}).fetchall()
 

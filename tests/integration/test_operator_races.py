@@ -200,3 +200,40 @@ def test_a_duplicate_work_item_of_a_claimed_ended_or_superseded_attempt_never_ru
     # The module's earlier tests left work items of other jobs on these topics; those may be claimed.
     lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
     assert not [line for line in lines if line.get("event") == "attempt claimed" and line.get("job_id") in ours]
+
+
+def test_the_dashboard_replays_a_job_that_would_fail_again_only_when_told_anyway(world):
+    """A job dead-lettered, replayed and dead-lettered again with the same error: the dead-letters
+    page's replay refuses it and says why; the job page warns and its "Replay anyway" replays it."""
+    settings, _ = world
+    job = Job("standard")
+    fail = dict(error_class="storage_transient", retryable=True, reason="S3 answered 503")
+    events = [job.accepted(), job.queued("transcode", 1), job.started("transcode", 1, "a1"),
+              job.event(ev.AttemptFailed, "transcode", 1, "a1", **fail),
+              job.event(ev.JobDeadLettered, "transcode", 1, "a1", error_class="storage_transient",
+                        reason="out of attempts: S3 answered 503", attempts=1, evidence="test"),
+              job.event(ev.JobReplayed, "transcode", 1, operator="ops", reason="S3 fixed", dead_letter_id=f"{job.job_id}/1"),
+              job.queued("transcode", 2), job.started("transcode", 2, "a2"),
+              job.event(ev.AttemptFailed, "transcode", 2, "a2", **fail),
+              job.event(ev.JobDeadLettered, "transcode", 2, "a2", error_class="storage_transient",
+                        reason="out of attempts: S3 answered 503", attempts=1, evidence="test")]
+    runtime = Runtime(settings, "test")
+    producer = kafka.transactional_producer(settings, f"{settings.app_name}.test-anyway")
+    transact(producer, lambda: runtime.produce(producer, [(settings.jobs_topic, e) for e in events]))
+    runtime.close()
+    wait_for(lambda: (job_row(settings, job.job_id) or {}).get("attempt") == 2
+             and job_row(settings, job.job_id)["state"] == "dead_lettered", 60, "the job dead-lettered twice")
+    app = build_app(settings.model_copy(update={"admin_token": SecretStr(TOKEN)}))
+    form = {"dead_letter_id": f"{job.job_id}/2", "token": TOKEN, "operator": "erin", "why": "try again"}
+    with TestClient(app, base_url="http://localhost") as client:
+        page = client.get(f"/jobs/{job.job_id}").text
+        assert "Replaying will most likely fail again:" in page and "the same error came back after a replay" in page
+        assert 'name="anyway" value="1"' in page and "Replay anyway" in page
+        refused = client.post("/ui/dead-letters/replay", data=form, follow_redirects=False)
+        assert refused.status_code == 303 and "err=" in refused.headers["location"]
+        shown = client.get(refused.headers["location"]).text
+        assert "not replayed: it would most likely fail again (the same error came back after a replay)" in shown
+        assert settled(settings, job.job_id).count("JobReplayed") == 1  # only the seeded one
+        anyway = client.post("/ui/dead-letters/replay", data={**form, "anyway": "1"}, follow_redirects=False)
+        assert anyway.status_code == 303 and "msg=replay" in anyway.headers["location"], anyway.headers["location"]
+    wait_for(lambda: event_types(settings, job.job_id).count("JobReplayed") == 2, 60, "the replay anyway")
