@@ -94,9 +94,7 @@ def build_hls_command(source: Path, out_dir: Path, ladder: list[Rendition], *, v
         (out_dir / rung.name).mkdir(parents=True, exist_ok=True)
         video = split.stream(index).filter("scale", rung.width, rung.height).filter("setsar", 1)
         outputs.append(ffmpeg.output(video, str(out_dir / rung.name / "index.m3u8"), **{
-            "c:v": "libx264", "preset": preset, "profile:v": "high", "pix_fmt": "yuv420p",
-            "b:v": f"{rung.video_bitrate_kbps}k", "maxrate": f"{int(rung.video_bitrate_kbps * 1.07)}k",
-            "bufsize": f"{rung.video_bitrate_kbps * 2}k",
+            **rung_video_options(rung, preset),
             "force_key_frames": f"expr:gte(t,n_forced*{segment_s:g})", "sc_threshold": 0,
             "hls_segment_filename": str(out_dir / rung.name / "seg_%05d.ts"), **hls}))
     if audio_stream is not None:
@@ -107,6 +105,15 @@ def build_hls_command(source: Path, out_dir: Path, ladder: list[Rendition], *, v
     stream = ffmpeg.merge_outputs(*outputs).global_args(
         "-hide_banner", "-nostdin", "-loglevel", "error", "-nostats", "-progress", "pipe:1")
     return stream.overwrite_output().compile()
+
+
+def rung_video_options(rung: Rendition, preset: str) -> dict[str, str]:
+    """ffmpeg output options of one rung's H.264 video, the same in the single-pass HLS encode and the
+    checkpointed segment encode (processors/segments.py): x264 `preset`, High profile, 8-bit 4:2:0,
+    the rung's bitrate (kb/s) capped at +7 % with a two-second buffer."""
+    kbps = rung.video_bitrate_kbps
+    return {"c:v": "libx264", "preset": preset, "profile:v": "high", "pix_fmt": "yuv420p", "b:v": f"{kbps}k",
+            "maxrate": f"{int(kbps * 1.07)}k", "bufsize": f"{kbps * 2}k"}
 
 
 def wall_clock_limit_s(duration_s: float, settings: Settings) -> float:

@@ -35,6 +35,7 @@ from typing import Iterable
 import ffmpeg
 
 from processors import media
+from processors.encode_plan import rung_video_options
 from domain.events import Rendition
 from domain.errors import OutputMismatch, TranscodeFailed
 
@@ -126,9 +127,7 @@ def build_segment_command(source: Path, out_dir: Path, ladder: list[Rendition], 
         (out_dir / rung.name).mkdir(parents=True, exist_ok=True)
         video = split.stream(index).filter("scale", rung.width, rung.height).filter("setsar", 1)
         outputs.append(ffmpeg.output(video, str(out_dir / rung.name / "seg_%05d.ts"), **{
-            "c:v": "libx264", "preset": preset, "profile:v": "high", "pix_fmt": "yuv420p",
-            "b:v": f"{rung.video_bitrate_kbps}k", "maxrate": f"{int(rung.video_bitrate_kbps * 1.07)}k",
-            "bufsize": f"{rung.video_bitrate_kbps * 2}k",
+            **rung_video_options(rung, preset),
             # Keyframes only at boundaries: forced there, no scene cuts, no periodic ones.
             "force_key_frames": keyframes, "sc_threshold": 0, "g": 1_000_000,
             # One frame out per decoded frame, with its own timestamp (frame-exact against the source).
