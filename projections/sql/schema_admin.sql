@@ -80,3 +80,23 @@ DELETE FROM {schema}.{table};
 -- name: copy_rows_between_schemas
 -- Every row of {source}.{table} into {target}.{table} (tables of the same definition).
 INSERT INTO {target}.{table} SELECT * FROM {source}.{table};
+
+-- name: replay_try_lock
+-- Take a schema's replay lock (session advisory lock), without waiting: `held`.
+SELECT pg_try_advisory_lock(%(lock)s, hashtext(%(schema)s)) AS held;
+
+-- name: replay_unlock
+-- Release a schema's replay lock.
+SELECT pg_advisory_unlock(%(lock)s, hashtext(%(schema)s));
+
+-- name: replay_session_settings
+-- A replay's session: no wait for the WAL flush (a crashed replay is redone from its stored offsets), UTF-8 rows.
+SET synchronous_commit = off; SET client_encoding = 'UTF8';
+
+-- name: schema_tables
+-- The tables of a schema, by name.
+SELECT tablename FROM pg_tables WHERE schemaname = %(schema)s ORDER BY tablename;
+
+-- name: table_row_count
+-- Exact row count of {schema}.{table}.
+SELECT count(*) AS n FROM {schema}.{table};
