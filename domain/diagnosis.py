@@ -108,8 +108,9 @@ def diagnose(job: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
     others = _same_source_text(same)
     earlier = f" Earlier: {_told(incidents)}." if incidents else ""
 
-    def made(summary: str, action: str, permanent: bool | None = None, why: str | None = None) -> Diagnosis:
-        return Diagnosis(summary + others, action, stall, permanent, why, same)
+    def made(summary: str, action: str, permanent: bool | None = None, why: str | None = None,
+             stalled: str | None = stall) -> Diagnosis:
+        return Diagnosis(summary + others, action, stalled, permanent, why, same)
 
     if state == "completed":
         if job.get("reused_from"):
@@ -125,9 +126,16 @@ def diagnose(job: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
         return made(f"Running: {stage} attempt {attempt} on {job.get('worker') or 'a worker'}.{earlier}",
                     "Nothing to do while it progresses; the watchdog acts if it stops.")
     if state == "queued":
-        waited = ""
-        if job.get("queued_at") is not None:
-            waited = f" for {max(0.0, (now - job['queued_at']).total_seconds()):.0f} s"
+        age_s = None if job.get("queued_at") is None else max(0.0, (now - job["queued_at"]).total_seconds())
+        waited = "" if age_s is None else f" for {age_s:.0f} s"  # since queued, or since the last re-send
+        redrives = sum(1 for e in events if e["event_type"] == "StallDetected" and (e.get("payload") or {}).get("kind")
+                       == "handoff" and (e["stage"], e["attempt"]) == (stage, attempt))
+        if redrives:  # the watchdog re-sent this very attempt's work item: no worker is taking it
+            last = "" if age_s is None else f", the last {age_s:.0f} s ago"
+            return made(f"Queued: {stage} attempt {attempt}: {STALL_WORDS['handoff']}; the watchdog sent it again "
+                        f"{redrives} time(s){last}.{earlier}",
+                        f"Check that {stage} workers run and are not all busy (tapeline status, /health/deep).",
+                        stalled=STALL_WORDS["handoff"])
         return made(f"Queued: {stage} attempt {attempt} has waited{waited} for a free worker.{earlier}",
                     f"Nothing to do unless it waits long; then check that {stage} workers run (tapeline status).")
     if state == "retry_scheduled":
@@ -163,13 +171,23 @@ def diagnose(job: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
 def _dead_lettered(job, events, same, made) -> Diagnosis:
     """A dead-lettered job: permanent when its last two dead letters (before and after a replay)
     share an error class, or when the same file was dead-lettered or failed with that class in
-    another job, or when the class is not retryable; otherwise fix the cause, then replay."""
+    another job, or when the class is not retryable; otherwise fix the cause, then replay. The
+    first two rules hold only for a class the file can cause (`ErrorClass.from_the_file`): the
+    object store or Kafka failing again says nothing about the file."""
     stage, attempt, error_class, reason = job["stage"], job["attempt"], job.get("error_class"), job.get("reason")
     letters = [(e.get("payload") or {}).get("error_class") for e in events if e["event_type"] == "JobDeadLettered"]
     summary = f"Dead-lettered after {attempt} attempt(s) of {stage}: {error_class} ({reason})."
     failed_same = [o for o in same if o["state"] in ("failed", "dead_lettered") and o.get("error_class") == error_class]
     spec = ERROR_CLASSES.get(error_class or "unknown", ERROR_CLASSES["unknown"])
-    if len(letters) >= 2 and letters[-1] == letters[-2]:
+    repeated = len(letters) >= 2 and letters[-1] == letters[-2]
+    if not spec.from_the_file:
+        cause = CAUSES.get(spec.name, CAUSES["unknown"])
+        again = " It had been replayed and failed the same way again." if repeated else ""
+        still = f" ({cause} still failed after the replay)" if repeated else ""
+        return made(summary + again,
+                    f"Fix {cause}{still}, then replay: `tapeline dlq replay {job['job_id']}/{attempt} --why \"...\"`.",
+                    False, f"{error_class} is retryable: it should pass once {cause} works again")
+    if repeated:
         return made(summary + " It had been replayed and failed the same way again.",
                     "Do not replay again until the cause is found: look at the source on this page and ask the "
                     "submitter for a new file if the file is the cause.", True,

@@ -199,6 +199,28 @@ class JobPage(BaseModel):
     offset: int
 
 
+class SameSourceJob(BaseModel):
+    """Another job of the same source sha256 and how it ended (or where it is)."""
+
+    job_id: str
+    state: str
+    error_class: str | None = None
+
+
+class DiagnosisOut(BaseModel):
+    """`domain.diagnosis.Diagnosis` as the API answers it: what happened and what to do, in plain words."""
+
+    summary: str = Field(description="One or two plain sentences: what happened to the job")
+    stall: str | None = Field(None, description="The last stall in words (ffmpeg stopped advancing, the worker "
+                                                "stopped heartbeating, ...); null when none")
+    permanent: bool | None = Field(None, description="true: a retry would fail the same way; false: a retry may "
+                                                     "pass; null: nothing failed")
+    why: str | None = Field(None, description="Why `permanent` is what it is (the error-class table, a repeat "
+                                              "after a replay, the same file failing in another job)")
+    action: str = Field(description="What an operator should do")
+    same_source: list[SameSourceJob] = Field(description="Other jobs of the same source sha256, newest first")
+
+
 class JobDetail(BaseModel):
     """One job with its attempts (view `attempts`), per-stage durations (view `stage_durations`) and
     checkpoints (`CheckpointRecorded` evidence; empty until checkpointed transcoding writes them)."""
@@ -210,7 +232,7 @@ class JobDetail(BaseModel):
     source: dict[str, Any] | None = Field(None, description="The source: upload (filename, size, sha256), the "
                                           "probe summary per stream, and other jobs of the same sha256 "
                                           "(`tapeline.read.job_source`)")
-    diagnosis: dict[str, Any] | None = Field(None, description="What happened and what to do, in plain words: "
+    diagnosis: DiagnosisOut | None = Field(None, description="What happened and what to do, in plain words: "
                                              "summary, stall, permanent, why, action, same_source "
                                              "(`domain.diagnosis.diagnose`)")
 

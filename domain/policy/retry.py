@@ -22,16 +22,18 @@ class ErrorClass:
     name: str
     retryable: bool
     terminal_event: str  # event that ends the job when this class is not retried
+    from_the_file: bool = True  # the source file can cause it: the same file failing the same way (in another
+    # job, or again after a replay) points at the file; False for the infrastructure's own classes
 
 
 ERROR_CLASSES: dict[str, ErrorClass] = {c.name: c for c in (
     ErrorClass("invalid_input", False, "JobFailed"),
     ErrorClass("unsupported_media", False, "JobFailed"),
     ErrorClass("limits_exceeded", False, "JobFailed"),
-    ErrorClass("quota_exceeded", False, "JobRejected"),
-    ErrorClass("provider_throttled", True, "JobDeadLettered"),
-    ErrorClass("storage_transient", True, "JobDeadLettered"),
-    ErrorClass("broker_transient", True, "JobDeadLettered"),
+    ErrorClass("quota_exceeded", False, "JobRejected", from_the_file=False),
+    ErrorClass("provider_throttled", True, "JobDeadLettered", from_the_file=False),
+    ErrorClass("storage_transient", True, "JobDeadLettered", from_the_file=False),
+    ErrorClass("broker_transient", True, "JobDeadLettered", from_the_file=False),
     ErrorClass("timeout", True, "JobDeadLettered"),
     ErrorClass("out_of_memory", True, "JobDeadLettered"),
     ErrorClass("worker_lost", True, "JobDeadLettered"),

@@ -277,7 +277,13 @@ def test_status_of_a_job_lists_its_attempts(isolated, handmade):
         ("transcode", 4, "w2", "succeeded", None, 8.0, 0.0),
         ("publish", 1, "p1", "succeeded", None, 1.0, 0.0)]
     assert history[0]["started_at"] == at(3).isoformat() and history[0]["ended_at"] == at(20).isoformat()
+    diagnosis = json.loads(done.stdout)["diagnosis"]  # domain/diagnosis.py over this job's applied events
+    assert (diagnosis["summary"], diagnosis["stall"], diagnosis["permanent"]) == (
+        "Completed; it recovered by itself after transcode attempt 1 stalled: the worker stopped heartbeating; "
+        "transcode attempt 3 failed: storage_transient (S3 503). Other jobs of the same file: 1 failed, 2 running.",
+        "the worker stopped heartbeating", None)  # the handmade jobs K, L and M share J's upload sha256
     text = tapeline_cli(settings, "status", job_id)
+    assert "what to do: Nothing to do. If this repeats on one worker host or one file, look there." in text.stdout
     assert "transcode attempt 1 by w1: stalled (worker_lost), started 00:00:03 UTC, ran 17.0 s, wasted 17.0 s" \
         in text.stdout
     with read.open_reader(settings) as conn:

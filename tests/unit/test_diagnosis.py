@@ -58,8 +58,14 @@ def test_a_stall_waiting_for_its_retry_and_a_retry_waiting_for_a_worker():
                               "Earlier: transcode attempt 1 stalled: the worker stopped heartbeating.")
     assert queued.action == ("Nothing to do unless it waits long; then check that transcode workers run "
                              "(tapeline status).")
-    handoff = diagnose(row("queued"), [event("StallDetected", kind="handoff", stalled_attempt=1)], [], NOW)
-    assert handoff.summary == "Queued: transcode attempt 1 has waited for a free worker."
+    handoff = diagnose(row("queued", queued_at=NOW - timedelta(seconds=95)),
+                       [event("StallDetected", kind="handoff", stalled_attempt=1)] * 2, [], NOW)
+    assert handoff.summary == ("Queued: transcode attempt 1: no worker picked the work up; the watchdog sent it "
+                               "again 2 time(s), the last 95 s ago.")
+    assert handoff.stall == "no worker picked the work up"
+    assert handoff.action == "Check that transcode workers run and are not all busy (tapeline status, /health/deep)."
+    older = diagnose(row("queued", attempt=2), [event("StallDetected", kind="handoff", stalled_attempt=1)], [], NOW)
+    assert (older.summary, older.stall) == ("Queued: transcode attempt 2 has waited for a free worker.", None)
 
 
 def test_running():
@@ -126,3 +132,32 @@ def test_needs_review_cancelled_and_rejected():
                      [], [], NOW)
     assert (quota.summary, quota.why) == ("Rejected at intake: alice used 10 of 10 today.",
                                           "the submitter's quota was used up when it arrived")
+
+
+def test_the_infrastructure_failing_again_says_nothing_about_the_file():
+    """storage_transient, broker_transient and provider_throttled are not the file's doing
+    (`ErrorClass.from_the_file`): neither another job of the same file nor a replay that met the
+    same outage makes the job permanent."""
+    letter = event("JobDeadLettered", attempt=3, error_class="storage_transient")
+    other = {"job_id": "j-0", "state": "dead_lettered", "error_class": "storage_transient"}
+    found = diagnose(row("dead_lettered", attempt=3, error_class="storage_transient", reason="S3 answered 503"),
+                     [letter], [other], NOW)
+    assert (found.permanent, found.why) == (False, "storage_transient is retryable: it should pass once the object "
+                                                   "store works again")
+    assert found.action == 'Fix the object store, then replay: `tapeline dlq replay j-1/3 --why "..."`.'
+    again = diagnose(row("dead_lettered", attempt=6, error_class="broker_transient", reason="no leader"),
+                     [event("JobDeadLettered", attempt=3, error_class="broker_transient"),
+                      event("JobReplayed", attempt=3, operator="ops", reason="retry"),
+                      event("JobDeadLettered", attempt=6, error_class="broker_transient")], [], NOW)
+    assert again.summary == ("Dead-lettered after 6 attempt(s) of transcode: broker_transient (no leader). It had "
+                             "been replayed and failed the same way again.")
+    assert again.permanent is False
+    assert again.action == 'Fix Kafka (Kafka still failed after the replay), then replay: ' \
+                           '`tapeline dlq replay j-1/6 --why "..."`.'
+
+
+def test_which_classes_the_file_can_cause():
+    from domain.policy.retry import ERROR_CLASSES
+
+    assert {c.name for c in ERROR_CLASSES.values() if not c.from_the_file} == \
+        {"storage_transient", "broker_transient", "provider_throttled", "quota_exceeded"}
