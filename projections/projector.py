@@ -313,7 +313,7 @@ OTHER_CLUSTER_FIX = ("rebuild: `tapeline replay --into fresh` then `--swap fresh
 def other_cluster(conn: psycopg.Connection, cluster_id: str, projection: str = "main") -> str | None:
     """The Kafka cluster id `projection` was built from, when it is not `cluster_id` (the broker's);
     None when they match or nothing is recorded yet. The projector idles on a mismatch."""
-    row = conn.execute(q("projection_cluster"), {"projection": projection}).fetchone()
+    row = conn.execute("SELECT cluster_id FROM projection_source WHERE projection = %s", (projection,)).fetchone()
     stored = None if row is None else (row["cluster_id"] if isinstance(row, dict) else row[0])
     return stored if stored is not None and stored != cluster_id else None
 
@@ -348,7 +348,8 @@ class Projector:
         skipping or mixing records or crash-looping. Returns whether it may run.
         """
         cluster = consumer.list_topics(timeout=10).cluster_id
-        conn.execute(q("record_projection_source"), {"projection": self.projection, "cluster_id": cluster})
+        conn.execute("INSERT INTO projection_source (projection, cluster_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                     (self.projection, cluster))
         stored = other_cluster(conn, cluster, self.projection)
         if stored is None:
             return True
@@ -371,7 +372,8 @@ class Projector:
         name = f"{self.settings.db_schema}:{self.projection}"
         waiting = False
         while not stop.is_set():
-            if conn.execute(q("projector_try_lock"), {"lock": PROJECTOR_LOCK, "name": name}).fetchone()["held"]:
+            if conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s)) AS held",
+                            (PROJECTOR_LOCK, name)).fetchone()["held"]:
                 if waiting:
                     log.info("projector took over the projection", projection=self.projection,
                              schema=self.settings.db_schema)

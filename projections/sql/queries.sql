@@ -465,15 +465,3 @@ SELECT 1 FROM job_state LIMIT 1;
 -- name: current_role
 -- The role the connection acts as.
 SELECT current_user AS role;
-
--- name: projection_cluster
--- The Kafka cluster id a projection was built from (none before its first record).
-SELECT cluster_id FROM projection_source WHERE projection = %(projection)s;
-
--- name: projector_try_lock
--- Take one projection's projector lock (session advisory lock), without waiting: `held`.
-SELECT pg_try_advisory_lock(%(lock)s, hashtext(%(name)s)) AS held;
-
--- name: set_role
--- Act as {role} for the rest of the session (the read API's pool runs as the read-only role).
-SET ROLE {role};
