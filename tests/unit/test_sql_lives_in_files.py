@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SQL_FREE_FILES = (
     "projections/pgschema.py",
+    "projections/projector.py",
     "projections/replay.py",
     "projections/writes.py",
     "tapeline/postgres.py",
