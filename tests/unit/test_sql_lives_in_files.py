@@ -17,6 +17,7 @@ from tapeline import postgres
 ROOT = Path(__file__).resolve().parents[2]
 
 SQL_FREE_FILES = (
+    "projections/bulk.py",
     "projections/pgschema.py",
     "projections/projector.py",
     "projections/replay.py",
