@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SQL_FREE_FILES = (
     "projections/bulk.py",
+    "projections/partitioned.py",
     "projections/pgschema.py",
     "projections/projector.py",
     "projections/replay.py",
