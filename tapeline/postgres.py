@@ -167,3 +167,48 @@ def grant_reader(conn: psycopg.Connection, schema: str, role: str = READER_ROLE)
             conn.execute(qf("grant_default_select", schema=schema, role=role))
             granted.append(f"SELECT ON future tables of {schema}")
     return granted
+
+
+SCHEMA_SNAPSHOT = SQL_DIR / "schema.sql"
+"""What the migrations produce in a fresh database: `pg_dump --schema-only --no-owner --no-privileges`,
+normalised (`normalise_schema_dump`). `scripts/schema_snapshot.py` writes it again;
+tests/integration/test_schema_snapshot.py checks it. It holds no `-- name:` block, so the loader of
+named queries reads nothing from it."""
+
+
+def pg_dump_path(database_url: str) -> str | None:
+    """The `pg_dump` of the server's major version (Debian's `/usr/lib/postgresql/<major>/bin`), else
+    the one on the PATH; None when there is none."""
+    import shutil
+
+    with connect(database_url) as conn:
+        major = conn.info.server_version // 10000
+    candidate = Path(f"/usr/lib/postgresql/{major}/bin/pg_dump")
+    return str(candidate) if candidate.exists() else shutil.which("pg_dump")
+
+
+DUMP_NOISE = re.compile(r"--( |$)|\\(un)?restrict\b|SET |SELECT pg_catalog\.set_config\(")
+"""A line of a schema dump that says nothing about the schema (see `normalise_schema_dump`)."""
+
+
+def normalise_schema_dump(text: str) -> str:
+    """A schema dump without what varies between dumps of the same schema: pg_dump's comment lines
+    (`--`, `-- Name: ...`, versions), its `\\restrict` keys, the session settings it starts with
+    (`SET ...`, `SELECT pg_catalog.set_config(...)`); runs of blank lines become one."""
+    kept = []
+    for line in text.splitlines():
+        if DUMP_NOISE.match(line):
+            continue
+        if not line.strip() and (not kept or not kept[-1].strip()):
+            continue
+        kept.append(line.rstrip())
+    return "\n".join(kept).strip() + "\n"
+
+
+def dump_schema(database_url: str, pg_dump: str = "pg_dump") -> str:
+    """The normalised schema of the database at `database_url` (every schema in it)."""
+    import subprocess
+
+    out = subprocess.run([pg_dump, "--schema-only", "--no-owner", "--no-privileges", database_url],
+                         capture_output=True, text=True, check=True).stdout
+    return normalise_schema_dump(out)

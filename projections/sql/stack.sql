@@ -33,3 +33,7 @@ SELECT format('CREATE ROLE %I LOGIN CREATEDB PASSWORD %L', :'role', :'pw') WHERE
 -- name: psql_create_database
 -- psql: create database :'db' owned by :'role' when it is missing.
 SELECT format('CREATE DATABASE %I OWNER %I', :'db', :'role') WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = :'db') \gexec
+
+-- name: create_database
+-- Create database {database} (a scratch database: tests, scripts/schema_snapshot.py).
+CREATE DATABASE {database};
