@@ -44,7 +44,7 @@ from psycopg.copy import QueuedLibpqWriter
 from domain import lifecycle
 from projections import writes
 from projections.projector import BatchResult, Decoded, Folded, decode_batch, fold_batch, job_params, write_offsets
-from tapeline.postgres import q
+from tapeline.postgres import identifiers, q, qf
 
 BULK_TABLES = ("lifecycle_evidence", "applied_dedup_keys", "job_state", "uploads")
 """The tables the bulk path COPYs into (`COPY ... FREEZE`, so it truncates them first)."""
@@ -54,6 +54,9 @@ server's, not the replay process's). Enough for the index builds after a load of
 rows to sort in memory: a b-tree build splits it between the leader and its parallel workers
 (`max_parallel_maintenance_workers`, 2 by default), and with 256 MB each got 85 MB and sorted on
 disk. Measured on 924k records (`bench/replay.py`): index builds 5.1 s with 1 GB, 6.6 s with 256 MB."""
+EVIDENCE_COPY = qf("copy_evidence_binary_freeze", columns=identifiers(writes.EVIDENCE_COLUMNS))
+"""The evidence COPY of a bulk replay: its column list is generated (`schemas/lifecycle.json`), so the
+statement is composed from the named template once, at import."""
 UPLOAD_COLUMNS = ("upload_id", "job_id", "filename", "size_bytes", "sha256", "priority", "broker_ts", "submitter",
                   "copies")
 
@@ -86,8 +89,8 @@ class BulkReplay:
         # Emptied in this transaction (they are empty already), the bulk-loaded tables take COPY
         # ... FREEZE: rows are written frozen, so the first reads after the replay do not rewrite
         # every page to set hint bits (and with wal_level=minimal the COPYs skip the WAL).
-        conn.execute(f"TRUNCATE {', '.join(BULK_TABLES)}")
-        conn.execute(f"SET LOCAL maintenance_work_mem = '{INDEX_BUILD_MEMORY}'")
+        conn.execute(qf("truncate_tables", tables=identifiers(BULK_TABLES)))
+        conn.execute(qf("set_local_maintenance_work_mem", memory=sql.Literal(INDEX_BUILD_MEMORY)))
         if defer_indexes:
             self.deferred = [statement for table in ("lifecycle_evidence", "applied_dedup_keys")
                              if table not in built_elsewhere for statement in self._drop_indexes(table)]
@@ -158,10 +161,9 @@ class BulkReplay:
         `raw`: the caller writes rows already in binary COPY format (`write_evidence_rows`)."""
         if self._copy is None:
             self._cursor = self.conn.cursor()
-            names = ", ".join(f'"{c}"' for c in writes.EVIDENCE_COLUMNS)
             # Rows formatted here: a thread of psycopg's sends while this one formats more. Rows
             # formatted elsewhere (raw): sent directly, so at most one chunk waits in memory.
-            self._copy_cm = self._cursor.copy(f"COPY lifecycle_evidence ({names}) FROM STDIN (FORMAT binary, FREEZE)",
+            self._copy_cm = self._cursor.copy(EVIDENCE_COPY,
                                               writer=None if raw else QueuedLibpqWriter(self._cursor))
             self._copy = self._copy_cm.__enter__()
             self._raw = raw
@@ -244,21 +246,14 @@ class BulkReplay:
     def _drop_indexes(self, table: str) -> list[str]:
         """Drop every index of `table` (in the current schema); return the statements that recreate them."""
         conn = self.conn
-        constraints = conn.execute(
-            "SELECT c.conname, pg_get_constraintdef(c.oid) FROM pg_constraint c"
-            " WHERE c.conrelid = to_regclass(%s) AND c.contype IN ('p', 'u')", (table,)).fetchall()
-        indexes = conn.execute(
-            "SELECT ic.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid"
-            " WHERE i.indrelid = to_regclass(%s)"
-            " AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)", (table,)).fetchall()
+        constraints = conn.execute(q("unique_constraints_of"), {"table": table}).fetchall()
+        indexes = conn.execute(q("plain_indexes_of"), {"table": table}).fetchall()
         recreate = []
         for name, definition in (tuple(r.values()) if isinstance(r, dict) else tuple(r) for r in constraints):
-            table_id, name_id = sql.Identifier(table), sql.Identifier(name)
-            conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(table_id, name_id))
-            recreate.append(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} ").format(table_id, name_id).as_string(conn)
-                            + definition)
+            conn.execute(qf("drop_constraint", table=table, name=name))
+            recreate.append(qf("add_constraint", table=table, name=name, definition=sql.SQL(definition)).as_string(conn))
         for name, definition in (tuple(r.values()) if isinstance(r, dict) else tuple(r) for r in indexes):
-            conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(name)))
+            conn.execute(qf("drop_index", name=name))
             recreate.append(definition)
         return recreate
 

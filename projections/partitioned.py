@@ -442,24 +442,15 @@ class DedupKeysAside:
     def definition(conn: psycopg.Connection) -> "DedupKeysAside.Definition | None":
         """`applied_dedup_keys` of `conn`'s schema as the staging table must copy it, read from the
         catalog; None (the replay builds it itself) if it has an index that is not a constraint's."""
-        row = conn.execute(
-            "SELECT current_schema() AS schema, string_agg(format('%I %s%s%s', a.attname,"
-            " format_type(a.atttypid, a.atttypmod),"
-            " CASE WHEN a.attcollation <> t.typcollation THEN ' COLLATE ' || quote_ident(c.collname) ELSE '' END,"
-            " CASE WHEN a.attnotnull THEN ' NOT NULL' ELSE '' END), ', ' ORDER BY a.attnum) AS columns"
-            " FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
-            " LEFT JOIN pg_collation c ON c.oid = a.attcollation"
-            " WHERE a.attrelid = to_regclass('applied_dedup_keys') AND a.attnum > 0 AND NOT a.attisdropped").fetchone()
+        from tapeline.postgres import q
+
+        row = conn.execute(q("dedup_keys_columns")).fetchone()
         values = row if isinstance(row, dict) else {"schema": row[0], "columns": row[1]}
-        plain_indexes = conn.execute(
-            "SELECT count(*) FROM pg_index i WHERE i.indrelid = to_regclass('applied_dedup_keys')"
-            " AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)").fetchone()
+        plain_indexes = conn.execute(q("dedup_keys_plain_index_count")).fetchone()
         if not values["columns"] or next(iter(plain_indexes.values() if isinstance(plain_indexes, dict)
                                               else plain_indexes)):
             return None
-        constraints = [tuple(r.values()) if isinstance(r, dict) else tuple(r) for r in conn.execute(
-            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
-            " WHERE conrelid = to_regclass('applied_dedup_keys') AND contype IN ('p', 'u') ORDER BY conname")]
+        constraints = [tuple(r.values()) if isinstance(r, dict) else tuple(r) for r in conn.execute(q("dedup_keys_unique_constraints"))]
         return DedupKeysAside.Definition(values["schema"], values["columns"], constraints)
 
     def __init__(self, database_url: str, definition: "DedupKeysAside.Definition", spool) -> None:
@@ -481,20 +472,20 @@ class DedupKeysAside:
         from psycopg import sql as pgsql
 
         from projections.bulk import INDEX_BUILD_MEMORY
-        from tapeline.postgres import connect
+        from tapeline.postgres import connect, q, qf
 
         try:
             with connect(self.database_url, schema=self.definition.schema, autocommit=True) as conn:
                 self._conn = conn
-                conn.execute("SET synchronous_commit = off")  # as the replay's own connection
+                conn.execute(q("session_skip_commit_flush_wait"))  # as the replay's own connection
                 with conn.transaction():
-                    conn.execute(f"SET LOCAL maintenance_work_mem = '{INDEX_BUILD_MEMORY}'")
-                    table = pgsql.Identifier(self.name)
-                    conn.execute(pgsql.SQL("CREATE TABLE {} ({})").format(table, pgsql.SQL(self.definition.columns)))
+                    conn.execute(qf("set_local_maintenance_work_mem", memory=pgsql.Literal(INDEX_BUILD_MEMORY)))
+                    conn.execute(qf("create_table_with_columns", table=self.name,
+                                    columns=pgsql.SQL(self.definition.columns)))
                     _copy_spooled(conn, self.name, ("dedup_key",), spool)  # FREEZE: created in this transaction
                     for number, (_, constraint) in enumerate(self.definition.constraints):
-                        conn.execute(pgsql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(
-                            table, pgsql.Identifier(self._constraint_name(number)), pgsql.SQL(constraint)))
+                        conn.execute(qf("add_constraint", table=self.name, name=self._constraint_name(number),
+                                        definition=pgsql.SQL(constraint)))
         except BaseException as exc:  # noqa: BLE001 - reported by install(), which the replay's thread calls
             self.error = exc
         finally:
@@ -506,42 +497,36 @@ class DedupKeysAside:
         `ReplayFailed` when the build failed."""
         from psycopg import sql as pgsql
 
+        from tapeline.postgres import q, qf
+
         self._thread.join()
         if self.error is not None:
             raise ReplayFailed(f"building applied_dedup_keys beside the replay failed: {self.error}") from self.error
         crash_point("replay.keys_aside_committed")  # tests: the staging table committed, the replay not
-        old = pgsql.Identifier("applied_dedup_keys")
-        comments = conn.execute(
-            "SELECT NULL AS column, obj_description(to_regclass('applied_dedup_keys'), 'pg_class') AS comment"
-            " UNION ALL SELECT attname, col_description(attrelid, attnum) FROM pg_attribute"
-            " WHERE attrelid = to_regclass('applied_dedup_keys') AND attnum > 0 AND NOT attisdropped").fetchall()
-        grants = conn.execute(
-            "SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(a.grantee::regrole::text) END AS grantee,"
-            " a.privilege_type, a.is_grantable FROM pg_class c, aclexplode(c.relacl) a"
-            " WHERE c.oid = to_regclass('applied_dedup_keys') AND a.grantee <> c.relowner").fetchall()
-        conn.execute(pgsql.SQL("DROP TABLE {}").format(old))
-        conn.execute(pgsql.SQL("ALTER TABLE {} RENAME TO {}").format(pgsql.Identifier(self.name), old))
+        old = "applied_dedup_keys"
+        comments = conn.execute(q("dedup_keys_comments")).fetchall()
+        grants = conn.execute(q("dedup_keys_grants")).fetchall()
+        conn.execute(qf("drop_table", table=old))
+        conn.execute(qf("rename_table", table=self.name, new_name=old))
         for number, (name, _) in enumerate(self.definition.constraints):
-            conn.execute(pgsql.SQL("ALTER TABLE {} RENAME CONSTRAINT {} TO {}").format(
-                old, pgsql.Identifier(self._constraint_name(number)), pgsql.Identifier(name)))
+            conn.execute(qf("rename_constraint", table=old, name=self._constraint_name(number), new_name=name))
         for row in comments:
             column, comment = (row["column"], row["comment"]) if isinstance(row, dict) else row
             if comment is None:
                 continue
-            target = old if column is None else pgsql.SQL("{}.{}").format(old, pgsql.Identifier(column))
-            kind = pgsql.SQL("TABLE" if column is None else "COLUMN")
-            conn.execute(pgsql.SQL("COMMENT ON {} {} IS {}").format(kind, target, pgsql.Literal(comment)))
+            if column is None:
+                conn.execute(qf("comment_on_table", table=old, comment=pgsql.Literal(comment)))
+            else:
+                conn.execute(qf("comment_on_column", table=old, column=column, comment=pgsql.Literal(comment)))
         for row in grants:
             grantee, privilege, grantable = tuple(row.values()) if isinstance(row, dict) else row
-            conn.execute(pgsql.SQL("GRANT {} ON {} TO {}{}").format(
-                pgsql.SQL(privilege), old, pgsql.SQL(grantee), pgsql.SQL(" WITH GRANT OPTION" if grantable else "")))
+            conn.execute(qf("grant_privilege_with_grant_option" if grantable else "grant_privilege",
+                            privilege=pgsql.SQL(privilege), table=old, grantee=pgsql.SQL(grantee)))
 
     def discard(self) -> None:
         """After the replay rolled back: stop the build and drop the staging table if it committed
         (best effort; a table left over is dropped with the schema by the next replay into it)."""
-        from psycopg import sql as pgsql
-
-        from tapeline.postgres import connect
+        from tapeline.postgres import connect, qf
 
         conn = self._conn
         if conn is not None:
@@ -552,7 +537,7 @@ class DedupKeysAside:
         self._thread.join(60)
         try:
             with connect(self.database_url, schema=self.definition.schema, autocommit=True) as conn:
-                conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(self.name)))
+                conn.execute(qf("drop_table_if_exists", table=self.name))
         except Exception as exc:  # noqa: BLE001 - the replay's own error is the one to raise
             import structlog
 
@@ -563,9 +548,10 @@ class DedupKeysAside:
 
 def _copy_spooled(conn: psycopg.Connection, table: str, columns: tuple[str, ...], spool) -> None:
     """COPY the text-format rows spooled in `spool` into `table` (FREEZE: truncated in this transaction)."""
+    from tapeline.postgres import identifiers, qf
+
     spool.seek(0)
-    names = ", ".join(f'"{c}"' for c in columns)
-    with conn.cursor() as cur, cur.copy(f"COPY {table} ({names}) FROM STDIN (FREEZE)") as copy:
+    with conn.cursor() as cur, cur.copy(qf("copy_text_freeze", table=table, columns=identifiers(columns))) as copy:
         while chunk := spool.read(1024 * 1024):
             copy.write(chunk)
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 import structlog
+from psycopg import sql as psql
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
 from psycopg.types.json import Jsonb
 
@@ -33,7 +34,7 @@ from projections import writes
 from projections.batch import BatchResult  # noqa: F401 - re-exported: `projector.BatchResult` as before
 from tapeline.lag import LagObserver
 from projections.pgschema import LiveGuard, SchemaSwapped, schema_oid
-from tapeline.postgres import connect, migrate, q
+from tapeline.postgres import connect, identifiers, migrate, q, qf
 from domain import events as ev
 from domain.codec import default_codec
 from tapeline import kafka
@@ -47,11 +48,13 @@ log = structlog.get_logger("tapeline.projector")
 JSON_COLUMNS = frozenset({"ladder", "outputs", "renditions"})
 
 
-def _upsert_job_sql() -> str:
+def _upsert_job_sql() -> psql.Composed:
+    """The named query `upsert_job_state` for the job_state columns of `schemas/lifecycle.json`: the
+    statement is generated from that column list, so it is composed (once, at import) from the template."""
     columns = lifecycle.JOB_STATE_COLUMNS
-    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns if c != "job_id")
-    return (f"INSERT INTO job_state ({', '.join(columns)}) VALUES ({', '.join('%(' + c + ')s' for c in columns)}) "
-            f"ON CONFLICT (job_id) DO UPDATE SET {updates}")
+    updates = psql.SQL(", ").join(qf("upsert_job_state_update", column=c) for c in columns if c != "job_id")
+    return qf("upsert_job_state", columns=identifiers(columns),
+              values=psql.SQL(", ").join(psql.Placeholder(c) for c in columns), updates=updates)
 
 
 UPSERT_JOB = _upsert_job_sql()
@@ -313,7 +316,7 @@ OTHER_CLUSTER_FIX = ("rebuild: `tapeline replay --into fresh` then `--swap fresh
 def other_cluster(conn: psycopg.Connection, cluster_id: str, projection: str = "main") -> str | None:
     """The Kafka cluster id `projection` was built from, when it is not `cluster_id` (the broker's);
     None when they match or nothing is recorded yet. The projector idles on a mismatch."""
-    row = conn.execute("SELECT cluster_id FROM projection_source WHERE projection = %s", (projection,)).fetchone()
+    row = conn.execute(q("projection_cluster_id"), {"projection": projection}).fetchone()
     stored = None if row is None else (row["cluster_id"] if isinstance(row, dict) else row[0])
     return stored if stored is not None and stored != cluster_id else None
 
@@ -348,8 +351,7 @@ class Projector:
         skipping or mixing records or crash-looping. Returns whether it may run.
         """
         cluster = consumer.list_topics(timeout=10).cluster_id
-        conn.execute("INSERT INTO projection_source (projection, cluster_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                     (self.projection, cluster))
+        conn.execute(q("record_projection_source"), {"projection": self.projection, "cluster_id": cluster})
         stored = other_cluster(conn, cluster, self.projection)
         if stored is None:
             return True
@@ -372,8 +374,7 @@ class Projector:
         name = f"{self.settings.db_schema}:{self.projection}"
         waiting = False
         while not stop.is_set():
-            if conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s)) AS held",
-                            (PROJECTOR_LOCK, name)).fetchone()["held"]:
+            if conn.execute(q("try_projector_lock"), {"key": PROJECTOR_LOCK, "name": name}).fetchone()["held"]:
                 if waiting:
                     log.info("projector took over the projection", projection=self.projection,
                              schema=self.settings.db_schema)

@@ -21,14 +21,13 @@ from typing import Callable, Iterator
 
 import psycopg
 import structlog
-from psycopg import sql
 
 from projections import logread, partitioned
 from projections.bulk import BulkReplay
 from projections.native import NativeUnsupported, resolve_engine
 from projections.pgschema import check_target_name, prepare_fresh, record_source
 from projections.projector import OTHER_CLUSTER, OTHER_CLUSTER_FIX, Projector, apply_batch, other_cluster
-from tapeline.postgres import connect, migrate, q
+from tapeline.postgres import connect, migrate, q, qf
 from domain.errors import ConfigurationError
 from tapeline.settings import Settings
 
@@ -116,13 +115,13 @@ def replay_lock(database_url: str, schema: str) -> Iterator[None]:
     `ConfigurationError` at once when another replay into `schema` holds it: two replays into one
     schema would each commit a whole replay, the last silently replacing the first."""
     with connect(database_url, autocommit=True) as conn:
-        held = conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (REPLAY_LOCK, schema)).fetchone()[0]
+        held = conn.execute(q("try_replay_lock"), {"key": REPLAY_LOCK, "schema": schema}).fetchone()[0]
         if not held:
             raise ConfigurationError(f"another replay into {schema} is running; wait for it to end (or stop it)")
         try:
             yield
         finally:
-            conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (REPLAY_LOCK, schema))
+            conn.execute(q("release_replay_lock"), {"key": REPLAY_LOCK, "schema": schema})
 
 
 def _replay(settings: Settings, schema: str, *, as_of: datetime | None, force: bool, fresh: bool, batch_size: int,
@@ -151,9 +150,9 @@ def _replay(settings: Settings, schema: str, *, as_of: datetime | None, force: b
         conn.row_factory = psycopg.rows.dict_row
         # A replay is redone from its stored offsets after any crash (they commit with the rows), so
         # losing its last commits to a server crash costs time, never correctness: skip the WAL flush wait.
-        conn.execute("SET synchronous_commit = off")
+        conn.execute(q("session_skip_commit_flush_wait"))
         # Rows encoded without a connection (replay workers, the json payload bytes) are UTF-8.
-        conn.execute("SET client_encoding = 'UTF8'")
+        conn.execute(q("session_client_encoding_utf8"))
         stored = {} if fresh else {(r["topic"], r["partition"]): r["next_offset"]
                                    for r in conn.execute(q("offsets_of_projection"), {"projection": projection})}
         use_bulk = fresh and bulk
@@ -231,10 +230,9 @@ def _replay(settings: Settings, schema: str, *, as_of: datetime | None, force: b
 def row_counts(conn: psycopg.Connection, schema: str) -> dict[str, int]:
     """Exact row count of every table in `schema`."""
     tables = [r["tablename"] if isinstance(r, dict) else r[0] for r in conn.execute(
-        "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY tablename", (schema,))]
+        q("tables_of_schema"), {"schema": schema})]
     counts = {}
     for name in tables:
-        row = conn.execute(sql.SQL("SELECT count(*) AS n FROM {}.{}").format(sql.Identifier(schema),
-                                                                            sql.Identifier(name))).fetchone()
+        row = conn.execute(qf("row_count_of", schema=schema, table=name)).fetchone()
         counts[name] = row["n"] if isinstance(row, dict) else row[0]
     return counts

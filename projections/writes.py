@@ -9,9 +9,11 @@ ran inside a savepoint, so only it is rolled back and the rows go through the na
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Iterable, Sequence
 
 import psycopg
+from psycopg import sql as psql
 from psycopg.adapt import Transformer
 from psycopg.copy import QueuedLibpqWriter
 from psycopg.pq import Format
@@ -21,7 +23,7 @@ try:  # psycopg >= 3.2 (its C implementation when psycopg[binary] is installed)
 except ImportError:  # pragma: no cover - older layouts
     from psycopg.copy import format_row_binary as _format_row_binary, format_row_text as _format_row_text
 
-from tapeline.postgres import q
+from tapeline.postgres import identifiers, q, qf
 from domain import lifecycle
 
 EVIDENCE_COLUMNS = lifecycle.EVIDENCE_COLUMNS
@@ -84,6 +86,15 @@ def copy_or_insert(conn: psycopg.Connection, table: str, columns: Sequence[str],
             cur.executemany(q(fallback_query), [dict(zip(columns, row)) for row in rows])
 
 
+@lru_cache(maxsize=64)
+def copy_statement(table: str, columns: tuple[str, ...], *, binary: bool, freeze: bool) -> psql.Composed:
+    """`COPY table (columns) FROM STDIN` with its options: the named template of `sql/copy.sql` for
+    (binary, freeze), the table and columns quoted as identifiers. The statement is generated (the
+    column lists come from `schemas/lifecycle.json`), so it is composed, once per table and options."""
+    name = "copy_" + ("binary" if binary else "text") + ("_freeze" if freeze else "")
+    return qf(name, table=table, columns=identifiers(columns))
+
+
 def copy_rows(conn: psycopg.Connection, table: str, columns: Sequence[str], rows: Iterable[tuple],
               types: Sequence[str] | None = None, queued: bool = False, freeze: bool = False) -> None:
     """`COPY table (columns) FROM STDIN` of `rows` (tuples in `columns` order); binary when `types`
@@ -91,11 +102,8 @@ def copy_rows(conn: psycopg.Connection, table: str, columns: Sequence[str], rows
     sends the data while this one formats more rows (the server parses while we decode). `freeze`:
     `COPY ... FREEZE` (the table must have been created or truncated in this transaction). Raises what
     PostgreSQL raises."""
-    names = ", ".join(f'"{c}"' for c in columns)
-    options = [option for option, wanted in (("FORMAT binary", types), ("FREEZE", freeze)) if wanted]
-    with conn.cursor() as cur, cur.copy(f"COPY {table} ({names}) FROM STDIN"
-                                        + (f" ({', '.join(options)})" if options else ""),
-                                        writer=QueuedLibpqWriter(cur) if queued else None) as copy:
+    statement = copy_statement(table, tuple(columns), binary=bool(types), freeze=freeze)
+    with conn.cursor() as cur, cur.copy(statement, writer=QueuedLibpqWriter(cur) if queued else None) as copy:
         if types:
             copy.set_types(list(types))
         for row in rows:
@@ -106,8 +114,7 @@ def copy_encoded(conn: psycopg.Connection, table: str, columns: Sequence[str], c
                  freeze: bool = False) -> None:
     """`COPY table (columns) FROM STDIN` of rows already in text COPY format (e.g. from the native
     engine, `projections/native.py`), written chunk by chunk."""
-    names = ", ".join(f'"{c}"' for c in columns)
-    with conn.cursor() as cur, cur.copy(f"COPY {table} ({names}) FROM STDIN" + (" (FREEZE)" if freeze else "")) as copy:
+    with conn.cursor() as cur, cur.copy(copy_statement(table, tuple(columns), binary=False, freeze=freeze)) as copy:
         for chunk in chunks:
             copy.write(chunk)
 

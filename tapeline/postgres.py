@@ -122,26 +122,24 @@ def migrate(database_url: str, schema: str = "public", reader_role: str = READER
     """
     applied_now = []
     with connect(database_url, schema=schema, autocommit=True) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
+        conn.execute(q("advisory_lock"), {"key": MIGRATION_LOCK})
         try:
-            if conn.execute("SELECT to_regnamespace(%s) IS NULL", (schema,)).fetchone()[0]:
-                conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-            conn.execute("CREATE TABLE IF NOT EXISTS schema_migrations ("
-                         " version integer PRIMARY KEY, name text NOT NULL,"
-                         " applied_at timestamptz NOT NULL DEFAULT now())")
-            done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
+            if conn.execute(q("schema_missing"), {"schema": schema}).fetchone()[0]:
+                conn.execute(qf("create_schema_if_missing", schema=schema))
+            conn.execute(q("create_schema_migrations"))
+            done = {row[0] for row in conn.execute(q("applied_migration_versions"))}
             for number, name, sql in migrations():
                 if number in done:
                     continue
                 with conn.transaction():
                     conn.execute(sql)
-                    conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (number, name))
+                    conn.execute(q("record_migration"), {"version": number, "name": name})
                 applied_now.append(name)
             grant_reader(conn, schema, reader_role)
-            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {CONTROL_SCHEMA}")
-            conn.execute(f"CREATE TABLE IF NOT EXISTS {CONTROL_SCHEMA}.swap_guard ()")  # only ever locked
+            conn.execute(qf("create_schema_if_missing", schema=CONTROL_SCHEMA))
+            conn.execute(qf("create_swap_guard", schema=CONTROL_SCHEMA))  # only ever locked
         finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
+            conn.execute(q("advisory_unlock"), {"key": MIGRATION_LOCK})
     return applied_now
 
 
@@ -152,28 +150,65 @@ def grant_reader(conn: psycopg.Connection, schema: str, role: str = READER_ROLE)
     grants only what is missing (a GRANT rewrites the catalog row even when it changes nothing).
     Returns what it granted, e.g. `["USAGE ON SCHEMA x", "SELECT ON x.job_state"]`.
     """
-    if conn.execute("SELECT to_regrole(%s) IS NULL", (role,)).fetchone()[0]:
+    if conn.execute(q("role_missing"), {"role": role}).fetchone()[0]:
         return []
     granted = []
     with conn.transaction():
-        if not conn.execute("SELECT has_schema_privilege(%s, %s, 'USAGE')", (role, schema)).fetchone()[0]:
-            conn.execute(psql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(psql.Identifier(schema), psql.Identifier(role)))
+        if not conn.execute(q("role_has_schema_usage"), {"role": role, "schema": schema}).fetchone()[0]:
+            conn.execute(qf("grant_schema_usage", schema=schema, role=role))
             granted.append(f"USAGE ON SCHEMA {schema}")
         missing = [name for (name,) in conn.execute(
-            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s"
-            " AND c.relkind IN ('r', 'p', 'v', 'm', 'f') AND NOT has_table_privilege(%s, c.oid, 'SELECT')"
-            " ORDER BY c.relname", (schema, role))]
+            q("relations_not_readable_by"), {"schema": schema, "role": role})]
         for name in missing:
-            conn.execute(psql.SQL("GRANT SELECT ON {}.{} TO {}").format(psql.Identifier(schema), psql.Identifier(name),
-                                                                       psql.Identifier(role)))
+            conn.execute(qf("grant_select_on", schema=schema, relation=name, role=role))
             granted.append(f"SELECT ON {schema}.{name}")
-        defaults = conn.execute(
-            "SELECT EXISTS (SELECT 1 FROM pg_default_acl d JOIN pg_namespace n ON n.oid = d.defaclnamespace,"
-            " aclexplode(d.defaclacl) a WHERE n.nspname = %s AND d.defaclrole = to_regrole(current_user)"
-            " AND d.defaclobjtype = 'r' AND a.grantee = to_regrole(%s) AND a.privilege_type = 'SELECT')",
-            (schema, role)).fetchone()[0]
+        defaults = conn.execute(q("default_select_granted"), {"schema": schema, "role": role}).fetchone()[0]
         if not defaults:
-            conn.execute(psql.SQL("ALTER DEFAULT PRIVILEGES IN SCHEMA {} GRANT SELECT ON TABLES TO {}")
-                         .format(psql.Identifier(schema), psql.Identifier(role)))
+            conn.execute(qf("grant_default_select", schema=schema, role=role))
             granted.append(f"SELECT ON future tables of {schema}")
     return granted
+
+
+SCHEMA_SNAPSHOT = SQL_DIR / "schema.sql"
+"""What the migrations produce in a fresh database: `pg_dump --schema-only --no-owner --no-privileges`,
+normalised (`normalise_schema_dump`). `scripts/schema_snapshot.py` writes it again;
+tests/integration/test_schema_snapshot.py checks it. It holds no `-- name:` block, so the loader of
+named queries reads nothing from it."""
+
+
+def pg_dump_path(database_url: str) -> str | None:
+    """The `pg_dump` of the server's major version (Debian's `/usr/lib/postgresql/<major>/bin`), else
+    the one on the PATH; None when there is none."""
+    import shutil
+
+    with connect(database_url) as conn:
+        major = conn.info.server_version // 10000
+    candidate = Path(f"/usr/lib/postgresql/{major}/bin/pg_dump")
+    return str(candidate) if candidate.exists() else shutil.which("pg_dump")
+
+
+DUMP_NOISE = re.compile(r"--( |$)|\\(un)?restrict\b|SET |SELECT pg_catalog\.set_config\(")
+"""A line of a schema dump that says nothing about the schema (see `normalise_schema_dump`)."""
+
+
+def normalise_schema_dump(text: str) -> str:
+    """A schema dump without what varies between dumps of the same schema: pg_dump's comment lines
+    (`--`, `-- Name: ...`, versions), its `\\restrict` keys, the session settings it starts with
+    (`SET ...`, `SELECT pg_catalog.set_config(...)`); runs of blank lines become one."""
+    kept = []
+    for line in text.splitlines():
+        if DUMP_NOISE.match(line):
+            continue
+        if not line.strip() and (not kept or not kept[-1].strip()):
+            continue
+        kept.append(line.rstrip())
+    return "\n".join(kept).strip() + "\n"
+
+
+def dump_schema(database_url: str, pg_dump: str = "pg_dump") -> str:
+    """The normalised schema of the database at `database_url` (every schema in it)."""
+    import subprocess
+
+    out = subprocess.run([pg_dump, "--schema-only", "--no-owner", "--no-privileges", database_url],
+                         capture_output=True, text=True, check=True).stdout
+    return normalise_schema_dump(out)

@@ -54,9 +54,11 @@ def _pg_connect_error(settings: Settings, timeout_s: int = 3) -> str | None:
     """None if the DSN accepts a connection and `SELECT 1`, else the error text."""
     import psycopg
 
+    from tapeline.postgres import q
+
     try:
         with psycopg.connect(settings.database_url, connect_timeout=timeout_s) as conn:
-            conn.execute("SELECT 1")
+            conn.execute(q("ping"))
         return None
     except psycopg.Error as exc:
         return str(exc).strip() or type(exc).__name__
@@ -77,18 +79,19 @@ def drop_database(admin_url: str, dbname: str, attempts: int = 4) -> None:
     every attempt, and any other psycopg.Error as it comes.
     """
     import psycopg
-    from psycopg import errors, sql
+    from psycopg import errors
 
-    name = sql.Identifier(dbname)
+    from tapeline.postgres import qf
+
     with psycopg.connect(admin_url, autocommit=True) as conn:
         try:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+            conn.execute(qf("drop_database_force", database=dbname))
             return
         except errors.InsufficientPrivilege:
             pass
         for attempt in range(1, attempts + 1):
             try:
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(name))
+                conn.execute(qf("drop_database", database=dbname))
                 return
             except errors.ObjectInUse:
                 if attempt == attempts:
@@ -113,17 +116,20 @@ def _psql_quote(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
-READER_ROLE_SQL = ("SELECT 'CREATE ROLE tapeline_reader NOLOGIN' WHERE NOT EXISTS "
-                   "(SELECT FROM pg_roles WHERE rolname = 'tapeline_reader') \\gexec")
-"""The read-only role dashboards are granted (migration 010 grants it SELECT on every projection)."""
+def reader_role_sql() -> str:
+    """psql script: create the read-only role dashboards are granted (migration 010 grants it SELECT on
+    every projection) when it is missing."""
+    from tapeline.postgres import q
+
+    return q("psql_create_reader_role")
 
 
 def reader_grant_sql(user: str) -> str:
     """psql script: make the DSN's login role a member of `tapeline_reader`, so `tapeline serve` can
     `SET ROLE tapeline_reader` (a NOLOGIN role is only reachable that way). Idempotent."""
-    return "\n".join([f"\\set login {_psql_quote(user)}",
-                      "SELECT format('GRANT tapeline_reader TO %I', :'login') WHERE NOT pg_has_role(:'login', "
-                      "'tapeline_reader', 'MEMBER') \\gexec"])
+    from tapeline.postgres import q
+
+    return "\n".join([f"\\set login {_psql_quote(user)}", q("psql_grant_reader_to_login")])
 
 
 def _pg_ensure_reader_role(port: str, user: str, console: Console | None) -> None:
@@ -133,7 +139,7 @@ def _pg_ensure_reader_role(port: str, user: str, console: Console | None) -> Non
     if os.geteuid() != 0 or shutil.which("runuser") is None or shutil.which("psql") is None:
         return
     result = subprocess.run(["runuser", "-u", "postgres", "--", "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1",
-                             "-p", port, "-d", "postgres"], input=READER_ROLE_SQL + "\n" + reader_grant_sql(user) + "\n",
+                             "-p", port, "-d", "postgres"], input=reader_role_sql() + "\n" + reader_grant_sql(user) + "\n",
                             capture_output=True, text=True, cwd="/")
     if result.returncode != 0:
         _say(console, f"[yellow]postgres[/]: could not create role tapeline_reader: {result.stderr.strip()}")
@@ -152,15 +158,15 @@ def _pg_ensure_role_and_db(params: dict[str, str], port: str, console: Console |
     if os.geteuid() != 0:
         raise StackError(f"Creating the PostgreSQL role {params['user']!r} needs root (`runuser -u postgres`); "
                          "run `tapeline stack up` as root once, or create the role and database yourself.")
+    from tapeline.postgres import q
+
     script = "\n".join([
         f"\\set role {_psql_quote(params['user'])}",
         f"\\set pw {_psql_quote(params.get('password', ''))}",
         f"\\set db {_psql_quote(params['dbname'])}",
-        "SELECT format('CREATE ROLE %I LOGIN CREATEDB PASSWORD %L', :'role', :'pw')"
-        " WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'role') \\gexec",
-        "SELECT format('CREATE DATABASE %I OWNER %I', :'db', :'role')"
-        " WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = :'db') \\gexec",
-        READER_ROLE_SQL,
+        q("psql_create_login_role"),
+        q("psql_create_database"),
+        reader_role_sql(),
         reader_grant_sql(params["user"]),
         "",
     ])
@@ -220,8 +226,10 @@ def _warn_if_no_createdb(settings: Settings, console: Console | None) -> None:
     """Warn if the DSN's role cannot CREATE DATABASE (tests create one database per module)."""
     import psycopg
 
+    from tapeline.postgres import q
+
     with contextlib.suppress(psycopg.Error), psycopg.connect(settings.database_url, connect_timeout=3) as conn:
-        row = conn.execute("SELECT rolcreatedb OR rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
+        row = conn.execute(q("can_create_database")).fetchone()
         if row is not None and not row[0]:
             _say(console, "[yellow]postgres[/]: the role cannot CREATE DATABASE; tests that create "
                           "their own database will fail (ALTER ROLE ... CREATEDB)")
