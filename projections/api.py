@@ -47,7 +47,6 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
-from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import BaseModel, Field, model_validator
 
@@ -58,7 +57,7 @@ from projections.glossary import STALL_KINDS, glossary
 from projections.ports import Intake, OperatorActions
 from tapeline import read
 from projections.provider_status import provider_overview
-from tapeline.postgres import check_schema_name, connect, q
+from tapeline.postgres import check_schema_name, connect, q, qf
 from domain.errors import ConfigurationError, NotCancellable, NotReplayable, ServiceUnavailable, TapelineError
 from tapeline.settings import Settings
 
@@ -78,7 +77,7 @@ Priority = Literal["archive", "standard", "index"]
 
 def _as_reader(role: str):
     def configure(conn: psycopg.Connection) -> None:
-        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+        conn.execute(qf("set_role", role=role))
     return configure
 
 

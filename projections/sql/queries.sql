@@ -465,3 +465,7 @@ SELECT 1 FROM job_state LIMIT 1;
 -- name: current_role
 -- The role the connection acts as.
 SELECT current_user AS role;
+
+-- name: set_role
+-- Act as {role} for the rest of the session (the read API's pool runs as the read-only role).
+SET ROLE {role};

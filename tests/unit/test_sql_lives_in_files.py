@@ -17,6 +17,7 @@ from tapeline import postgres
 ROOT = Path(__file__).resolve().parents[2]
 
 SQL_FREE_FILES = (
+    "projections/api.py",
     "projections/bulk.py",
     "projections/partitioned.py",
     "projections/pgschema.py",
