@@ -158,6 +158,7 @@ def _replay_one(settings: Settings, runtime: Runtime, letter: dict[str, Any], op
     """Replay one job dead letter, exactly once whoever else acts on the job (module docstring)."""
     job_id = letter["job_id"]
     producer = kafka.transactional_producer(settings, operator_transactional_id(settings, job_id))  # first: fences
+    fenced = False
     try:
         row = runtime.job_row(job_id)  # then the caught-up read: holds every action committed before
         letter = read.dead_letter(runtime.db, letter["id"]) or letter
@@ -173,12 +174,14 @@ def _replay_one(settings: Settings, runtime: Runtime, letter: dict[str, Any], op
         try:
             transact(producer, lambda: runtime.produce(producer, outgoing), name="operator.replay")
         except Fenced:
+            fenced = True
             detail = winner(runtime, job_id, ("JobReplayed",), seen, settings.caught_up_timeout_s)
             log.info("dead letter replay lost to another action", dead_letter_id=letter["id"], job_id=job_id,
                      detail=detail)
             return ReplayOutcome(letter["id"], job_id, False, detail)
     finally:
-        producer.flush(5)
+        if not fenced:  # a fenced producer is in librdkafka's fatal state: flush would raise, and has nothing to send
+            producer.flush(5)
     next_attempt = row["attempt"] + 1
     log.info("dead letter replayed", dead_letter_id=letter["id"], job_id=job_id, operator=operator,
              next_attempt=next_attempt)
@@ -290,10 +293,9 @@ def cancel_job(settings: Settings, job_id: str, operator: str, reason: str) -> s
                                  f"job {job_id} is {row['state']}: it has ended and cannot be cancelled")
         try:
             transact(producer, lambda: runtime.produce(producer, outgoing), name="operator.cancel")
-        except Fenced:
+        except Fenced:  # no flush: a fenced producer is in librdkafka's fatal state (flush raises, nothing to send)
             raise NotCancellable(f"job {job_id}: {winner(runtime, job_id, ('JobCancelled',), seen, settings.caught_up_timeout_s)}") from None
-        finally:
-            producer.flush(5)
+        producer.flush(5)
     finally:
         runtime.close()
     log.info("job cancelled", job_id=job_id, operator=operator, stage=row["stage"], attempt=row["attempt"])
