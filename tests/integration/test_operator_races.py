@@ -207,16 +207,16 @@ def test_the_dashboard_replays_a_job_that_would_fail_again_only_when_told_anyway
     page's replay refuses it and says why; the job page warns and its "Replay anyway" replays it."""
     settings, _ = world
     job = Job("standard")
-    fail = dict(error_class="storage_transient", retryable=True, reason="S3 answered 503")
+    fail = dict(error_class="timeout", retryable=True, reason="ffmpeg ran past its wall-clock limit")
     events = [job.accepted(), job.queued("transcode", 1), job.started("transcode", 1, "a1"),
               job.event(ev.AttemptFailed, "transcode", 1, "a1", **fail),
-              job.event(ev.JobDeadLettered, "transcode", 1, "a1", error_class="storage_transient",
-                        reason="out of attempts: S3 answered 503", attempts=1, evidence="test"),
+              job.event(ev.JobDeadLettered, "transcode", 1, "a1", error_class="timeout",
+                        reason="out of attempts: ffmpeg ran past its wall-clock limit", attempts=1, evidence="test"),
               job.event(ev.JobReplayed, "transcode", 1, operator="ops", reason="S3 fixed", dead_letter_id=f"{job.job_id}/1"),
               job.queued("transcode", 2), job.started("transcode", 2, "a2"),
               job.event(ev.AttemptFailed, "transcode", 2, "a2", **fail),
-              job.event(ev.JobDeadLettered, "transcode", 2, "a2", error_class="storage_transient",
-                        reason="out of attempts: S3 answered 503", attempts=1, evidence="test")]
+              job.event(ev.JobDeadLettered, "transcode", 2, "a2", error_class="timeout",
+                        reason="out of attempts: ffmpeg ran past its wall-clock limit", attempts=1, evidence="test")]
     runtime = Runtime(settings, "test")
     producer = kafka.transactional_producer(settings, f"{settings.app_name}.test-anyway")
     transact(producer, lambda: runtime.produce(producer, [(settings.jobs_topic, e) for e in events]))
