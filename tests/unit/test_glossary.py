@@ -10,6 +10,7 @@ from pathlib import Path
 from domain.lifecycle_data import LIFECYCLE
 from domain.policy.retry import ERROR_CLASSES
 from projections import glossary
+from tapeline.health import STALL_KINDS as DETECTED_STALL_KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "projections" / "templates"
@@ -42,6 +43,7 @@ def test_every_term_the_dashboard_shows_is_explained():
     assert headings() - set(terms) == set()
     assert set(LIFECYCLE.states) - set(terms) == set()
     assert outcomes() - set(glossary.OUTCOMES) == set()
+    assert set(DETECTED_STALL_KINDS) <= set(glossary.STALL_KINDS)  # every kind the watchdog counts
     assert set(glossary.EVENTS) == set().union(*LIFECYCLE.events.values())
     assert set(glossary.ERROR_CLASS_HELP) == set(ERROR_CLASSES)
     # the words an operator asked about (issue 26)
