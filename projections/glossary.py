@@ -11,18 +11,21 @@ lifecycle's own text), nothing here restates them.
 
 from __future__ import annotations
 
+from domain.diagnosis import STALL_WORDS
 from domain.lifecycle_data import LIFECYCLE
 
+_STALL_DETAIL: dict[str, str] = {
+    "lease_expired": "no claim or heartbeat arrived within its lease (a dead or frozen process, or a partitioned "
+                     "host)",
+    "no_progress": "heartbeats arrived but frames and media time stood still past the no-progress timeout",
+    "worker_exited": "a crash, kill -9 or OOM; its supervisor or its restarted successor rescued the attempt at "
+                     "once, without waiting for the lease",
+    "handoff": "a stage was queued and nobody claimed it within the handoff timeout (the watchdog re-sends its "
+               "work item)",
+    "expected_work_missing": "no job came of it within the intake timeout",
+}
 STALL_KINDS: dict[str, str] = {
-    "lease_expired": "the worker stopped heartbeating: no claim or heartbeat arrived within its lease (a dead or "
-                     "frozen process, or a partitioned host)",
-    "no_progress": "ffmpeg stopped advancing while its worker was alive: heartbeats arrived but frames and media "
-                   "time stood still past the no-progress timeout",
-    "worker_exited": "the worker process exited (a crash, kill -9, OOM) and its supervisor or its restarted "
-                     "successor rescued the attempt at once, without waiting for the lease",
-    "handoff": "no worker picked the work up: a stage was queued and nobody claimed it within the handoff "
-               "timeout (the watchdog re-sends its work item)",
-    "expected_work_missing": "an upload that never became a job within the intake timeout",
+    **{kind: f"{STALL_WORDS[kind]}: {detail}" for kind, detail in _STALL_DETAIL.items()},
     "waiting": "a retry waiting for its backoff, or a retry, hand-over or replay queued for a free worker; listed "
                "until a worker claims it",
 }
