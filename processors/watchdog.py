@@ -34,6 +34,7 @@ import structlog
 
 from domain.policy.cleanup import SWEPT_PREFIXES, CleanupPlan, job_ids_of, plan_cleanup, retention_under_pressure
 from domain.policy.retry import Action, retry_decision, retry_scheduled, stall_error_class
+from domain.policy.stall import attempt_stall, handoff_redrive_due, work_missing
 from processors.runtime import Outgoing, Runtime, transact
 from domain.lifecycle import attempts_used
 from tapeline.postgres import connect, q
@@ -107,6 +108,10 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
              due: list[dict[str, Any]] = ()) -> RunResult:
     """Classify every stall and build the events that act on it. Pure: rows in, events out.
 
+    The rows are the views' candidates, each with `log_now` (its log clock); the stall rule
+    (`domain/policy/stall.py`, thresholds from `settings.stall_thresholds()`) decides each one, so
+    a candidate the rule does not call stalled (a heartbeat arrived meanwhile) is ignored.
+
     - a stalled attempt (lease_expired | no_progress | worker_exited, the last from `processors/rescue.py`): `StallDetected` then, within the attempt
       budget (yields do not count), `RetryScheduled` + `StageQueued` + `WorkItem` for the next
       attempt at once (error class by the stall's kind: `stall_error_class`, worker_lost or
@@ -119,20 +124,32 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
     """
     result = RunResult()
     jobs_topic = settings.jobs_topic
+    thresholds = settings.stall_thresholds()
     for row in stalled:
         job = jobs.get(row["job_id"])
         if job is None or job["state"] != "running" or (job["stage"], job["attempt"]) != (row["stage"], row["attempt"]):
             result.count(Verdict.IGNORE)
             continue
+        if row["kind"] == "worker_exited":  # seen by a supervisor or a restarted worker: no clock to judge
+            kind, since_s = row["kind"], float(row.get("since_s") or 0.0)
+        else:  # the view selected a candidate; the stall rule decides (domain/policy/stall.py)
+            verdict = attempt_stall(leased_until=row.get("leased_until"), last_heartbeat_at=row.get("last_heartbeat_at"),
+                                    progress_at=row.get("last_progress_at"),
+                                    progress_grace_s=job.get("progress_grace_s"), now=row["log_now"],
+                                    thresholds=thresholds)
+            if verdict is None:
+                result.count(Verdict.IGNORE)
+                continue
+            kind, since_s = verdict.kind, verdict.since_s
         stage, attempt = row["stage"], row["attempt"]
         common = dict(job_id=row["job_id"], recorded_by=recorded_by, correlation_id=job["upload_id"])
-        detail = row.get("detail") or (f"lease ended {row['leased_until']:%H:%M:%S.%f}" if row["kind"] == "lease_expired"
+        detail = row.get("detail") or (f"lease ended {row['leased_until']:%H:%M:%S.%f}" if kind == "lease_expired"
                                        else f"frames stuck at {row['progress_frames']}")
         result.outgoing.append((jobs_topic, ev.StallDetected.new(system_clock.stamp(), 
-            stage=stage, attempt=attempt, kind=row["kind"], stalled_attempt=attempt,
-            last_progress_at=row["last_progress_at"], since_s=float(row["since_s"] or 0.0), detail=detail, **common)))
+            stage=stage, attempt=attempt, kind=kind, stalled_attempt=attempt,
+            last_progress_at=row["last_progress_at"], since_s=since_s, detail=detail, **common)))
         used = attempts_used(job, attempt)
-        error_class = stall_error_class(row["kind"])
+        error_class = stall_error_class(kind)
         decision = retry_decision(error_class, used, settings.retry_policy())
         if decision.action is Action.RETRY:
             nxt = attempt + 1
@@ -144,7 +161,7 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
         else:
             dead = ev.JobDeadLettered.new(system_clock.stamp(), 
                 stage=stage, attempt=attempt, error_class=error_class,
-                reason=f"attempt {attempt} stalled ({row['kind']}) and no attempts are left", attempts=used,
+                reason=f"attempt {attempt} stalled ({kind}) and no attempts are left", attempts=used,
                 evidence=f"{jobs_topic} partition {row['log_partition']}", **common)
             result.outgoing += [(jobs_topic, dead), (settings.dlq_topic, dead)]  # the fact + its dead-letter record
             result.count(Verdict.DEAD_LETTER)
@@ -158,7 +175,8 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
         result.count(Verdict.DISPATCH)
     for row in handoffs:
         job = jobs.get(row["job_id"])
-        if job is None or job["state"] != "queued" or (job["stage"], job["attempt"]) != (row["stage"], row["attempt"]):
+        if job is None or job["state"] != "queued" or (job["stage"], job["attempt"]) != (row["stage"], row["attempt"]) \
+                or not handoff_redrive_due(queued_at=row.get("queued_at"), now=row["log_now"], thresholds=thresholds):
             result.count(Verdict.IGNORE)
             continue
         common = dict(job_id=row["job_id"], recorded_by=recorded_by, correlation_id=job["upload_id"])
@@ -172,6 +190,9 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
         ]
         result.count(Verdict.REDRIVE)
     for row in missing:
+        if not work_missing(uploaded_at=row["uploaded_at"], has_job=False, now=row["log_now"], thresholds=thresholds):
+            result.count(Verdict.IGNORE)
+            continue
         result.outgoing.append((jobs_topic, ev.StallDetected.new(system_clock.stamp(), 
             job_id=row["job_id"], stage="intake", attempt=0, recorded_by=recorded_by, correlation_id=row["upload_id"],
             kind="expected_work_missing", stalled_attempt=0, since_s=float(row["since_s"]),

@@ -35,6 +35,7 @@ from typing import Any, Iterable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from domain.codec import default_codec
+from domain.policy.stall import STALL_KINDS
 
 
 @lru_cache(maxsize=1)
@@ -50,8 +51,6 @@ def ffmpeg_version() -> str | None:
 
 STAGE_BUCKETS_S = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 """Histogram buckets of `tapeline_stage_duration_seconds`: a short clip to an hour-long encode."""
-STALL_KINDS = ("lease_expired", "no_progress", "worker_exited", "handoff", "expected_work_missing")
-"""The `StallDetected` kinds, exported at 0 before the first one."""
 
 
 def _utc_iso(ts: float | None) -> str | None:

@@ -261,6 +261,13 @@ class Settings(BaseSettings):
         return RetryPolicy(max_attempts=self.max_attempts, backoff_s=self.retry_backoff_s, jitter=self.retry_jitter,
                            backoff_by_class={**STALL_BACKOFF_S, **self.retry_backoff_by_class})
 
+    def stall_thresholds(self):
+        """The stall rule's thresholds these settings give (`domain.policy.stall.StallThresholds`)."""
+        from domain.policy.stall import StallThresholds
+
+        return StallThresholds(no_progress_timeout_s=self.no_progress_timeout_s,
+                               handoff_timeout_s=self.handoff_timeout_s, intake_timeout_s=self.intake_timeout_s)
+
     @property
     def tick_s(self) -> float:
         """Watchdog tick period in seconds: how often the log clock advances when nothing else happens."""

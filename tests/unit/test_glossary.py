@@ -10,7 +10,7 @@ from pathlib import Path
 from domain.lifecycle_data import LIFECYCLE
 from domain.policy.retry import ERROR_CLASSES
 from projections import glossary
-from tapeline.health import STALL_KINDS as DETECTED_STALL_KINDS
+from domain.policy.stall import STALL_KINDS as DETECTED_STALL_KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "projections" / "templates"

@@ -23,7 +23,8 @@ def job(job_id="j1", state="running", stage="transcode", attempt=1, yields=0, **
 
 def stalled(kind="lease_expired", attempt=1, stage="transcode", job_id="j1"):
     return {"job_id": job_id, "stage": stage, "attempt": attempt, "kind": kind, "log_now": NOW,
-            "leased_until": NOW - timedelta(seconds=2), "last_progress_at": NOW - timedelta(seconds=9),
+            "leased_until": NOW - timedelta(seconds=2), "last_heartbeat_at": NOW - timedelta(seconds=9),
+            "last_progress_at": NOW - timedelta(seconds=9),
             "progress_frames": 120, "since_s": 9.0, "log_partition": 1}
 
 
@@ -80,7 +81,8 @@ def test_rows_that_no_longer_match_the_job_are_ignored():
 
 
 def test_stalled_handoff_is_redriven_with_a_numbered_dedup_key():
-    handoff = {"job_id": "j1", "stage": "publish", "attempt": 1, "redrives": 2, "since_s": 130.0, "log_now": NOW}
+    handoff = {"job_id": "j1", "stage": "publish", "attempt": 1, "redrives": 2, "since_s": 130.0, "log_now": NOW,
+               "queued_at": NOW - timedelta(seconds=130)}
     result = run_once([], [handoff], [], {"j1": job(state="queued", stage="publish")}, SETTINGS, "w")
     assert result.counts["redrive"] == 1
     stall, item = (e for _, e in result.outgoing)
@@ -89,7 +91,8 @@ def test_stalled_handoff_is_redriven_with_a_numbered_dedup_key():
 
 
 def test_missing_work_is_reported():
-    missing = {"upload_id": "u9", "job_id": "j9", "since_s": 200.0}
+    missing = {"upload_id": "u9", "job_id": "j9", "since_s": 200.0, "uploaded_at": NOW - timedelta(seconds=200),
+               "log_now": NOW}
     result = run_once([], [], [missing], {}, SETTINGS, "w")
     assert result.counts["report"] == 1
     assert result.outgoing[0][1].kind == "expected_work_missing" and result.outgoing[0][1].job_id == "j9"
@@ -118,3 +121,16 @@ def test_stall_with_a_configured_backoff_waits_for_the_due_time():
     assert kinds(result) == [("unit.jobs", "StallDetected"), ("unit.jobs", "RetryScheduled")]
     retry = result.outgoing[1][1]
     assert (retry.not_before - retry.occurred_at).total_seconds() == 30.0
+
+
+def test_a_candidate_the_stall_rule_does_not_call_stalled_is_ignored():
+    """The view's row was read before a heartbeat moved the lease: the rule judges the row it is given."""
+    alive = {**stalled(), "leased_until": NOW + timedelta(seconds=3), "last_heartbeat_at": NOW - timedelta(seconds=1),
+             "last_progress_at": NOW - timedelta(seconds=1)}
+    result = run_once([alive], [], [], {"j1": job()}, SETTINGS, "w")
+    assert result.outgoing == [] and result.counts["ignore"] == 1
+    frozen = {**alive, "last_progress_at": NOW - timedelta(seconds=SETTINGS.no_progress_timeout_s + 1)}
+    result = run_once([frozen], [], [], {"j1": job()}, SETTINGS, "w")
+    assert result.outgoing[0][1].kind == "no_progress"
+    graced = run_once([frozen], [], [], {"j1": job(progress_grace_s=60.0)}, SETTINGS, "w")
+    assert graced.outgoing == [] and graced.counts["ignore"] == 1

@@ -1,0 +1,92 @@
+"""What a stall is: the one rule, its kinds and its thresholds.
+
+Tapeline notices a job that stops moving while every process still answers its health check. The
+rule, judged on the **log clock** (the broker time of the newest record of the job's partition of
+the lifecycle log; never a machine's clock):
+
+- a running attempt is stalled when
+  - `lease_expired`: its lease ended (`leased_until` = last claim or heartbeat + the lease, seconds)
+    before the log clock: its process died, froze or lost the network; or else
+  - `no_progress`: its heartbeats arrive, but its progress counters (frames, seconds of output)
+    have not moved for `no_progress_timeout_s` plus the attempt's own `progress_grace_s` (the
+    seconds of a step that reports no frames, such as the checks after an encode);
+- `worker_exited`: a supervisor saw the process that held the attempt exit, or a restarted worker
+  found an attempt held by an earlier incarnation of its own identity (`processors/rescue.py`;
+  decided there, on the spot, without a clock);
+- a queued stage is a stalled `handoff` when nobody claimed it for `handoff_timeout_s` since it was
+  queued (or last re-driven): the watchdog sends its work item again;
+- an upload is `expected_work_missing` when no job came of it within `intake_timeout_s` on the
+  newest log clock of all partitions.
+
+The SQL views `stalled_attempts`, `stalled_handoffs` and `expected_work_missing` (migrations 016,
+019, 020) select the candidates with the same comparisons, so the watchdog reads few rows; the
+watchdog decides with the functions below (`processors/watchdog.py` `run_once`), and
+`tests/integration/test_stall_rule.py` checks the views select exactly what these functions call
+stalled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+StallKind = Literal["lease_expired", "no_progress", "worker_exited", "handoff", "expected_work_missing"]
+
+STALL_KINDS: tuple[StallKind, ...] = ("lease_expired", "no_progress", "worker_exited", "handoff",
+                                      "expected_work_missing")
+"""Every `StallDetected.kind` (the watchdog's metric exports each at 0 before the first one)."""
+
+ATTEMPT_STALL_KINDS: tuple[StallKind, ...] = ("lease_expired", "no_progress", "worker_exited")
+"""The kinds that end a running attempt (a retry or a dead letter follows)."""
+
+
+@dataclass(frozen=True)
+class StallThresholds:
+    """The watchdog's thresholds, seconds (settings `TAPELINE_NO_PROGRESS_TIMEOUT_S`,
+    `TAPELINE_HANDOFF_TIMEOUT_S`, `TAPELINE_INTAKE_TIMEOUT_S`; written to the `stall_policy` table
+    at the watchdog's start so the views use the same numbers)."""
+
+    no_progress_timeout_s: float = 120.0
+    handoff_timeout_s: float = 120.0
+    intake_timeout_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class AttemptStall:
+    """A running attempt that stopped moving: `kind`, and `since_s`, seconds on the log clock since
+    its last claim or heartbeat (lease_expired) or since its progress counters last moved
+    (no_progress)."""
+
+    kind: StallKind
+    since_s: float
+
+
+def attempt_stall(*, leased_until: datetime | None, last_heartbeat_at: datetime | None,
+                  progress_at: datetime | None, progress_grace_s: float | None, now: datetime,
+                  thresholds: StallThresholds) -> AttemptStall | None:
+    """Whether a running attempt is stalled at log-clock time `now` (aware datetimes, broker time).
+
+    An expired lease wins over frozen progress (a dead process also reports no progress). A missing
+    time (None) never makes a stall by itself. Returns None when the attempt is moving."""
+    if leased_until is not None and leased_until < now:
+        since = now - (last_heartbeat_at or leased_until)
+        return AttemptStall("lease_expired", since.total_seconds())
+    if progress_at is not None:
+        allowed = timedelta(seconds=thresholds.no_progress_timeout_s + (progress_grace_s or 0.0))
+        if progress_at + allowed < now:
+            return AttemptStall("no_progress", (now - progress_at).total_seconds())
+    return None
+
+
+def handoff_redrive_due(*, queued_at: datetime | None, now: datetime, thresholds: StallThresholds) -> bool:
+    """Whether a queued stage waited past `handoff_timeout_s` on the log clock since it was queued
+    or last re-driven (`queued_at`), so its work item is sent again."""
+    return queued_at is not None and queued_at + timedelta(seconds=thresholds.handoff_timeout_s) < now
+
+
+def work_missing(*, uploaded_at: datetime, has_job: bool, now: datetime | None, thresholds: StallThresholds) -> bool:
+    """Whether an upload (first copy at broker time `uploaded_at`) should have become a job by
+    `now`, the newest log clock of all partitions (None before any record: nothing is judged)."""
+    return (not has_job and now is not None
+            and uploaded_at + timedelta(seconds=thresholds.intake_timeout_s) < now)

@@ -1,0 +1,112 @@
+"""The stall views select exactly what the stall rule calls stalled (real PostgreSQL).
+
+`domain/policy/stall.py` is the rule; the views `stalled_attempts`, `stalled_handoffs` and
+`expected_work_missing` pre-select candidates with the same comparisons so the watchdog reads few
+rows. Seeded random projections (running and queued jobs on three partitions with their own log
+clocks, uploads with and without jobs) go into a real database; each view must return the rows the
+pure functions select, with the same kind and seconds.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+from psycopg.rows import dict_row
+
+from domain.policy.stall import StallThresholds, attempt_stall, handoff_redrive_due, work_missing
+from tapeline.postgres import q
+
+THRESHOLDS = StallThresholds(no_progress_timeout_s=30.0, handoff_timeout_s=20.0, intake_timeout_s=40.0)
+CLOCKS = {0: datetime(2026, 12, 4, 12, 0, tzinfo=timezone.utc),
+          1: datetime(2026, 12, 4, 12, 0, 7, 250_000, tzinfo=timezone.utc),
+          2: datetime(2026, 12, 4, 11, 59, 51, tzinfo=timezone.utc)}
+
+
+def maybe(rng: random.Random, value, none_share: float = 0.15):
+    return None if rng.random() < none_share else value
+
+
+def generated(seed: int = 26):
+    rng = random.Random(seed)
+    jobs, uploads = [], []
+    for n in range(240):
+        partition = rng.randrange(3)
+        now = CLOCKS[partition]
+        # Times around each threshold, a few exactly on it (the rule says "past": strictly before now).
+        # A claim sets the last heartbeat and the lease together (both NULL before the first claim).
+        heartbeat = maybe(rng, now - timedelta(seconds=rng.choice([0, 1, 4.5, 9, 10, 11, 25, 60]) + rng.random() * 0.01))
+        lease_s = rng.choice([5.0, 10.0, 120.0])
+        jobs.append({
+            "job_id": f"j{n}", "upload_id": f"u{n}", "state": rng.choice(["running", "running", "queued", "completed"]),
+            "stage": rng.choice(["transcode", "publish"]), "attempt": rng.randint(1, 3), "log_partition": partition,
+            "last_heartbeat_at": heartbeat,
+            "leased_until": heartbeat and heartbeat + timedelta(seconds=lease_s),
+            "progress_at": maybe(rng, now - timedelta(seconds=rng.choice([0, 10, 29.5, 30, 30.5, 45, 100]))),
+            "progress_grace_s": maybe(rng, rng.choice([0.0, 20.0, 80.0]), 0.6),
+            "queued_at": maybe(rng, now - timedelta(seconds=rng.choice([0, 5, 19.9, 20, 20.1, 50])), 0.1),
+            "redrives": rng.choice([0, 0, 1]),
+        })
+    newest = max(CLOCKS.values())
+    for n in range(80):
+        uploads.append({"upload_id": f"up{n}", "job_id": f"j{n}" if rng.random() < 0.3 else f"nojob{n}",
+                        "broker_ts": newest - timedelta(seconds=rng.choice([0, 10, 39.9, 40, 40.1, 90]))})
+    return jobs, uploads
+
+
+def load(conn: psycopg.Connection, jobs: list[dict], uploads: list[dict]) -> None:
+    conn.execute("DELETE FROM job_state")
+    conn.execute("DELETE FROM uploads")
+    conn.execute("DELETE FROM log_clock")
+    for partition, now in CLOCKS.items():
+        conn.execute("INSERT INTO log_clock (partition, now) VALUES (%s, %s)", (partition, now))
+    conn.execute("UPDATE stall_policy SET no_progress_timeout_s = %s, handoff_timeout_s = %s, intake_timeout_s = %s",
+                 (THRESHOLDS.no_progress_timeout_s, THRESHOLDS.handoff_timeout_s, THRESHOLDS.intake_timeout_s))
+    for job in jobs:
+        conn.execute(
+            "INSERT INTO job_state (job_id, upload_id, state, stage, attempt, log_partition, last_heartbeat_at, "
+            "leased_until, progress_at, progress_grace_s, queued_at, redrives, created_at, updated_at) "
+            "VALUES (%(job_id)s, %(upload_id)s, %(state)s, %(stage)s, %(attempt)s, %(log_partition)s, "
+            "%(last_heartbeat_at)s, %(leased_until)s, %(progress_at)s, %(progress_grace_s)s, %(queued_at)s, "
+            "%(redrives)s, now(), now())", job)
+    for upload in uploads:
+        conn.execute("INSERT INTO uploads (upload_id, job_id, filename, size_bytes, sha256, priority, broker_ts) "
+                     "VALUES (%(upload_id)s, %(job_id)s, 'a.mp4', 1, 'x', 'standard', %(broker_ts)s)", upload)
+
+
+def test_the_stall_views_select_what_the_stall_rule_calls_stalled(isolated) -> None:
+    jobs, uploads = generated()
+    with psycopg.connect(isolated.database_url, row_factory=dict_row) as conn:
+        load(conn, jobs, uploads)
+        attempts = {(r["job_id"], r["kind"], round(r["since_s"], 3))
+                    for r in conn.execute(q("stalled_attempts")).fetchall()}
+        handoffs = {r["job_id"] for r in conn.execute(q("handoffs_due")).fetchall()}
+        missing = {r["upload_id"] for r in conn.execute(q("expected_work_missing")).fetchall()}
+        conn.rollback()
+
+    expected_attempts = set()
+    for job in jobs:
+        if job["state"] != "running":
+            continue
+        stall = attempt_stall(leased_until=job["leased_until"], last_heartbeat_at=job["last_heartbeat_at"],
+                              progress_at=job["progress_at"], progress_grace_s=job["progress_grace_s"],
+                              now=CLOCKS[job["log_partition"]], thresholds=THRESHOLDS)
+        if stall is not None:
+            expected_attempts.add((job["job_id"], stall.kind, round(stall.since_s, 3)))
+    expected_handoffs = {job["job_id"] for job in jobs if job["state"] == "queued"
+                         and handoff_redrive_due(queued_at=job["queued_at"], now=CLOCKS[job["log_partition"]],
+                                                 thresholds=THRESHOLDS)}
+    job_ids = {job["job_id"] for job in jobs}
+    expected_missing = {u["upload_id"] for u in uploads
+                        if work_missing(uploaded_at=u["broker_ts"], has_job=u["job_id"] in job_ids,
+                                        now=max(CLOCKS.values()), thresholds=THRESHOLDS)}
+
+    # The generated data reaches every branch, on both sides of every threshold.
+    assert {kind for _, kind, _ in expected_attempts} == {"lease_expired", "no_progress"}
+    assert 10 < len(expected_attempts) < sum(j["state"] == "running" for j in jobs)
+    assert 0 < len(expected_handoffs) < sum(j["state"] == "queued" for j in jobs)
+    assert 0 < len(expected_missing) < len(uploads)
+    assert attempts == expected_attempts, (sorted(attempts - expected_attempts), sorted(expected_attempts - attempts))
+    assert handoffs == expected_handoffs, (sorted(handoffs - expected_handoffs), sorted(expected_handoffs - handoffs))
+    assert missing == expected_missing, (sorted(missing - expected_missing), sorted(expected_missing - missing))

@@ -1,0 +1,76 @@
+"""The stall rule (`domain/policy/stall.py`): pure functions of times, thresholds and `now`."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from domain.diagnosis import STALL_WORDS
+from domain.policy.stall import STALL_KINDS, StallThresholds, attempt_stall, handoff_redrive_due, work_missing
+from tapeline.settings import Settings
+
+NOW = datetime(2026, 12, 4, 12, 0, tzinfo=timezone.utc)
+T = StallThresholds(no_progress_timeout_s=30.0, handoff_timeout_s=20.0, intake_timeout_s=40.0)
+
+
+def ago(seconds: float) -> datetime:
+    return NOW - timedelta(seconds=seconds)
+
+
+def judge(heartbeat_s: float | None, lease_s: float, progress_s: float | None, grace_s: float | None = None):
+    return attempt_stall(leased_until=None if heartbeat_s is None else ago(heartbeat_s - lease_s),
+                         last_heartbeat_at=None if heartbeat_s is None else ago(heartbeat_s),
+                         progress_at=None if progress_s is None else ago(progress_s), progress_grace_s=grace_s,
+                         now=NOW, thresholds=T)
+
+
+def test_an_expired_lease_is_lease_expired_counted_from_the_last_heartbeat():
+    stall = judge(heartbeat_s=12, lease_s=10, progress_s=12)
+    assert stall is not None and stall.kind == "lease_expired" and stall.since_s == 12
+
+
+def test_a_lease_ending_exactly_now_has_not_expired():
+    assert judge(heartbeat_s=10, lease_s=10, progress_s=0) is None
+
+
+def test_an_expired_lease_wins_over_frozen_progress():
+    assert judge(heartbeat_s=200, lease_s=120, progress_s=300).kind == "lease_expired"
+
+
+def test_frozen_progress_under_a_live_lease_is_no_progress_after_the_timeout():
+    assert judge(heartbeat_s=1, lease_s=120, progress_s=29.9) is None
+    assert judge(heartbeat_s=1, lease_s=120, progress_s=30) is None  # "past" the timeout: strictly after
+    stall = judge(heartbeat_s=1, lease_s=120, progress_s=31)
+    assert stall is not None and stall.kind == "no_progress" and stall.since_s == 31
+
+
+def test_the_attempts_progress_grace_extends_the_no_progress_timeout():
+    assert judge(heartbeat_s=1, lease_s=120, progress_s=45, grace_s=20) is None
+    assert judge(heartbeat_s=1, lease_s=120, progress_s=51, grace_s=20).kind == "no_progress"
+
+
+def test_missing_times_never_make_a_stall_by_themselves():
+    assert judge(heartbeat_s=None, lease_s=10, progress_s=None) is None
+    assert judge(heartbeat_s=None, lease_s=10, progress_s=31).kind == "no_progress"
+
+
+def test_a_handoff_is_redriven_past_the_handoff_timeout_only():
+    assert not handoff_redrive_due(queued_at=ago(20), now=NOW, thresholds=T)
+    assert handoff_redrive_due(queued_at=ago(20.1), now=NOW, thresholds=T)
+    assert not handoff_redrive_due(queued_at=None, now=NOW, thresholds=T)
+
+
+def test_an_upload_without_a_job_is_missing_past_the_intake_timeout():
+    assert work_missing(uploaded_at=ago(41), has_job=False, now=NOW, thresholds=T)
+    assert not work_missing(uploaded_at=ago(41), has_job=True, now=NOW, thresholds=T)
+    assert not work_missing(uploaded_at=ago(40), has_job=False, now=NOW, thresholds=T)
+    assert not work_missing(uploaded_at=ago(400), has_job=False, now=None, thresholds=T)  # no log clock yet
+
+
+def test_the_thresholds_come_from_the_settings():
+    settings = Settings(no_progress_timeout_s=7, handoff_timeout_s=8, intake_timeout_s=9)
+    assert settings.stall_thresholds() == StallThresholds(7, 8, 9)
+    assert StallThresholds() == Settings().stall_thresholds()  # the defaults agree
+
+
+def test_every_stall_kind_has_its_plain_words():
+    assert set(STALL_WORDS) == set(STALL_KINDS)
