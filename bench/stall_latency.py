@@ -128,6 +128,15 @@ def event_time(settings: Settings, job_id: str, event_type: str, **match) -> flo
     return None
 
 
+def last_lease_start(settings: Settings, job_id: str, before: float) -> float:
+    """Broker time (epoch s) of attempt 1's last claim or heartbeat before `before`: its lease ends
+    one lease later."""
+    rows = query(settings, "SELECT max(broker_ts) AS at FROM lifecycle_evidence WHERE job_id = %s AND attempt = 1"
+                           " AND event_type IN ('AttemptStarted', 'Heartbeat') AND broker_ts < to_timestamp(%s)",
+                 job_id, before)
+    return rows[0]["at"].timestamp()
+
+
 def parent_of(pid: int) -> int:
     """The parent pid of `pid` (from /proc/<pid>/stat)."""
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -170,7 +179,7 @@ def main() -> int:
     processes = [start(role, settings, work) for role in ("projector", "intake", "watchdog", "publish")]
     hosts = [start_host(settings, work) for _ in range(2)]
     figures: dict[str, list[float]] = {"worker_detect": [], "worker_restart": [], "host_detect": [],
-                                       "host_restart": [], "hang_detect": []}
+                                       "host_restart": [], "hang_detect": [], "lease_left": [], "after_expiry": []}
     plan = ["worker"] * args.runs + ["host"] * args.host_runs + ["hang"] * args.hang_runs
     try:
         run, redone = 0, 0
@@ -214,8 +223,14 @@ def main() -> int:
                 t_next = wait(lambda: event_time(settings, job, "AttemptStarted", attempt=2), 60, "attempt 2")
                 figures[f"{fault}_detect"].append(t_stall - t0)
                 figures[f"{fault}_restart"].append(t_next - t0)
+                lease_note = ""
+                if fault == "host":  # split the wait: the lease still to run at the kill, then our detection
+                    expiry = last_lease_start(settings, job, before=t0) + args.lease
+                    figures["lease_left"].append(expiry - t0)
+                    figures["after_expiry"].append(t_stall - expiry)
+                    lease_note = f"; the lease had {expiry - t0:.2f} s left, detected {t_stall - expiry:.2f} s after it ended"
                 print(f"run {run} ({fault} kill): StallDetected({kind}) {t_stall - t0:.2f} s, next attempt started "
-                      f"{t_next - t0:.2f} s after kill -9 (lease {args.lease:g} s)")
+                      f"{t_next - t0:.2f} s after kill -9 (lease {args.lease:g} s){lease_note}")
             wait(lambda: completed(settings, job), 180, "the job to complete")
     finally:
         for process in processes + hosts:
@@ -229,6 +244,8 @@ def main() -> int:
     print(summary("host kill -9 -> StallDetected(lease_expired)", figures["host_detect"]) + f"; goal <= L + 1 s = {lease + 1:g} s")
     print(summary("host kill -9 -> next attempt", figures["host_restart"]) +
           f"; goal median <= L = {lease:g} s, max <= L + 2 s")
+    print(summary("  of which: lease left at the kill (L - time since the last heartbeat)", figures["lease_left"]))
+    print(summary("  of which: lease end -> StallDetected (log clock tick, projection, watchdog)", figures["after_expiry"]))
     print(summary("SIGSTOP ffmpeg -> no_progress", figures["hang_detect"]) +
           f" (no-progress timeout {settings.no_progress_timeout_s:g} s)")
     print(f"RESULT lease_s={lease:g} "

@@ -24,6 +24,7 @@ from psycopg_pool import ConnectionPool
 from domain import events as ev
 from domain.codec import default_codec
 from domain.errors import ServiceUnavailable
+from domain.lifecycle import TERMINAL_STATES
 from domain.policy.admission import Refusal, admission
 from producers.intake_claims import Claim, ClaimKeeper
 from tapeline import kafka
@@ -104,7 +105,8 @@ class IntakeService:
                 return False
             backlog = tier_backlog(conn, window)
             pending = {r["tier"]: int(r["pending"]) for r in conn.execute(q("intake_pending_by_tier"), counted)}
-            in_flight = int(conn.execute(q("submitter_in_flight"), {"submitter": submitter, **counted}
+            in_flight = int(conn.execute(q("submitter_in_flight"), {"submitter": submitter, **counted,
+                                                                    "ended_states": sorted(TERMINAL_STATES)}
                                          ).fetchone()["in_flight"])
             refusal = admission(priority, backlog, pending, in_flight, storage, submitter, self.settings)
             if refusal is not None:

@@ -405,10 +405,10 @@ WHERE ((i.state = 'uploading' AND i.updated_at >= now() - make_interval(secs => 
 GROUP BY 1;
 
 -- name: submitter_in_flight
--- Jobs of one submitter accepted and not ended (job_state, joined through uploads), plus its HTTP uploads the projection does not know yet.
+-- Jobs of one submitter accepted and not ended (job_state, joined through uploads; %(ended_states)s: the lifecycle's final and reopenable states), plus its HTTP uploads the projection does not know yet.
 SELECT (SELECT count(*) FROM uploads u JOIN job_state j ON j.job_id = u.job_id
         WHERE u.submitter = %(submitter)s
-          AND j.state NOT IN ('completed', 'rejected', 'failed', 'cancelled', 'dead_lettered', 'needs_review'))
+          AND j.state <> ALL(%(ended_states)s))
      + (SELECT count(*) FROM intake_uploads i
         WHERE i.submitter = %(submitter)s
           AND ((i.state = 'uploading' AND i.updated_at >= now() - make_interval(secs => %(lease_s)s))
