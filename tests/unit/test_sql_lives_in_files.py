@@ -24,6 +24,8 @@ SQL_FREE_FILES = (
     "projections/api_pages.py",
     "projections/api_reads.py",
     "projections/bulk.py",
+    "projections/keys_aside.py",
+    "projections/partition_plan.py",
     "projections/partitioned.py",
     "projections/pgschema.py",
     "projections/projector.py",
