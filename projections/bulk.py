@@ -76,7 +76,7 @@ class BulkReplay:
         `python` (`FoldState`) or `native` (`projections.native.NativeFoldState`, which raises
         `NativeUnsupported` for what it cannot fold exactly). `built_elsewhere`: bulk-loaded tables
         whose indexes this transaction leaves alone because the caller replaces the table before
-        the commit (`partitioned.DedupKeysAside`)."""
+        the commit (`keys_aside.DedupKeysAside`)."""
         self.conn, self.projection = conn, projection
         self.state = make_fold_state(engine, clock_topic, dlq_topic, flush_rows)
         self.deferred: list[str] = []

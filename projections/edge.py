@@ -4,8 +4,9 @@
 
 1. **Refusals that need no body.** `refuse(scope)` may answer first, from the method, path and
    headers alone: the read API's admin token is checked here (`projections/api.py`
-   `admin_refusal`), so an unauthenticated body is never read, let alone parsed (before, a 60 MB
-   JSON body to an action without a token was parsed, +180 MB of server memory, then 401).
+   `admin_refusal`, with `projections/api_deps.py` `require_admin`), so an unauthenticated body is
+   never read, let alone parsed (before, a 60 MB JSON body to an action without a token was
+   parsed, +180 MB of server memory, then 401).
 2. **A size cap on every body.** `body_limit(scope)` gives the route's cap in bytes (None: the
    route reads its own body under its own rules, as `POST /uploads` does with
    `max_upload_bytes` and its body pace). A `Content-Length` past the cap is 413 before a byte is

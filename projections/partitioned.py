@@ -6,7 +6,8 @@ less. The fold is per job, and every event of a job is in one partition of the l
 key is the job id, docs/design.md "Topics"), so the partitions can be folded independently:
 
 - the parent computes the stop offsets once (`logread.bounds`) and splits the partitions of every
-  topic among `workers` child processes (`split`: largest first, onto the least loaded);
+  topic among `workers` child processes (`partition_plan.split`: largest first, onto the least
+  loaded);
 - each worker reads its partitions with its own consumer and folds them with `bulk.FoldState`
   (the projector's own `decode_batch` and `fold_batch`), and sends what the database must get,
   already encoded as COPY rows (`writes.RowEncoder`): evidence per slice, final job rows as jobs
@@ -20,8 +21,9 @@ key is the job id, docs/design.md "Topics"), so the partitions can be folded ind
   rebuilds the indexes and commits: ONE transaction, so the crash contract of the bulk path holds
   (a crash, a killed worker or Ctrl-C leaves the schema migrated, with no projection row);
 - meanwhile a second connection builds the dedup keys' table and primary key, which that
-  transaction swaps in before its commit (`DedupKeysAside`: the one thing committed before the
-  replay, a staging table the next replay into the schema drops if the replay never commits).
+  transaction swaps in before its commit (`keys_aside.DedupKeysAside`: the one thing committed
+  before the replay, a staging table the next replay into the schema drops if the replay never
+  commits).
 
 A worker that fails sends its traceback and exits; one that dies is seen as its pipe closing. Either
 way the parent rolls back, stops the others and raises `ReplayFailed`. A job whose events are in
@@ -29,6 +31,10 @@ two partitions (the lifecycle topic's partition count changed under a running sy
 folded by two workers, each seeing part of it: every worker reports the job ids it saw, and when
 two share one the parent rolls back and says to use `--workers 1` (one process folding every
 partition, as the projector does).
+
+This module runs the processes (the worker's loop, the parent's `run`); the pure planning and
+merging (`split`, `default_workers`, `jobs_in_several_workers`, `merge_summary`) is in
+`partition_plan.py`, the dedup keys built aside in `keys_aside.py`.
 """
 
 from __future__ import annotations
@@ -41,9 +47,9 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
 # A worker runs this module (`python -m projections.partitioned N`), so its top imports only what a
 # worker with the native engine needs; psycopg, the bulk writer, the projector, the models and the
@@ -52,14 +58,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 from projections import logread
 from projections.batch import BatchResult
 from projections.native import EngineSetup, NativeFoldState, NativeUnsupported
+from projections.partition_plan import (ParallelOutcome, ReplayFailed, add_counts, chunks, jobs_in_several_workers,
+                                        merge_summary, split)
 from tapeline.crashpoints import crash_point
-from domain.errors import TapelineError
 from tapeline.settings import Settings
 
 if TYPE_CHECKING:
     import psycopg
-
-    from projections.bulk import FoldState
 
 Position = logread.Position
 KEYS_PER_MESSAGE = 50_000
@@ -68,10 +73,6 @@ WORKER_SLICE_RECORDS = 1000
 """Records a worker folds per slice. Smaller slices leave less freed-but-kept memory behind (measured
 on a 924k-record log, one worker's peak RSS: 170 MB at 1000, 197 MB at 5000, 285 MB at 20000) at no
 measurable cost in speed."""
-
-
-class ReplayFailed(TapelineError):
-    """A replay worker failed or died; the replay was rolled back."""
 
 
 def peak_rss_mb() -> float:
@@ -86,20 +87,6 @@ def peak_rss_mb() -> float:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def split(span: logread.Bounds, workers: int) -> list[logread.Bounds]:
-    """Partitions with records to read, split among at most `workers` parts of about equal offsets
-    (largest partition first, each onto the part with the fewest offsets so far)."""
-    sizes = sorted(((span.stop[p] - span.start[p], p) for p in span.stop if span.stop[p] > span.start[p]),
-                   key=lambda item: (-item[0], item[1]))
-    parts = [logread.Bounds() for _ in range(max(1, min(workers, len(sizes))))]
-    loads = [0] * len(parts)
-    for size, position in sizes:
-        least = loads.index(min(loads))
-        parts[least].start[position], parts[least].stop[position] = span.start[position], span.stop[position]
-        loads[least] += size
-    return [part for part in parts if part.stop]
 
 
 @dataclass
@@ -153,7 +140,7 @@ def worker_main(plan: WorkerPlan, pipe: Connection) -> None:
                 if piece is None:
                     break
                 result, folded = state.fold(piece.records, piece.ends, phases)
-                _add_counts(totals, result)
+                add_counts(totals, result)
                 if native:  # evidence rows already encoded; job ids kept by the engine
                     chunk = folded
                 else:
@@ -180,9 +167,9 @@ def worker_main(plan: WorkerPlan, pipe: Connection) -> None:
             for chunk in state.keys_copy():
                 pipe.send(("keys", chunk))
         else:
-            for rows in _chunks(state.open_rows(), KEYS_PER_MESSAGE):
+            for rows in chunks(state.open_rows(), KEYS_PER_MESSAGE):
                 pipe.send(("job_rows", bytes(text.encode(rows))))
-            for keys in _chunks(((key,) for key in state.seen), KEYS_PER_MESSAGE):
+            for keys in chunks(((key,) for key in state.seen), KEYS_PER_MESSAGE):
                 pipe.send(("keys", bytes(text.encode(keys))))
         pipe.send(("done", {"counts": (totals.records, totals.applied, totals.duplicates, totals.superseded,
                                        totals.dead_letters),
@@ -209,50 +196,6 @@ def _final_rows(state, text) -> bytes:
     return state.take_final_rows_copy() if state.native else bytes(text.encode(state.take_final_rows()))
 
 
-def jobs_in_several_workers(job_ids: list[set[str]]) -> set[str]:
-    """Job ids that more than one worker saw events of (each worker's set of job ids given)."""
-    seen: set[str] = set()
-    shared: set[str] = set()
-    for ids in job_ids:
-        shared |= seen & ids
-        seen |= ids
-    return shared
-
-
-def _add_counts(totals: BatchResult, result: BatchResult) -> None:
-    totals.records += result.records
-    totals.applied += result.applied
-    totals.duplicates += result.duplicates
-    totals.superseded += result.superseded
-    totals.dead_letters += result.dead_letters
-
-
-def _chunks(items: Iterable, size: int) -> Iterator[list]:
-    chunk = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
-@dataclass
-class ParallelOutcome:
-    """Totals of a replay by workers (what `replay` puts in its `ReplayResult`)."""
-
-    counts: BatchResult = field(default_factory=BatchResult)
-    phases: dict[str, float] = field(default_factory=dict)
-    """The parent's seconds per phase (wait, copy_evidence, write_final_rows, build_indexes, commit)
-    and the workers' summed (read, decode, fold, encode: CPU spread over processes)."""
-    workers: int = 0
-    rss_mb: float = 0.0
-    """Peak resident memory of the parent plus each worker's peak (MB): an upper bound of the total."""
-    rss_mb_by_process: list[float] = field(default_factory=list)
-    """Each process's peak (MB): the parent's first, then the workers'."""
-
-
 def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, workers: int, projection: str,
         batch_size: int = 5000, on_progress: Callable[[int], None] | None = None,
         before_commit: Callable[[psycopg.Connection], None] | None = None, engine: str = "python") -> ParallelOutcome:
@@ -262,6 +205,7 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
     `NativeUnsupported` (rolled back) when a worker's native engine cannot fold its records."""
     from domain import lifecycle
     from projections.bulk import BulkReplay
+    from projections.keys_aside import DedupKeysAside, copy_spooled
     from projections.native import engine_setup
 
     parts = split(span, workers)
@@ -340,7 +284,7 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
                                "system, so a job's events are not in one partition; nothing was committed. Replay "
                                "with --workers 1")
         for summary in summaries:
-            _merge(writer.state, outcome, summary)
+            merge_summary(writer.state, outcome, summary)
         if keys_table:  # the keys and their primary key, built beside this transaction's own work
             aside = DedupKeysAside(settings.database_url, keys_table, keys)
 
@@ -348,9 +292,9 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
             if replays:
                 writer.queue_dead([], replays)
                 writer._flush()
-            _copy_spooled(conn, "job_state", lifecycle.JOB_STATE_COLUMNS, job_rows)
+            copy_spooled(conn, "job_state", lifecycle.JOB_STATE_COLUMNS, job_rows)
             if aside is None:
-                _copy_spooled(conn, "applied_dedup_keys", ("dedup_key",), keys)
+                copy_spooled(conn, "applied_dedup_keys", ("dedup_key",), keys)
             if before_commit is not None:
                 before_commit(conn)
 
@@ -380,186 +324,6 @@ def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, work
     outcome.rss_mb += parent_mb
     outcome.rss_mb_by_process.insert(0, round(parent_mb, 1))
     return outcome
-
-
-def _merge(state: FoldState, outcome: ParallelOutcome, summary: dict[str, Any]) -> None:
-    """Fold one worker's end summary into the parent's state (uploads, clock, positions) and totals."""
-    records, applied, duplicates, superseded, dead_letters = summary["counts"]
-    counts = outcome.counts
-    counts.records += records
-    counts.applied += applied
-    counts.duplicates += duplicates
-    counts.superseded += superseded
-    counts.dead_letters += dead_letters
-    from projections.bulk import UPLOAD_COLUMNS
-
-    broker_ts = UPLOAD_COLUMNS.index("broker_ts")
-    for upload_id, row in summary["uploads"].items():  # upsert_upload: the first copy's fields, all copies counted
-        kept = state.uploads.get(upload_id)
-        if kept is None:
-            state.uploads[upload_id] = row
-        else:
-            first = row if row[broker_ts] < kept[broker_ts] else kept
-            state.uploads[upload_id] = first[:-1] + [kept[-1] + row[-1]]
-    for partition, now in summary["clock"].items():
-        if partition not in state.clock or now > state.clock[partition]:
-            state.clock[partition] = now
-    state.positions.update(summary["positions"])
-    for phase, seconds in summary["phases"].items():
-        outcome.phases[phase] = outcome.phases.get(phase, 0.0) + seconds
-    outcome.rss_mb += summary["rss_mb"]
-    outcome.rss_mb_by_process.append(round(summary["rss_mb"], 1))
-
-
-class DedupKeysAside:
-    """`applied_dedup_keys` built on a second connection, in parallel with the replay's transaction.
-
-    At the end of a replay by workers, the replay's one transaction still copies the job rows and
-    builds the evidence indexes (single-threaded work for the most part) while a core idles; the
-    900k-odd dedup keys and their primary key (about 2 s) need nothing from that transaction. So a
-    thread copies the spooled keys into a new table of the target schema, `replay_staging_keys_*`,
-    builds its primary key and commits; then, right before its commit, the replay's transaction
-    drops its own (empty) `applied_dedup_keys` and renames the staging table, its primary key, the
-    comments and the grants into place (`install`). Measured on a 924k-record log: the tail of the
-    replay 2 s shorter.
-
-    The staging table commits before the replay does. A replay that fails after that drops it
-    (`discard`); one killed at that moment leaves it in the schema, which holds no projection row,
-    and the next replay into that schema drops the schema and starts over (`pgschema.prepare_fresh`).
-    """
-
-    PREFIX = "replay_staging_keys_"
-
-    @dataclass
-    class Definition:
-        schema: str
-        columns: str
-        """The column list of `applied_dedup_keys` (names, types, collations, NOT NULL) as SQL."""
-        constraints: list[tuple[str, str]]
-        """(name, `pg_get_constraintdef`) of its primary key and unique constraints."""
-
-    @staticmethod
-    def definition(conn: psycopg.Connection) -> "DedupKeysAside.Definition | None":
-        """`applied_dedup_keys` of `conn`'s schema as the staging table must copy it, read from the
-        catalog; None (the replay builds it itself) if it has an index that is not a constraint's."""
-        from tapeline.postgres import q
-
-        row = conn.execute(q("dedup_keys_columns")).fetchone()
-        values = row if isinstance(row, dict) else {"schema": row[0], "columns": row[1]}
-        plain_indexes = conn.execute(q("dedup_keys_plain_index_count")).fetchone()
-        if not values["columns"] or next(iter(plain_indexes.values() if isinstance(plain_indexes, dict)
-                                              else plain_indexes)):
-            return None
-        constraints = [tuple(r.values()) if isinstance(r, dict) else tuple(r) for r in conn.execute(q("dedup_keys_unique_constraints"))]
-        return DedupKeysAside.Definition(values["schema"], values["columns"], constraints)
-
-    def __init__(self, database_url: str, definition: "DedupKeysAside.Definition", spool) -> None:
-        """Start building from `spool` (text COPY rows of `applied_dedup_keys`, read from its start)."""
-        import threading
-        import uuid
-
-        self.database_url, self.definition = database_url, definition
-        self.name = f"{self.PREFIX}{uuid.uuid4().hex[:12]}"
-        self.error: BaseException | None = None
-        self._conn = None
-        self._thread = threading.Thread(target=self._build, args=(spool,), name="replay-dedup-keys", daemon=True)
-        self._thread.start()
-
-    def _constraint_name(self, number: int) -> str:
-        return f"{self.name}_c{number}"
-
-    def _build(self, spool) -> None:
-        from psycopg import sql as pgsql
-
-        from projections.bulk import INDEX_BUILD_MEMORY
-        from tapeline.postgres import connect, q, qf
-
-        try:
-            with connect(self.database_url, schema=self.definition.schema, autocommit=True) as conn:
-                self._conn = conn
-                conn.execute(q("session_skip_commit_flush_wait"))  # as the replay's own connection
-                with conn.transaction():
-                    conn.execute(qf("set_local_maintenance_work_mem", memory=pgsql.Literal(INDEX_BUILD_MEMORY)))
-                    conn.execute(qf("create_table_with_columns", table=self.name,
-                                    columns=pgsql.SQL(self.definition.columns)))
-                    _copy_spooled(conn, self.name, ("dedup_key",), spool)  # FREEZE: created in this transaction
-                    for number, (_, constraint) in enumerate(self.definition.constraints):
-                        conn.execute(qf("add_constraint", table=self.name, name=self._constraint_name(number),
-                                        definition=pgsql.SQL(constraint)))
-        except BaseException as exc:  # noqa: BLE001 - reported by install(), which the replay's thread calls
-            self.error = exc
-        finally:
-            self._conn = None
-
-    def install(self, conn: psycopg.Connection) -> None:
-        """In the replay's transaction on `conn`: wait for the build, then put the staging table in
-        the place of `applied_dedup_keys` with the old table's comments and grants. Raises
-        `ReplayFailed` when the build failed."""
-        from psycopg import sql as pgsql
-
-        from tapeline.postgres import q, qf
-
-        self._thread.join()
-        if self.error is not None:
-            raise ReplayFailed(f"building applied_dedup_keys beside the replay failed: {self.error}") from self.error
-        crash_point("replay.keys_aside_committed")  # tests: the staging table committed, the replay not
-        old = "applied_dedup_keys"
-        comments = conn.execute(q("dedup_keys_comments")).fetchall()
-        grants = conn.execute(q("dedup_keys_grants")).fetchall()
-        conn.execute(qf("drop_table", table=old))
-        conn.execute(qf("rename_table", table=self.name, new_name=old))
-        for number, (name, _) in enumerate(self.definition.constraints):
-            conn.execute(qf("rename_constraint", table=old, name=self._constraint_name(number), new_name=name))
-        for row in comments:
-            column, comment = (row["column"], row["comment"]) if isinstance(row, dict) else row
-            if comment is None:
-                continue
-            if column is None:
-                conn.execute(qf("comment_on_table", table=old, comment=pgsql.Literal(comment)))
-            else:
-                conn.execute(qf("comment_on_column", table=old, column=column, comment=pgsql.Literal(comment)))
-        for row in grants:
-            grantee, privilege, grantable = tuple(row.values()) if isinstance(row, dict) else row
-            conn.execute(qf("grant_privilege_with_grant_option" if grantable else "grant_privilege",
-                            privilege=pgsql.SQL(privilege), table=old, grantee=pgsql.SQL(grantee)))
-
-    def discard(self) -> None:
-        """After the replay rolled back: stop the build and drop the staging table if it committed
-        (best effort; a table left over is dropped with the schema by the next replay into it)."""
-        from tapeline.postgres import connect, qf
-
-        conn = self._conn
-        if conn is not None:
-            try:
-                conn.cancel_safe()
-            except Exception:  # noqa: BLE001 - it may have just finished
-                pass
-        self._thread.join(60)
-        try:
-            with connect(self.database_url, schema=self.definition.schema, autocommit=True) as conn:
-                conn.execute(qf("drop_table_if_exists", table=self.name))
-        except Exception as exc:  # noqa: BLE001 - the replay's own error is the one to raise
-            import structlog
-
-            structlog.get_logger("tapeline.replay").warning(
-                "could not drop the replay's staging table; the next replay into the schema drops it",
-                schema=self.definition.schema, table=self.name, error=str(exc))
-
-
-def _copy_spooled(conn: psycopg.Connection, table: str, columns: tuple[str, ...], spool) -> None:
-    """COPY the text-format rows spooled in `spool` into `table` (FREEZE: truncated in this transaction)."""
-    from tapeline.postgres import identifiers, qf
-
-    spool.seek(0)
-    with conn.cursor() as cur, cur.copy(qf("copy_text_freeze", table=table, columns=identifiers(columns))) as copy:
-        while chunk := spool.read(1024 * 1024):
-            copy.write(chunk)
-
-
-def default_workers(total_offsets: int, cores: int | None = None) -> int:
-    """Workers for a replay of `total_offsets` when none is asked for: one process (no workers) below
-    200,000 offsets, where starting processes costs more than it saves; else the number of cores."""
-    return 1 if total_offsets < 200_000 else max(1, cores or os.cpu_count() or 1)
 
 
 def _worker_entry() -> None:

@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 import psycopg
 import structlog
 
-from projections import logread, partitioned
+from projections import logread, partition_plan, partitioned
 from projections.bulk import BulkReplay
 from projections.native import NativeUnsupported, resolve_engine
 from projections.pgschema import check_target_name, prepare_fresh, record_source
@@ -79,8 +79,8 @@ def replay(settings: Settings, schema: str, *, as_of: datetime | None = None, fo
     COPY (`projections/bulk.py`, one transaction: a crash leaves the schema empty); False applies
     `batch_size` records per transaction with `apply_batch`, like the projector. `workers` (bulk
     only): processes that decode and fold, partitions split among them (`projections/partitioned.py`,
-    still one transaction); None picks `partitioned.default_workers`, 1 folds in this process.
-    Raises `partitioned.ReplayFailed` when a worker fails (rolled back).
+    still one transaction); None picks `partition_plan.default_workers`, 1 folds in this process.
+    Raises `partitioned.ReplayFailed` (`partition_plan.py`) when a worker fails (rolled back).
 
     `engine` (bulk only): the fold engine, `auto` (native when `tapeline_native` imports), `native` or
     `python` (`projections/native.py`). When the native engine meets a log it cannot fold exactly,
@@ -174,7 +174,7 @@ def _replay(settings: Settings, schema: str, *, as_of: datetime | None, force: b
             if on_start is not None:
                 on_start(span.total)
             if use_bulk:
-                result.workers = workers or partitioned.default_workers(span.total)
+                result.workers = workers or partition_plan.default_workers(span.total)
             if result.workers > 1:
                 consumer.close()
                 consumer = None

@@ -14,7 +14,7 @@ from tapeline.cli import app
 
 from domain.policy.tiers import after_claim, choose_tier
 from tapeline import read
-from tapeline.cli import _detail
+from tapeline.cli_jobs import _detail
 from tapeline.objectstore import ObjectStore
 from tests.conftest import settings_env, wait_for
 from tests.integration.helpers import committed_events, keys_under, of_job

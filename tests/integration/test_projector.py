@@ -152,7 +152,7 @@ def test_projector_refuses_offsets_from_another_kafka_cluster(isolated, written)
 
 
 def test_waiting_for_a_job_fails_fast_when_the_projections_come_from_another_cluster(isolated, written):
-    from tapeline.cli import _wait_for_job
+    from tapeline.cli_jobs import _wait_for_job
     from domain.errors import TapelineError
 
     run_projector_until_caught_up(isolated)  # records this cluster

@@ -121,7 +121,7 @@ def test_replay_into_a_fresh_schema_equals_the_live_projection_row_for_row(isola
     assert (summary["engine"], summary["engine_note"]) == ("native" if native.tapeline_native else "python", "")
     assert_same_tables(isolated, "public", "rebuilt")
     # applied_dedup_keys was built on a second connection and renamed into place
-    # (partitioned.DedupKeysAside): the tables are defined, documented and granted as migrated
+    # (keys_aside.DedupKeysAside): the tables are defined, documented and granted as migrated
     assert catalog(isolated, "rebuilt") == catalog(isolated, "public")
     assert rows(isolated, "SELECT * FROM rebuilt.log_clock ORDER BY partition") == \
         rows(isolated, "SELECT * FROM public.log_clock ORDER BY partition")
@@ -178,7 +178,7 @@ def test_a_replay_worker_killed_mid_replay_fails_it_and_leaves_the_schema_empty(
 
 def test_a_replay_killed_after_its_dedup_keys_committed_leaves_no_projection_row_and_is_redone(isolated, busy):
     # The replay's parent is killed between the commit of the staging table its second connection
-    # built (partitioned.DedupKeysAside) and its own commit.
+    # built (keys_aside.DedupKeysAside) and its own commit.
     killed = tapeline_cli(isolated, "replay", "--into", "halfway", "--workers", "2",
                           env={"TAPELINE_CRASH_POINTS": "replay.keys_aside_committed"})
     assert killed.returncode == -9, killed.stderr

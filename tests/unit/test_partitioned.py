@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from projections import logread, partitioned, writes
+from projections import logread, partition_plan, partitioned, writes
 from projections.bulk import FoldState
 
 
@@ -21,7 +21,7 @@ def bounds(sizes: dict[tuple[str, int], int]) -> logread.Bounds:
 
 def test_split_balances_offsets_and_skips_empty_partitions():
     span = bounds({("jobs", 0): 900, ("jobs", 1): 500, ("jobs", 2): 400, ("jobs", 3): 0, ("uploads", 0): 100})
-    parts = partitioned.split(span, 2)
+    parts = partition_plan.split(span, 2)
     assert [sorted(part.stop) for part in parts] == [[("jobs", 0), ("uploads", 0)], [("jobs", 1), ("jobs", 2)]]
     assert [part.total for part in parts] == [1000, 900]
     assert parts[0].start[("jobs", 0)] == 10 and parts[0].stop[("jobs", 0)] == 910
@@ -29,12 +29,12 @@ def test_split_balances_offsets_and_skips_empty_partitions():
 
 def test_split_never_makes_more_parts_than_partitions_with_records():
     span = bounds({("jobs", 0): 5, ("jobs", 1): 0})
-    assert [sorted(part.stop) for part in partitioned.split(span, 4)] == [[("jobs", 0)]]
-    assert partitioned.split(bounds({("jobs", 0): 0}), 2) == []
+    assert [sorted(part.stop) for part in partition_plan.split(span, 4)] == [[("jobs", 0)]]
+    assert partition_plan.split(bounds({("jobs", 0): 0}), 2) == []
 
 
 def test_merge_keeps_the_first_upload_by_broker_time_and_counts_every_copy():
-    state, outcome = FoldState(), partitioned.ParallelOutcome()
+    state, outcome = FoldState(), partition_plan.ParallelOutcome()
     early, late = datetime(2026, 1, 1, tzinfo=timezone.utc), datetime(2026, 1, 2, tzinfo=timezone.utc)
 
     def upload(ts, filename, copies):
@@ -42,8 +42,8 @@ def test_merge_keeps_the_first_upload_by_broker_time_and_counts_every_copy():
 
     summary = {"job_ids": {"j1"}, "counts": (3, 2, 1, 0, 0), "clock": {0: early}, "positions": {("jobs", 0): 7},
                "phases": {"fold": 1.5}, "rss_mb": 2.0}
-    partitioned._merge(state, outcome, {**summary, "uploads": {"u1": upload(late, "late.mp4", 1)}})
-    partitioned._merge(state, outcome, {**summary, "uploads": {"u1": upload(early, "early.mp4", 2)},
+    partition_plan.merge_summary(state, outcome, {**summary, "uploads": {"u1": upload(late, "late.mp4", 1)}})
+    partition_plan.merge_summary(state, outcome, {**summary, "uploads": {"u1": upload(early, "early.mp4", 2)},
                                         "clock": {0: late - timedelta(hours=1)}, "positions": {("jobs", 1): 4}})
     assert state.uploads["u1"] == upload(early, "early.mp4", 3)
     assert state.clock == {0: late - timedelta(hours=1)}
@@ -79,5 +79,5 @@ def test_peak_rss_is_this_program_s_own_not_its_parent_s():
 
 
 def test_a_job_seen_by_two_workers_is_found():
-    assert partitioned.jobs_in_several_workers([{"a", "b"}, {"c"}, {"d", "b"}, {"c", "e"}]) == {"b", "c"}
-    assert partitioned.jobs_in_several_workers([{"a"}, {"b"}, set()]) == set()
+    assert partition_plan.jobs_in_several_workers([{"a", "b"}, {"c"}, {"d", "b"}, {"c", "e"}]) == {"b", "c"}
+    assert partition_plan.jobs_in_several_workers([{"a"}, {"b"}, set()]) == set()

@@ -18,7 +18,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SQL_FREE_FILES = (
     "projections/api.py",
+    "projections/api_actions.py",
+    "projections/api_deps.py",
+    "projections/api_models.py",
+    "projections/api_pages.py",
+    "projections/api_reads.py",
     "projections/bulk.py",
+    "projections/keys_aside.py",
+    "projections/partition_plan.py",
     "projections/partitioned.py",
     "projections/pgschema.py",
     "projections/projector.py",

@@ -1,0 +1,106 @@
+"""What the routers of the read API share (`projections/api.py` builds it per app): the `Web`
+context and the FastAPI dependencies over it: a read-only connection (`db`), the admin token
+(`require_admin`), a job or 404 (`job_or_404`) and a dashboard page with its flash message (`page`).
+
+A route reaches its app's context through the request (`request.app.state.web`), so one router
+module serves every app `create_app` builds.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator
+
+import psycopg
+from fastapi import HTTPException, Request
+from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from domain.errors import ServiceUnavailable
+from projections.edge import FlashSigner
+from projections.ports import OperatorActions
+from tapeline import read
+from tapeline.settings import Settings
+
+if TYPE_CHECKING:
+    from projections.api import ApiMetrics, LagCache
+
+
+@dataclass
+class Web:
+    """One app's context: its settings, projection lag cache, metrics, flash signer, templates and
+    operator actions (None: every action answers 503); `pool`, the read-only connection pool, is set
+    when the app starts (`create_app`'s lifespan)."""
+
+    settings: Settings
+    lag: "LagCache"
+    metrics: "ApiMetrics"
+    flasher: FlashSigner
+    templates: Jinja2Templates
+    actions: OperatorActions | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pool(self) -> ConnectionPool:
+        """The read-only pool; KeyError before the app started."""
+        return self.state["pool"]
+
+
+def web(request: Request) -> Web:
+    """The `Web` of the app serving `request` (a FastAPI dependency)."""
+    return request.app.state.web
+
+
+def db(request: Request) -> Iterator[psycopg.Connection]:
+    """A read-only connection from the app's pool for one request (a FastAPI dependency). Raises
+    `ServiceUnavailable` (503) when none is free within the pool's timeout (10 s)."""
+    try:
+        with web(request).pool.connection() as conn:
+            yield conn
+    except PoolTimeout as exc:
+        raise ServiceUnavailable(f"no database connection within 10 s: {exc}") from exc
+
+
+def token_ok(settings: Settings, presented: str | None) -> bool:
+    """True when the server has an admin token and `presented` is it (compared in constant time)."""
+    expected = settings.admin_token.get_secret_value() if settings.admin_token else ""
+    return bool(expected) and presented is not None and hmac.compare_digest(presented.encode(), expected.encode())
+
+
+def require_admin(request: Request) -> None:
+    """The dependency of every JSON action: `Authorization: Bearer <TAPELINE_ADMIN_TOKEN>`. Raises
+    HTTPException 401 (with `WWW-Authenticate: Bearer`) and counts the refusal otherwise. The edge
+    (`create_app`'s `admin_refusal`) calls it too, before the body is read."""
+    context = web(request)
+    header = request.headers.get("authorization", "")
+    scheme, _, presented = header.partition(" ")
+    if scheme.lower() != "bearer" or not token_ok(context.settings, presented.strip()):
+        reason = ("actions are disabled: the server has no TAPELINE_ADMIN_TOKEN" if not context.settings.admin_token
+                  else "missing or wrong admin token (Authorization: Bearer <TAPELINE_ADMIN_TOKEN>)")
+        last = request.url.path.rsplit("/", 1)[-1]  # cancel | replay | resolve-review
+        context.metrics.actions.labels(action=last.replace("-", "_"), result="unauthorized").inc()
+        raise HTTPException(401, reason, headers={"WWW-Authenticate": "Bearer"})
+
+
+def job_or_404(conn: psycopg.Connection, job_id: str) -> dict[str, Any]:
+    """The job's row (`read.job_row`); raises HTTPException 404 when the projections have no such job."""
+    row = read.job_row(conn, job_id)
+    if row is None:
+        raise HTTPException(404, f"no job {job_id!r} in the projections (not submitted, or intake not caught up)")
+    return row
+
+
+def client_of(request: Request) -> str:
+    """The client's address for the log, "unknown" when the server does not know it."""
+    return request.client.host if request.client else "unknown"
+
+
+def page(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    """A dashboard page: `template` rendered with `context` and the flash message or error of the
+    query string, shown only when this server signed it (`FlashSigner`)."""
+    app = web(request)
+    flash = app.flasher.shown(request.query_params)  # only outcomes this server signed (FlashSigner)
+    return app.templates.TemplateResponse(request, template, {"message": flash["msg"], "error": flash["err"],
+                                                              **context}, status_code=status_code)

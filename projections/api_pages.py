@@ -1,0 +1,63 @@
+"""The dashboard's pages (`projections/api.py` includes `router`): server-rendered HTML (Jinja2,
+autoescaped, `projections/templates/`) that `static/dashboard.js` refreshes every few seconds from
+the JSON API. Not in the OpenAPI document."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+import psycopg
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import HTMLResponse
+
+from projections.api_deps import Web, db, page, web
+from projections.api_models import PG_BIGINT_MAX, STATES, Priority, Stage, State, event_json, job_json, letter_json
+from projections.api_reads import overview
+from tapeline import read
+
+router = APIRouter()
+
+
+@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+def overview_page(request: Request, conn: psycopg.Connection = Depends(db),
+                  context: Web = Depends(web)) -> HTMLResponse:
+    """The overview: `api_reads.overview` as a page."""
+    return page(request, "overview.html", data=overview(conn, context), states=STATES)
+
+
+@router.get("/jobs", response_class=HTMLResponse, include_in_schema=False)
+def jobs_list_page(request: Request, state_: State | None = Query(None, alias="state"),
+                   stage: Stage | None = None, priority: Priority | None = None,
+                   limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0, le=PG_BIGINT_MAX),
+                   conn: psycopg.Connection = Depends(db)) -> HTMLResponse:
+    """Jobs, one page, filtered like `GET /api/jobs` by state, stage and priority."""
+    rows, total = read.jobs_page(conn, state=state_, stage=stage, priority=priority, limit=limit, offset=offset)
+    filters = {k: v for k, v in (("state", state_), ("stage", stage), ("priority", priority)) if v}
+    return page(request, "jobs.html", jobs=[job_json(r) for r in rows], total=total, limit=limit, offset=offset,
+                filters=filters, query=urlencode(filters), states=STATES)
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse, include_in_schema=False)
+def job_page(request: Request, job_id: str, conn: psycopg.Connection = Depends(db)) -> HTMLResponse:
+    """One job: attempts, timeline, checkpoints, source and diagnosis, with the action forms; 404 page
+    for an unknown job."""
+    row = read.job_row(conn, job_id)
+    if row is None:
+        return page(request, "not_found.html", 404, what=f"no job {job_id!r} in the projections")
+    source = read.job_source(conn, job_id)
+    return page(request, "job.html", job=job_json(row), attempts=read.attempt_history(conn, job_id),
+                events=[event_json(r) for r in read.timeline(conn, job_id)],
+                checkpoints=read.checkpoints(conn, job_id), source=source,
+                diagnosis=read.job_diagnosis(conn, row, source), dead_letter_id=f"{job_id}/{row['attempt']}")
+
+
+@router.get("/stalled", response_class=HTMLResponse, include_in_schema=False)
+def stalled_page(request: Request, conn: psycopg.Connection = Depends(db)) -> HTMLResponse:
+    """Stalls (`read.stalls`)."""
+    return page(request, "stalled.html", stalls=read.stalls(conn))
+
+
+@router.get("/dead-letters", response_class=HTMLResponse, include_in_schema=False)
+def dead_letters_page(request: Request, conn: psycopg.Connection = Depends(db)) -> HTMLResponse:
+    """The 200 newest dead letters, with the replay form."""
+    return page(request, "dead_letters.html", letters=[letter_json(r) for r in read.dead_letters(conn, limit=200)])

@@ -1,0 +1,148 @@
+"""The JSON read API under `/api` (`projections/api.py` includes `router`): jobs (filtered, paged),
+one job with its attempts, stage durations, checkpoints, timeline and progress, stalls, dead letters,
+jobs needing review, projection lag, providers and the overview. Every read uses the app's read-only
+connection (`api_deps.db`); times are broker time (UTC, ISO 8601), durations seconds."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from fastapi import APIRouter, Depends, HTTPException, Query
+
+from domain.errors import TapelineError
+from projections.api_deps import Web, db, job_or_404, web
+from projections.api_models import (ONE, PG_BIGINT_MAX, READS, STATES, JobDetail, JobPage, Priority, Stage, State,
+                                    answers, as_utc, event_json, job_json, letter_json, plain)
+from projections.provider_status import provider_overview
+from tapeline import read
+
+router = APIRouter()
+
+
+@router.get("/api/jobs", tags=["jobs"], response_model=JobPage, responses=READS)
+def list_jobs(state_: State | None = Query(None, alias="state", description="Only jobs in this state"),
+              stage: Stage | None = Query(None, description="Only jobs whose current stage is this"),
+              priority: Priority | None = Query(None, description="Only jobs of this priority tier"),
+              since: datetime | None = Query(None, description="Last event at or after (ISO 8601; UTC if no zone)"),
+              until: datetime | None = Query(None, description="Last event before (ISO 8601; UTC if no zone)"),
+              limit: int = Query(50, ge=1, le=500, description="Page size"),
+              offset: int = Query(0, ge=0, le=PG_BIGINT_MAX, description="Jobs to skip"),
+              conn: psycopg.Connection = Depends(db)) -> JobPage:
+    """Jobs, newest last event first, filtered by state, stage, priority and last-event broker time."""
+    rows, total = read.jobs_page(conn, state=state_, stage=stage, priority=priority, since=as_utc(since),
+                                 until=as_utc(until), limit=limit, offset=offset)
+    return JobPage(jobs=[job_json(r) for r in rows], total=total, limit=limit, offset=offset)
+
+
+@router.get("/api/jobs/{job_id}", tags=["jobs"], response_model=JobDetail, responses=ONE)
+def get_job(job_id: str, conn: psycopg.Connection = Depends(db)) -> JobDetail:
+    """One job with its attempts, stage durations and checkpoints; 404 for an unknown job."""
+    row = job_or_404(conn, job_id)
+    source = read.job_source(conn, job_id)
+    return JobDetail(job=job_json(row), attempts=read.attempt_history(conn, job_id),
+                     stage_durations=[plain(r) for r in read.stage_durations(conn, job_id)],
+                     checkpoints=read.checkpoints(conn, job_id), source=source,
+                     diagnosis=read.job_diagnosis(conn, row, source))
+
+
+@router.get("/api/jobs/{job_id}/timeline", tags=["jobs"], responses=ONE)
+def get_timeline(job_id: str, conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
+    """Every event of the job in log order (applied, superseded and duplicate copies, with flags)."""
+    rows = read.timeline(conn, job_id)
+    if not rows:
+        job_or_404(conn, job_id)
+    return [event_json(r) for r in rows]
+
+
+@router.get("/api/jobs/{job_id}/progress", tags=["jobs"], responses=ONE)
+def get_progress(job_id: str, conn: psycopg.Connection = Depends(db)) -> dict[str, Any]:
+    """Heartbeat progress per attempt (`read.progress_series`) and the source's duration in
+    seconds of media (the 100 % line of the chart)."""
+    row = job_or_404(conn, job_id)
+    return {"job_id": job_id, "state": row["state"], "source_duration_s": row["source_duration_s"],
+            "series": read.progress_series(conn, job_id)}
+
+
+@router.get("/api/jobs/{job_id}/checkpoints", tags=["jobs"], responses=ONE)
+def get_checkpoints(job_id: str, conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
+    """The job's `CheckpointRecorded` evidence (empty until checkpointed transcoding writes it)."""
+    job_or_404(conn, job_id)
+    return read.checkpoints(conn, job_id)
+
+
+@router.get("/api/stalled", tags=["operations"], responses=answers(503))
+def get_stalled(conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
+    """Stalled attempts (lease_expired, no_progress, worker_exited), stalled handoffs, expected work
+    missing, retries and hand-overs still waiting (`waiting`) and jobs in needs_review, each with
+    `kind` and `since_s` (seconds; log clock, wall clock for reviews)."""
+    return read.stalls(conn)
+
+
+@router.get("/api/dead-letters", tags=["operations"], responses=READS)
+def get_dead_letters(reason: str | None = Query(None, description="Only this error class"),
+                     pending: bool = Query(False, description="Hide replayed dead letters"),
+                     limit: int = Query(200, ge=1, le=1000),
+                     conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
+    """Dead letters, newest first: id, kind (job | record | projection), job, error class, error,
+    source position, replay record (`value_bytes`: size of the raw record, bytes)."""
+    return [letter_json(r) for r in read.dead_letters(conn, reason=reason, pending=pending, limit=limit)]
+
+
+@router.get("/api/dead-letters/{dead_letter_id:path}", tags=["operations"], responses=ONE)
+def get_dead_letter(dead_letter_id: str, conn: psycopg.Connection = Depends(db)) -> dict[str, Any]:
+    """One dead letter with its raw key and value (base64); 404 for an unknown id."""
+    row = read.dead_letter(conn, dead_letter_id)
+    if row is None:
+        raise HTTPException(404, f"no dead letter {dead_letter_id!r}")
+    return letter_json(row, raw=True)
+
+
+@router.get("/api/review", tags=["operations"], responses=answers(503))
+def get_review(conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
+    """Jobs in needs_review (a publish that could not be proven safe), with the reason."""
+    return [job_json(r) for r in read.jobs_in_state(conn, "needs_review")]
+
+
+@router.get("/api/lag", tags=["operations"], responses=answers(503))
+def get_lag(conn: psycopg.Connection = Depends(db), context: Web = Depends(web)) -> dict[str, Any]:
+    """Projection lag: committed events and seconds the projection is behind the log end, in total
+    and per partition behind (measured at most every `lag_cache_s` seconds); 503 without Kafka."""
+    return context.lag.get(conn)
+
+
+@router.get("/api/providers", tags=["operations"], responses=answers(503))
+def get_providers(conn: psycopg.Connection = Depends(db), context: Web = Depends(web)) -> list[dict[str, Any]]:
+    """Publish providers: circuit breaker (state, cooldown until, failures, probe), posts in the
+    per-minute and per-day quota windows against their limits, and the last deferral."""
+    return provider_overview(conn, context.settings)
+
+
+@router.get("/api/overview", tags=["operations"], responses=answers(503))
+def get_overview(conn: psycopg.Connection = Depends(db), context: Web = Depends(web)) -> dict[str, Any]:
+    """What the overview page shows: jobs by state and by (stage, state), jobs created and ended per
+    minute over the last hour (database clock), stall counts by kind, dead letters, projection lag
+    (`{"error": ...}` when Kafka does not answer), and the 20 most recently updated jobs."""
+    return overview(conn, context)
+
+
+def overview(conn: psycopg.Connection, context: Web) -> dict[str, Any]:
+    """The overview (`GET /api/overview`, the dashboard's first page) read over `conn`; the lag from
+    `context.lag`, `{"error": ...}` in its place when it cannot be measured."""
+    by_state = {s: 0 for s in STATES}
+    by_stage: dict[str, dict[str, int]] = {}
+    for row in read.jobs_by_state_and_stage(conn):
+        by_state[row["state"]] = by_state.get(row["state"], 0) + row["n"]
+        by_stage.setdefault(row["stage"], {})[row["state"]] = row["n"]
+    stalls: dict[str, int] = {}
+    for stall in read.stalls(conn):
+        stalls[stall["kind"]] = stalls.get(stall["kind"], 0) + 1
+    try:
+        lag_doc = context.lag.get(conn)
+    except TapelineError as exc:
+        lag_doc = {"error": str(exc)}
+    return {"jobs_by_state": by_state, "jobs_by_stage": by_stage,
+            "throughput": read.throughput(conn, read.database_now(conn)), "stalls": stalls,
+            "dead_letters": read.dead_letter_counts(conn), "projection_lag": lag_doc,
+            "recent_jobs": [job_json(r) for r in read.recent_jobs(conn, 20)]}

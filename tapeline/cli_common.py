@@ -1,0 +1,30 @@
+"""What the `tapeline` command's modules share (`tapeline/cli.py` and the command modules
+`cli_run.py`, `cli_jobs.py`, `cli_ops.py`): the two consoles, the settings and the one way a command
+fails."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from domain.lifecycle import TERMINAL_STATES
+from tapeline.settings import Settings
+
+console = Console(stderr=True)
+out = Console() if sys.stdout.isatty() else Console(width=160)  # pipes and CI logs get wide tables
+FINAL = TERMINAL_STATES  # a job in one of these has stopped (until an operator replays it)
+
+
+def load_settings() -> Settings:
+    """The settings from the environment (`TAPELINE_*`) and `.env`; raises pydantic's
+    ValidationError for a setting that fails validation (`tapeline.cli.main` reports it)."""
+    return Settings()
+
+
+def fail(exc: Exception, code: int = 1) -> None:
+    """Print `exc` as one red error line on stderr and exit with `code` (raises typer.Exit)."""
+    console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
+    raise typer.Exit(code)

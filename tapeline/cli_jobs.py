@@ -1,0 +1,373 @@
+"""`tapeline submit`, `status`, `stalled`, `timeline` and `demo`: a job from the command line, in
+and out (registered on the main CLI in `tapeline/cli.py`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from domain.errors import TapelineError
+from domain.policy.tiers import TIERS
+from tapeline.cli_common import FINAL, console, fail, load_settings, out
+from tapeline.settings import Settings
+
+
+def _wait_for_job(settings: Settings, job_id: str, timeout_s: float, show_progress: bool) -> dict[str, Any]:
+    from tapeline import read
+
+    started = time.monotonic()
+    deadline, next_cluster_check = started + timeout_s, started + 3.0
+    with read.open_reader(settings) as conn:
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
+                      TimeElapsedColumn(), console=console, disable=not show_progress, transient=False) as bar:
+            task = bar.add_task("waiting for intake", total=100)
+            while True:
+                row = read.job_row(conn, job_id)
+                if row is None and time.monotonic() > next_cluster_check:
+                    _refuse_other_cluster(settings, conn)  # the projector would never show the job
+                    next_cluster_check = time.monotonic() + 15.0
+                if row is not None:
+                    bar.update(task, completed=read.percent_done(row),
+                               description=f"{row['stage']} attempt {row['attempt']}: {row['state']}")
+                    if row["state"] in FINAL:
+                        return read.job_summary(row)
+                if time.monotonic() > deadline:
+                    raise TapelineError(f"job {job_id} did not finish within {timeout_s:.0f} s "
+                                        f"(state: {row['state'] if row else 'not yet accepted'}); "
+                                        "are the processors running? `tapeline run --role all --detach`")
+                time.sleep(0.3)
+
+
+def _refuse_other_cluster(settings: Settings, conn) -> None:
+    """Raise TapelineError when the projections were built from another Kafka cluster than the
+    broker's (the projector then idles, and a job is never shown)."""
+    from projections.projector import OTHER_CLUSTER, OTHER_CLUSTER_FIX, other_cluster
+    from tapeline import kafka
+
+    client = kafka.consumer(settings, f"{settings.app_name}.cli-check")
+    try:
+        cluster = client.list_topics(timeout=10).cluster_id
+    finally:
+        client.close()
+    stored = other_cluster(conn, cluster) if cluster else None
+    if stored is not None:
+        raise TapelineError(f"{OTHER_CLUSTER} (database: {stored}, broker: {cluster}); the projector waits "
+                            f"and shows no job. Fix: {OTHER_CLUSTER_FIX}")
+
+
+def submit(file: Path = typer.Argument(..., help="Video file to upload"),
+           priority: str = typer.Option("standard", "--priority", envvar="TAPELINE_PRIORITY",
+                                        help=f"Priority tier: {', '.join(TIERS)}"),
+           submitter: str = typer.Option("cli", "--submitter", envvar="TAPELINE_SUBMITTER",
+                                         help="Who submits (quotas count per submitter)"),
+           profile: str = typer.Option("default", "--profile", envvar="TAPELINE_PROFILE",
+                                       help="Output profile name (part of the result-reuse fingerprint)"),
+           wait: bool = typer.Option(False, "--wait", help="Show progress until the job ends"),
+           as_json: bool = typer.Option(False, "--json", help="Print one JSON object"),
+           timeout: float = typer.Option(1800.0, "--timeout", help="Seconds --wait waits at most"),
+           url: Optional[str] = typer.Option(None, "--url", envvar="TAPELINE_INTAKE_URL",
+                                             help="Upload through the HTTP intake at this URL (e.g. "
+                                                  "http://127.0.0.1:8400) instead of to S3 and Kafka directly"),
+           token: Optional[str] = typer.Option(None, "--token", envvar="TAPELINE_INTAKE_TOKEN",
+                                               help="--url: API token (names the submitter; --submitter is ignored)"),
+           retries: int = typer.Option(10, "--retries", envvar="TAPELINE_SUBMIT_RETRIES",
+                                       help="--url: how many 503/429 answers to wait out (their Retry-After)")) -> None:
+    """Upload FILE to object storage and publish UploadCompleted (or, with --url, POST it to the HTTP intake,
+    waiting out 503/429 Retry-After); prints the job id."""
+    from producers.submit import publish, upload
+
+    settings = load_settings()
+    if url:
+        _submit_http(settings, file, url, token, priority, profile, retries, wait, as_json, timeout)
+        return
+    try:
+        size = file.stat().st_size if file.is_file() else 0
+        with Progress(TextColumn("uploading {task.fields[name]}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
+                      console=console, disable=as_json or size < 8 * 1024**2, transient=True) as bar:
+            task = bar.add_task("upload", total=size or 1, name=file.name)
+            submission = upload(settings, file, priority=priority, submitter=submitter, profile=profile,
+                                on_bytes=lambda n: bar.advance(task, n))
+        publish(settings, submission.event)
+        if not wait:
+            if as_json:
+                out.print_json(json.dumps({"job_id": submission.job_id, "upload_id": submission.upload_id,
+                                           "state": "submitted"}))
+            else:
+                out.print(submission.job_id)
+            return
+        if not as_json:
+            console.print(f"job {submission.job_id} submitted ({submission.size_bytes} bytes)")
+        summary = _wait_for_job(settings, submission.job_id, timeout, show_progress=not as_json)
+    except TapelineError as exc:
+        fail(exc)
+    _report(summary, as_json)
+
+
+def _report(summary: dict[str, Any], as_json: bool) -> None:
+    """Print a finished job's summary (JSON or text); exit 3 unless it completed."""
+    if as_json:
+        out.print_json(json.dumps(summary))
+    else:
+        _print_summary(summary)
+    if summary["state"] != "completed":
+        raise typer.Exit(3)
+
+
+def _submit_http(settings: Settings, file: Path, url: str, token: str | None, priority: str, profile: str,
+                 retries: int, wait: bool, as_json: bool, timeout: float) -> None:
+    """`submit --url`: stream FILE to the HTTP intake, showing every Retry-After wait; --wait polls the
+    job's status URL (the read API of the same server)."""
+    from producers.http_submit import IntakeClient
+
+    def waiting(seconds: float, status: int, body: dict[str, Any]) -> None:
+        console.print(f"intake busy ({status} {body.get('error', '')}: {body.get('reason', '')}); "
+                      f"retrying in {seconds:.0f} s", highlight=False, soft_wrap=True)
+        end = time.monotonic() + seconds
+        with console.status("", spinner="clock") as shown:  # a countdown on a terminal; the line above for logs
+            while (left := end - time.monotonic()) > 0:
+                shown.update(f"retrying in {left:.0f} s")
+                time.sleep(min(0.5, left))
+
+    try:
+        client = IntakeClient(url, token)
+        try:
+            accepted = client.upload(file, priority=priority, profile=profile, retries=retries,
+                                     on_wait=waiting)
+            if not wait:
+                if as_json:
+                    out.print_json(json.dumps({**accepted, "state": "submitted"}))
+                else:
+                    out.print(accepted["job_id"])
+                return
+            if not as_json:
+                console.print(f"job {accepted['job_id']} accepted by the intake; status {url.rstrip('/')}"
+                              f"{accepted['status_url']}", highlight=False)
+            deadline = time.monotonic() + timeout
+            while True:
+                job = client.job(accepted["status_url"])
+                if job is not None and job["state"] in FINAL:
+                    summary = job
+                    break
+                if time.monotonic() > deadline:
+                    raise TapelineError(f"job {accepted['job_id']} did not finish within {timeout:.0f} s "
+                                        f"(state: {job['state'] if job else 'not yet accepted'})")
+                time.sleep(0.5)
+        finally:
+            client.close()
+    except TapelineError as exc:
+        fail(exc)
+    _report(summary, as_json)
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    out.print(f"job {summary['job_id']}: [bold]{summary['state']}[/bold] after {summary['attempts']} attempt(s)")
+    if summary["state"] != "completed":
+        out.print(f"  {summary.get('error_class')}: {summary.get('reason')}")
+    if summary.get("reused_from"):
+        out.print(f"  reused the published outputs of job {summary['reused_from']} (same source and profile; "
+                  "no transcode)", highlight=False)
+    if summary.get("degraded"):
+        out.print(f"  degraded ladder: {summary.get('degraded_reason')}", highlight=False)
+    if summary.get("master_url"):
+        out.print(f"  master playlist: {summary['master_url']}")
+    for rendition in summary.get("outputs", []):
+        out.print(f"  {rendition['name']:>6} {rendition['width']}x{rendition['height']}  {rendition['url']}")
+
+
+def _print_diagnosis(found: dict[str, Any]) -> None:
+    """The diagnosis (domain/diagnosis.py) as an operator reads it: what happened, why, what to do."""
+    from rich.markup import escape  # reasons are the writers' words: never read as markup
+
+    out.print(f"  [bold]what happened:[/bold] {escape(found['summary'])}", highlight=False)
+    if found["why"]:
+        verdict = "will fail the same way again" if found["permanent"] else "may pass on a retry"
+        out.print(f"  [bold]{verdict}:[/bold] {escape(found['why'])}", highlight=False)
+    out.print(f"  [bold]what to do:[/bold] {escape(found['action'])}", highlight=False)
+    for other in found["same_source"][:5]:
+        out.print(f"  same file: job {other['job_id']} {other['state']}"
+                  f"{' (' + other['error_class'] + ')' if other['error_class'] else ''}", highlight=False)
+
+
+def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, the most recent jobs"),
+           as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+    """Show a job's current state, or the most recent jobs, the publish providers (breaker state,
+    cooldown, posts against quotas, last wait) and the projection's lag (events and seconds behind the
+    log end; --json: {"jobs": [...], "projection_lag": {...}, "providers": [...]})."""
+    from tapeline import read
+    from projections.provider_status import describe as describe_provider
+    from projections.provider_status import provider_overview
+
+    settings = load_settings()
+    try:
+        with read.open_reader(settings) as conn:
+            if job:
+                row = read.job_row(conn, job)
+                if row is None:
+                    fail(TapelineError(f"no job {job} in the projections (not submitted, or intake not caught up)"), 2)
+                summary = read.job_summary(row)
+                summary["attempt_history"] = read.attempt_history(conn, job)  # view attempts (migration 023)
+                summary["diagnosis"] = read.job_diagnosis(conn, row)  # domain/diagnosis.py
+                if as_json:
+                    out.print_json(json.dumps(summary))
+                    return
+                _print_summary(summary)
+                _print_diagnosis(summary["diagnosis"])
+                out.print(f"  tier {summary['priority']}, stage {summary['stage']}, {summary['percent']}% done; lease until "
+                          f"{summary['leased_until'] or '-'}; frames {summary['progress_frames'] or 0}")
+                for a in summary["attempt_history"]:
+                    out.print(f"  {a['stage']} attempt {a['attempt']} by {a['worker']}: {a['outcome']}"
+                              f"{' (' + a['error_class'] + ')' if a['error_class'] else ''}, started "
+                              f"{a['started_at'][11:19]} UTC, ran {a['duration_s'] if a['duration_s'] is not None else '-'} s, "
+                              f"wasted {a['wasted_s'] if a['wasted_s'] is not None else '-'} s"
+                              + (f" ({a['reused_segments']} of its segments reused by a later attempt)"
+                                 if a["reused_segments"] else ""), highlight=False)
+                return
+            rows = [read.job_summary(r) for r in read.recent_jobs(conn)]
+            providers = provider_overview(conn, settings)  # breakers, quota use, last waits (migration 014)
+            try:  # events and seconds behind the log end, per partition (tapeline/lag.py)
+                lag, lag_error = read.projection_lag(settings, conn).as_dict(), None
+            except TapelineError as exc:
+                lag, lag_error = None, str(exc)
+    except TapelineError as exc:
+        fail(exc)
+    if as_json:
+        out.print_json(json.dumps({"jobs": rows, "projection_lag": lag or {"error": lag_error},
+                                   "providers": providers}))
+        return
+    table = Table("job", "state", "stage", "attempts", "%", "updated (UTC)")
+    for r in rows:
+        table.add_row(r["job_id"], r["state"], r["stage"], str(r["attempts"]), f"{r['percent']:.0f}", r["updated_at"][:19])
+    out.print(table)
+    for item in providers:
+        out.print(f"provider {describe_provider(item)}", highlight=False)
+    if lag is None:
+        out.print(f"projection lag: unknown ({lag_error})", highlight=False)
+        return
+    out.print(f"projection lag: {'' if lag['exact'] else 'at most '}{lag['events']} events, {lag['seconds']:.1f} s "
+              f"behind the log end", highlight=False)
+    for p in lag["partitions_behind"]:
+        out.print(f"  {p['topic']}[{p['partition']}]: {p['events']} events (offsets {p['stored']}..{p['log_end']}), "
+                  f"oldest waiting {p['seconds']:.1f} s", highlight=False)
+
+
+def stalled(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+    """Attempts, handoffs and uploads that stopped moving, retries still waiting for their backoff or a
+    worker, and jobs waiting for review, with kind, job, stage, attempt and for how long (seconds on the
+    log clock)."""
+    from tapeline import read
+
+    try:
+        with read.open_reader(load_settings()) as conn:
+            rows = read.stalls(conn)
+    except TapelineError as exc:
+        fail(exc)
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    if not rows:
+        out.print("nothing is stalled")
+        return
+    table = Table("kind", "job", "stage", "attempt", "worker", "last progress (UTC)", "frames", "for (s)", "why")
+    for r in rows:
+        table.add_row(r["kind"], r["job_id"], r["stage"], str(r["attempt"]), r["worker"] or "-",
+                      (r["last_progress_at"] or "-")[11:23], str(r["progress_frames"] or "-"), f"{r['since_s']:.1f}",
+                      r.get("reason") or "-")
+    out.print(table)
+
+
+def _reused_segments(payload: dict[str, Any], attempt: int) -> str:
+    """Which segments a transcode success took from earlier attempts: `720p 0-2 (attempt 1); ...`.
+    Segment keys are `work/{job}/transcode/{attempt}/{rendition}/seg_NNNNN.ts`."""
+    reused: dict[tuple[str, str], list[int]] = {}
+    for output in payload.get("outputs", []):
+        parts = output["key"].split("/")
+        if len(parts) == 6 and parts[0] == "work" and parts[3] != str(attempt) and parts[5].startswith("seg_"):
+            reused.setdefault((parts[4], parts[3]), []).append(int(parts[5][4:].split(".")[0]))
+    return "; ".join(f"{rendition} {min(ix)}-{max(ix)} (attempt {owner})" if len(ix) > 1 else
+                     f"{rendition} {ix[0]} (attempt {owner})" for (rendition, owner), ix in sorted(reused.items()))
+
+
+def _detail(row: dict[str, Any]) -> str:
+    payload = row["payload"]
+    if row["event_type"] == "CheckpointRecorded":
+        return (f"{payload['rendition']} #{payload['segment_index']} {payload['media_start_s']:.3f}"
+                f"+{payload['media_duration_s']:.3f} s frames={payload['frames']} sha256={payload['sha256'][:12]}")
+    if row["event_type"] == "ResultReused":
+        return (f"reused_job_id={payload['reused_job_id']} objects={len(payload.get('outputs', []))} "
+                f"verified=all fingerprint={payload['profile_fingerprint'][:12]}")
+    if row["event_type"] == "JobAccepted":
+        ladder = ",".join(r["name"] for r in payload.get("ladder", []))
+        degraded = f" degraded ({payload.get('degraded_reason')})" if payload.get("degraded") else ""
+        return f"tier={payload['priority']} ladder={ladder} preset={payload.get('x264_preset') or '-'}{degraded}"
+    if row["event_type"] == "AttemptSucceeded" and row["stage"] == "transcode":
+        reused = _reused_segments(payload, row["attempt"])
+        return (f"objects={len(payload.get('outputs', []))} elapsed_s={payload.get('elapsed_s', 0):.2f} "
+                f"reused={reused or 'none'}")
+    if row["event_type"] == "ProviderBreakerChanged":
+        return (f"{payload['provider']} {payload['from_state']}->{payload['to_state']} until={payload.get('until') or '-'} "
+                f"http={payload.get('http_status') or '-'} failures={payload['failures']} reason={payload['reason']}")
+    if row["event_type"] == "PublishDeferred":
+        quota = f" {payload['window']} {payload['used']}/{payload['limit']}" if payload.get("window") else ""
+        return f"{payload['provider']} wait={payload['wait']}{quota} until={payload['until']}"
+    for keys in (("error_class", "reason"), ("kind", "detail"), ("master_url",), ("frames_done", "out_time_s"),
+                 ("worker", "lease_s"), ("filename", "size_bytes"), ("tier", "work_topic"), ("reason",)):
+        if all(k in payload for k in keys):
+            return " ".join(f"{k}={payload[k]}" for k in keys)
+    if row["event_type"] == "AttemptSucceeded":
+        return f"objects={len(payload.get('outputs', []))} elapsed_s={payload.get('elapsed_s', 0):.2f}"
+    return ""
+
+
+def timeline(job: str = typer.Argument(..., help="Job id"),
+             as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+    """Every event of a job in log order, with its attempt and broker timestamp. Checkpoints show their
+    rendition, segment and media times; a transcode success shows which segments it reused from earlier attempts."""
+    from tapeline import read
+
+    try:
+        with read.open_reader(load_settings()) as conn:
+            rows = read.timeline(conn, job)
+    except TapelineError as exc:
+        fail(exc)
+    if not rows:
+        fail(TapelineError(f"no events for job {job}"), 2)
+    if as_json:
+        out.print_json(json.dumps([{**r, "broker_ts": r["broker_ts"].isoformat(),
+                                    "occurred_at": r["occurred_at"].isoformat(), "detail": _detail(r)} for r in rows],
+                                  default=str))
+        return
+    table = Table("broker time (UTC)", "event", "stage", "attempt", "flags", "detail", title=f"job {job}")
+    for r in rows:
+        flags = ",".join(f for f in ("superseded", "duplicate") if r[f]) or ("" if r["applied"] else "evidence")
+        table.add_row(r["broker_ts"].strftime("%H:%M:%S.%f")[:-3], r["event_type"], r["stage"], str(r["attempt"]),
+                      flags, _detail(r))
+    out.print(table)
+
+
+def demo(file: Optional[Path] = typer.Option(None, "--file", help="Video to submit (default: the real bigbuckbunny.mp4)"),
+         timeout: float = typer.Option(600.0, "--timeout", help="Seconds to wait for the job")) -> None:
+    """Submit the real sample video, wait with a progress bar, print its timeline and master URL."""
+    from producers.submit import publish, upload
+    from tapeline.samples import sample_video
+
+    settings = load_settings()
+    try:
+        path = file or sample_video("bigbuckbunny.mp4")
+        console.print(f"submitting {path}")
+        submission = upload(settings, path)
+        publish(settings, submission.event)
+        console.print(f"job {submission.job_id}")
+        summary = _wait_for_job(settings, submission.job_id, timeout, show_progress=True)
+    except TapelineError as exc:
+        fail(exc)
+    timeline(submission.job_id, as_json=False)
+    _print_summary(summary)
+    if summary["state"] != "completed":
+        raise typer.Exit(3)
+    out.print(f"\nplay it: ffplay {summary['master_url']}\nmore: tapeline submit FILE --wait | tapeline status | make down")

@@ -1,0 +1,180 @@
+"""`tapeline dlq`, `review` and `cancel`: the operator's commands over dead letters, jobs in
+needs_review and running jobs (registered on the main CLI in `tapeline/cli.py`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from domain.errors import TapelineError
+from tapeline.cli_common import fail, load_settings, out
+
+dlq_app = typer.Typer(help="Dead letters: jobs out of attempts and records that could not be decoded.",
+                      no_args_is_help=True)
+
+
+def _letter_json(row: dict[str, Any], raw: bool = False) -> dict[str, Any]:
+    import base64
+
+    skip = {"key", "value"} if not raw else set()
+    data = {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items() if k not in skip}
+    if raw:
+        for name in ("key", "value"):
+            data[name] = base64.b64encode(bytes(row[name])).decode() if row.get(name) is not None else None
+    return data
+
+
+def _letter_attempts(row: dict[str, Any]) -> str:
+    """`6` or `6 (3 budget)`: the attempts a dead-lettered job started, and those its last budget counted."""
+    if not row["attempts"]:
+        return "-"
+    budget = row.get("budget_attempts")
+    return f"{row['attempts']} ({budget} budget)" if budget and budget != row["attempts"] else str(row["attempts"])
+
+
+@dlq_app.command("list")
+def dlq_list(reason: Optional[str] = typer.Option(None, "--reason", help="Only this error class (e.g. worker_lost)"),
+             pending: bool = typer.Option(False, "--pending", help="Hide dead letters already replayed"),
+             limit: int = typer.Option(1000, "--limit", help="At most this many, newest first"),
+             as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+    """List dead letters, newest first: id, kind (job | record | projection), job, error class, why."""
+    from tapeline import read
+
+    try:
+        with read.open_reader(load_settings()) as conn:
+            rows = read.dead_letters(conn, reason=reason, pending=pending, limit=limit)
+    except TapelineError as exc:
+        fail(exc)
+    if as_json:
+        out.print_json(json.dumps([_letter_json(r) for r in rows]))
+        return
+    if not rows:
+        out.print("no dead letters" + (f" with reason {reason}" if reason else ""))
+        return
+    table = Table("id", "kind", "stage", "class", "attempts", "when (UTC)", "replayed", "error")
+    for r in rows:
+        table.add_row(r["id"], r["kind"], r["stage"] or "-", r["error_class"] or "-", _letter_attempts(r),
+                      r["broker_ts"].strftime("%Y-%m-%d %H:%M:%S") if r["broker_ts"] else "-",
+                      f"by {r['replayed_by']}" if r["replayed_at"] else "no", escape((r["error"] or "")[:80]))
+    out.print(table)
+
+
+@dlq_app.command("show")
+def dlq_show(dead_letter_id: str = typer.Argument(..., help="Dead letter id from `tapeline dlq list`"),
+             as_json: bool = typer.Option(False, "--json", help="Print JSON (key and value base64)")) -> None:
+    """One dead letter: its source position, error, evidence pointer, replay record and raw bytes."""
+    from tapeline import read
+
+    try:
+        with read.open_reader(load_settings()) as conn:
+            row = read.dead_letter(conn, dead_letter_id)
+    except TapelineError as exc:
+        fail(exc)
+    if row is None:
+        fail(TapelineError(f"no dead letter {dead_letter_id!r} (see `tapeline dlq list`)"), 2)
+    data = _letter_json(row, raw=True)
+    if as_json:
+        out.print_json(json.dumps(data))
+        return
+    for name in ("id", "kind", "job_id", "stage", "attempt", "error_class", "attempts", "error", "topic", "partition",
+                 "offset", "broker_ts", "evidence", "seen_by", "replayed_at", "replayed_by", "replay_reason"):
+        out.print(f"{name:>14}: {escape(str(data.get(name)))}", highlight=False)
+    if row.get("value") is not None:
+        value = bytes(row["value"])
+        out.print(f"{'value':>14}: {len(value)} bytes, starts {value[:32].hex()}", highlight=False)
+
+
+@dlq_app.command("replay")
+def dlq_replay(dead_letter_id: Optional[str] = typer.Argument(None, help="Dead letter id (or --all)"),
+               replay_all: bool = typer.Option(False, "--all", help="Every pending job dead letter (with --reason)"),
+               reason: Optional[str] = typer.Option(None, "--reason", help="With --all: only this error class"),
+               why: str = typer.Option(..., "--why", "-m", help="Why you replay it (recorded in JobReplayed)"),
+               operator: Optional[str] = typer.Option(None, "--operator", help="Who replays (default user@host)"),
+               as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+    """Reopen dead-lettered jobs: `JobReplayed` + the next attempt, with a fresh attempt budget.
+    Idempotent: a dead letter already replayed, or a job no longer dead-lettered, is left alone."""
+    from processors.operator import default_operator, replay_dead_letters
+    from tapeline import read
+
+    if (dead_letter_id is None) == (not replay_all):
+        fail(TapelineError("give one dead letter id, or --all [--reason CLASS]"), 2)
+    settings = load_settings()
+    try:
+        if replay_all:
+            with read.open_reader(settings) as conn:
+                ids = [r["id"] for r in read.dead_letters(conn, reason=reason, pending=True) if r["kind"] == "job"]
+        else:
+            ids = [dead_letter_id]
+        outcomes = replay_dead_letters(settings, ids, operator or default_operator(), why)
+    except TapelineError as exc:
+        fail(exc, 2 if "no dead letter" in str(exc) else 1)
+    if as_json:
+        out.print_json(json.dumps([vars(o) for o in outcomes]))
+        return
+    if not outcomes:
+        out.print("nothing to replay")
+    for o in outcomes:
+        out.print(f"{o.dead_letter_id}: {'replayed, ' if o.replayed else 'skipped, '}{o.detail}", highlight=False)
+
+
+review_app = typer.Typer(help="Jobs in needs_review: a publish that could not be proven safe.", no_args_is_help=True)
+
+
+@review_app.command("list")
+def review_list(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+    """Jobs waiting for a person, with the reason."""
+    from tapeline import read
+
+    try:
+        with read.open_reader(load_settings()) as conn:
+            rows = [read.job_summary(r) for r in read.jobs_in_state(conn, "needs_review")]
+    except TapelineError as exc:
+        fail(exc)
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    if not rows:
+        out.print("no job needs review")
+    for r in rows:
+        out.print(f"{r['job_id']}  attempt {r['attempts']}: {escape(r.get('reason') or '')}", highlight=False)
+
+
+@review_app.command("resolve")
+def review_resolve(job: str = typer.Argument(..., help="Job id in needs_review"),
+                   posted: Optional[str] = typer.Option(None, "--posted", help="The provider's id of the post you "
+                                                        "found: record it and complete the job, posting nothing"),
+                   not_posted: bool = typer.Option(False, "--not-posted", help="You checked: the provider has no "
+                                                   "post. Release the claim and publish again"),
+                   why: str = typer.Option(..., "--why", "-m", help="Why (recorded in JobReplayed)"),
+                   operator: Optional[str] = typer.Option(None, "--operator", help="Who (default user@host)")) -> None:
+    """Resolve a needs_review job after checking the provider by hand."""
+    from processors.operator import default_operator, resolve_review
+
+    if (posted is None) == (not not_posted):
+        fail(TapelineError("say what you found: --posted PROVIDER_REF or --not-posted"), 2)
+    try:
+        done = resolve_review(load_settings(), job, operator or default_operator(), why, posted)
+    except TapelineError as exc:
+        fail(exc)
+    out.print(f"{job}: {done}", highlight=False)
+
+
+def cancel(job: str = typer.Argument(..., help="Job id"),
+           why: str = typer.Option(..., "--why", "-m", help="Why you cancel it (recorded in JobCancelled)"),
+           operator: Optional[str] = typer.Option(None, "--operator", help="Who cancels (default user@host)")) -> None:
+    """Cancel a job that has not ended: emits `JobCancelled` with who and why (a running attempt stops at its
+    next heartbeat). Exit 2 for an unknown job, 1 for one that has already ended."""
+    from domain.errors import NoSuchJob
+    from processors.operator import cancel_job, default_operator
+
+    try:
+        done = cancel_job(load_settings(), job, operator or default_operator(), why)
+    except NoSuchJob as exc:
+        fail(exc, 2)
+    except TapelineError as exc:
+        fail(exc)
+    out.print(f"{job}: {done}", highlight=False)

@@ -1,0 +1,113 @@
+"""`tapeline migrate`, `run` and `serve`: the commands that start the processes (registered on the
+main CLI in `tapeline/cli.py`)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Optional
+
+import typer
+
+from domain.errors import TapelineError
+from tapeline import logs
+from tapeline.cli_common import console, fail, load_settings
+from tapeline.settings import Settings
+
+ROLE_CHOICES = ("intake", "transcode", "publish", "projector", "watchdog", "all")
+
+
+def migrate() -> None:
+    """Apply the PostgreSQL migrations (projections/sql/migrations) to the projection schema
+    (TAPELINE_DB_SCHEMA), and make the read grants of TAPELINE_READER_ROLE again where missing."""
+    from tapeline.postgres import migrate as run_migrations
+
+    settings = load_settings()
+    try:
+        applied = run_migrations(settings.database_url, settings.db_schema, settings.reader_role)
+    except TapelineError as exc:
+        fail(exc)
+    console.print(f"schema {settings.db_schema}: applied {', '.join(applied) if applied else 'nothing (up to date)'}",
+                  highlight=False)
+
+
+def run_role(settings: Settings, role: str) -> int:
+    """Run one processor role in this process until SIGTERM/SIGINT."""
+    from processors.intake import IntakeProcessor
+    from processors.publish import PublishWorker
+    from processors.transcode import TranscodeWorker
+    from processors.watchdog import Watchdog
+    from projections.projector import Projector
+    from tapeline.health import HealthServer, HealthState
+
+    stop = threading.Event()
+    health = HealthState(role, settings.instance_id)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: (health.mark_draining(), stop.set()))
+    processor = {"projector": Projector, "intake": IntakeProcessor, "transcode": TranscodeWorker,
+                 "publish": PublishWorker, "watchdog": Watchdog}[role](settings)
+    if not hasattr(processor, "health"):
+        health.mark_ready()  # a processor that does not report readiness is ready once running
+    processor.health = health
+    server = HealthServer(health, settings.health_host, settings.health_port).start() if settings.health_port else None
+    try:
+        processor.run(stop)
+    finally:
+        if server is not None:
+            server.stop()
+    return 0
+
+
+def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f"One of {', '.join(ROLE_CHOICES)}"),
+        detach: bool = typer.Option(False, "--detach", help="Run in the background (logs in <home>/logs/run.log)"),
+        stop: bool = typer.Option(False, "--stop", help="Stop the background processors started with --detach"),
+        log_format: str = typer.Option("json", "--log-format", envvar="TAPELINE_LOG_FORMAT", help="json | console")) -> None:
+    """Run the processors: one role, or every role as supervised child processes."""
+    from tapeline import supervisor
+
+    settings = load_settings()
+    logs.configure(log_format)
+    if stop:
+        stopped = supervisor.stop_detached(settings)
+        console.print("processors stopped" if stopped else "no background processors were running")
+        return
+    if role not in ROLE_CHOICES:
+        fail(ValueError(f"unknown role {role!r}; choose one of {', '.join(ROLE_CHOICES)}"), 2)
+    if detach:
+        pid = supervisor.detach(settings, role)
+        console.print(f"processors running in the background (pid {pid}); logs: {settings.home / 'logs' / 'run.log'}")
+        return
+    try:
+        from tapeline.postgres import migrate as run_migrations
+        from tapeline.wiring import rescue_on_exit
+
+        run_migrations(settings.database_url, settings.db_schema, settings.reader_role)
+        if role == "all":
+            raise typer.Exit(supervisor.supervise(supervisor.ROLES, grace_s=settings.shutdown_grace_s,
+                                                  health_port_base=settings.health_port_base,
+                                                  backoff_s=settings.restart_backoff_s,
+                                                  workers={"transcode": settings.transcode_workers,
+                                                           "publish": settings.publish_workers},
+                                                  on_exit=rescue_on_exit(settings)))
+        raise typer.Exit(run_role(settings, role))
+    except TapelineError as exc:
+        fail(exc)
+
+
+def serve(host: Optional[str] = typer.Option(None, "--host", envvar="TAPELINE_SERVE_HOST",
+                                             help="Address to listen on (default 127.0.0.1)"),
+          port: Optional[int] = typer.Option(None, "--port", envvar="TAPELINE_SERVE_PORT",
+                                             help="Port (default 8400)"),
+          log_format: str = typer.Option("json", "--log-format", envvar="TAPELINE_LOG_FORMAT", help="json | console")) -> None:
+    """Serve the read API (/api, OpenAPI at /docs), the web dashboard (/), /health/* and /metrics. Reads through
+    the read-only role `tapeline_reader`; actions (replay, resolve, cancel) need TAPELINE_ADMIN_TOKEN."""
+    from tapeline.wiring import serve as run_server
+
+    logs.configure(log_format)
+    settings = load_settings()
+    try:
+        console.print(f"serving on http://{host or settings.serve_host}:{port or settings.serve_port}/ "
+                      f"(actions {'enabled' if settings.admin_token else 'disabled: no TAPELINE_ADMIN_TOKEN'})")
+        run_server(settings, host, port)
+    except TapelineError as exc:
+        fail(exc)
