@@ -61,6 +61,7 @@ from tapeline import read
 from projections.provider_status import provider_overview
 from tapeline.postgres import check_schema_name, connect, q, qf
 from domain.errors import ConfigurationError, ServiceUnavailable, TapelineError
+from domain.lifecycle import TERMINAL_STATES
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.api")
@@ -245,6 +246,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(settings))
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals["glossary"] = glossary()  # hover explanations (dashboard.js explainTerms)
+    templates.env.globals["ended_states"] = TERMINAL_STATES  # the lifecycle's final and reopenable states
     app.mount("/static/docs", StaticFiles(directory=str(Path(fastapi_offline.__file__).parent / "static")),
               name="docs-assets")
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")

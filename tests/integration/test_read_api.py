@@ -34,6 +34,7 @@ from pydantic import SecretStr
 from processors.runtime import Runtime, transact
 from tapeline.wiring import build_app as create_app
 from domain import events as ev
+from domain.lifecycle import TERMINAL_STATES
 from tapeline import kafka
 from tapeline.clock import system_clock
 from tests.conftest import settings_env, wait_for
@@ -518,3 +519,12 @@ def test_every_operation_answers_within_its_contract(client):
 
 
 REQUEST_KWARGS = {"method", "url", "params", "headers", "cookies", "json", "data", "content", "files"}
+
+
+def test_the_job_page_offers_cancel_only_while_the_job_has_not_ended(client, world):
+    """Whether a job has ended is the lifecycle's word (`domain.lifecycle.TERMINAL_STATES`), not the page's."""
+    _, jobs = world
+    offered = {name: 'id="cancel-form"' in client.get(f"/jobs/{job.job_id}").text for name, job in jobs.items()}
+    states = {name: client.get(f"/api/jobs/{job.job_id}").json()["job"]["state"] for name, job in jobs.items()}
+    assert offered == {name: state not in TERMINAL_STATES for name, state in states.items()}
+    assert set(offered.values()) == {True, False}, states  # both kinds are in the world
