@@ -18,6 +18,9 @@ One tick (`Watchdog.tick`), after the numbered protocol:
   Step 6. cleanup (`domain/policy/cleanup.py`, at most every `cleanup_interval_s`): list the next page of the sweep, read the rows of its
           jobs, `plan_cleanup` (pure) decides, remove at most `cleanup_max_deletes` objects. A
           storage failure here is logged and retried next tick; it never stops the stall work.
+Between ticks it waits the tick period (`tick_s`), or less when a lease, a no-progress allowance
+or a scheduled retry ends sooner (`next_wake_s`): a crashed host's attempt is judged when its lease
+ends, not up to a period later.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import structlog
 
 from domain.policy.cleanup import SWEPT_PREFIXES, CleanupPlan, job_ids_of, plan_cleanup, retention_under_pressure
 from domain.policy.retry import Action, retry_decision, retry_scheduled, stall_error_class
-from domain.policy.stall import attempt_stall, handoff_redrive_due, work_missing
+from domain.policy.stall import attempt_deadline, attempt_stall, handoff_redrive_due, next_wake_s, work_missing
 from processors.runtime import Outgoing, Runtime, transact
 from domain.lifecycle import attempts_used
 from tapeline.postgres import connect, q
@@ -209,6 +212,7 @@ class Watchdog:
         self.ticks = 0
         self.processed = 0
         self.last_result: RunResult | None = None
+        self.due_in_s: list[float] = []  # deadlines after the last tick's log clock, seconds (`next_wake_s`)
         self.health = HealthState("watchdog", settings.instance_id)  # `tapeline run` replaces it with the served one
         self.store: ObjectStore | None = None
         self.gauge: StorageGauge | None = None  # the bucket's bytes, when a storage limit is set
@@ -242,7 +246,8 @@ class Watchdog:
                     started = time.monotonic()
                     leader.execute(q("session_alive"))  # still holding the session (and so the lock)
                     self.tick(runtime, producer)
-                    stop.wait(max(0.0, settings.tick_s - (time.monotonic() - started)))
+                    stop.wait(next_wake_s(tick_s=settings.tick_s, elapsed_s=time.monotonic() - started,
+                                          due_in_s=self.due_in_s))
             finally:
                 runtime.close()
         finally:
@@ -277,6 +282,7 @@ class Watchdog:
         jobs = {r["job_id"]: r for r in db.execute(q("job_state_by_ids"), {"job_ids": ids}).fetchall()} if ids else {}
         # Step 4
         result = run_once(stalled, handoffs, missing, jobs, settings, runtime.recorded_by, due=due)
+        self.due_in_s = deadlines_in_s(db, settings)
         # Step 5
         if result.outgoing:
             transact(producer, lambda: runtime.produce(producer, result.outgoing), name="watchdog.act")
@@ -344,6 +350,20 @@ class Watchdog:
             health.set_cleanup(totals, removed=len(plan.delete), aborted=len(plan.abort))
         self.last_cleanup = plan
         return plan
+
+
+def deadlines_in_s(db: psycopg.Connection, settings: Settings) -> list[float]:
+    """Seconds after each partition's log clock until the next stall deadlines and the next due
+    retry (`domain/policy/stall.py` `attempt_deadline`): when the watchdog should look again."""
+    thresholds = settings.stall_thresholds()
+    found = []
+    for row in db.execute(q("running_attempt_deadlines")).fetchall():
+        end = attempt_deadline(leased_until=row["leased_until"], progress_at=row["progress_at"],
+                               progress_grace_s=row["progress_grace_s"], thresholds=thresholds)
+        if end is not None:
+            found.append((end - row["log_now"]).total_seconds())
+    retry = db.execute(q("next_retry_due_in")).fetchone()["due_in_s"]
+    return found + ([retry] if retry is not None else [])
 
 
 def log_clock(conn: psycopg.Connection) -> dict[int, datetime]:

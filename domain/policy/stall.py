@@ -90,3 +90,34 @@ def work_missing(*, uploaded_at: datetime, has_job: bool, now: datetime | None, 
     `now`, the newest log clock of all partitions (None before any record: nothing is judged)."""
     return (not has_job and now is not None
             and uploaded_at + timedelta(seconds=thresholds.intake_timeout_s) < now)
+
+
+def attempt_deadline(*, leased_until: datetime | None, progress_at: datetime | None,
+                     progress_grace_s: float | None, thresholds: StallThresholds) -> datetime | None:
+    """The log-clock time after which a running attempt is stalled if nothing more arrives: the end
+    of its lease, or the end of its no-progress allowance, whichever comes first (None: neither is
+    known). `attempt_stall` says "stalled" once the log clock is past this time."""
+    ends = [leased_until] if leased_until is not None else []
+    if progress_at is not None:
+        ends.append(progress_at + timedelta(seconds=thresholds.no_progress_timeout_s + (progress_grace_s or 0.0)))
+    return min(ends) if ends else None
+
+
+WAKE_MARGIN_S = 0.02
+"""Seconds past a deadline the watchdog wakes, so the tick it writes then is stamped after it."""
+
+
+def next_wake_s(*, tick_s: float, elapsed_s: float, due_in_s: list[float]) -> float:
+    """Seconds the watchdog waits before its next tick.
+
+    `tick_s`: the regular period; `elapsed_s`: seconds since the last tick began; `due_in_s`: the
+    deadlines still to come (`attempt_deadline`, a scheduled retry's due time), each in seconds
+    after the last tick's log clock. The next tick comes at the regular time, or just after the
+    earliest deadline when that is sooner, so a lease that ends between two ticks is judged when it
+    ends rather than up to a whole period later (the period is lease/8: 15 s at the default 120 s
+    lease). Deadlines already reached (<= 0) were judged by the last tick and are ignored."""
+    wait = tick_s - elapsed_s
+    upcoming = [d for d in due_in_s if d > 0]
+    if upcoming:
+        wait = min(wait, min(upcoming) + WAKE_MARGIN_S - elapsed_s)
+    return max(0.0, wait)

@@ -469,3 +469,15 @@ SELECT current_user AS role;
 -- name: set_role
 -- Act as {role} for the rest of the session (the read API's pool runs as the read-only role).
 SET ROLE {role};
+
+-- name: running_attempt_deadlines
+-- Running attempts with what their stall deadline is made of (domain/policy/stall.py attempt_deadline) and their partition's log clock: the watchdog wakes at the earliest.
+SELECT j.job_id, j.leased_until, j.progress_at, j.progress_grace_s, c.now AS log_now
+FROM job_state j JOIN log_clock c ON c.partition = j.log_partition
+WHERE j.state = 'running';
+
+-- name: next_retry_due_in
+-- Seconds on their partitions' log clocks until the earliest scheduled retry that is not yet due (NULL: none).
+SELECT min(EXTRACT(EPOCH FROM j.retry_due_at - c.now))::double precision AS due_in_s
+FROM job_state j JOIN log_clock c ON c.partition = j.log_partition
+WHERE j.state = 'retry_scheduled' AND j.retry_due_at > c.now;

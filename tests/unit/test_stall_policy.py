@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from domain.diagnosis import STALL_WORDS
-from domain.policy.stall import STALL_KINDS, StallThresholds, attempt_stall, handoff_redrive_due, work_missing
+from domain.policy.stall import (STALL_KINDS, WAKE_MARGIN_S, StallThresholds, attempt_deadline, attempt_stall,
+                                 handoff_redrive_due, next_wake_s, work_missing)
 from tapeline.settings import Settings
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=timezone.utc)
@@ -74,3 +75,25 @@ def test_the_thresholds_come_from_the_settings():
 
 def test_every_stall_kind_has_its_plain_words():
     assert set(STALL_WORDS) == set(STALL_KINDS)
+
+
+def test_an_attempts_deadline_is_its_lease_end_or_its_no_progress_end_whichever_is_first():
+    lease_end, progress = NOW + timedelta(seconds=4), NOW - timedelta(seconds=10)
+    assert attempt_deadline(leased_until=lease_end, progress_at=progress, progress_grace_s=None, thresholds=T) == lease_end
+    assert attempt_deadline(leased_until=NOW + timedelta(seconds=100), progress_at=progress, progress_grace_s=5.0,
+                            thresholds=T) == progress + timedelta(seconds=35)
+    assert attempt_deadline(leased_until=None, progress_at=None, progress_grace_s=None, thresholds=T) is None
+    # Just after the deadline the rule says stalled; at it, not yet.
+    end = attempt_deadline(leased_until=lease_end, progress_at=progress, progress_grace_s=None, thresholds=T)
+    for now, stalled in ((end, False), (end + timedelta(milliseconds=1), True)):
+        verdict = attempt_stall(leased_until=lease_end, last_heartbeat_at=lease_end - timedelta(seconds=5),
+                                progress_at=progress, progress_grace_s=None, now=now, thresholds=T)
+        assert (verdict is not None) is stalled
+
+
+def test_the_watchdog_wakes_at_the_next_tick_or_just_after_a_sooner_deadline():
+    assert next_wake_s(tick_s=5.0, elapsed_s=0.5, due_in_s=[]) == 4.5
+    assert next_wake_s(tick_s=5.0, elapsed_s=0.5, due_in_s=[30.0, 9.0]) == 4.5  # the period comes first
+    assert abs(next_wake_s(tick_s=5.0, elapsed_s=0.5, due_in_s=[2.0, 7.0]) - (2.0 + WAKE_MARGIN_S - 0.5)) < 1e-9
+    assert next_wake_s(tick_s=5.0, elapsed_s=0.5, due_in_s=[-3.0, 0.0]) == 4.5  # judged already
+    assert next_wake_s(tick_s=5.0, elapsed_s=6.0, due_in_s=[1.0]) == 0.0  # a slow tick: at once
