@@ -25,11 +25,12 @@ from domain import events as ev
 from domain.codec import default_codec
 from tapeline import kafka
 from domain.errors import ServiceUnavailable
+from domain.lifecycle import TERMINAL_STATES
 from tapeline.objectstore import ObjectStore
 from tapeline.postgres import q
 from tapeline.settings import Settings
 
-ENDED_STATES = ("completed", "dead_lettered", "needs_review", "failed", "rejected")
+ENDED_STATES = TERMINAL_STATES  # final and reopenable: the job stopped moving (domain.lifecycle)
 
 
 class ProviderProcess:
