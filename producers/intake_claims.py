@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from tapeline.postgres import check_schema_name, q
+from tapeline.postgres import session_options, q
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.http_intake")
@@ -113,7 +113,7 @@ class ClaimKeeper:
             return
         if self._conn is None or self._conn.closed:
             self._conn = psycopg.connect(self.settings.database_url, autocommit=True, connect_timeout=10,
-                                         options=f"-c search_path={check_schema_name(self.settings.db_schema)}")
+                                         options=session_options(self.settings.db_schema))
         alive = {(row[0], row[1]) for row in self._conn.execute(q("intake_uploads_renew"), {
             "upload_ids": [c.upload_id for c in held], "claimed_ats": [c.claimed_at for c in held]})}
         for claim in held:

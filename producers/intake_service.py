@@ -29,7 +29,7 @@ from domain.policy.admission import Refusal, admission
 from producers.intake_claims import Claim, ClaimKeeper
 from tapeline import kafka
 from tapeline.objectstore import ObjectStore, StorageGauge
-from tapeline.postgres import check_schema_name, q
+from tapeline.postgres import session_options, q
 from tapeline.read import tier_backlog
 from tapeline.settings import Settings
 
@@ -49,7 +49,7 @@ class IntakeService:
                                    name="tapeline-intake",
                                    kwargs={"autocommit": True, "row_factory": psycopg.rows.dict_row,
                                            "connect_timeout": 10,
-                                           "options": f"-c search_path={check_schema_name(settings.db_schema)}"})
+                                           "options": session_options(settings.db_schema)})
         self.executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix="intake")
         self._producer = None
         self._partitions: int | None = None

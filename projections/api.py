@@ -59,7 +59,7 @@ from projections.glossary import STALL_KINDS, glossary
 from projections.ports import Intake, OperatorActions
 from tapeline import read
 from projections.provider_status import provider_overview
-from tapeline.postgres import check_schema_name, connect, q, qf
+from tapeline.postgres import session_options, connect, q, qf
 from domain.errors import ConfigurationError, ServiceUnavailable, TapelineError
 from domain.lifecycle import TERMINAL_STATES
 from tapeline.settings import Settings
@@ -110,7 +110,7 @@ def reader_pool(settings: Settings, max_size: int = 4) -> ConnectionPool:
     return ConnectionPool(settings.database_url, min_size=1, max_size=max_size, open=False, timeout=10.0,
                           configure=_as_reader(settings.reader_role), name="tapeline-reader",
                           kwargs={"autocommit": True, "row_factory": psycopg.rows.dict_row, "connect_timeout": 10,
-                                  "options": f"-c search_path={check_schema_name(settings.db_schema)}"})
+                                  "options": session_options(settings.db_schema)})
 
 
 class LagCache:
