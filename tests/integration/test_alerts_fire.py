@@ -13,6 +13,7 @@ PostgreSQL (`stack up` reuses them and, with its own home directory, stops only 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -61,9 +62,10 @@ def test_a_dead_letter_fires_its_alert_in_alertmanager(isolated, tmp_path):
     assert up.returncode == 0, up.stdout + up.stderr
     processes = []
     try:
-        status = cli(env, "stack", "status", "--json")
-        assert '"prometheus": {"address": "http://127.0.0.1:%d/", "up": true' % prometheus in status.stdout, status.stdout
-        assert '"alertmanager": {"address": "http://127.0.0.1:%d/", "up": true' % alertmanager in status.stdout
+        status = json.loads(cli(env, "stack", "status", "--json").stdout)
+        for name, port in (("prometheus", prometheus), ("alertmanager", alertmanager)):
+            assert status[name]["up"] and status[name]["started_by_stack"], status[name]
+            assert status[name]["address"] == f"http://127.0.0.1:{port}/"
 
         # The projector is the processor at the base port (supervisor.ROLES[0]); the API serves /metrics.
         for name, args, extra in (("projector", ["run", "--role", "projector"], {"TAPELINE_HEALTH_PORT": str(health)}),
