@@ -3,7 +3,9 @@
 count, plain words and links to the jobs concerned.
 
 `active_problems` decides from facts and `now` (pure); `read_facts` gathers the facts from
-PostgreSQL (tapeline.read and provider_status); `problems_now` is what the page renderer calls.
+PostgreSQL (tapeline.read and provider_status); `problems_now` is what the page renderer calls, and
+`problems_router` serves the same as `GET /api/problems`, which static/dashboard.js polls to keep the
+strip current between page loads.
 Object storage over its limit is not shown: only the watchdog measures the bucket (its
 `tapeline_storage_bytes` metric and the TapelineStorageFull alert), nothing records it in the database.
 """
@@ -17,6 +19,7 @@ from urllib.parse import quote
 
 import psycopg
 import structlog
+from fastapi import APIRouter
 
 from domain.policy.stall import ATTEMPT_STALL_KINDS
 from projections.provider_status import provider_overview
@@ -139,3 +142,25 @@ def problems_now(pool_getter: Callable[[], Any], settings: Settings) -> dict[str
     except Exception as exc:  # noqa: BLE001 - the strip must never take a page down
         log.warning("dashboard: active problems unreadable", error=str(exc))
         return {"problems": [], "error": f"active problems unreadable: {exc}"}
+
+
+def problem_json(problem: Problem) -> dict[str, Any]:
+    """One problem as JSON: kind, count, text, href and `jobs` `[{job_id, href}]`. Pure."""
+    return {"kind": problem.kind, "count": problem.count, "text": problem.text, "href": problem.href,
+            "jobs": [{"job_id": job, "href": href} for job, href in problem.job_links]}
+
+
+def problems_router(pool_getter: Callable[[], Any], settings: Settings) -> APIRouter:
+    """`GET /api/problems`: `{"problems": [problem_json, ...], "error": null | text}`, what the
+    strip shows (200 even when the projections cannot be read: then `error` says why)."""
+    router = APIRouter()
+
+    @router.get("/api/problems", tags=["operations"])
+    def get_problems() -> dict[str, Any]:
+        """The active problems the dashboard's strip shows: stalled attempts, the watchdog not ticking,
+        dead letters pending, stalled handoffs, uploads that never became jobs and open provider
+        breakers, each with a count, plain words, the page listing them and up to five of the jobs."""
+        found = problems_now(pool_getter, settings)
+        return {"problems": [problem_json(p) for p in found["problems"]], "error": found["error"]}
+
+    return router

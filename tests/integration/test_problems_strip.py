@@ -61,6 +61,10 @@ def test_a_dead_letter_and_a_silent_watchdog_are_on_the_strip_with_their_links(i
                 assert 'data-count="1"' in line and '<a class="problem-link" href="/dead-letters">1 dead letter waits' in line
                 assert f'<a class="problem-job" href="/jobs/{dead.job_id}">{dead.job_id}</a>' in line
             assert "stalled_attempts" not in strip(client, "/")  # nothing else is claimed
+            # The JSON the dashboard's script redraws the strip from says the same.
+            served = {p["kind"]: p for p in client.get("/api/problems").json()["problems"]}
+            assert served["dead_letters"]["count"] == 1 and served["dead_letters"]["href"] == "/dead-letters"
+            assert served["dead_letters"]["jobs"] == [{"job_id": dead.job_id, "href": f"/jobs/{dead.job_id}"}]
 
             # No watchdog runs: the log clock (the events' broker time) stops; past max(4 ticks, 20 s)
             # the strip says so.
