@@ -59,6 +59,7 @@ from projections.glossary import STALL_KINDS, glossary
 from projections.ports import Intake, OperatorActions
 from tapeline import read
 from projections.provider_status import provider_overview
+from projections.problems import problems_router
 from tapeline.postgres import session_options, connect, q, qf
 from domain.errors import ConfigurationError, ServiceUnavailable, TapelineError
 from domain.lifecycle import TERMINAL_STATES
@@ -257,6 +258,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
     app.state.settings, app.state.metrics, app.state.web = settings, metrics, context
     if intake is not None:
         app.include_router(intake.router)  # POST /uploads: writes as the login role
+    app.include_router(problems_router(lambda: context.pool, settings))  # GET /api/problems (projections/problems.py)
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next):

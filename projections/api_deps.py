@@ -21,6 +21,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from domain.errors import ServiceUnavailable
 from projections.edge import FlashSigner
 from projections.ports import OperatorActions
+from projections.problems import problems_now
 from tapeline import read
 from tapeline.settings import Settings
 
@@ -103,4 +104,5 @@ def page(request: Request, template: str, status_code: int = 200, **context: Any
     app = web(request)
     flash = app.flasher.shown(request.query_params)  # only outcomes this server signed (FlashSigner)
     return app.templates.TemplateResponse(request, template, {"message": flash["msg"], "error": flash["err"],
+                                                              "problems": problems_now(lambda: app.pool, app.settings),
                                                               **context}, status_code=status_code)

@@ -4,7 +4,9 @@
 #     (the dashboard's browser test drives it headless with Playwright; no browser download),
 #     docker-compose (validates docker-compose.yml offline; no Docker engine is used), prometheus
 #     (for promtool, which checks and tests the alerting rules; on a machine with systemd the package
-#     also enables a Prometheus service on :9090, which Tapeline does not use);
+#     also enables a Prometheus service on :9090, which Tapeline does not use), prometheus-alertmanager
+#     (`tapeline stack up --with-monitoring` runs both on 127.0.0.1:19090/19091; its Debian service on
+#     :9093 is not used either);
 #     apt runs only if one of them is missing.
 #   - .venv with `pip install -e '.[test]'`, skipped while pyproject.toml is unchanged
 #     (stamp: .venv/.tapeline-pyproject.sha256).
@@ -28,6 +30,7 @@ python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v docker-compose >/dev/null || missing+=(docker-compose)
 command -v promtool >/dev/null || missing+=(prometheus)  # promtool checks and unit-tests compose/alerts.yml
+command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)  # stack up --with-monitoring
 
 if ((${#missing[@]})); then
     if [[ $(id -u) -ne 0 ]]; then
@@ -39,7 +42,7 @@ if ((${#missing[@]})); then
     apt-get update
     apt-get install -y --no-install-recommends "${missing[@]}"
 else
-    say "Debian packages present (ffmpeg, postgresql, java, maven, python3-venv, chromium, docker-compose, prometheus)"
+    say "Debian packages present (ffmpeg, postgresql, java, maven, python3-venv, chromium, docker-compose, prometheus, prometheus-alertmanager)"
 fi
 
 # --- Python virtualenv ----------------------------------------------------------------------

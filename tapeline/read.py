@@ -379,6 +379,13 @@ def tier_backlog(conn: psycopg.Connection, window_s: float = 300.0) -> dict[str,
     return result
 
 
+def log_clock_latest(conn: psycopg.Connection) -> dict[str, datetime | None]:
+    """`{"latest": the newest log clock of any partition (UTC; None before the first projected
+    event), "db_now": the database's clock (UTC)}`. Without traffic the log clock moves only with the
+    watchdog's ticks, so a latest far behind db_now means no watchdog ticks (or the projection lags)."""
+    return dict(conn.execute(q("log_clock_latest")).fetchone())
+
+
 def dead_letter_counts(conn: psycopg.Connection) -> dict[str, int]:
     """{"total": n, "pending": n not yet replayed}."""
     return dict(conn.execute(q("dead_letter_counts")).fetchone())

@@ -165,6 +165,11 @@ UPDATE stall_policy SET no_progress_timeout_s = %(no_progress_timeout_s)s, hando
 -- The log clock of every partition.
 SELECT partition, now FROM log_clock ORDER BY partition;
 
+-- name: log_clock_latest
+-- The newest log clock of any partition (NULL before the first event) and the database's clock: the
+-- dashboard's "watchdog not ticking" compares them.
+SELECT max(now) AS latest, now() AS db_now FROM log_clock;
+
 -- name: due_retries
 -- Scheduled retries that may start now (log clock).
 SELECT * FROM due_retries ORDER BY retry_due_at;

@@ -228,9 +228,36 @@ const pages = {
   },
 };
 
+// The active problems strip on top of every page (projections/problems.py, GET /api/problems): the
+// same lines the server rendered, redrawn only when they changed.
+async function refreshProblems() {
+  const strip = document.getElementById("problems");
+  if (!strip) return;
+  const data = await getJSON("/api/problems");
+  const key = JSON.stringify(data);
+  if (strip.dataset.key === key) return;
+  strip.dataset.key = key;
+  const lines = data.problems.map(p => {
+    const line = el("p", {class: "problem", "data-kind": p.kind, "data-count": String(p.count)},
+      el("a", {class: "problem-link", href: p.href}, p.text));
+    if (p.jobs.length) {
+      line.append(": ");
+      p.jobs.forEach((job, i) => {
+        if (i) line.append(", ");
+        line.append(el("a", {class: "problem-job", href: job.href}, job.job_id));
+      });
+      if (p.count > p.jobs.length) line.append(" and more");
+    }
+    return line;
+  });
+  if (data.error) lines.unshift(el("p", {class: "problem unreadable"}, data.error));
+  strip.replaceChildren(...lines);
+  strip.hidden = lines.length === 0;
+}
+
 async function refresh(page) {
   try {
-    await pages[page]();
+    await Promise.all([pages[page](), refreshProblems()]);
     explainTerms(document);
     stamp();
     document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);

@@ -12,6 +12,10 @@ already answers and starting only what is missing:
   `s3_access_key`/`s3_secret_key` pass, anonymous ones only as GET/HEAD of objects under
   `published/` (tapeline/s3server.py says why not moto's own IAM mode).
 * **ffmpeg** - checked, never started.
+* **Prometheus and Alertmanager** - only with `up(..., monitoring=True)` (`stack up
+  --with-monitoring`): Debian's binaries on 127.0.0.1 (`prometheus_port`, `alertmanager_port`),
+  loading compose/alerts.yml and scraping the processors' and the API's metrics
+  (tapeline/stack/monitoring.py).
 
 Everything the stack writes lives under `settings.home` (one project-owned directory)::
 
@@ -21,6 +25,8 @@ Everything the stack writes lives under `settings.home` (one project-owned direc
     <home>/kafka/data/           KRaft metadata and topic data
     <home>/kafka/server.properties, kafka.log, kafka.pid
     <home>/s3/moto.log, moto.pid    (the tapeline.s3server process)
+    <home>/monitoring/prometheus/   prometheus.yml, targets.json (file_sd), data/, prometheus.log, .pid
+    <home>/monitoring/alertmanager/ data/, alertmanager.log, alertmanager.pid
 
 `down` stops only what the stack started: a process whose pid is in a pid file *and* whose command
 line is still the one the stack launched (a recycled pid is never signalled), and the PostgreSQL
@@ -51,6 +57,7 @@ from tapeline.stack.kafka import _kafka_answers, _start_kafka, _wait_for_kafka
 from tapeline.stack.topics import delete_topics, ensure_topics
 from tapeline.stack.postgres import _pg_connect_error, _up_postgres, drop_database, masked_dsn
 from tapeline.stack.s3 import _ensure_bucket, _s3_answers, _s3_client, _up_s3, public_read_policy
+from tapeline.stack.monitoring import down_monitoring, monitoring_status, up_monitoring
 
 __all__ = ["up", "status", "down", "StackError", "StackPaths", "_s3_client", "check_ffmpeg", "drop_database", "ensure_topics", "delete_topics", "masked_dsn", "public_read_policy", "_s3_answers", "_ensure_bucket"]
 """The local stack's API (the services' modules hold the rest)."""
@@ -60,8 +67,9 @@ __all__ = ["up", "status", "down", "StackError", "StackPaths", "_s3_client", "ch
 # Public API
 
 
-def up(settings: Settings, console: Console | None = None) -> dict[str, Any]:
-    """Bring up Kafka, PostgreSQL and S3 for `settings`, check ffmpeg, and create the topics.
+def up(settings: Settings, console: Console | None = None, monitoring: bool = False) -> dict[str, Any]:
+    """Bring up Kafka, PostgreSQL and S3 for `settings`, check ffmpeg, and create the topics; with
+    `monitoring`, also Alertmanager and Prometheus (tapeline/stack/monitoring.py).
 
     Idempotent: whatever already answers is reused (nothing is started twice, nothing existing is
     recreated); only what is missing is started and then recorded in `<home>/stack.json`.
@@ -87,6 +95,8 @@ def up(settings: Settings, console: Console | None = None) -> dict[str, Any]:
         ensure_topics(settings)
         _say(console, f"[bold]kafka[/]: {len(settings.all_topics())} topics present "
                       f"(prefix {settings.topic_prefix!r})")
+        if monitoring:
+            up_monitoring(settings, paths, console)
     return status(settings)
 
 
@@ -94,9 +104,11 @@ def status(settings: Settings) -> dict[str, Any]:
     """Report each service's address, whether it answers, and whether the stack started it.
 
     Returns a JSON-serialisable dict: `{"home": ..., "kafka": {...}, "postgres": {...}, "s3": {...},
-    "ffmpeg": {...}}`; each service has `address` and `up` (bool); Kafka and S3 have `pid` (int or
+    "ffmpeg": {...}, "prometheus": {...}, "alertmanager": {...}}`; each service has `address` and `up` (bool); Kafka and S3 have `pid` (int or
     None: the stack's own process, alive) and `started_by_stack`; PostgreSQL has `cluster` and
-    `started_by_stack` (the stack started the Debian cluster); `error` says why a service is down.
+    `started_by_stack` (the stack started the Debian cluster); Prometheus and Alertmanager as
+    `monitoring.monitoring_status` says (down unless `up --with-monitoring` ran or something else
+    answers on their ports); `error` says why a service is down.
     The PostgreSQL address is the DSN with the password masked. Never raises for a down service.
     Takes up to ~10 s when services are down (connection timeouts), well under a second when up.
     """
@@ -131,11 +143,12 @@ def status(settings: Settings) -> dict[str, Any]:
         ffmpeg["up"] = False
         ffmpeg["error"] = "ffmpeg/ffprobe missing: apt-get install -y ffmpeg"
 
-    return {"home": str(paths.home), "kafka": kafka, "postgres": postgres, "s3": s3, "ffmpeg": ffmpeg}
+    return {"home": str(paths.home), "kafka": kafka, "postgres": postgres, "s3": s3, "ffmpeg": ffmpeg,
+            **monitoring_status(settings, paths)}
 
 
 def down(settings: Settings, console: Console | None = None) -> None:
-    """Stop what the stack started, and nothing else.
+    """Stop what the stack started, and nothing else (Prometheus and Alertmanager first, if it started them).
 
     Kafka and moto_server are stopped by the pid in their pid file, only if that process is alive
     and still runs the command the stack launched (SIGTERM, then SIGKILL after STOP_TIMEOUT_S
@@ -150,6 +163,7 @@ def down(settings: Settings, console: Console | None = None) -> None:
     if not paths.home.is_dir():
         return
     with _locked(paths):
+        down_monitoring(settings, paths, console)
         for name, pid_file, markers in (("kafka", paths.kafka_pid, _kafka_markers(paths)),
                                         ("s3", paths.s3_pid, _s3_markers(settings))):
             pid = _owned_pid(pid_file, markers)

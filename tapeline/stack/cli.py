@@ -25,9 +25,9 @@ def _print_table(report: dict[str, Any], console: Console) -> None:
     table = Table(title=f"Tapeline local stack ({report['home']})")
     for column in ("service", "up", "address", "started by stack", "detail"):
         table.add_column(column)
-    for name in ("kafka", "postgres", "s3", "ffmpeg"):
+    for name in ("kafka", "postgres", "s3", "ffmpeg", "prometheus", "alertmanager"):
         svc = report[name]
-        if name in ("kafka", "s3"):
+        if name in ("kafka", "s3", "prometheus", "alertmanager"):
             started = f"yes (pid {svc['pid']})" if svc["pid"] else "no"
         elif name == "postgres":
             started = f"yes ({svc['cluster']})" if svc["started_by_stack"] else "no"
@@ -41,11 +41,16 @@ def _print_table(report: dict[str, Any], console: Console) -> None:
 
 
 @stack_app.command("up")
-def up_command() -> None:
-    """Start (or reuse) Kafka, PostgreSQL and S3, check ffmpeg, create the topics."""
+def up_command(
+    with_monitoring: bool = typer.Option(False, "--with-monitoring", help="Also start Prometheus (alerting rules "
+                                         "compose/alerts.yml) and Alertmanager on 127.0.0.1 (TAPELINE_PROMETHEUS_PORT, "
+                                         "TAPELINE_ALERTMANAGER_PORT)."),
+) -> None:
+    """Start (or reuse) Kafka, PostgreSQL and S3, check ffmpeg, create the topics; with
+    --with-monitoring also Prometheus and Alertmanager."""
     err = Console(stderr=True)
     try:
-        report = up(Settings(), console=err)
+        report = up(Settings(), console=err, monitoring=with_monitoring)
     except StackError as exc:
         err.print(f"[red]stack up failed:[/] {exc}")
         raise typer.Exit(1) from exc
@@ -69,7 +74,7 @@ def status_command(
 
 @stack_app.command("down")
 def down_command() -> None:
-    """Stop only what `stack up` started (Kafka data stays on disk; moto's objects are lost)."""
+    """Stop only what `stack up` started, monitoring included (Kafka data stays on disk; moto's objects are lost)."""
     err = Console(stderr=True)
     try:
         down(Settings(), console=err)

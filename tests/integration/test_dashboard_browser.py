@@ -193,6 +193,10 @@ def test_the_dashboard_shows_each_job_where_it_belongs_and_replays_the_dead_lett
     expect(row.locator("td.error")).to_contain_text("injected failure at transcode.download")
     expect(row.locator("td.replayed")).to_have_text("no")
     expect(row).to_contain_text("storage_transient")
+    # The active problems on top (issue 23 item 4): the dead letter, linking its page and its job.
+    problem = page.locator('#problems p[data-kind="dead_letters"]')
+    expect(problem.locator("a.problem-link")).to_have_attribute("href", "/dead-letters")
+    expect(problem.locator("a.problem-job")).to_have_attribute("href", f"/jobs/{jobs['dead']}")
 
     def fill_replay(token: str) -> None:
         form = page.locator("#replay-form")
@@ -213,6 +217,7 @@ def test_the_dashboard_shows_each_job_where_it_belongs_and_replays_the_dead_lett
     page.wait_for_url(f"{server}/jobs/{jobs['dead']}?*")
     expect(page.locator("#flash")).to_have_text("replay: transcode attempt 2 queued")
     expect(page.locator("#job-state")).to_have_text("completed", timeout=180_000)  # no reload: the JS refresh
+    expect(page.locator('#problems p[data-kind="dead_letters"]')).to_have_count(0)  # the strip refreshes too
     replayed = page.locator('#timeline tr[data-event="JobReplayed"] td.detail')
     expect(replayed).to_have_text(f"operator=ops-in-browser reason={WHY} dead_letter_id={letter_id} ")
     assert page.locator("#timeline img").count() == 0

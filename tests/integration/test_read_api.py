@@ -387,7 +387,7 @@ def test_metrics_and_openapi(client, world):
             "/api/jobs/{job_id}/checkpoints", "/api/stalled", "/api/dead-letters", "/api/dead-letters/{dead_letter_id}",
             "/api/review", "/api/lag", "/api/overview", "/api/dead-letters/replay", "/api/jobs/{job_id}/cancel",
             "/api/jobs/{job_id}/resolve-review", "/health/live", "/health/ready", "/metrics", "/uploads",
-            "/api/providers"} == set(paths)
+            "/api/providers", "/api/problems"} == set(paths)
     assert [p["name"] for p in paths["/api/jobs"]["get"]["parameters"]] == \
         ["state", "stage", "priority", "since", "until", "limit", "offset"]
     assert paths["/api/jobs/{job_id}/cancel"]["post"]["requestBody"]["content"]["application/json"]["schema"] == \

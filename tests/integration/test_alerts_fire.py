@@ -1,0 +1,132 @@
+"""An alert fires for real (issue 23 item 3): `tapeline stack up --with-monitoring` starts Debian's
+Prometheus and Alertmanager, a record the projector cannot read becomes a dead letter, the API's
+/metrics reports it pending, Prometheus evaluates the shipped rule TapelineDeadLettersPending
+(compose/alerts.yml, `for: 1m` unchanged) and Alertmanager's API lists the alert firing.
+
+Only the scrape and evaluation interval is shortened (TAPELINE_MONITORING_INTERVAL_S=5 s instead of
+15 s; not less: a scrape of the API's /metrics takes over a second on a busy 2-core machine, and a
+scrape that times out makes the series stale, which restarts the rule's `for:`), so the alert fires
+a little over a minute after the dead letter appears. Prometheus, Alertmanager,
+the projector and `tapeline serve` are real processes; the services are the shared Kafka and
+PostgreSQL (`stack up` reuses them and, with its own home directory, stops only what it started).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import settings_env, wait_for
+from tests.integration.test_dead_letters import produce_raw
+
+pytestmark = pytest.mark.integration
+
+ALERT = "TapelineDeadLettersPending"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tapeline.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def metric(base: str, name: str) -> float | None:
+    """One unlabelled sample of the API's /metrics, or None while it is not there."""
+    for line in httpx.get(f"{base}/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def test_a_dead_letter_fires_its_alert_in_alertmanager(isolated, tmp_path):
+    settings = isolated
+    prometheus, alertmanager, api, health = free_port(), free_port(), free_port(), free_port()
+    env = {**settings_env(settings), "TAPELINE_HOME": str(tmp_path / "home"), "TAPELINE_MONITORING_INTERVAL_S": "5",
+           "TAPELINE_PROMETHEUS_PORT": str(prometheus), "TAPELINE_ALERTMANAGER_PORT": str(alertmanager),
+           "TAPELINE_SERVE_PORT": str(api), "TAPELINE_HEALTH_PORT_BASE": str(health)}
+    started = time.monotonic()
+    up = cli(env, "stack", "up", "--with-monitoring")
+    assert up.returncode == 0, up.stdout + up.stderr
+    processes = []
+    try:
+        status = json.loads(cli(env, "stack", "status", "--json").stdout)
+        for name, port in (("prometheus", prometheus), ("alertmanager", alertmanager)):
+            assert status[name]["up"] and status[name]["started_by_stack"], status[name]
+            assert status[name]["address"] == f"http://127.0.0.1:{port}/"
+
+        # The projector is the processor at the base port (supervisor.ROLES[0]); the API serves /metrics.
+        for name, args, extra in (("projector", ["run", "--role", "projector"], {"TAPELINE_HEALTH_PORT": str(health)}),
+                                  ("serve", ["serve"], {})):
+            log = open(tmp_path / f"{name}.log", "ab")
+            processes.append((name, log, subprocess.Popen([sys.executable, "-m", "tapeline.cli", *args],
+                                                          env={**env, **extra}, stdout=log, stderr=log,
+                                                          start_new_session=True)))
+        base = f"http://127.0.0.1:{api}"
+
+        def api_ready():
+            try:
+                return metric(base, "tapeline_dead_letters_pending") == 0.0
+            except httpx.HTTPError:
+                return False
+        wait_for(api_ready, 60, "tapeline serve's /metrics with no dead letter pending")
+
+        # Prometheus scrapes both for real: the targets the stack wrote are up.
+        def scraped():
+            targets = httpx.get(f"http://127.0.0.1:{prometheus}/api/v1/targets", timeout=5).json()["data"]
+            up_now = {t["scrapeUrl"] for t in targets["activeTargets"] if t["health"] == "up"}
+            return {f"http://127.0.0.1:{api}/metrics", f"http://127.0.0.1:{health}/metrics"} <= up_now
+        wait_for(scraped, 30, "Prometheus scraping the API and the projector")
+
+        # The condition, for real: a record on the lifecycle topic that is not an event.
+        produce_raw(settings, settings.jobs_topic, b"poison-alert", b"not avro at all")
+        wait_for(lambda: metric(base, "tapeline_dead_letters_pending") == 1.0, 30, "the dead letter pending in /metrics")
+        appeared = time.monotonic()
+        assert not firing(alertmanager), "nothing fires before the rule's `for: 1m` has passed"
+
+        try:
+            alert = wait_for(lambda: firing(alertmanager), 90, f"{ALERT} in Alertmanager's /api/v2/alerts",
+                             interval_s=1.0)
+        except BaseException:
+            for what in ("alerts", "targets"):  # why not: the rule's state and the scrapes' errors
+                print(what, httpx.get(f"http://127.0.0.1:{prometheus}/api/v1/{what}", timeout=5).text[:3000])
+            raise
+        waited = time.monotonic() - appeared
+        assert waited >= 55, f"the rule's for: 1m was honoured (fired {waited:.0f} s after the dead letter)"
+        assert alert["labels"]["severity"] == "warning"
+        assert alert["annotations"]["summary"] == "1 dead letter(s) waiting for an operator"
+        assert alert["annotations"]["dashboard"] == "/dead-letters"
+        assert alert["status"]["state"] == "active"
+        print(f"{ALERT} fired {waited:.0f} s after the dead letter appeared, {time.monotonic() - started:.0f} s in all")
+    finally:
+        for name, log, proc in processes:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            log.close()
+            print(f"--- {name}\n" + (tmp_path / f"{name}.log").read_text(errors="replace")[-2000:])
+        down = cli(env, "stack", "down")
+        print(down.stdout + down.stderr)
+    assert "prometheus: stopping pid" in down.stderr and "alertmanager: stopping pid" in down.stderr, down.stderr
+    assert "kafka: not started by the stack; leaving it alone" in down.stderr  # the shared services stay up
+
+
+def firing(port: int) -> dict | None:
+    """The active TapelineDeadLettersPending alert Alertmanager holds, or None."""
+    alerts = httpx.get(f"http://127.0.0.1:{port}/api/v2/alerts", params={"active": "true"}, timeout=5).json()
+    return next((a for a in alerts if a["labels"].get("alertname") == ALERT), None)

@@ -1,0 +1,85 @@
+"""The dashboard's active problems (issue 23 item 4) against real Kafka and PostgreSQL: a job the
+real projector records as dead-lettered shows on every page's strip with its count and links to the
+dead letters and to the job; with no watchdog running the strip says the log clock stopped, and
+once a real watchdog (`tapeline run --role watchdog`) ticks, that line goes away."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+from fastapi.testclient import TestClient
+
+from domain import events as ev
+from processors.runtime import Runtime, transact
+from projections.api import create_app
+from tapeline import kafka
+from tests.conftest import settings_env, wait_for
+from tests.integration.test_read_api import Job, job_row
+
+pytestmark = pytest.mark.integration
+
+
+def strip(client: TestClient, path: str) -> dict[str, str]:
+    """{kind: the problem's HTML line} of the strip on one page."""
+    page = client.get(path)
+    assert page.status_code == 200, page.text
+    section = re.search(r'<section id="problems".*?</section>', page.text, re.S)
+    if section is None:
+        return {}
+    return {m.group(1): m.group(0) for m in re.finditer(r'<p class="problem" data-kind="([a-z_]+)".*?</p>',
+                                                        section.group(0), re.S)}
+
+
+def test_a_dead_letter_and_a_silent_watchdog_are_on_the_strip_with_their_links(isolated, tmp_path):
+    settings = isolated
+    log = open(tmp_path / "processors.log", "ab")
+    procs = [subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "projector"],
+                              env=settings_env(settings), stdout=log, stderr=log, start_new_session=True)]
+    try:
+        dead = Job("standard")
+        events = [dead.accepted(), dead.queued("transcode", 1), dead.started("transcode", 1, "d1"),
+                  dead.event(ev.AttemptFailed, "transcode", 1, "d1", error_class="storage_transient", retryable=True,
+                             reason="S3 answered 503"),
+                  dead.event(ev.JobDeadLettered, "transcode", 1, "d1", error_class="storage_transient",
+                             reason="out of attempts: S3 answered 503", attempts=1, evidence="test")]
+        runtime = Runtime(settings, "test")
+        producer = kafka.transactional_producer(settings, f"{settings.app_name}.test-problems")
+        transact(producer, lambda: runtime.produce(producer, [(settings.jobs_topic, e) for e in events]))
+        runtime.close()
+        wait_for(lambda: (job_row(settings, dead.job_id) or {}).get("state") == "dead_lettered", 60,
+                 "the dead-lettered job projected")
+
+        with TestClient(create_app(settings), base_url="http://localhost") as client:
+            for path in ("/", "/jobs", "/stalled", "/dead-letters", f"/jobs/{dead.job_id}"):
+                line = strip(client, path).get("dead_letters")
+                assert line is not None, f"no dead-letter line on {path}"
+                assert 'data-count="1"' in line and '<a class="problem-link" href="/dead-letters">1 dead letter waits' in line
+                assert f'<a class="problem-job" href="/jobs/{dead.job_id}">{dead.job_id}</a>' in line
+            assert "stalled_attempts" not in strip(client, "/")  # nothing else is claimed
+            # The JSON the dashboard's script redraws the strip from says the same.
+            served = {p["kind"]: p for p in client.get("/api/problems").json()["problems"]}
+            assert served["dead_letters"]["count"] == 1 and served["dead_letters"]["href"] == "/dead-letters"
+            assert served["dead_letters"]["jobs"] == [{"job_id": dead.job_id, "href": f"/jobs/{dead.job_id}"}]
+
+            # No watchdog runs: the log clock (the events' broker time) stops; past max(4 ticks, 20 s)
+            # the strip says so.
+            silent = wait_for(lambda: strip(client, "/").get("watchdog_not_ticking"), 60, "the watchdog line")
+            assert re.search(r"the log clock has not moved for \d+ s: no watchdog is ticking", silent), silent
+            assert 'href="/stalled"' in silent
+
+            # A real watchdog ticks the log clock forward: the line goes away; the dead letter stays.
+            procs.append(subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "watchdog"],
+                                          env=settings_env(settings), stdout=log, stderr=log, start_new_session=True))
+            wait_for(lambda: "watchdog_not_ticking" not in strip(client, "/"), 60, "the watchdog line to go away")
+            assert "dead_letters" in strip(client, "/")
+    finally:
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+        log.close()
+        print((tmp_path / "processors.log").read_text(errors="replace")[-3000:])
