@@ -27,6 +27,7 @@ STALL_WORDS: dict[str, str] = {
 
 CAUSES: dict[str, str] = {
     "storage_transient": "the object store",
+    "output_conflict": "the object already at the job's published key (remove it, or find who wrote it)",
     "broker_transient": "Kafka",
     "provider_throttled": "the publish provider",
     "timeout": "what made the work slow (load, or a time limit too short for the source)",
@@ -186,7 +187,8 @@ def _dead_lettered(job, events, same, made) -> Diagnosis:
         still = f" ({cause} still failed after the replay)" if repeated else ""
         return made(summary + again,
                     f"Fix {cause}{still}, then replay: `tapeline dlq replay {job['job_id']}/{attempt} --why \"...\"`.",
-                    False, f"{error_class} is retryable: it should pass once {cause} works again")
+                    False, f"{error_class} is retryable: it should pass once {cause} works again" if spec.retryable
+                    else f"{error_class} is not the file's doing: a replay should pass once {cause} is dealt with")
     if repeated:
         return made(summary + " It had been replayed and failed the same way again.",
                     "Do not replay again until the cause is found: look at the source on this page and ask the "

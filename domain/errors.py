@@ -91,6 +91,13 @@ class StorageError(TapelineError):
     error_class = "storage_transient"
 
 
+class OutputConflict(StorageError):
+    """A key Tapeline writes once already holds other bytes (class `output_conflict`: not retried,
+    dead-lettered at once for an operator)."""
+
+    error_class = "output_conflict"
+
+
 class Fenced(TapelineError):
     """A newer attempt owns this job: this worker's producer was fenced and must stop."""
 

@@ -91,6 +91,8 @@ ERROR_CLASS_HELP: dict[str, str] = {
     "quota_exceeded": "the submitter's own quota was used up at intake; rejected",
     "provider_throttled": "the publish provider answered 429 or 5xx; retried after its cooldown",
     "storage_transient": "the object store failed for a while; retried with backoff",
+    "output_conflict": "a key the job publishes already holds other bytes (another job or deployment wrote it); "
+                       "dead-lettered at once, not retried",
     "broker_transient": "Kafka failed for a while; retried with backoff",
     "timeout": "the work ran past its time limit; retried with backoff",
     "out_of_memory": "the work ran out of memory; retried with backoff",

@@ -20,7 +20,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError
 
-from domain.errors import StorageError
+from domain.errors import OutputConflict, StorageError
 from tapeline.settings import Settings
 
 if TYPE_CHECKING:  # the cleanup planner's row types (imported lazily at run time: no import cycle)
@@ -174,7 +174,8 @@ class ObjectStore:
             raise StorageError(f"conditional put of {key} failed: {exc}") from exc
         existing = hashlib.sha256(self.get_bytes(key)).hexdigest()
         if existing != sha:
-            raise StorageError(f"{key} already exists with different content (sha256 {existing[:12]} != {sha[:12]})")
+            raise OutputConflict(f"{key} already exists with different content (sha256 {existing[:12]} != "
+                                 f"{sha[:12]}): another job or deployment wrote it; a retry would meet it again")
         return False
 
     def create_exclusive(self, key: str, body: bytes, content_type: str = "application/json") -> bytes | None:

@@ -33,6 +33,10 @@ ERROR_CLASSES: dict[str, ErrorClass] = {c.name: c for c in (
     ErrorClass("quota_exceeded", False, "JobRejected", from_the_file=False),
     ErrorClass("provider_throttled", True, "JobDeadLettered", from_the_file=False),
     ErrorClass("storage_transient", True, "JobDeadLettered", from_the_file=False),
+    # A published key holds other bytes (another deployment's job, or a stale object in a shared
+    # bucket): a retry writes to the same key and meets the same object, so it goes to an operator
+    # at once, reopenable once the object is dealt with.
+    ErrorClass("output_conflict", False, "JobDeadLettered", from_the_file=False),
     ErrorClass("broker_transient", True, "JobDeadLettered", from_the_file=False),
     ErrorClass("timeout", True, "JobDeadLettered"),
     ErrorClass("out_of_memory", True, "JobDeadLettered"),
@@ -63,7 +67,7 @@ def stall_error_class(kind: str) -> str:
 class Action(str, Enum):
     RETRY = "retry"
     FAIL = "fail"  # not retryable: JobFailed
-    DEAD_LETTER = "dead_letter"  # retryable but out of attempts
+    DEAD_LETTER = "dead_letter"  # retryable but out of attempts, or a class that goes to an operator at once
 
 
 @dataclass(frozen=True)
@@ -92,8 +96,8 @@ def retry_decision(error_class: str, attempt: int, policy: RetryPolicy,
     tests); the delay is `schedule[attempt - 1]` (last entry repeating) times 1 +- jitter.
     """
     spec = ERROR_CLASSES.get(error_class, ERROR_CLASSES["unknown"])
-    if not spec.retryable:
-        return RetryDecision(Action.FAIL, None, 0.0)
+    if not spec.retryable:  # ends the job now, with its class's terminal event
+        return RetryDecision(Action.DEAD_LETTER if spec.terminal_event == "JobDeadLettered" else Action.FAIL, None, 0.0)
     if attempt >= policy.max_attempts:
         return RetryDecision(Action.DEAD_LETTER, None, 0.0)
     schedule = policy.backoff_by_class.get(spec.name, policy.backoff_s) or (0.0,)

@@ -152,3 +152,34 @@ def test_no_work_item_was_skipped_for_a_job_the_projection_had_not_caught_up_wit
     written, found no job row, and skipped the job as unknown (it then waited for the handoff timeout)."""
     assert '"work item received"' in pipeline.log_text()
     assert '"reason": "unknown job"' not in pipeline.log_text()
+
+
+def test_a_published_key_holding_other_bytes_dead_letters_at_once_without_a_retry(isolated, pipeline, tmp_path):
+    """Another deployment's object at the job's published key (a shared bucket): a retry would meet it
+    again, so the publish ends the job as `output_conflict` after one attempt, reopenable by an operator."""
+    import subprocess
+    import uuid
+
+    from tapeline.objectstore import ObjectStore
+
+    source = tmp_path / "tagged.mp4"  # bytes of its own, so a job id of its own: no other test shares the key
+    subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-i", str(sample_video("carphone_pristine.mp4")), "-c", "copy",
+                    "-metadata", f"comment={uuid.uuid4()}", "-y", str(source)], check=True, timeout=60)
+    submission = upload(isolated, source)
+    job_id, store = submission.job_id, ObjectStore(isolated)
+    squatter = f"published/{job_id}/master.m3u8"
+    store.put_if_absent(squatter, b"#EXTM3U\n# written by another deployment\n", "application/vnd.apple.mpegurl")
+    try:
+        publish(isolated, submission.event)
+        wait_for(lambda: (db_row(isolated, "SELECT state FROM job_state WHERE job_id = %s", job_id) or {}).get("state")
+                 == "dead_lettered", 180, "the conflicting job to be dead-lettered")
+        row = db_row(isolated, "SELECT stage, attempt, error_class, reason FROM job_state WHERE job_id = %s", job_id)
+        assert (row["stage"], row["attempt"], row["error_class"]) == ("publish", 1, "output_conflict"), row
+        assert squatter in row["reason"] and "different content" in row["reason"]
+        events = of_job(committed_events(isolated), job_id)
+        assert [e.attempt for e in of_job(events, job_id, "AttemptStarted") if e.stage == "publish"] == [1]
+        assert [e.error_class for e in of_job(events, job_id, "JobDeadLettered")] == ["output_conflict"]
+        assert not [e for e in of_job(events, job_id, "RetryScheduled") if e.stage == "publish"]
+        assert store.get_bytes(squatter) == b"#EXTM3U\n# written by another deployment\n"  # never overwritten
+    finally:
+        store.delete(squatter)

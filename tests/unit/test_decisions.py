@@ -79,6 +79,9 @@ def test_retry_decision_by_class_and_budget():
     assert retry_decision("worker_lost", 2, policy).delay_s == 0.0  # a stall is retried at once
     assert retry_decision("worker_lost", 3, policy).action is Action.DEAD_LETTER
     assert retry_decision("no_such_class", 1, policy).action is Action.RETRY
+    # Not retried, but reopenable: a published key holding other bytes goes to an operator at once.
+    conflict = retry_decision("output_conflict", 1, policy)
+    assert (conflict.action, conflict.next_attempt) == (Action.DEAD_LETTER, None)
 
 
 def test_backoff_repeats_its_last_step_and_jitter_stays_in_bounds():

@@ -160,4 +160,17 @@ def test_which_classes_the_file_can_cause():
     from domain.policy.retry import ERROR_CLASSES
 
     assert {c.name for c in ERROR_CLASSES.values() if not c.from_the_file} == \
-        {"storage_transient", "broker_transient", "provider_throttled", "quota_exceeded"}
+        {"storage_transient", "output_conflict", "broker_transient", "provider_throttled", "quota_exceeded"}
+
+
+def test_an_output_conflict_says_what_to_deal_with_before_a_replay():
+    from domain.diagnosis import diagnose
+
+    job = {"job_id": "j-9", "state": "dead_lettered", "stage": "publish", "attempt": 1, "attempts": 1,
+           "error_class": "output_conflict", "reason": "published/j-9/master.m3u8 already exists with different content"}
+    events = [{"event_type": "JobDeadLettered", "stage": "publish", "attempt": 1,
+               "payload": {"error_class": "output_conflict"}}]
+    found = diagnose(job, events, [], NOW)
+    assert found.permanent is False
+    assert "the object already at the job's published key" in found.action and "dlq replay j-9/1" in found.action
+    assert "is not the file's doing" in found.why and "retryable" not in found.why
