@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from domain.errors import TapelineError
 from tapeline.cli_common import fail, load_settings, out
@@ -55,7 +55,9 @@ def dlq_list(reason: Optional[str] = typer.Option(None, "--reason", help="Only t
     if not rows:
         out.print("no dead letters" + (f" with reason {reason}" if reason else ""))
         return
-    table = Table("id", "kind", "stage", "class", "attempts", "when (UTC)", "replayed", "error")
+    table = Table("kind", "stage", "class", "attempts", "when (UTC)", "replayed", "error")
+    # The id is what `dlq show` and `dlq replay` take: never shortened, whatever the terminal's width.
+    table.columns.insert(0, Column("id (job/attempt)", no_wrap=True, overflow="ignore", min_width=40))
     for r in rows:
         table.add_row(r["id"], r["kind"], r["stage"] or "-", r["error_class"] or "-", _letter_attempts(r),
                       r["broker_ts"].strftime("%Y-%m-%d %H:%M:%S") if r["broker_ts"] else "-",

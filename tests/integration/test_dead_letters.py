@@ -72,6 +72,10 @@ def poisoned(settings, pipeline):
     assert uploads["kind"] == "record" and uploads["error_class"] == "invalid_input"
     assert jobs["kind"] == "projection" and jobs["seen_by"] == ["projector"] and jobs["error_class"] == "invalid_input"
     assert work["kind"] == "record" and work["seen_by"] == ["transcode"] and work["stage"] == "transcode"
+    # The table shows each whole id, the argument `dlq show` and `dlq replay` take, even at 80 columns.
+    table = tapeline_cli(settings, "dlq", "list", env={"COLUMNS": "80"})
+    assert table.returncode == 0, table.stderr
+    assert all(dead_letter_id in table.stdout for dead_letter_id in ids.values()), table.stdout
     # The raw bytes and the source position are kept exactly.
     for name, (topic, value) in poison.items():
         shown = tapeline_cli(settings, "dlq", "show", ids[name], "--json")
