@@ -14,8 +14,8 @@ import psycopg
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from tapeline.read import wait_caught_up
-from tapeline.postgres import connect, q
+from tapeline.postgres import PostgresJobStore
+from tapeline.ports import EventLog, JobStore
 from domain import events as ev
 from domain.codec import default_codec
 from tapeline import kafka
@@ -43,30 +43,38 @@ def new_claim_token() -> str:
 
 
 class Runtime:
-    """Adapters one processor process holds: settings, a PostgreSQL connection for reads, a
-    read_committed client for last stable offsets, and partition counts."""
+    """What one processor process holds: settings, its event log (`EventLog`: writers, partition
+    counts, last stable offsets) and its job store (`JobStore`: the projection's reads), and the
+    offsets it wrote. The adapters are handed in (`tapeline/wiring.py` builds them); without them it
+    builds the Kafka and PostgreSQL ones for `role` itself (tests, and processors not yet wired)."""
 
     def __init__(self, settings: Settings, role: str, health: HealthState | None = None,
-                 stop: threading.Event | None = None) -> None:
-        """`stop`: the processor's stop event; a wait for the projection gives up once it is set."""
+                 stop: threading.Event | None = None, *, events: EventLog | None = None,
+                 jobs: JobStore | None = None) -> None:
+        """`stop`: the processor's stop event; a wait for the projection gives up once it is set.
+        `close` closes `events` and `jobs` too."""
         self.settings, self.role, self.stop = settings, role, stop
         self.health = health or HealthState(role, settings.instance_id)  # counts events produced
         self.recorded_by = f"{role}@{settings.instance_id}:{os.getpid()}"  # which process, for evidence
         self.codec = default_codec()
-        self.db = connect(settings.database_url, schema=settings.db_schema,
-                          autocommit=True)  # every read sees the latest projection
-        self.db.row_factory = psycopg.rows.dict_row
-        self.lso_reader: Consumer = kafka.consumer(settings, f"{settings.app_name}.{role}.lso")
-        self._partitions: dict[str, int] = {}
+        # every read sees the latest projection (autocommit); offsets read as read_committed (the LSO)
+        self.jobs: JobStore = jobs if jobs is not None else PostgresJobStore(settings)
+        self.events: EventLog = events if events is not None else kafka.KafkaEventLog(
+            settings, f"{settings.app_name}.{role}.lso")
         # Highest offset this process wrote, per (topic, partition). commit_transaction returns before
         # the broker has written the commit markers, so the LSO may not cover our own last write yet:
         # "caught up" must also mean "past everything I wrote".
         self.written: dict[tuple[str, int], int] = {}
 
+    @property
+    def db(self) -> psycopg.Connection:
+        """The job store's PostgreSQL session (dict rows, autocommit), for the processors that still
+        run their named queries on it directly (only a `PostgresJobStore` has one)."""
+        return self.jobs.connection()  # type: ignore[attr-defined]
+
     def partitions(self, topic: str) -> int:
-        if topic not in self._partitions:
-            self._partitions[topic] = kafka.partition_count(self.lso_reader, topic)
-        return self._partitions[topic]
+        """The number of partitions of `topic` (`EventLog.partition_count`)."""
+        return self.events.partition_count(topic)
 
     def produce(self, producer: Producer, outgoing: Iterable[Outgoing]) -> None:
         """Produce each event keyed by job id to its partition (within the caller's transaction)."""
@@ -87,8 +95,8 @@ class Runtime:
         this process's own writes there. Raises `ServiceUnavailable` after `timeout_s` seconds, or as
         soon as the processor's stop event is set."""
         jobs = self.settings.jobs_topic
-        wait_caught_up(self.db, self.lso_reader, jobs, partition, timeout_s,
-                       at_least=self.written.get((jobs, partition), -1) + 1, stop=self.stop)
+        target = max(self.written.get((jobs, partition), -1) + 1, self.events.last_stable_offset(jobs, partition))
+        self.jobs.wait_applied(jobs, partition, target, timeout_s, stop=self.stop)
 
     def _delivered(self, error, message) -> None:
         if error is None:
@@ -100,11 +108,12 @@ class Runtime:
         of the lifecycle log (docs/design.md: reconcile against a caught-up view)."""
         jobs = self.settings.jobs_topic
         self.wait_caught_up(kafka.partition_for(job_id, self.partitions(jobs)), self.settings.caught_up_timeout_s)
-        return self.db.execute(q("job_status"), {"job_id": job_id}).fetchone()
+        return self.jobs.one("job_status", {"job_id": job_id})
 
     def close(self) -> None:
-        self.lso_reader.close()
-        self.db.close()
+        """Close the event log's and the job store's clients."""
+        self.events.close()
+        self.jobs.close()
 
 
 @dataclass(frozen=True)

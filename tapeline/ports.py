@@ -1,0 +1,113 @@
+"""The ports the processors depend on: small typing Protocols, one per outside system.
+
+A processor is handed its adapters (built in one place, `tapeline/wiring.py` `build_processor`) and
+calls them only through these shapes; which adapter stands behind each:
+
+| port            | adapter                                   | what stands behind it          |
+|-----------------|-------------------------------------------|--------------------------------|
+| `Clock`         | `tapeline.clock.SystemClock`              | the machine's clock, uuid4 ids |
+| `EventLog`      | `tapeline.kafka.KafkaEventLog`            | Kafka (confluent-kafka)        |
+| `JobStore`      | `tapeline.postgres.PostgresJobStore`      | PostgreSQL, named queries only |
+| `ObjectStorage` | `tapeline.objectstore.ObjectStore`        | S3 (boto3)                     |
+
+Each Protocol lists only the methods a processor calls. They are `runtime_checkable` so a unit test
+can check that each adapter has them (tests/unit/test_ports.py); that checks names, not signatures.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from tapeline.clock import Clock, system_clock
+
+if TYPE_CHECKING:  # the writer and reader objects are confluent-kafka's; the ports do not wrap them
+    from confluent_kafka import Consumer, Producer
+
+    from domain.policy.cleanup import MultipartUpload, StoredObject
+
+__all__ = ["Clock", "EventLog", "JobStore", "ObjectStorage", "system_clock"]
+
+@runtime_checkable
+class EventLog(Protocol):
+    """What processors need from the event log (Kafka): transactional writers, consumers, partition
+    counts and last stable offsets. Records are keyed by job id; the partition is chosen by the caller
+    (`tapeline.kafka.partition_for`)."""
+
+    def transactional_producer(self, transactional_id: str) -> "Producer":
+        """A transactional writer for `transactional_id`, its transactions initialised: this fences
+        any older writer with the same id (and aborts a transaction it left open). Raises
+        `ServiceUnavailable` when the broker cannot be reached in time."""
+        ...
+
+    def partition_count(self, topic: str) -> int:
+        """The number of partitions of `topic` (cached per topic). Raises `ServiceUnavailable` when
+        the topic does not exist."""
+        ...
+
+    def last_stable_offset(self, topic: str, partition: int) -> int:
+        """The offset a read_committed reader of `topic[partition]` can reach now (the LSO: past the
+        last committed record, before any open transaction)."""
+        ...
+
+    def close(self) -> None:
+        """Release the clients this adapter opened itself."""
+        ...
+
+
+@runtime_checkable
+class JobStore(Protocol):
+    """The job-state reader and the named operations on PostgreSQL. Callers name an operation (a
+    `-- name:` block of projections/sql/*.sql); they never hold SQL. Every call runs in autocommit
+    on the store's own session (each read sees the latest projection; a session advisory lock
+    taken through it lives as long as the store). Rows are dicts keyed by column name. A lost
+    connection raises `psycopg.OperationalError`; an unreachable server on first use raises
+    `ServiceUnavailable`."""
+
+    def all(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Every row of the named query."""
+        ...
+
+    def one(self, name: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """The first row of the named query, or None."""
+        ...
+
+    def run(self, name: str, params: dict[str, Any] | None = None) -> None:
+        """Run the named statement, rows (if any) ignored."""
+        ...
+
+    def wait_applied(self, topic: str, partition: int, target: int, timeout_s: float,
+                     stop: threading.Event | None = None) -> None:
+        """Block until the projection has applied `topic[partition]` up to offset `target`. Raises
+        `ServiceUnavailable` after `timeout_s` seconds, or at once when `stop` is set."""
+        ...
+
+    def close(self) -> None:
+        """Close the store's session (and with it any lock it holds)."""
+        ...
+
+
+@runtime_checkable
+class ObjectStorage(Protocol):
+    """The bucket, as far as the cleanup of the watchdog uses it. Every method raises `StorageError`
+    on a storage failure."""
+
+    def list_page(self, prefix: str, token: str | None, max_keys: int) -> tuple[list["StoredObject"], str | None]:
+        """Up to `max_keys` objects under `prefix` from `token` on, and the next page's token (None at the end)."""
+        ...
+
+    def list_multipart(self, max_uploads: int) -> list["MultipartUpload"]:
+        """Up to `max_uploads` unfinished multipart uploads."""
+        ...
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        """Abort one multipart upload."""
+        ...
+
+    def delete_many(self, keys: list[str]) -> None:
+        """Delete up to 1000 objects in one request."""
+        ...
+
+    def total_bytes(self) -> int:
+        """The bucket's total size in bytes, listed now (uncached; `StorageGauge` caches it)."""
+        ...

@@ -1,0 +1,40 @@
+"""Each adapter has the methods of its port (`tapeline/ports.py`), and building one opens nothing.
+
+`runtime_checkable` checks the method names; the typed assignments make a type checker check the
+signatures too. No client is opened: the adapters connect on first use.
+"""
+
+from __future__ import annotations
+
+from tapeline import ports
+from tapeline.clock import SystemClock, system_clock
+from tapeline.kafka import KafkaEventLog
+from tapeline.objectstore import ObjectStore
+from tapeline.postgres import PostgresJobStore
+from tapeline.settings import Settings
+
+
+def test_each_adapter_satisfies_its_port():
+    settings = Settings()
+    events: ports.EventLog = KafkaEventLog(settings, "test.lso")
+    jobs: ports.JobStore = PostgresJobStore(settings)
+    storage: ports.ObjectStorage = ObjectStore(settings)
+    clock: ports.Clock = SystemClock()
+    assert isinstance(events, ports.EventLog)
+    assert isinstance(jobs, ports.JobStore)
+    assert isinstance(storage, ports.ObjectStorage)
+    assert isinstance(clock, ports.Clock) and isinstance(system_clock, ports.Clock)
+    events.close()  # nothing was opened: nothing to close, and no error
+    jobs.close()
+
+
+def test_a_port_is_not_satisfied_by_just_anything():
+    assert not isinstance(object(), ports.EventLog)
+    assert not isinstance(SystemClock(), ports.JobStore)
+    assert not isinstance(PostgresJobStore(Settings()), ports.ObjectStorage)
+
+
+def test_the_clock_import_paths_still_work():
+    from tapeline.clock import system_clock as from_clock
+
+    assert ports.system_clock is from_clock and ports.Clock is __import__("tapeline.clock").clock.Clock
