@@ -111,7 +111,8 @@ def replay_events(row: dict[str, Any] | None, dead_letter_id: str, operator: str
     replayed = ev.JobReplayed.new(system_clock.stamp(), stage=row["stage"], attempt=row["attempt"], operator=operator, reason=reason,
                                   dead_letter_id=dead_letter_id, **common)
     return [(settings.jobs_topic, replayed)] + queue_attempt(row, row["stage"], row["attempt"] + 1,
-                                                             dict(common, causation_id=replayed.event_id), settings)
+                                                             dict(common, causation_id=replayed.event_id), settings,
+                                                             clock=system_clock)
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,7 @@ def resolve_review_events(row: dict[str, Any] | None, operator: str, reason: str
     out: list[Outgoing] = [(settings.jobs_topic, replayed)]
     caused = dict(common, causation_id=replayed.event_id)
     if posted_ref is None:
-        return out + queue_attempt(row, row["stage"], row["attempt"] + 1, caused, settings)
+        return out + queue_attempt(row, row["stage"], row["attempt"] + 1, caused, settings, clock=system_clock)
     renditions = [ev.Rendition(**r) for r in (row.get("renditions") or [])]
     master_key = f"published/{row['job_id']}/master.m3u8"
     return out + [

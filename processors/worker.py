@@ -173,7 +173,7 @@ class StageWorker:
             return
         for holding in holdings.left_by_earlier_incarnations(self.settings, name, os.getpid()):
             try:
-                Rescuer(self.settings, self.stage, runtime=runtime).rescue(holding, "died (found by its restarted worker)")
+                Rescuer(self.settings, self.stage, runtime=runtime, clock=system_clock).rescue(holding, "died (found by its restarted worker)")
             except (ServiceUnavailable, KafkaException, Fenced) as exc:
                 log.warning("could not rescue an earlier incarnation's attempt; its lease will", error=str(exc),
                             job_id=holding.job_id, attempt=holding.attempt)

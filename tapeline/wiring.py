@@ -2,7 +2,11 @@
 
 `build_app` composes the web layer (`projections/api.py`, which imports neither the processors nor
 the producers) with the operator actions of `processors/operator.py` and the HTTP intake of
-`producers/http_intake.py`; `serve` runs it (`tapeline serve`).
+`producers/http_intake.py`; `serve` runs it (`tapeline serve`). `build_processor` builds one
+processor role with its adapters (the ports of `tapeline/ports.py`: Kafka's `KafkaEventLog`,
+PostgreSQL's `PostgresJobStore`, S3's `ObjectStore`, the system clock) for `tapeline run`
+(`tapeline/cli_run.py` `run_role`, in each child of the supervisor too); `rescue_on_exit` builds the
+supervisor's rescuer the same way.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from typing import Sequence
 
 from fastapi import FastAPI
 
+from tapeline.health import HealthState
 from tapeline.settings import Settings
 
 
@@ -76,6 +81,34 @@ def serve(settings: Settings, host: str | None = None, port: int | None = None, 
 
 
 WORKER_ROLES = ("transcode", "publish")
+PROCESSOR_ROLES = ("projector", "intake", "transcode", "publish", "watchdog")
+
+
+def build_processor(role: str, settings: Settings, health: HealthState):
+    """The processor of `role` (one of `PROCESSOR_ROLES`) with its adapters built here, reporting to
+    `health` (a processor that does not report readiness itself is marked ready at once). The
+    adapters open their connections on first use. Raises `KeyError` for an unknown role."""
+    if role == "watchdog":
+        from processors.watchdog import Watchdog
+        from tapeline.clock import system_clock
+        from tapeline.kafka import KafkaEventLog
+        from tapeline.objectstore import ObjectStore
+        from tapeline.postgres import PostgresJobStore
+
+        return Watchdog(settings, leader=PostgresJobStore(settings), jobs=PostgresJobStore(settings),
+                        events=KafkaEventLog(settings, f"{settings.app_name}.watchdog.lso"),
+                        storage=ObjectStore(settings), clock=system_clock, health=health)
+    from processors.intake import IntakeProcessor
+    from processors.publish import PublishWorker
+    from processors.transcode import TranscodeWorker
+    from projections.projector import Projector
+
+    processor = {"projector": Projector, "intake": IntakeProcessor, "transcode": TranscodeWorker,
+                 "publish": PublishWorker}[role](settings)  # these still build their own adapters in `run`
+    if not hasattr(processor, "health"):
+        health.mark_ready()  # a processor that does not report readiness is ready once running
+    processor.health = health
+    return processor
 
 
 def rescue_on_exit(settings: Settings):
@@ -88,9 +121,13 @@ def rescue_on_exit(settings: Settings):
     from domain.errors import Fenced, ServiceUnavailable
     from processors.rescue import Rescuer, exit_detail
     from tapeline import holdings
+    from tapeline.clock import system_clock
+    from tapeline.kafka import KafkaEventLog
+    from tapeline.postgres import PostgresJobStore
 
     log = structlog.get_logger("tapeline.supervisor")
-    rescuer = Rescuer(settings, "supervisor")
+    rescuer = Rescuer(settings, "supervisor", clock=system_clock, jobs=PostgresJobStore(settings),
+                      events=KafkaEventLog(settings, f"{settings.app_name}.supervisor.lso"))
 
     def on_exit(name: str, role: str, pid: int, returncode: int) -> None:
         if role not in WORKER_ROLES:
