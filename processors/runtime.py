@@ -59,6 +59,7 @@ class Runtime:
         self.codec = default_codec()
         # every read sees the latest projection (autocommit); offsets read as read_committed (the LSO)
         self.jobs: JobStore = jobs if jobs is not None else PostgresJobStore(settings)
+        self.jobs.open()  # a processor that cannot reach PostgreSQL fails here, before it says it is ready
         self.events: EventLog = events if events is not None else kafka.KafkaEventLog(
             settings, f"{settings.app_name}.{role}.lso")
         # Highest offset this process wrote, per (topic, partition). commit_transaction returns before

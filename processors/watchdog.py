@@ -230,7 +230,7 @@ class Watchdog:
     def run(self, stop: threading.Event) -> None:
         settings = self.settings
         leader = self.leader  # dedicated: the advisory lock lives in its session
-        leader.run("session_alive")  # PostgreSQL answers (else this raises) before the watchdog says it is ready
+        leader.open()  # PostgreSQL answers (else this raises) before the watchdog says it is ready
         self.health.mark_ready()  # a standby waiting for the lock is healthy too
         try:
             while not stop.is_set():

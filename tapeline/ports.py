@@ -64,6 +64,11 @@ class JobStore(Protocol):
     connection raises `psycopg.OperationalError`; an unreachable server on first use raises
     `ServiceUnavailable`."""
 
+    def open(self) -> None:
+        """Open the session now if it is not open (else the first call opens it). Raises
+        `ServiceUnavailable` when the server does not answer."""
+        ...
+
     def all(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Every row of the named query."""
         ...

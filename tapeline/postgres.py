@@ -275,6 +275,10 @@ class PostgresJobStore:
             self._conn.row_factory = psycopg.rows.dict_row
         return self._conn
 
+    def open(self) -> None:
+        """Open the session now, if it is not open."""
+        self.connection()
+
     def all(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Every row of the named query."""
         return self.connection().execute(q(name), params).fetchall()
