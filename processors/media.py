@@ -71,6 +71,14 @@ def _probe_message(stderr: str, path: str) -> str:
     return lines[-1] if lines else "ffprobe failed"
 
 
+class FfmpegTool:
+    """The `MediaTool` port (`tapeline/ports.py`) over this module's ffprobe and ffmpeg runs."""
+
+    def inspect_source(self, path: Path, *, count_packets: bool = True, timeout_s: float = 300.0) -> Probe:
+        """`inspect_source`."""
+        return inspect_source(path, count_packets=count_packets, timeout_s=timeout_s)
+
+
 def inspect_source(path: Path, *, count_packets: bool = True, timeout_s: float = 300.0) -> Probe:
     """Probe a local source file, refusing playlists and containers not in `ALLOWED_CONTAINERS`.
 

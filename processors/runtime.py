@@ -15,7 +15,7 @@ import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from tapeline.postgres import PostgresJobStore
-from tapeline.ports import EventLog, JobStore
+from tapeline.ports import Clock, EventLog, JobStore
 from domain import events as ev
 from domain.codec import default_codec
 from tapeline import kafka
@@ -137,15 +137,15 @@ class AttemptIdentity:
 
 def dead_letter_event(processor: str, recorded_by: str, error: Exception, *, topic: str, partition: int,
                       offset: int, key: bytes | None, value: bytes | None,
-                      headers: list[tuple[str, bytes | None]] | None, error_class: str = "invalid_input"
-                      ) -> ev.DeadLetter:
+                      headers: list[tuple[str, bytes | None]] | None, error_class: str = "invalid_input",
+                      clock: Clock) -> ev.DeadLetter:
     """A `DeadLetter` carrying a record raw (key, value, headers, source position) and the error. Pure.
 
     Its job id is the source position `topic/partition/offset` (the record's job is unknown), which
     is also the dead letter's id in the `dead_letters` projection.
     """
     position = f"{topic}/{partition}/{offset}"
-    return ev.DeadLetter.new(system_clock.stamp(), 
+    return ev.DeadLetter.new(clock.stamp(), 
         job_id=position, stage=processor, attempt=0, recorded_by=recorded_by, correlation_id=position,
         source_topic=topic, source_partition=partition, source_offset=offset, key=key, value=value,
         headers={str(k): bytes(v or b"") for k, v in (headers or [])},
@@ -153,11 +153,11 @@ def dead_letter_event(processor: str, recorded_by: str, error: Exception, *, top
 
 
 def dead_letter_record(message: Message, error: Exception, processor: str, recorded_by: str,
-                       error_class: str = "invalid_input") -> ev.DeadLetter:
-    """`dead_letter_event` for a consumed Kafka message."""
+                       error_class: str = "invalid_input", *, clock: Clock) -> ev.DeadLetter:
+    """`dead_letter_event` for a consumed Kafka message, stamped by `clock`."""
     return dead_letter_event(processor, recorded_by, error, topic=message.topic(), partition=message.partition(),
                              offset=message.offset(), key=message.key(), value=message.value(),
-                             headers=message.headers(), error_class=error_class)
+                             headers=message.headers(), error_class=error_class, clock=clock)
 
 
 def transact(producer: Producer, produce: Callable[[], None], *, consumer: Consumer | None = None,

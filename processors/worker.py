@@ -348,7 +348,7 @@ class StageWorker:
         fenced by the consumer group's generation (KIP-447), not by a stable id. On failure the
         record is read again from its committed offset and dead-lettered again.
         """
-        record = dead_letter_record(message, error, self.stage, runtime.recorded_by)
+        record = dead_letter_record(message, error, self.stage, runtime.recorded_by, clock=system_clock)
         log.error("undecodable work item sent to the dead-letter topic", error=str(error))
         if self.dlq_producer is None:
             self.dlq_producer = kafka.transactional_producer(

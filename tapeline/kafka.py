@@ -145,6 +145,10 @@ class KafkaEventLog:
         """`transactional_producer(settings, transactional_id)`: initialised, so it fences older writers."""
         return transactional_producer(self.settings, transactional_id)
 
+    def consumer(self, group_id: str) -> Consumer:
+        """`consumer(settings, group_id)`."""
+        return consumer(self.settings, group_id)
+
     def partition_count(self, topic: str) -> int:
         """`partition_count` of `topic`, asked once per topic."""
         if topic not in self._partitions:

@@ -9,6 +9,7 @@ calls them only through these shapes; which adapter stands behind each:
 | `EventLog`      | `tapeline.kafka.KafkaEventLog`            | Kafka (confluent-kafka)        |
 | `JobStore`      | `tapeline.postgres.PostgresJobStore`      | PostgreSQL, named queries only |
 | `ObjectStorage` | `tapeline.objectstore.ObjectStore`        | S3 (boto3)                     |
+| `MediaTool`     | `processors.media.FfmpegTool`             | ffprobe and ffmpeg processes   |
 
 Each Protocol lists only the methods a processor calls. They are `runtime_checkable` so a unit test
 can check that each adapter has them (tests/unit/test_ports.py); that checks names, not signatures.
@@ -17,6 +18,7 @@ can check that each adapter has them (tests/unit/test_ports.py); that checks nam
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tapeline.clock import Clock, system_clock
@@ -26,7 +28,7 @@ if TYPE_CHECKING:  # the writer and reader objects are confluent-kafka's; the po
 
     from domain.policy.cleanup import MultipartUpload, StoredObject
 
-__all__ = ["Clock", "EventLog", "JobStore", "ObjectStorage", "system_clock"]
+__all__ = ["Clock", "EventLog", "JobStore", "MediaTool", "ObjectStorage", "system_clock"]
 
 @runtime_checkable
 class EventLog(Protocol):
@@ -38,6 +40,12 @@ class EventLog(Protocol):
         """A transactional writer for `transactional_id`, its transactions initialised: this fences
         any older writer with the same id (and aborts a transaction it left open). Raises
         `ServiceUnavailable` when the broker cannot be reached in time."""
+        ...
+
+    def consumer(self, group_id: str) -> "Consumer":
+        """A new consumer in group `group_id`: reads committed records only, never commits on its own
+        (offsets commit inside the caller's transactions), starts from the earliest offset when the
+        group has none. The caller subscribes it and closes it."""
         ...
 
     def partition_count(self, topic: str) -> int:
@@ -94,8 +102,16 @@ class JobStore(Protocol):
 
 @runtime_checkable
 class ObjectStorage(Protocol):
-    """The bucket, as far as the cleanup of the watchdog uses it. Every method raises `StorageError`
+    """The bucket, as far as the processors use it (intake: `head`, `download`; the watchdog's cleanup: the rest). Every method raises `StorageError`
     on a storage failure."""
+
+    def head(self, key: str) -> tuple[int, dict[str, str]] | None:
+        """(size in bytes, user metadata) of `key`, or None when there is no such object."""
+        ...
+
+    def download(self, key: str, path: Path) -> None:
+        """Write the object `key` to the local file `path`."""
+        ...
 
     def list_page(self, prefix: str, token: str | None, max_keys: int) -> tuple[list["StoredObject"], str | None]:
         """Up to `max_keys` objects under `prefix` from `token` on, and the next page's token (None at the end)."""
@@ -115,4 +131,17 @@ class ObjectStorage(Protocol):
 
     def total_bytes(self) -> int:
         """The bucket's total size in bytes, listed now (uncached; `StorageGauge` caches it)."""
+        ...
+
+
+@runtime_checkable
+class MediaTool(Protocol):
+    """The media tool (ffprobe and ffmpeg run as child processes on local files)."""
+
+    def inspect_source(self, path: Path, *, count_packets: bool = True, timeout_s: float = 300.0) -> Any:
+        """Probe the local source file `path`: a `processors.source_probe.Probe` (the `SourceMedia`
+        summary and the stream indexes). Refuses playlists and containers off the allow-list; with
+        `count_packets` reads every packet to find a source cut short of its index. Raises
+        `InvalidInput` (unreadable, truncated, a playlist), `UnsupportedMedia` (no video),
+        `LimitsExceeded` (probing ran longer than `timeout_s` seconds)."""
         ...

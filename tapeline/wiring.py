@@ -98,12 +98,22 @@ def build_processor(role: str, settings: Settings, health: HealthState):
         return Watchdog(settings, leader=PostgresJobStore(settings), jobs=PostgresJobStore(settings),
                         events=KafkaEventLog(settings, f"{settings.app_name}.watchdog.lso"),
                         storage=ObjectStore(settings), clock=system_clock, health=health)
-    from processors.intake import IntakeProcessor
+    if role == "intake":
+        from processors.intake import IntakeProcessor
+        from processors.media import FfmpegTool
+        from tapeline.clock import system_clock
+        from tapeline.kafka import KafkaEventLog
+        from tapeline.objectstore import ObjectStore
+        from tapeline.postgres import PostgresJobStore
+
+        return IntakeProcessor(settings, events=KafkaEventLog(settings, f"{settings.app_name}.intake.lso"),
+                               jobs=PostgresJobStore(settings), storage=ObjectStore(settings), media=FfmpegTool(),
+                               clock=system_clock, health=health)
     from processors.publish import PublishWorker
     from processors.transcode import TranscodeWorker
     from projections.projector import Projector
 
-    processor = {"projector": Projector, "intake": IntakeProcessor, "transcode": TranscodeWorker,
+    processor = {"projector": Projector, "transcode": TranscodeWorker,
                  "publish": PublishWorker}[role](settings)  # these still build their own adapters in `run`
     if not hasattr(processor, "health"):
         health.mark_ready()  # a processor that does not report readiness is ready once running

@@ -6,6 +6,7 @@ signatures too. No client is opened: the adapters connect on first use.
 
 from __future__ import annotations
 
+from processors.media import FfmpegTool
 from tapeline import ports
 from tapeline.clock import SystemClock, system_clock
 from tapeline.kafka import KafkaEventLog
@@ -20,10 +21,12 @@ def test_each_adapter_satisfies_its_port():
     jobs: ports.JobStore = PostgresJobStore(settings)
     storage: ports.ObjectStorage = ObjectStore(settings)
     clock: ports.Clock = SystemClock()
+    media: ports.MediaTool = FfmpegTool()
     assert isinstance(events, ports.EventLog)
     assert isinstance(jobs, ports.JobStore)
     assert isinstance(storage, ports.ObjectStorage)
     assert isinstance(clock, ports.Clock) and isinstance(system_clock, ports.Clock)
+    assert isinstance(media, ports.MediaTool)
     events.close()  # nothing was opened: nothing to close, and no error
     jobs.close()
 
@@ -32,6 +35,7 @@ def test_a_port_is_not_satisfied_by_just_anything():
     assert not isinstance(object(), ports.EventLog)
     assert not isinstance(SystemClock(), ports.JobStore)
     assert not isinstance(PostgresJobStore(Settings()), ports.ObjectStorage)
+    assert not isinstance(ObjectStore(Settings()), ports.MediaTool)
 
 
 def test_the_clock_import_paths_still_work():
