@@ -102,7 +102,8 @@ class JobStore(Protocol):
 
 @runtime_checkable
 class ObjectStorage(Protocol):
-    """The bucket, as far as the processors use it (intake: `head`, `download`; the watchdog's cleanup: the rest). Every method raises `StorageError`
+    """The bucket, as far as the processors use it (intake: `head`, `download`; an operator's
+    review: `delete`; the watchdog's cleanup: the rest). Every method raises `StorageError`
     on a storage failure."""
 
     def head(self, key: str) -> tuple[int, dict[str, str]] | None:
@@ -111,6 +112,10 @@ class ObjectStorage(Protocol):
 
     def download(self, key: str, path: Path) -> None:
         """Write the object `key` to the local file `path`."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove one object (no error when it is absent)."""
         ...
 
     def list_page(self, prefix: str, token: str | None, max_keys: int) -> tuple[list["StoredObject"], str | None]:

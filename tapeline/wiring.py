@@ -13,33 +13,54 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from fastapi import FastAPI
+from typing import TYPE_CHECKING
 
 from tapeline.health import HealthState
 from tapeline.settings import Settings
 
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
 
 class OperatorService:
     """`projections.ports.OperatorActions` over `processors/operator.py`, bound to one deployment's
-    settings (each call emits its events in its own Kafka transaction)."""
+    settings (each call emits its events in its own Kafka transaction, on adapters of its own: the
+    web app runs actions concurrently). The CLI's `dlq replay`, `resolve` and `cancel` use it too."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
+    def adapters(self):
+        """Fresh adapters for one action (`processors.operator.ActionAdapters`): the Kafka event log
+        (offsets client of group `<app>.operator.lso`), a PostgreSQL job store, an S3 bucket built
+        on demand, the system clock."""
+        from processors.operator import ActionAdapters
+        from tapeline.clock import system_clock
+        from tapeline.kafka import KafkaEventLog
+        from tapeline.objectstore import ObjectStore
+        from tapeline.postgres import PostgresJobStore
+
+        return ActionAdapters(events=KafkaEventLog(self.settings, f"{self.settings.app_name}.operator.lso"),
+                              jobs=PostgresJobStore(self.settings), storage=lambda: ObjectStore(self.settings),
+                              clock=system_clock)
+
     def replay_dead_letters(self, ids: Sequence[str], operator: str, reason: str) -> list:
+        """`processors.operator.replay_dead_letters`."""
         from processors.operator import replay_dead_letters
 
-        return replay_dead_letters(self.settings, list(ids), operator, reason)
+        return replay_dead_letters(self.settings, list(ids), operator, reason, adapters=self.adapters())
 
     def cancel_job(self, job_id: str, operator: str, reason: str) -> str:
+        """`processors.operator.cancel_job`."""
         from processors.operator import cancel_job
 
-        return cancel_job(self.settings, job_id, operator, reason)
+        return cancel_job(self.settings, job_id, operator, reason, adapters=self.adapters())
 
     def resolve_review(self, job_id: str, operator: str, reason: str, posted_ref: str | None) -> str:
+        """`processors.operator.resolve_review` (provider `webhook`)."""
         from processors.operator import resolve_review
 
-        return resolve_review(self.settings, job_id, operator, reason, posted_ref)
+        return resolve_review(self.settings, job_id, operator, reason, posted_ref, adapters=self.adapters())
 
 
 class HttpIntake:
