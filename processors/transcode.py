@@ -34,8 +34,8 @@ from tapeline.postgres import q
 from domain import events as ev
 from tapeline.crashpoints import delay_point, fail_point
 from domain.errors import StorageError, TranscodeFailed
-from tapeline.objectstore import ObjectStore, sha256_file
-from tapeline.clock import system_clock
+from tapeline.objectstore import sha256_file
+from tapeline.ports import ObjectStorage
 
 log = structlog.get_logger("tapeline.transcode")
 
@@ -72,7 +72,7 @@ def recorded_checkpoints(db, job_id: str, stage: str = "transcode") -> list[Chec
             for r in rows]
 
 
-def reuse_verified(store: ObjectStore, candidates: list[Checkpoint], renditions: list[str], out_dir: Path,
+def reuse_verified(store: ObjectStorage, candidates: list[Checkpoint], renditions: list[str], out_dir: Path,
                    segment_s: float, frame_s: float, duration_s: float) -> tuple[ResumePlan, dict[str, int]]:
     """Step 2: download what the plan would reuse into `out_dir/<rendition>/seg_NNNNN.ts`, keep what
     matches its recorded sha256, and plan again without what does not (or is gone) until the plan
@@ -120,7 +120,7 @@ class TranscodeWorker(StageWorker):
     """The finished encode's progress (frames done, seconds of media), which `Attempt.keepalive`
     heartbeats report after ffmpeg ended."""
 
-    def work(self, attempt: Attempt, store: ObjectStore) -> list[Outgoing]:
+    def work(self, attempt: Attempt, store: ObjectStorage) -> list[Outgoing]:
         item, identity, settings = attempt.item, attempt.identity, self.settings
         prefix = attempt_prefix(identity.job_id, self.stage, identity.attempt)
         names = [r.name for r in item.renditions]
@@ -176,8 +176,8 @@ class TranscodeWorker(StageWorker):
             (jobs, attempt.event(ev.AttemptSucceeded, outputs=outputs, renditions=renditions,
                                  audio_playlist_key=audio_key, media_duration_s=probe.duration_s,
                                  elapsed_s=elapsed_s)),
-            (jobs, ev.StageQueued.new(system_clock.stamp(), stage="publish", attempt=1, tier=item.tier, work_topic=publish_topic, **common)),
-            (publish_topic, ev.WorkItem.new(system_clock.stamp(), stage="publish", attempt=1, tier=item.tier, source_key=item.source_key,
+            (jobs, ev.StageQueued.new(self.clock.stamp(), stage="publish", attempt=1, tier=item.tier, work_topic=publish_topic, **common)),
+            (publish_topic, ev.WorkItem.new(self.clock.stamp(), stage="publish", attempt=1, tier=item.tier, source_key=item.source_key,
                                             inputs=outputs, renditions=renditions, audio_playlist_key=audio_key,
                                             media_duration_s=probe.duration_s, **common)),
         ]
@@ -199,7 +199,7 @@ class TranscodeWorker(StageWorker):
                  keyframe_s=keyframe_s, seek_s=round(seek_s, 3), grace_s=grace)
         return grace
 
-    def encode(self, attempt: Attempt, store: ObjectStore, source: Path, probe: ev.SourceMedia, plan: ResumePlan,
+    def encode(self, attempt: Attempt, store: ObjectStorage, source: Path, probe: ev.SourceMedia, plan: ResumePlan,
                out_dir: Path, prefix: str, streams: tuple[int, int | None] = (0, None),
                frame_rate: Fraction | None = None,
                source_probe: media.Probe | None = None) -> tuple[dict[str, list[LocalSegment]], float]:
@@ -298,7 +298,7 @@ class TranscodeWorker(StageWorker):
                 record(segments.SegmentWatcher(out_dir, [AUDIO]).poll(ended=True))
         return new, result.elapsed_s
 
-    def assemble(self, store: ObjectStore, ladder: list[ev.Rendition], probe: ev.SourceMedia, has_audio: bool,
+    def assemble(self, store: ObjectStorage, ladder: list[ev.Rendition], probe: ev.SourceMedia, has_audio: bool,
                  plan: ResumePlan, sizes: dict[str, int], new: dict[str, list[LocalSegment]], out_dir: Path,
                  prefix: str, frame_s: float,
                  source_probe: media.Probe | None = None) -> tuple[list[ev.OutputFile], dict[str, str]]:

@@ -145,9 +145,9 @@ class KafkaEventLog:
         """`transactional_producer(settings, transactional_id)`: initialised, so it fences older writers."""
         return transactional_producer(self.settings, transactional_id)
 
-    def consumer(self, group_id: str) -> Consumer:
-        """`consumer(settings, group_id)`."""
-        return consumer(self.settings, group_id)
+    def consumer(self, group_id: str, **overrides: Any) -> Consumer:
+        """`consumer(settings, group_id, **overrides)`."""
+        return consumer(self.settings, group_id, **overrides)
 
     def partition_count(self, topic: str) -> int:
         """`partition_count` of `topic`, asked once per topic."""

@@ -42,10 +42,11 @@ class EventLog(Protocol):
         `ServiceUnavailable` when the broker cannot be reached in time."""
         ...
 
-    def consumer(self, group_id: str) -> "Consumer":
+    def consumer(self, group_id: str, **overrides: Any) -> "Consumer":
         """A new consumer in group `group_id`: reads committed records only, never commits on its own
         (offsets commit inside the caller's transactions), starts from the earliest offset when the
-        group has none. The caller subscribes it and closes it."""
+        group has none; `overrides` are client settings (e.g. `fetch.wait.max.ms`). The caller
+        subscribes it and closes it."""
         ...
 
     def partition_count(self, topic: str) -> int:
@@ -102,9 +103,33 @@ class JobStore(Protocol):
 
 @runtime_checkable
 class ObjectStorage(Protocol):
-    """The bucket, as far as the processors use it (intake: `head`, `download`; an operator's
-    review: `delete`; the watchdog's cleanup: the rest). Every method raises `StorageError`
-    on a storage failure."""
+    """The bucket, as far as the processors use it (intake: `head`, `download`; the workers: the
+    reads and writes of objects; an operator's review: `delete`; the watchdog's cleanup: listings and
+    removals). Every method raises `StorageError` on a storage failure."""
+
+    def public_url(self, key: str) -> str:
+        """The plain HTTP URL of a published object (readable anonymously)."""
+        ...
+
+    def upload_file(self, path: Path, key: str, content_type: str) -> tuple[str, int]:
+        """Store the local file `path` as `key`; (hex sha256, bytes)."""
+        ...
+
+    def get_bytes(self, key: str) -> bytes:
+        """The whole object `key`."""
+        ...
+
+    def put_if_absent(self, key: str, body: bytes, content_type: str, metadata: dict[str, str] | None = None) -> bool:
+        """Store `body` as `key` unless it exists (a conditional write); whether it was stored."""
+        ...
+
+    def create_exclusive(self, key: str, body: bytes, content_type: str = "application/json") -> bytes | None:
+        """Create `key` with `body` only when absent: None when created, else the existing object's body."""
+        ...
+
+    def head_metadata(self, key: str) -> dict[str, str] | None:
+        """The user metadata of `key`, or None when there is no such object."""
+        ...
 
     def head(self, key: str) -> tuple[int, dict[str, str]] | None:
         """(size in bytes, user metadata) of `key`, or None when there is no such object."""

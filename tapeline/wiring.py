@@ -130,12 +130,20 @@ def build_processor(role: str, settings: Settings, health: HealthState):
         return IntakeProcessor(settings, events=KafkaEventLog(settings, f"{settings.app_name}.intake.lso"),
                                jobs=PostgresJobStore(settings), storage=ObjectStore(settings), media=FfmpegTool(),
                                clock=system_clock, health=health)
-    from processors.publish import PublishWorker
-    from processors.transcode import TranscodeWorker
+    if role in WORKER_ROLES:
+        from processors.publish import PublishWorker
+        from processors.transcode import TranscodeWorker
+        from tapeline.clock import system_clock
+        from tapeline.kafka import KafkaEventLog
+        from tapeline.objectstore import ObjectStore
+        from tapeline.postgres import PostgresJobStore
+
+        worker = {"transcode": TranscodeWorker, "publish": PublishWorker}[role]
+        return worker(settings, events=KafkaEventLog(settings, f"{settings.app_name}.{role}.lso"),
+                      jobs=PostgresJobStore(settings), storage=ObjectStore(settings), clock=system_clock, health=health)
     from projections.projector import Projector
 
-    processor = {"projector": Projector, "transcode": TranscodeWorker,
-                 "publish": PublishWorker}[role](settings)  # these still build their own adapters in `run`
+    processor = {"projector": Projector}[role](settings)  # it still builds its own adapters in `run`
     if not hasattr(processor, "health"):
         health.mark_ready()  # a processor that does not report readiness is ready once running
     processor.health = health
