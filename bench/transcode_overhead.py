@@ -91,7 +91,7 @@ def pipeline(settings: Settings, runtime: Runtime, source_key: str, ladder: list
     identity = AttemptIdentity(job_id=job_id, stage="transcode", attempt=1, claim_token=new_claim_token(),
                                recorded_by=runtime.recorded_by, correlation_id=job_id, causation_id=item.event_id)
     worker = TranscodeWorker(settings, events=runtime.events, jobs=runtime.jobs, storage=ObjectStore(settings),
-                             clock=system_clock)
+                             clock=system_clock, media=media.FfmpegTool())
     attempt = Attempt(runtime, identity, producer, item)
     started = time.monotonic()
     outgoing = worker.work(attempt, ObjectStore(settings))

@@ -35,7 +35,8 @@ from domain import events as ev
 from tapeline.crashpoints import delay_point, fail_point
 from domain.errors import StorageError, TranscodeFailed
 from tapeline.objectstore import sha256_file
-from tapeline.ports import ObjectStorage
+from tapeline.ports import MediaTool, ObjectStorage
+from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.transcode")
 
@@ -120,6 +121,12 @@ class TranscodeWorker(StageWorker):
     """The finished encode's progress (frames done, seconds of media), which `Attempt.keepalive`
     heartbeats report after ffmpeg ended."""
 
+    def __init__(self, settings: Settings, *, media: MediaTool, **adapters: Any) -> None:
+        """`media`: ffprobe and ffmpeg (`MediaTool`); `adapters`: `StageWorker`'s (events, jobs, storage,
+        clock, health)."""
+        super().__init__(settings, **adapters)
+        self.media = media
+
     def work(self, attempt: Attempt, store: ObjectStorage) -> list[Outgoing]:
         item, identity, settings = attempt.item, attempt.identity, self.settings
         prefix = attempt_prefix(identity.job_id, self.stage, identity.attempt)
@@ -135,7 +142,7 @@ class TranscodeWorker(StageWorker):
             with attempt.keepalive(0, 0.0, None, progress_grace_s=grace_s):
                 store.download(item.source_key, source)
                 delay_point("transcode.download")
-                inspected = media.inspect_source(source, count_packets=False, timeout_s=settings.probe_timeout_s)
+                inspected = self.media.inspect_source(source, count_packets=False, timeout_s=settings.probe_timeout_s)
                 probe, streams = inspected.media, (inspected.video_stream, inspected.audio_stream)
                 has_audio = inspected.audio_stream is not None
                 frame_s = 1 / probe.fps if probe.fps else 1 / 25
@@ -191,7 +198,7 @@ class TranscodeWorker(StageWorker):
         if start_index <= 0:
             return None
         seek_s = segments.resume_seek_s(start_index, self.settings.segment_s, frame_rate)
-        keyframe_s = media.keyframe_before(source, seek_s, video_stream, timeout_s=self.settings.probe_timeout_s)
+        keyframe_s = self.media.keyframe_before(source, seek_s, video_stream, timeout_s=self.settings.probe_timeout_s)
         if keyframe_s is None or seek_s - keyframe_s < 1.0:
             return None
         grace = round((seek_s - keyframe_s) / self.settings.seek_decode_min_speed, 3)
@@ -280,7 +287,7 @@ class TranscodeWorker(StageWorker):
 
         # tick_s well below the heartbeat interval, so heartbeats leave on time (no-progress
         # detection is at most the timeout plus one heartbeat interval late).
-        result = media.run_ffmpeg(command, on_progress=progressed, on_tick=tick,
+        result = self.media.run_ffmpeg(command, on_progress=progressed, on_tick=tick,
                                   should_stop=self.stop.is_set, tick_s=min(0.25, self.settings.heartbeat_s / 4),
                                   timeout_s=limit_s)
         ended = result.returncode == 0 and latest[0].ended
@@ -334,7 +341,7 @@ class TranscodeWorker(StageWorker):
                                                  size_bytes=part.size_bytes, content_type=CONTENT_TYPES[".ts"]))
             playlist = out_dir / name / "index.m3u8"
             playlist.write_text(segments.media_playlist([p.duration_s for p in parts]))
-        media.verify_outputs(out_dir, ladder, probe, has_audio, tolerance)  # ffprobe reads what players will
+        self.media.verify_outputs(out_dir, ladder, probe, has_audio, tolerance)  # ffprobe reads what players will
         for name in names:
             key = f"{prefix}{name}/index.m3u8"
             sha, size = store.upload_file(out_dir / name / "index.m3u8", key, CONTENT_TYPES[".m3u8"])

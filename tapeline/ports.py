@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from tapeline.clock import Clock, system_clock
 
@@ -166,7 +166,8 @@ class ObjectStorage(Protocol):
 
 @runtime_checkable
 class MediaTool(Protocol):
-    """The media tool (ffprobe and ffmpeg run as child processes on local files)."""
+    """The media tool (ffprobe and ffmpeg run as child processes on local files): intake's probe, the
+    transcode worker's probe, seek point, encode and output check."""
 
     def inspect_source(self, path: Path, *, count_packets: bool = True, timeout_s: float = 300.0) -> Any:
         """Probe the local source file `path`: a `processors.source_probe.Probe` (the `SourceMedia`
@@ -174,4 +175,26 @@ class MediaTool(Protocol):
         `count_packets` reads every packet to find a source cut short of its index. Raises
         `InvalidInput` (unreadable, truncated, a playlist), `UnsupportedMedia` (no video),
         `LimitsExceeded` (probing ran longer than `timeout_s` seconds)."""
+        ...
+
+    def keyframe_before(self, path: Path, time_s: float, stream: int | None = None,
+                        timeout_s: float = 60.0) -> float | None:
+        """Presentation time (s) of the video keyframe at or before `time_s` in `path` (`stream`: an
+        absolute stream index, default the first video stream); None when it cannot be told."""
+        ...
+
+    def run_ffmpeg(self, args: list[str], *, on_progress: Callable[[Any], None] | None = None,
+                   on_tick: Callable[[], None] | None = None, should_stop: Callable[[], bool] | None = None,
+                   tick_s: float = 1.0, timeout_s: float | None = None) -> Any:
+        """Run ffmpeg with `args` (a `-progress pipe:1` command): `on_progress` gets each
+        `processors.media.Progress`, `on_tick` runs every `tick_s` seconds, `should_stop` or
+        `timeout_s` seconds of wall clock stop it. Returns a `processors.media.FfmpegResult`
+        (classify it with `processors.media.ffmpeg_failure`); never raises for ffmpeg's own failure."""
+        ...
+
+    def verify_outputs(self, out_dir: Path, ladder: list[Any], media: Any, has_audio: bool,
+                       tolerance_s: float) -> None:
+        """Check an encode in `out_dir` against the `ladder` and the source's `SourceMedia` (`media`):
+        every playlist exists, ends and lasts as long as promised within `tolerance_s`. Raises
+        `OutputMismatch` otherwise."""
         ...

@@ -138,9 +138,13 @@ def build_processor(role: str, settings: Settings, health: HealthState):
         from tapeline.objectstore import ObjectStore
         from tapeline.postgres import PostgresJobStore
 
-        worker = {"transcode": TranscodeWorker, "publish": PublishWorker}[role]
-        return worker(settings, events=KafkaEventLog(settings, f"{settings.app_name}.{role}.lso"),
-                      jobs=PostgresJobStore(settings), storage=ObjectStore(settings), clock=system_clock, health=health)
+        adapters = dict(events=KafkaEventLog(settings, f"{settings.app_name}.{role}.lso"), jobs=PostgresJobStore(settings),
+                        storage=ObjectStore(settings), clock=system_clock, health=health)
+        if role == "transcode":
+            from processors.media import FfmpegTool
+
+            return TranscodeWorker(settings, media=FfmpegTool(), **adapters)
+        return PublishWorker(settings, **adapters)
     from projections.projector import Projector
 
     processor = {"projector": Projector}[role](settings)  # it still builds its own adapters in `run`

@@ -27,6 +27,8 @@ def test_each_adapter_satisfies_its_port():
     assert isinstance(storage, ports.ObjectStorage)
     assert isinstance(clock, ports.Clock) and isinstance(system_clock, ports.Clock)
     assert isinstance(media, ports.MediaTool)
+    assert all(callable(getattr(media, name)) for name in ("inspect_source", "keyframe_before", "run_ffmpeg",
+                                                            "verify_outputs"))
     events.close()  # nothing was opened: nothing to close, and no error
     jobs.close()
 
