@@ -23,10 +23,14 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from tapeline.clock import Clock, system_clock
 
-if TYPE_CHECKING:  # the writer and reader objects are confluent-kafka's; the ports do not wrap them
-    from confluent_kafka import Consumer, Producer
-
+if TYPE_CHECKING:
     from domain.policy.cleanup import MultipartUpload, StoredObject
+
+# The event log's writers and readers are the client library's own objects (confluent-kafka's
+# `Producer` and `Consumer`: `begin_transaction`, `produce`, `poll`, `seek`, ...); the port does not
+# wrap them, and does not import the library either (an import contract in pyproject.toml holds that).
+Writer = Any
+Reader = Any
 
 __all__ = ["Clock", "EventLog", "JobStore", "MediaTool", "ObjectStorage", "system_clock"]
 
@@ -36,13 +40,13 @@ class EventLog(Protocol):
     counts and last stable offsets. Records are keyed by job id; the partition is chosen by the caller
     (`tapeline.kafka.partition_for`)."""
 
-    def transactional_producer(self, transactional_id: str) -> "Producer":
+    def transactional_producer(self, transactional_id: str) -> Writer:
         """A transactional writer for `transactional_id`, its transactions initialised: this fences
         any older writer with the same id (and aborts a transaction it left open). Raises
         `ServiceUnavailable` when the broker cannot be reached in time."""
         ...
 
-    def consumer(self, group_id: str, **overrides: Any) -> "Consumer":
+    def consumer(self, group_id: str, **overrides: Any) -> Reader:
         """A new consumer in group `group_id`: reads committed records only, never commits on its own
         (offsets commit inside the caller's transactions), starts from the earliest offset when the
         group has none; `overrides` are client settings (e.g. `fetch.wait.max.ms`). The caller
