@@ -105,46 +105,43 @@ WORKER_ROLES = ("transcode", "publish")
 PROCESSOR_ROLES = ("projector", "intake", "transcode", "publish", "watchdog")
 
 
+def processor_adapters(settings: Settings, role: str, health: HealthState) -> dict:
+    """The adapters a processor of `role` runs on, as keyword arguments: `events` (Kafka, its offsets
+    client in group `<app>.<role>.lso`), `jobs` (a PostgreSQL job store), `storage` (the S3 bucket),
+    `clock` (the system clock) and `health`. Nothing connects yet."""
+    from tapeline.clock import system_clock
+    from tapeline.kafka import KafkaEventLog
+    from tapeline.objectstore import ObjectStore
+    from tapeline.postgres import PostgresJobStore
+
+    return dict(events=KafkaEventLog(settings, f"{settings.app_name}.{role}.lso"), jobs=PostgresJobStore(settings),
+                storage=ObjectStore(settings), clock=system_clock, health=health)
+
+
 def build_processor(role: str, settings: Settings, health: HealthState):
-    """The processor of `role` (one of `PROCESSOR_ROLES`) with its adapters built here, reporting to
-    `health` (a processor that does not report readiness itself is marked ready at once). The
-    adapters open their connections on first use. Raises `KeyError` for an unknown role."""
+    """The processor of `role` (one of `PROCESSOR_ROLES`) with its adapters built here
+    (`processor_adapters`; the watchdog's leader lock gets a job store of its own, intake and
+    transcode the ffprobe/ffmpeg tool), reporting to `health` (a processor that does not report
+    readiness itself is marked ready at once). Raises `KeyError` for an unknown role."""
     if role == "watchdog":
         from processors.watchdog import Watchdog
-        from tapeline.clock import system_clock
-        from tapeline.kafka import KafkaEventLog
-        from tapeline.objectstore import ObjectStore
         from tapeline.postgres import PostgresJobStore
 
-        return Watchdog(settings, leader=PostgresJobStore(settings), jobs=PostgresJobStore(settings),
-                        events=KafkaEventLog(settings, f"{settings.app_name}.watchdog.lso"),
-                        storage=ObjectStore(settings), clock=system_clock, health=health)
+        return Watchdog(settings, leader=PostgresJobStore(settings), **processor_adapters(settings, role, health))
     if role == "intake":
         from processors.intake import IntakeProcessor
         from processors.media import FfmpegTool
-        from tapeline.clock import system_clock
-        from tapeline.kafka import KafkaEventLog
-        from tapeline.objectstore import ObjectStore
-        from tapeline.postgres import PostgresJobStore
 
-        return IntakeProcessor(settings, events=KafkaEventLog(settings, f"{settings.app_name}.intake.lso"),
-                               jobs=PostgresJobStore(settings), storage=ObjectStore(settings), media=FfmpegTool(),
-                               clock=system_clock, health=health)
-    if role in WORKER_ROLES:
-        from processors.publish import PublishWorker
+        return IntakeProcessor(settings, media=FfmpegTool(), **processor_adapters(settings, role, health))
+    if role == "transcode":
+        from processors.media import FfmpegTool
         from processors.transcode import TranscodeWorker
-        from tapeline.clock import system_clock
-        from tapeline.kafka import KafkaEventLog
-        from tapeline.objectstore import ObjectStore
-        from tapeline.postgres import PostgresJobStore
 
-        adapters = dict(events=KafkaEventLog(settings, f"{settings.app_name}.{role}.lso"), jobs=PostgresJobStore(settings),
-                        storage=ObjectStore(settings), clock=system_clock, health=health)
-        if role == "transcode":
-            from processors.media import FfmpegTool
+        return TranscodeWorker(settings, media=FfmpegTool(), **processor_adapters(settings, role, health))
+    if role == "publish":
+        from processors.publish import PublishWorker
 
-            return TranscodeWorker(settings, media=FfmpegTool(), **adapters)
-        return PublishWorker(settings, **adapters)
+        return PublishWorker(settings, **processor_adapters(settings, role, health))
     from projections.projector import Projector
 
     processor = {"projector": Projector}[role](settings)  # it still builds its own adapters in `run`

@@ -44,3 +44,19 @@ def test_the_clock_import_paths_still_work():
     from tapeline.clock import system_clock as from_clock
 
     assert ports.system_clock is from_clock and ports.Clock is __import__("tapeline.clock").clock.Clock
+
+
+def test_build_processor_hands_each_role_its_adapters_through_the_ports():
+    from tapeline.health import HealthState
+    from tapeline.wiring import build_processor
+
+    settings = Settings()
+    for role in ("watchdog", "intake", "transcode", "publish"):
+        health = HealthState(role, "test")
+        processor = build_processor(role, settings, health)  # builds adapters only: nothing connects
+        assert processor.health is health
+        assert isinstance(processor.events, ports.EventLog) and isinstance(processor.jobs, ports.JobStore)
+        assert isinstance(processor.store, ports.ObjectStorage) and isinstance(processor.clock, ports.Clock)
+        if role in ("intake", "transcode"):
+            assert isinstance(processor.media, ports.MediaTool)
+    assert isinstance(build_processor("watchdog", settings, HealthState("watchdog", "test")).leader, ports.JobStore)
