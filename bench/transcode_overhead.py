@@ -90,7 +90,8 @@ def pipeline(settings: Settings, runtime: Runtime, source_key: str, ladder: list
     producer = kafka.transactional_producer(settings, f"{settings.app_name}.transcode.{job_id}")
     identity = AttemptIdentity(job_id=job_id, stage="transcode", attempt=1, claim_token=new_claim_token(),
                                recorded_by=runtime.recorded_by, correlation_id=job_id, causation_id=item.event_id)
-    worker = TranscodeWorker(settings)
+    worker = TranscodeWorker(settings, events=runtime.events, jobs=runtime.jobs, storage=ObjectStore(settings),
+                             clock=system_clock, media=media.FfmpegTool())
     attempt = Attempt(runtime, identity, producer, item)
     started = time.monotonic()
     outgoing = worker.work(attempt, ObjectStore(settings))

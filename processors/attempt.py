@@ -14,7 +14,6 @@ from domain import events as ev
 from domain.errors import Fenced
 from domain.policy.claim import superseded_reason
 from processors.runtime import AttemptIdentity, Outgoing, Runtime, transact
-from tapeline.postgres import q
 
 
 class Attempt:
@@ -107,7 +106,7 @@ class Attempt:
         declared this attempt stalled, or an operator acted): stop, kill ffmpeg, commit nothing.
         Reads the projection without waiting for it to catch up: late news is still news."""
         identity = self.identity
-        row = self.runtime.db.execute(q("job_status"), {"job_id": identity.job_id}).fetchone()
+        row = self.runtime.jobs.one("job_status", {"job_id": identity.job_id})
         reason = superseded_reason(row, identity.stage, identity.attempt, identity.claim_token)
         if reason is not None:
             raise Fenced(f"attempt {identity.attempt} no longer owns job {identity.job_id}: {reason}")

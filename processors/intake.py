@@ -21,19 +21,18 @@ from confluent_kafka import Message, TopicPartition
 from processors import media, reuse
 from tapeline import read
 from tapeline.kafka import broker_time
-from tapeline.postgres import q
 from processors.runtime import Outgoing, Runtime, dead_letter_event, dead_letter_record, poll_record, transact
 from domain import events as ev
 from domain.codec import Codec
-from tapeline import kafka, logs
+from tapeline import logs
 from domain.errors import (DecodeError, InvalidInput, MediaError, QuotaExceeded, SchemaError,
                              StorageError, TapelineError)
 from tapeline.health import HealthState
-from tapeline.objectstore import ObjectStore, sha256_file
+from tapeline.objectstore import sha256_file
 from domain.policy import intake as policy
 from domain.policy.intake import preflight
 from tapeline.settings import Settings
-from tapeline.clock import system_clock
+from tapeline.ports import Clock, EventLog, JobStore, MediaTool, ObjectStorage
 
 log = structlog.get_logger("tapeline.intake")
 RECORD_BACKOFF_CAP_S = 30.0
@@ -65,16 +64,16 @@ def record_hold_bound_s(settings: Settings) -> float:
 
 def decide(existing: dict[str, Any] | None, upload: ev.UploadCompleted, probe: ev.SourceMedia | TapelineError,
            settings: Settings, recorded_by: str, profile: reuse.OutputProfile | None = None,
-           reusable: reuse.Reusable | None = None) -> list[Outgoing]:
+           reusable: reuse.Reusable | None = None, *, clock: Clock) -> list[Outgoing]:
     """The intake decision for one upload: `domain/policy/intake.py` `decide` (the rules are its
-    docstring's) with the system clock, and with `profile` None the full profile
+    docstring's) with `clock`'s stamps, and with `profile` None the full profile
     (`reuse.full_profile` of `media.plan_ladder`)."""
     if profile is None and existing is None and not isinstance(probe, TapelineError):
         profile = reuse.full_profile(upload.profile, media.plan_ladder(probe, settings.ladder), settings)
-    return policy.decide(existing, upload, probe, profile, reusable, settings, recorded_by, system_clock.stamp)
+    return policy.decide(existing, upload, probe, profile, reusable, settings, recorded_by, clock.stamp)
 
 
-def choose_profile(runtime: Runtime, store: ObjectStore, upload: ev.UploadCompleted, probe: ev.SourceMedia,
+def choose_profile(runtime: Runtime, store: ObjectStorage, upload: ev.UploadCompleted, probe: ev.SourceMedia,
                    settings: Settings) -> tuple[reuse.OutputProfile, reuse.Reusable | None]:
     """The job's output profile (degraded while its tier's backlog, read from the projection, is above
     the threshold) and a reusable result, if any: the full profile's result first (full quality at
@@ -94,13 +93,14 @@ def choose_profile(runtime: Runtime, store: ObjectStore, upload: ev.UploadComple
     return next(c for c in candidates if c.fingerprint == found.fingerprint), found
 
 
-def inspect_upload(store: ObjectStore, upload: ev.UploadCompleted, settings: Settings) -> ev.SourceMedia | MediaError:
-    """Check, download and probe the source; every problem with the input comes back as a `MediaError`.
+def inspect_upload(store: ObjectStorage, upload: ev.UploadCompleted, settings: Settings,
+                   tool: MediaTool) -> ev.SourceMedia | MediaError:
+    """Check, download and probe (with `tool`) the source; every problem with the input comes back as a `MediaError`.
 
     In order: `preflight` on the event; the stored object must exist and match the declared size
     and sha256 (else `InvalidInput`: a truncated or replaced upload); the probe refuses playlists,
     containers off the allow-list, sources without video and sources cut short of their index
-    (`media.inspect_source`); then the pre-flight limits on picture size, duration and bitrate
+    (`MediaTool.inspect_source`); then the pre-flight limits on picture size, duration and bitrate
     (`media.check_limits`). Raises `StorageError` only for transient storage failures (the record
     is retried).
     """
@@ -128,7 +128,7 @@ def inspect_upload(store: ObjectStore, upload: ev.UploadCompleted, settings: Set
         if sha256_file(path) != upload.sha256:
             return InvalidInput("the stored source does not match the declared sha256 (corrupted or replaced upload)")
         try:
-            probe = media.inspect_source(path, timeout_s=settings.probe_timeout_s)
+            probe = tool.inspect_source(path, timeout_s=settings.probe_timeout_s)
             media.check_limits(probe.media, settings, size_bytes=size)
         except MediaError as exc:
             return exc
@@ -152,34 +152,34 @@ def parse_upload(codec: Codec, value: bytes | None, **where: Any) -> ev.UploadCo
 
 def dead_letter(settings: Settings, recorded_by: str, error: TapelineError, *, topic: str, partition: int,
                 offset: int, key: bytes | None, value: bytes | None,
-                headers: list[tuple[str, bytes | None]] | None) -> Outgoing:
+                headers: list[tuple[str, bytes | None]] | None, clock: Clock) -> Outgoing:
     """The dead-letter record of an uploads record that cannot be decoded: raw key, value and
-    headers, where it was and why. Pure."""
+    headers, where it was and why, stamped by `clock`. Pure."""
     return (settings.dlq_topic, dead_letter_event("intake", recorded_by, error, topic=topic, partition=partition,
-                                                  offset=offset, key=key, value=value, headers=headers))
+                                                  offset=offset, key=key, value=value, headers=headers, clock=clock))
 
 
 def triage(codec: Codec, settings: Settings, recorded_by: str, *, topic: str, partition: int, offset: int,
            key: bytes | None, value: bytes | None,
-           headers: list[tuple[str, bytes | None]] | None) -> ev.UploadCompleted | Outgoing:
-    """An uploads record as the upload it carries, or as its dead-letter record. Pure; never raises
+           headers: list[tuple[str, bytes | None]] | None, clock: Clock) -> ev.UploadCompleted | Outgoing:
+    """An uploads record as the upload it carries, or as its dead-letter record (stamped by `clock`). Pure; never raises
     for any bytes (the property tests in tests/unit/test_fuzz.py hold it to that)."""
     try:
         return parse_upload(codec, value, topic=topic, partition=partition, offset=offset)
     except (DecodeError, SchemaError) as exc:
         return dead_letter(settings, recorded_by, exc, topic=topic, partition=partition, offset=offset, key=key,
-                           value=value, headers=headers)
+                           value=value, headers=headers, clock=clock)
 
 
-def quota_check(db, upload: ev.UploadCompleted, now: datetime, settings: Settings) -> QuotaExceeded | None:
+def quota_check(db: JobStore, upload: ev.UploadCompleted, now: datetime, settings: Settings) -> QuotaExceeded | None:
     """`QuotaExceeded` when the upload's submitter already has `submitter_daily_quota` jobs accepted
     (not rejected) from uploads in the 24 hours before `now` (the upload's broker time, so a replay
     decides the same), else None. No quota set: None."""
     quota = settings.submitter_daily_quota
     if quota is None:
         return None
-    used = db.execute(q("submitter_jobs_between"), {"submitter": upload.submitter, "since": now - timedelta(days=1),
-                                                    "until": now}).fetchone()["jobs"]
+    used = db.one("submitter_jobs_between", {"submitter": upload.submitter, "since": now - timedelta(days=1),
+                                             "until": now})["jobs"]
     if used < quota:
         return None
     return QuotaExceeded(f"submitter {upload.submitter!r} reached its quota of {quota} jobs per 24 h "
@@ -189,20 +189,24 @@ def quota_check(db, upload: ev.UploadCompleted, now: datetime, settings: Setting
 class IntakeProcessor:
     """The intake loop (consumer group `<app>.intake`, transactional id `<app>.intake.<instance>`)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, events: EventLog, jobs: JobStore, storage: ObjectStorage,
+                 media: MediaTool, clock: Clock, health: HealthState | None = None) -> None:
+        """The adapters (`tapeline/wiring.py` `build_processor`): `events`, the uploads and lifecycle
+        logs; `jobs`, the projection it reconciles against; `storage`, where sources are; `media`, the
+        probe; `clock`, what its events are stamped with. `run` closes `events` and `jobs` when it ends."""
         self.settings = settings
+        self.events, self.jobs, self.store, self.media, self.clock = events, jobs, storage, media, clock
         self.processed = 0
-        self.health = HealthState("intake", settings.instance_id)  # `tapeline run` replaces it with the served one
+        self.health = health or HealthState("intake", settings.instance_id)  # `tapeline run` serves it
 
     def run(self, stop: threading.Event) -> None:
         settings = self.settings
-        runtime = Runtime(settings, "intake", health=self.health, stop=stop)
-        store = ObjectStore(settings)
-        consumer = kafka.consumer(settings, f"{settings.app_name}.intake")
+        runtime = Runtime(settings, "intake", health=self.health, stop=stop, events=self.events, jobs=self.jobs)
+        store = self.store
+        consumer = self.events.consumer(f"{settings.app_name}.intake")
         # The pid keeps two intake processes on one host from fencing each other; consume-produce
         # transactions are fenced by the consumer group's generation (KIP-447), not by a stable id.
-        producer = kafka.transactional_producer(
-            settings, f"{settings.app_name}.intake.{settings.instance_id}.{os.getpid()}")
+        producer = self.events.transactional_producer(f"{settings.app_name}.intake.{settings.instance_id}.{os.getpid()}")
         consumer.subscribe([settings.uploads_topic])
         self.health.mark_ready()
         failures: dict[tuple[str, int, int], int] = {}
@@ -252,17 +256,17 @@ class IntakeProcessor:
                       error_class=error_class, failures=failures, **where)
             return [(self.settings.dlq_topic, dead_letter_record(
                 message, RuntimeError(f"intake gave up after {failures} tries: {reason}"), "intake",
-                runtime.recorded_by, error_class=error_class))]
+                runtime.recorded_by, error_class=error_class, clock=self.clock))]
         log.warning("upload record failed; reading it again", error=reason, failures=failures, retry_in_s=delay,
                     **where)
         stop.wait(delay)
         return None
 
-    def handle(self, runtime: Runtime, store: ObjectStore, message: Message) -> list[Outgoing]:
+    def handle(self, runtime: Runtime, store: ObjectStorage, message: Message) -> list[Outgoing]:
         """Decide on one uploads record. An undecodable record goes to the dead-letter topic, raw."""
         where = dict(topic=message.topic(), partition=message.partition(), offset=message.offset())
         triaged = triage(runtime.codec, self.settings, runtime.recorded_by, key=message.key(), value=message.value(),
-                         headers=message.headers(), **where)
+                         headers=message.headers(), clock=self.clock, **where)
         if not isinstance(triaged, ev.UploadCompleted):
             log.warning("undecodable upload record sent to the dead-letter topic", error=triaged[1].error, **where)
             return [triaged]
@@ -272,11 +276,11 @@ class IntakeProcessor:
         if existing is not None:
             log.info("duplicate upload: the job already exists", job_id=event.job_id, upload_id=event.upload_id)
             return []
-        probe = quota_check(runtime.db, event, broker_time(message), self.settings) or \
-            inspect_upload(store, event, self.settings)
+        probe = quota_check(runtime.jobs, event, broker_time(message), self.settings) or \
+            inspect_upload(store, event, self.settings, self.media)
         profile, reusable = (None, None) if isinstance(probe, TapelineError) else \
             choose_profile(runtime, store, event, probe, self.settings)
-        outgoing = decide(None, event, probe, self.settings, runtime.recorded_by, profile, reusable)
+        outgoing = decide(None, event, probe, self.settings, runtime.recorded_by, profile, reusable, clock=self.clock)
         log.info("intake decided", job_id=event.job_id, events=[e.event_type for _, e in outgoing],
                  degraded=bool(profile and profile.degraded),
                  reused_from=reusable.origin_job_id if reusable else None)

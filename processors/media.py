@@ -71,6 +71,31 @@ def _probe_message(stderr: str, path: str) -> str:
     return lines[-1] if lines else "ffprobe failed"
 
 
+class FfmpegTool:
+    """The `MediaTool` port (`tapeline/ports.py`) over this module's ffprobe and ffmpeg runs."""
+
+    def inspect_source(self, path: Path, *, count_packets: bool = True, timeout_s: float = 300.0) -> Probe:
+        """`inspect_source`."""
+        return inspect_source(path, count_packets=count_packets, timeout_s=timeout_s)
+
+    def keyframe_before(self, path: Path, time_s: float, stream: int | None = None,
+                        timeout_s: float = 60.0) -> float | None:
+        """`keyframe_before`."""
+        return keyframe_before(path, time_s, stream, timeout_s=timeout_s)
+
+    def run_ffmpeg(self, args: list[str], *, on_progress: Callable[[Progress], None] | None = None,
+                   on_tick: Callable[[], None] | None = None, should_stop: Callable[[], bool] | None = None,
+                   tick_s: float = 1.0, timeout_s: float | None = None) -> FfmpegResult:
+        """`run_ffmpeg`."""
+        return run_ffmpeg(args, on_progress=on_progress, on_tick=on_tick, should_stop=should_stop, tick_s=tick_s,
+                          timeout_s=timeout_s)
+
+    def verify_outputs(self, out_dir: Path, ladder: list[Rendition], media: SourceMedia, has_audio: bool,
+                       tolerance_s: float) -> None:
+        """`verify_outputs`."""
+        verify_outputs(out_dir, ladder, media, has_audio, tolerance_s)
+
+
 def inspect_source(path: Path, *, count_packets: bool = True, timeout_s: float = 300.0) -> Probe:
     """Probe a local source file, refusing playlists and containers not in `ALLOWED_CONTAINERS`.
 

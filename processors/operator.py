@@ -27,7 +27,7 @@ from __future__ import annotations
 import getpass
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import structlog
 
@@ -36,14 +36,25 @@ from processors.watchdog import queue_attempt
 from tapeline import read
 from domain.lifecycle import REOPENABLE_STATES, TERMINAL_STATES
 from domain import events as ev
-from tapeline import kafka
 from domain.errors import NoSuchJob, NotCancellable, NotReplayable
 from tapeline.settings import Settings
-from tapeline.clock import system_clock
+from tapeline.ports import Clock, EventLog, JobStore, ObjectStorage
 from tapeline.crashpoints import delay_point
 from domain.errors import Fenced
 
 log = structlog.get_logger("tapeline.operator")
+
+
+@dataclass(frozen=True)
+class ActionAdapters:
+    """The adapters one operator action runs on, fresh for each action (`tapeline/wiring.py`
+    `OperatorService` builds them): `events` and `jobs` are closed when the action ends; `storage`
+    builds the bucket's adapter when the action needs it; `clock` stamps the events."""
+
+    events: EventLog
+    jobs: JobStore
+    storage: Callable[[], ObjectStorage]
+    clock: Clock
 
 
 def default_operator() -> str:
@@ -96,8 +107,8 @@ def applied_count(runtime: Runtime, job_id: str, event_types: tuple[str, ...]) -
 
 
 def replay_events(row: dict[str, Any] | None, dead_letter_id: str, operator: str, reason: str,
-                  settings: Settings, recorded_by: str) -> list[Outgoing]:
-    """The events that replay a dead-lettered (or needs-review) job. Pure.
+                  settings: Settings, recorded_by: str, *, clock: Clock) -> list[Outgoing]:
+    """The events that replay a dead-lettered (or needs-review) job, stamped by `clock`. Pure.
 
     `JobReplayed` (operator, reason, dead letter id; stage and attempt of the attempt that ended
     the job, so its dedup key is unique per dead letter) + `StageQueued` + `WorkItem` of the same
@@ -108,10 +119,11 @@ def replay_events(row: dict[str, Any] | None, dead_letter_id: str, operator: str
     if row is None or row["state"] not in REOPENABLE_STATES:
         return []
     common = dict(job_id=row["job_id"], recorded_by=recorded_by, correlation_id=row["upload_id"])
-    replayed = ev.JobReplayed.new(system_clock.stamp(), stage=row["stage"], attempt=row["attempt"], operator=operator, reason=reason,
+    replayed = ev.JobReplayed.new(clock.stamp(), stage=row["stage"], attempt=row["attempt"], operator=operator, reason=reason,
                                   dead_letter_id=dead_letter_id, **common)
     return [(settings.jobs_topic, replayed)] + queue_attempt(row, row["stage"], row["attempt"] + 1,
-                                                             dict(common, causation_id=replayed.event_id), settings)
+                                                             dict(common, causation_id=replayed.event_id), settings,
+                                                             clock=clock)
 
 
 @dataclass(frozen=True)
@@ -126,14 +138,15 @@ class ReplayOutcome:
     next_attempt: int | None = None
 
 
-def replay_dead_letters(settings: Settings, ids: list[str], operator: str, reason: str) -> list[ReplayOutcome]:
-    """Replay each dead letter in `ids` (see `replay_events`), one Kafka transaction per job.
+def replay_dead_letters(settings: Settings, ids: list[str], operator: str, reason: str, *,
+                        adapters: ActionAdapters) -> list[ReplayOutcome]:
+    """Replay each dead letter in `ids` (see `replay_events`), one Kafka transaction per job, on `adapters`.
 
     Raises `NotReplayable` for an unknown id or a record dead letter (an undecodable record has no
     job to reopen: `tapeline dlq show` gives its bytes and source position), before anything is
     produced; `ServiceUnavailable` when the projection does not catch up.
     """
-    runtime = Runtime(settings, "operator")
+    runtime = Runtime(settings, "operator", events=adapters.events, jobs=adapters.jobs)
     outcomes: list[ReplayOutcome] = []
     try:
         letters = []
@@ -147,17 +160,17 @@ def replay_dead_letters(settings: Settings, ids: list[str], operator: str, reaso
                     f"replay. Inspect it with `tapeline dlq show {dead_letter_id}` and fix its producer")
             letters.append(letter)
         for letter in letters:
-            outcomes.append(_replay_one(settings, runtime, letter, operator, reason))
+            outcomes.append(_replay_one(settings, runtime, letter, operator, reason, adapters.clock))
     finally:
         runtime.close()
     return outcomes
 
 
 def _replay_one(settings: Settings, runtime: Runtime, letter: dict[str, Any], operator: str,
-                reason: str) -> ReplayOutcome:
+                reason: str, clock: Clock) -> ReplayOutcome:
     """Replay one job dead letter, exactly once whoever else acts on the job (module docstring)."""
     job_id = letter["job_id"]
-    producer = kafka.transactional_producer(settings, operator_transactional_id(settings, job_id))  # first: fences
+    producer = runtime.events.transactional_producer(operator_transactional_id(settings, job_id))  # first: fences
     fenced = False
     try:
         row = runtime.job_row(job_id)  # then the caught-up read: holds every action committed before
@@ -167,7 +180,7 @@ def _replay_one(settings: Settings, runtime: Runtime, letter: dict[str, Any], op
         if letter["replayed_at"] is not None:
             return ReplayOutcome(letter["id"], job_id, False, f"already replayed by {letter['replayed_by']} at "
                                                               f"{letter['replayed_at']:%Y-%m-%d %H:%M:%S} UTC")
-        outgoing = replay_events(row, letter["id"], operator, reason, settings, runtime.recorded_by)
+        outgoing = replay_events(row, letter["id"], operator, reason, settings, runtime.recorded_by, clock=clock)
         if not outgoing:
             state = row["state"] if row else "unknown"
             return ReplayOutcome(letter["id"], job_id, False, f"job is {state}: nothing to replay")
@@ -189,8 +202,8 @@ def _replay_one(settings: Settings, runtime: Runtime, letter: dict[str, Any], op
 
 
 def resolve_review_events(row: dict[str, Any] | None, operator: str, reason: str, posted_ref: str | None,
-                          provider: str, settings: Settings, recorded_by: str) -> list[Outgoing]:
-    """The events that resolve a job in needs_review. Pure.
+                          provider: str, settings: Settings, recorded_by: str, *, clock: Clock) -> list[Outgoing]:
+    """The events that resolve a job in needs_review, stamped by `clock`. Pure.
 
     `posted_ref` given (the operator found the post at the provider): `JobReplayed` + `Published`
     (that provider, that ref, the origin's master URL) + `JobCompleted`: the job completes without
@@ -201,39 +214,38 @@ def resolve_review_events(row: dict[str, Any] | None, operator: str, reason: str
     if row is None or row["state"] != "needs_review":
         return []
     common = dict(job_id=row["job_id"], recorded_by=recorded_by, correlation_id=row["upload_id"])
-    replayed = ev.JobReplayed.new(system_clock.stamp(), stage=row["stage"], attempt=row["attempt"], operator=operator, reason=reason,
+    replayed = ev.JobReplayed.new(clock.stamp(), stage=row["stage"], attempt=row["attempt"], operator=operator, reason=reason,
                                   dead_letter_id=None, **common)
     out: list[Outgoing] = [(settings.jobs_topic, replayed)]
     caused = dict(common, causation_id=replayed.event_id)
     if posted_ref is None:
-        return out + queue_attempt(row, row["stage"], row["attempt"] + 1, caused, settings)
+        return out + queue_attempt(row, row["stage"], row["attempt"] + 1, caused, settings, clock=clock)
     renditions = [ev.Rendition(**r) for r in (row.get("renditions") or [])]
     master_key = f"published/{row['job_id']}/master.m3u8"
     return out + [
-        (settings.jobs_topic, ev.Published.new(system_clock.stamp(), stage="publish", attempt=row["attempt"], sequence=f"{provider}-review",
+        (settings.jobs_topic, ev.Published.new(clock.stamp(), stage="publish", attempt=row["attempt"], sequence=f"{provider}-review",
                                                provider=provider, provider_ref=posted_ref, master_key=master_key,
                                                master_url=row.get("master_url") or "", renditions=renditions,
                                                **caused)),
-        (settings.jobs_topic, ev.JobCompleted.new(system_clock.stamp(), stage="publish", attempt=row["attempt"],
+        (settings.jobs_topic, ev.JobCompleted.new(clock.stamp(), stage="publish", attempt=row["attempt"],
                                                   master_url=row.get("master_url") or "",
                                                   media_duration_s=row.get("source_duration_s"), **caused)),
     ]
 
 
 def resolve_review(settings: Settings, job_id: str, operator: str, reason: str, posted_ref: str | None,
-                   provider: str = "webhook") -> str:
-    """Resolve one needs_review job (see `resolve_review_events`); returns what was done.
+                   provider: str = "webhook", *, adapters: ActionAdapters) -> str:
+    """Resolve one needs_review job (see `resolve_review_events`) on `adapters`; returns what was done.
 
     Without `posted_ref` the claim marker `markers/{job}/{provider}.json` is deleted first (the
     operator vouches that the provider has no post), so the next attempt may post. Raises
     `NotReplayable` when the job is not in needs_review.
     """
     from processors.publish import marker_key
-    from tapeline.objectstore import ObjectStore
 
-    runtime = Runtime(settings, "operator")
+    runtime = Runtime(settings, "operator", events=adapters.events, jobs=adapters.jobs)
     try:
-        producer = kafka.transactional_producer(settings, operator_transactional_id(settings, job_id))  # first: fences
+        producer = runtime.events.transactional_producer(operator_transactional_id(settings, job_id))  # first: fences
         row = runtime.job_row(job_id)  # then the caught-up read (module docstring)
         seen = applied_count(runtime, job_id, ("JobReplayed",))
         delay_point("operator.after_read")
@@ -242,8 +254,9 @@ def resolve_review(settings: Settings, job_id: str, operator: str, reason: str, 
             raise NotReplayable(f"job {job_id} is {row['state'] if row else 'unknown'}, not needs_review"
                                 + (f" (resolved {already})" if already else ""))
         if posted_ref is None:
-            ObjectStore(settings).delete(marker_key(job_id, provider))
-        outgoing = resolve_review_events(row, operator, reason, posted_ref, provider, settings, runtime.recorded_by)
+            adapters.storage().delete(marker_key(job_id, provider))
+        outgoing = resolve_review_events(row, operator, reason, posted_ref, provider, settings, runtime.recorded_by,
+                                         clock=adapters.clock)
         try:
             transact(producer, lambda: runtime.produce(producer, outgoing), name="operator.review")
         except Fenced:
@@ -256,8 +269,8 @@ def resolve_review(settings: Settings, job_id: str, operator: str, reason: str, 
 
 
 def cancel_events(row: dict[str, Any] | None, operator: str, reason: str, settings: Settings,
-                  recorded_by: str) -> list[Outgoing]:
-    """The events that cancel a job: one `JobCancelled` (operator, reason) on its current stage and
+                  recorded_by: str, *, clock: Clock) -> list[Outgoing]:
+    """The events that cancel a job: one `JobCancelled` (operator, reason; stamped by `clock`) on its current stage and
     attempt, so its dedup key is `{job}:{stage}:{attempt}:JobCancelled`. Pure.
 
     Returns [] when the job has no row or has ended (completed, rejected, failed, cancelled,
@@ -267,26 +280,26 @@ def cancel_events(row: dict[str, Any] | None, operator: str, reason: str, settin
     """
     if row is None or row["state"] in TERMINAL_STATES:
         return []
-    return [(settings.jobs_topic, ev.JobCancelled.new(system_clock.stamp(), job_id=row["job_id"], stage=row["stage"], attempt=row["attempt"],
+    return [(settings.jobs_topic, ev.JobCancelled.new(clock.stamp(), job_id=row["job_id"], stage=row["stage"], attempt=row["attempt"],
                                                       operator=operator, reason=reason, recorded_by=recorded_by,
                                                       correlation_id=row["upload_id"]))]
 
 
-def cancel_job(settings: Settings, job_id: str, operator: str, reason: str) -> str:
-    """Cancel one job (see `cancel_events`) in one Kafka transaction; returns what was done.
+def cancel_job(settings: Settings, job_id: str, operator: str, reason: str, *, adapters: ActionAdapters) -> str:
+    """Cancel one job (see `cancel_events`) in one Kafka transaction on `adapters`; returns what was done.
 
     Raises `NoSuchJob` for an unknown job, `NotCancellable` for one that has ended, and
     `ServiceUnavailable` when the projection does not catch up with the job's partition.
     """
-    runtime = Runtime(settings, "operator")
+    runtime = Runtime(settings, "operator", events=adapters.events, jobs=adapters.jobs)
     try:
-        producer = kafka.transactional_producer(settings, operator_transactional_id(settings, job_id))  # first: fences
+        producer = runtime.events.transactional_producer(operator_transactional_id(settings, job_id))  # first: fences
         row = runtime.job_row(job_id)  # then the caught-up read (module docstring)
         if row is None:
             raise NoSuchJob(f"no job {job_id} in the projections (not submitted, or intake not caught up)")
         seen = applied_count(runtime, job_id, ("JobCancelled",))
         delay_point("operator.after_read")
-        outgoing = cancel_events(row, operator, reason, settings, runtime.recorded_by)
+        outgoing = cancel_events(row, operator, reason, settings, runtime.recorded_by, clock=adapters.clock)
         if not outgoing:
             already = done_by(read.timeline(runtime.db, job_id), ("JobCancelled",)) if row["state"] == "cancelled" else None
             raise NotCancellable(f"job {job_id} was already cancelled {already}" if already else

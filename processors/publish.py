@@ -41,7 +41,7 @@ from processors.worker import Attempt, StageWorker
 from domain import events as ev
 from tapeline.crashpoints import crash_point
 from domain.errors import ProviderDeferred, ProviderError, ProviderLookupFailed
-from tapeline.objectstore import ObjectStore
+from tapeline.ports import ObjectStorage
 
 log = structlog.get_logger("tapeline.publish")
 PROVIDER = "origin"
@@ -66,7 +66,7 @@ class PublishWorker(StageWorker):
 
     stage = "publish"
 
-    def work(self, attempt: Attempt, store: ObjectStore) -> list[Outgoing]:
+    def work(self, attempt: Attempt, store: ObjectStorage) -> list[Outgoing]:
         item, identity, jobs = attempt.item, attempt.identity, self.settings.jobs_topic
         started = time.monotonic()
         origin = OriginProvider(store)
@@ -109,7 +109,7 @@ class PublishWorker(StageWorker):
                                      elapsed_s=time.monotonic() - started))] + out + [
             (jobs, attempt.event(ev.JobCompleted, master_url=post.url, media_duration_s=item.media_duration_s))]
 
-    def announce(self, attempt: Attempt, store: ObjectStore, provider: WebhookProvider, request: PublishRequest,
+    def announce(self, attempt: Attempt, store: ObjectStorage, provider: WebhookProvider, request: PublishRequest,
                  origin_post: ProviderPost) -> ProviderPost:
         """Steps 3-6 for one non-origin provider, inside its limits; returns its post. Raises
         `NeedsReviewStop`, `ProviderDeferred` (an in-flight slot, its quota or its breaker: nothing
@@ -136,7 +136,7 @@ class PublishWorker(StageWorker):
             guard.succeeded(ticket)
             return post
 
-    def _announce(self, attempt: Attempt, store: ObjectStore, provider: WebhookProvider, request: PublishRequest,
+    def _announce(self, attempt: Attempt, store: ObjectStorage, provider: WebhookProvider, request: PublishRequest,
                   origin_post: ProviderPost, key: str) -> ProviderPost:
         identity, jobs = attempt.identity, self.settings.jobs_topic
         # Step 3

@@ -35,9 +35,8 @@ import structlog
 
 from processors.runtime import Runtime, transact
 from processors.watchdog import Verdict, run_once
-from tapeline import kafka
-from tapeline.clock import system_clock
 from tapeline.holdings import Holding
+from tapeline.ports import Clock, EventLog, JobStore
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.rescue")
@@ -75,9 +74,14 @@ class Rescuer:
     """Rescues the holdings of dead worker processes, one at a time (thread-safe). Holds one
     `Runtime` (a projection reader and a last-stable-offset reader), built on the first rescue."""
 
-    def __init__(self, settings: Settings, role: str = "rescuer", runtime: Runtime | None = None) -> None:
-        """`runtime`: a processor's own (it then stays open on `close`); else one is built on first use."""
-        self.settings, self.role = settings, role
+    def __init__(self, settings: Settings, role: str = "rescuer", runtime: Runtime | None = None, *,
+                 clock: Clock, events: EventLog | None = None, jobs: JobStore | None = None) -> None:
+        """`runtime`: a processor's own (it then stays open on `close`); else one is built on first
+        use over `events` and `jobs` (the Kafka and PostgreSQL adapters for `role` when not given),
+        and closed by `close`. `clock`: what judges the time since the attempt's last progress, and
+        stamps the events."""
+        self.settings, self.role, self.clock = settings, role, clock
+        self._events, self._jobs = events, jobs
         self._runtime, self._owns_runtime = runtime, runtime is None
         self._lock = threading.Lock()
 
@@ -87,16 +91,16 @@ class Rescuer:
         `ServiceUnavailable` when Kafka or the projection cannot answer (the lease path still holds)."""
         with self._lock:
             if self._runtime is None:
-                self._runtime = Runtime(self.settings, self.role)
+                self._runtime = Runtime(self.settings, self.role, events=self._events, jobs=self._jobs)
             runtime = self._runtime
-            producer = kafka.transactional_producer(self.settings, holding.transactional_id)  # fences the dead one
+            producer = runtime.events.transactional_producer(holding.transactional_id)  # fences the dead one
             job = runtime.job_row(holding.job_id)
-            row = worker_exited_row(job, holding, detail, system_clock.now())
+            row = worker_exited_row(job, holding, detail, self.clock.now())
             if row is None:
                 log.info("nothing to rescue: the attempt is no longer running", job_id=holding.job_id,
                          stage=holding.stage, attempt=holding.attempt)
                 return Verdict.IGNORE.value
-            result = run_once([row], [], [], {holding.job_id: job}, self.settings, runtime.recorded_by)
+            result = run_once([row], [], [], {holding.job_id: job}, self.settings, runtime.recorded_by, clock=self.clock)
             transact(producer, lambda: runtime.produce(producer, result.outgoing), name="rescue")
             verdict = next(v for v, n in result.counts.items() if n)
             log.warning("attempt of a dead worker rescued", job_id=holding.job_id, stage=holding.stage,

@@ -14,8 +14,8 @@ import psycopg
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from tapeline.read import wait_caught_up
-from tapeline.postgres import connect, q
+from tapeline.postgres import PostgresJobStore
+from tapeline.ports import Clock, EventLog, JobStore
 from domain import events as ev
 from domain.codec import default_codec
 from tapeline import kafka
@@ -43,30 +43,39 @@ def new_claim_token() -> str:
 
 
 class Runtime:
-    """Adapters one processor process holds: settings, a PostgreSQL connection for reads, a
-    read_committed client for last stable offsets, and partition counts."""
+    """What one processor process holds: settings, its event log (`EventLog`: writers, partition
+    counts, last stable offsets) and its job store (`JobStore`: the projection's reads), and the
+    offsets it wrote. The adapters are handed in (`tapeline/wiring.py` builds them); without them it
+    builds the Kafka and PostgreSQL ones for `role` itself (tests, and processors not yet wired)."""
 
     def __init__(self, settings: Settings, role: str, health: HealthState | None = None,
-                 stop: threading.Event | None = None) -> None:
-        """`stop`: the processor's stop event; a wait for the projection gives up once it is set."""
+                 stop: threading.Event | None = None, *, events: EventLog | None = None,
+                 jobs: JobStore | None = None) -> None:
+        """`stop`: the processor's stop event; a wait for the projection gives up once it is set.
+        `close` closes `events` and `jobs` too."""
         self.settings, self.role, self.stop = settings, role, stop
         self.health = health or HealthState(role, settings.instance_id)  # counts events produced
         self.recorded_by = f"{role}@{settings.instance_id}:{os.getpid()}"  # which process, for evidence
         self.codec = default_codec()
-        self.db = connect(settings.database_url, schema=settings.db_schema,
-                          autocommit=True)  # every read sees the latest projection
-        self.db.row_factory = psycopg.rows.dict_row
-        self.lso_reader: Consumer = kafka.consumer(settings, f"{settings.app_name}.{role}.lso")
-        self._partitions: dict[str, int] = {}
+        # every read sees the latest projection (autocommit); offsets read as read_committed (the LSO)
+        self.jobs: JobStore = jobs if jobs is not None else PostgresJobStore(settings)
+        self.jobs.open()  # a processor that cannot reach PostgreSQL fails here, before it says it is ready
+        self.events: EventLog = events if events is not None else kafka.KafkaEventLog(
+            settings, f"{settings.app_name}.{role}.lso")
         # Highest offset this process wrote, per (topic, partition). commit_transaction returns before
         # the broker has written the commit markers, so the LSO may not cover our own last write yet:
         # "caught up" must also mean "past everything I wrote".
         self.written: dict[tuple[str, int], int] = {}
 
+    @property
+    def db(self) -> psycopg.Connection:
+        """The job store's PostgreSQL session (dict rows, autocommit), for the processors that still
+        run their named queries on it directly (only a `PostgresJobStore` has one)."""
+        return self.jobs.connection()  # type: ignore[attr-defined]
+
     def partitions(self, topic: str) -> int:
-        if topic not in self._partitions:
-            self._partitions[topic] = kafka.partition_count(self.lso_reader, topic)
-        return self._partitions[topic]
+        """The number of partitions of `topic` (`EventLog.partition_count`)."""
+        return self.events.partition_count(topic)
 
     def produce(self, producer: Producer, outgoing: Iterable[Outgoing]) -> None:
         """Produce each event keyed by job id to its partition (within the caller's transaction)."""
@@ -87,8 +96,8 @@ class Runtime:
         this process's own writes there. Raises `ServiceUnavailable` after `timeout_s` seconds, or as
         soon as the processor's stop event is set."""
         jobs = self.settings.jobs_topic
-        wait_caught_up(self.db, self.lso_reader, jobs, partition, timeout_s,
-                       at_least=self.written.get((jobs, partition), -1) + 1, stop=self.stop)
+        target = max(self.written.get((jobs, partition), -1) + 1, self.events.last_stable_offset(jobs, partition))
+        self.jobs.wait_applied(jobs, partition, target, timeout_s, stop=self.stop)
 
     def _delivered(self, error, message) -> None:
         if error is None:
@@ -100,11 +109,12 @@ class Runtime:
         of the lifecycle log (docs/design.md: reconcile against a caught-up view)."""
         jobs = self.settings.jobs_topic
         self.wait_caught_up(kafka.partition_for(job_id, self.partitions(jobs)), self.settings.caught_up_timeout_s)
-        return self.db.execute(q("job_status"), {"job_id": job_id}).fetchone()
+        return self.jobs.one("job_status", {"job_id": job_id})
 
     def close(self) -> None:
-        self.lso_reader.close()
-        self.db.close()
+        """Close the event log's and the job store's clients."""
+        self.events.close()
+        self.jobs.close()
 
 
 @dataclass(frozen=True)
@@ -127,15 +137,15 @@ class AttemptIdentity:
 
 def dead_letter_event(processor: str, recorded_by: str, error: Exception, *, topic: str, partition: int,
                       offset: int, key: bytes | None, value: bytes | None,
-                      headers: list[tuple[str, bytes | None]] | None, error_class: str = "invalid_input"
-                      ) -> ev.DeadLetter:
+                      headers: list[tuple[str, bytes | None]] | None, error_class: str = "invalid_input",
+                      clock: Clock) -> ev.DeadLetter:
     """A `DeadLetter` carrying a record raw (key, value, headers, source position) and the error. Pure.
 
     Its job id is the source position `topic/partition/offset` (the record's job is unknown), which
     is also the dead letter's id in the `dead_letters` projection.
     """
     position = f"{topic}/{partition}/{offset}"
-    return ev.DeadLetter.new(system_clock.stamp(), 
+    return ev.DeadLetter.new(clock.stamp(), 
         job_id=position, stage=processor, attempt=0, recorded_by=recorded_by, correlation_id=position,
         source_topic=topic, source_partition=partition, source_offset=offset, key=key, value=value,
         headers={str(k): bytes(v or b"") for k, v in (headers or [])},
@@ -143,11 +153,11 @@ def dead_letter_event(processor: str, recorded_by: str, error: Exception, *, top
 
 
 def dead_letter_record(message: Message, error: Exception, processor: str, recorded_by: str,
-                       error_class: str = "invalid_input") -> ev.DeadLetter:
-    """`dead_letter_event` for a consumed Kafka message."""
+                       error_class: str = "invalid_input", *, clock: Clock) -> ev.DeadLetter:
+    """`dead_letter_event` for a consumed Kafka message, stamped by `clock`."""
     return dead_letter_event(processor, recorded_by, error, topic=message.topic(), partition=message.partition(),
                              offset=message.offset(), key=message.key(), value=message.value(),
-                             headers=message.headers(), error_class=error_class)
+                             headers=message.headers(), error_class=error_class, clock=clock)
 
 
 def transact(producer: Producer, produce: Callable[[], None], *, consumer: Consumer | None = None,

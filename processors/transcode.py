@@ -34,8 +34,9 @@ from tapeline.postgres import q
 from domain import events as ev
 from tapeline.crashpoints import delay_point, fail_point
 from domain.errors import StorageError, TranscodeFailed
-from tapeline.objectstore import ObjectStore, sha256_file
-from tapeline.clock import system_clock
+from tapeline.objectstore import sha256_file
+from tapeline.ports import MediaTool, ObjectStorage
+from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.transcode")
 
@@ -72,7 +73,7 @@ def recorded_checkpoints(db, job_id: str, stage: str = "transcode") -> list[Chec
             for r in rows]
 
 
-def reuse_verified(store: ObjectStore, candidates: list[Checkpoint], renditions: list[str], out_dir: Path,
+def reuse_verified(store: ObjectStorage, candidates: list[Checkpoint], renditions: list[str], out_dir: Path,
                    segment_s: float, frame_s: float, duration_s: float) -> tuple[ResumePlan, dict[str, int]]:
     """Step 2: download what the plan would reuse into `out_dir/<rendition>/seg_NNNNN.ts`, keep what
     matches its recorded sha256, and plan again without what does not (or is gone) until the plan
@@ -120,7 +121,13 @@ class TranscodeWorker(StageWorker):
     """The finished encode's progress (frames done, seconds of media), which `Attempt.keepalive`
     heartbeats report after ffmpeg ended."""
 
-    def work(self, attempt: Attempt, store: ObjectStore) -> list[Outgoing]:
+    def __init__(self, settings: Settings, *, media: MediaTool, **adapters: Any) -> None:
+        """`media`: ffprobe and ffmpeg (`MediaTool`); `adapters`: `StageWorker`'s (events, jobs, storage,
+        clock, health)."""
+        super().__init__(settings, **adapters)
+        self.media = media
+
+    def work(self, attempt: Attempt, store: ObjectStorage) -> list[Outgoing]:
         item, identity, settings = attempt.item, attempt.identity, self.settings
         prefix = attempt_prefix(identity.job_id, self.stage, identity.attempt)
         names = [r.name for r in item.renditions]
@@ -135,7 +142,7 @@ class TranscodeWorker(StageWorker):
             with attempt.keepalive(0, 0.0, None, progress_grace_s=grace_s):
                 store.download(item.source_key, source)
                 delay_point("transcode.download")
-                inspected = media.inspect_source(source, count_packets=False, timeout_s=settings.probe_timeout_s)
+                inspected = self.media.inspect_source(source, count_packets=False, timeout_s=settings.probe_timeout_s)
                 probe, streams = inspected.media, (inspected.video_stream, inspected.audio_stream)
                 has_audio = inspected.audio_stream is not None
                 frame_s = 1 / probe.fps if probe.fps else 1 / 25
@@ -176,8 +183,8 @@ class TranscodeWorker(StageWorker):
             (jobs, attempt.event(ev.AttemptSucceeded, outputs=outputs, renditions=renditions,
                                  audio_playlist_key=audio_key, media_duration_s=probe.duration_s,
                                  elapsed_s=elapsed_s)),
-            (jobs, ev.StageQueued.new(system_clock.stamp(), stage="publish", attempt=1, tier=item.tier, work_topic=publish_topic, **common)),
-            (publish_topic, ev.WorkItem.new(system_clock.stamp(), stage="publish", attempt=1, tier=item.tier, source_key=item.source_key,
+            (jobs, ev.StageQueued.new(self.clock.stamp(), stage="publish", attempt=1, tier=item.tier, work_topic=publish_topic, **common)),
+            (publish_topic, ev.WorkItem.new(self.clock.stamp(), stage="publish", attempt=1, tier=item.tier, source_key=item.source_key,
                                             inputs=outputs, renditions=renditions, audio_playlist_key=audio_key,
                                             media_duration_s=probe.duration_s, **common)),
         ]
@@ -191,7 +198,7 @@ class TranscodeWorker(StageWorker):
         if start_index <= 0:
             return None
         seek_s = segments.resume_seek_s(start_index, self.settings.segment_s, frame_rate)
-        keyframe_s = media.keyframe_before(source, seek_s, video_stream, timeout_s=self.settings.probe_timeout_s)
+        keyframe_s = self.media.keyframe_before(source, seek_s, video_stream, timeout_s=self.settings.probe_timeout_s)
         if keyframe_s is None or seek_s - keyframe_s < 1.0:
             return None
         grace = round((seek_s - keyframe_s) / self.settings.seek_decode_min_speed, 3)
@@ -199,7 +206,7 @@ class TranscodeWorker(StageWorker):
                  keyframe_s=keyframe_s, seek_s=round(seek_s, 3), grace_s=grace)
         return grace
 
-    def encode(self, attempt: Attempt, store: ObjectStore, source: Path, probe: ev.SourceMedia, plan: ResumePlan,
+    def encode(self, attempt: Attempt, store: ObjectStorage, source: Path, probe: ev.SourceMedia, plan: ResumePlan,
                out_dir: Path, prefix: str, streams: tuple[int, int | None] = (0, None),
                frame_rate: Fraction | None = None,
                source_probe: media.Probe | None = None) -> tuple[dict[str, list[LocalSegment]], float]:
@@ -280,7 +287,7 @@ class TranscodeWorker(StageWorker):
 
         # tick_s well below the heartbeat interval, so heartbeats leave on time (no-progress
         # detection is at most the timeout plus one heartbeat interval late).
-        result = media.run_ffmpeg(command, on_progress=progressed, on_tick=tick,
+        result = self.media.run_ffmpeg(command, on_progress=progressed, on_tick=tick,
                                   should_stop=self.stop.is_set, tick_s=min(0.25, self.settings.heartbeat_s / 4),
                                   timeout_s=limit_s)
         ended = result.returncode == 0 and latest[0].ended
@@ -298,7 +305,7 @@ class TranscodeWorker(StageWorker):
                 record(segments.SegmentWatcher(out_dir, [AUDIO]).poll(ended=True))
         return new, result.elapsed_s
 
-    def assemble(self, store: ObjectStore, ladder: list[ev.Rendition], probe: ev.SourceMedia, has_audio: bool,
+    def assemble(self, store: ObjectStorage, ladder: list[ev.Rendition], probe: ev.SourceMedia, has_audio: bool,
                  plan: ResumePlan, sizes: dict[str, int], new: dict[str, list[LocalSegment]], out_dir: Path,
                  prefix: str, frame_s: float,
                  source_probe: media.Probe | None = None) -> tuple[list[ev.OutputFile], dict[str, str]]:
@@ -334,7 +341,7 @@ class TranscodeWorker(StageWorker):
                                                  size_bytes=part.size_bytes, content_type=CONTENT_TYPES[".ts"]))
             playlist = out_dir / name / "index.m3u8"
             playlist.write_text(segments.media_playlist([p.duration_s for p in parts]))
-        media.verify_outputs(out_dir, ladder, probe, has_audio, tolerance)  # ffprobe reads what players will
+        self.media.verify_outputs(out_dir, ladder, probe, has_audio, tolerance)  # ffprobe reads what players will
         for name in names:
             key = f"{prefix}{name}/index.m3u8"
             sha, size = store.upload_file(out_dir / name / "index.m3u8", key, CONTENT_TYPES[".m3u8"])

@@ -40,14 +40,13 @@ from domain.policy.retry import Action, retry_decision, retry_scheduled, stall_e
 from domain.policy.stall import attempt_deadline, attempt_stall, handoff_redrive_due, next_wake_s, work_missing
 from processors.runtime import Outgoing, Runtime, transact
 from domain.lifecycle import attempts_used
-from tapeline.postgres import connect, q
+from tapeline.postgres import q
 from domain import events as ev
-from tapeline import kafka
 from domain.errors import ServiceUnavailable, StorageError
 from tapeline.health import HealthState
-from tapeline.objectstore import ObjectStore, StorageGauge
+from tapeline.objectstore import StorageGauge
+from tapeline.ports import Clock, EventLog, JobStore, ObjectStorage
 from tapeline.settings import Settings
-from tapeline.clock import system_clock
 
 log = structlog.get_logger("tapeline.watchdog")
 WATCHDOG_LOCK = 0x7A9E_0010
@@ -82,13 +81,13 @@ class RunResult:
         self.counts[verdict.value] += 1
 
 
-def _work_item(job: dict[str, Any], stage: str, attempt: int, common: dict[str, Any]) -> ev.WorkItem:
-    """The work item of `stage` attempt `attempt`, rebuilt from the job's projected row."""
+def _work_item(job: dict[str, Any], stage: str, attempt: int, common: dict[str, Any], clock: Clock) -> ev.WorkItem:
+    """The work item of `stage` attempt `attempt`, rebuilt from the job's projected row, stamped by `clock`."""
     ladder = [ev.Rendition(**r) for r in (job.get("ladder") or [])]
     inputs = [ev.OutputFile(**o) for o in (job.get("outputs") or [])] if stage == "publish" else []
     if stage == "transcode":
         ladder = [r.model_copy(update={"playlist_key": None, "url": None}) for r in ladder]
-    return ev.WorkItem.new(system_clock.stamp(), stage=stage, attempt=attempt, tier=job.get("priority") or "standard",
+    return ev.WorkItem.new(clock.stamp(), stage=stage, attempt=attempt, tier=job.get("priority") or "standard",
                            source_key=job.get("source_key") or "", inputs=inputs, renditions=ladder,
                            audio_playlist_key=job.get("audio_playlist_key") if stage == "publish" else None,
                            media_duration_s=job.get("source_duration_s"),
@@ -97,19 +96,20 @@ def _work_item(job: dict[str, Any], stage: str, attempt: int, common: dict[str, 
 
 
 def queue_attempt(job: dict[str, Any], stage: str, attempt: int, common: dict[str, Any],
-                  settings: Settings) -> list[Outgoing]:
+                  settings: Settings, *, clock: Clock) -> list[Outgoing]:
     """`StageQueued` + `WorkItem` of `stage` attempt `attempt` on the job's tier (the watchdog's
-    retries and re-drives, and an operator's replay)."""
+    retries and re-drives, and an operator's replay), stamped by `clock`."""
     tier = job.get("priority") or "standard"
-    return [(settings.jobs_topic, ev.StageQueued.new(system_clock.stamp(), stage=stage, attempt=attempt, tier=tier,
+    return [(settings.jobs_topic, ev.StageQueued.new(clock.stamp(), stage=stage, attempt=attempt, tier=tier,
                                                      work_topic=settings.work_topic(stage, tier), **common)),
-            (settings.work_topic(stage, tier), _work_item(job, stage, attempt, common))]
+            (settings.work_topic(stage, tier), _work_item(job, stage, attempt, common, clock))]
 
 
 def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], missing: list[dict[str, Any]],
              jobs: dict[str, dict[str, Any]], settings: Settings, recorded_by: str,
-             due: list[dict[str, Any]] = ()) -> RunResult:
-    """Classify every stall and build the events that act on it. Pure: rows in, events out.
+             due: list[dict[str, Any]] = (), *, clock: Clock) -> RunResult:
+    """Classify every stall and build the events that act on it. Pure: rows in, events out, each
+    event stamped by `clock` (its time and event id; the verdicts never read it).
 
     The rows are the views' candidates, each with `log_now` (its log clock); the stall rule
     (`domain/policy/stall.py`, thresholds from `settings.stall_thresholds()`) decides each one, so
@@ -148,7 +148,7 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
         common = dict(job_id=row["job_id"], recorded_by=recorded_by, correlation_id=job["upload_id"])
         detail = row.get("detail") or (f"lease ended {row['leased_until']:%H:%M:%S.%f}" if kind == "lease_expired"
                                        else f"frames stuck at {row['progress_frames']}")
-        result.outgoing.append((jobs_topic, ev.StallDetected.new(system_clock.stamp(), 
+        result.outgoing.append((jobs_topic, ev.StallDetected.new(clock.stamp(), 
             stage=stage, attempt=attempt, kind=kind, stalled_attempt=attempt,
             last_progress_at=row["last_progress_at"], since_s=since_s, detail=detail, **common)))
         used = attempts_used(job, attempt)
@@ -156,13 +156,13 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
         decision = retry_decision(error_class, used, settings.retry_policy())
         if decision.action is Action.RETRY:
             nxt = attempt + 1
-            result.outgoing.append((jobs_topic, retry_scheduled(decision.delay_s, system_clock.stamp(), stage=stage, attempt=attempt,
+            result.outgoing.append((jobs_topic, retry_scheduled(decision.delay_s, clock.stamp(), stage=stage, attempt=attempt,
                                                                 next_attempt=nxt, error_class=error_class, **common)))
             if decision.delay_s <= 0:  # a stall is retried at once (docs/design.md)
-                result.outgoing += queue_attempt(job, stage, nxt, common, settings)
+                result.outgoing += queue_attempt(job, stage, nxt, common, settings, clock=clock)
             result.count(Verdict.RETRY)
         else:
-            dead = ev.JobDeadLettered.new(system_clock.stamp(), 
+            dead = ev.JobDeadLettered.new(clock.stamp(), 
                 stage=stage, attempt=attempt, error_class=error_class,
                 reason=f"attempt {attempt} stalled ({kind}) and no attempts are left", attempts=used,
                 evidence=f"{jobs_topic} partition {row['log_partition']}", **common)
@@ -174,7 +174,7 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
             result.count(Verdict.IGNORE)
             continue
         common = dict(job_id=row["job_id"], recorded_by=recorded_by, correlation_id=job["upload_id"])
-        result.outgoing += queue_attempt(job, row["stage"], row["retry_next_attempt"], common, settings)
+        result.outgoing += queue_attempt(job, row["stage"], row["retry_next_attempt"], common, settings, clock=clock)
         result.count(Verdict.DISPATCH)
     for row in handoffs:
         job = jobs.get(row["job_id"])
@@ -184,19 +184,19 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
             continue
         common = dict(job_id=row["job_id"], recorded_by=recorded_by, correlation_id=job["upload_id"])
         result.outgoing += [
-            (jobs_topic, ev.StallDetected.new(system_clock.stamp(), stage=row["stage"], attempt=row["attempt"], kind="handoff",
+            (jobs_topic, ev.StallDetected.new(clock.stamp(), stage=row["stage"], attempt=row["attempt"], kind="handoff",
                                               stalled_attempt=row["attempt"], since_s=float(row["since_s"]),
                                               detail=f"queued, not claimed (re-drive {row['redrives'] + 1})",
                                               sequence=f"handoff-{row['redrives']}", **common)),
             (settings.work_topic(row["stage"], job.get("priority") or "standard"),
-             _work_item(job, row["stage"], row["attempt"], common)),
+             _work_item(job, row["stage"], row["attempt"], common, clock)),
         ]
         result.count(Verdict.REDRIVE)
     for row in missing:
         if not work_missing(uploaded_at=row["uploaded_at"], has_job=False, now=row["log_now"], thresholds=thresholds):
             result.count(Verdict.IGNORE)
             continue
-        result.outgoing.append((jobs_topic, ev.StallDetected.new(system_clock.stamp(), 
+        result.outgoing.append((jobs_topic, ev.StallDetected.new(clock.stamp(), 
             job_id=row["job_id"], stage="intake", attempt=0, recorded_by=recorded_by, correlation_id=row["upload_id"],
             kind="expected_work_missing", stalled_attempt=0, since_s=float(row["since_s"]),
             detail=f"upload {row['upload_id']} has no job")))
@@ -207,14 +207,19 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
 class Watchdog:
     """The watchdog process: leader election, ticks, and `run_once` on a caught-up projection."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, leader: JobStore, jobs: JobStore, events: EventLog,
+                 storage: ObjectStorage, clock: Clock, health: HealthState | None = None) -> None:
+        """The adapters (`tapeline/wiring.py` `build_processor`): `leader`, a job store of its own whose
+        session holds the leader lock; `jobs`, the one it reads the projection through; `events`, the
+        lifecycle log; `storage`, the bucket the cleanup sweeps; `clock`, what its events are stamped
+        with. It closes `leader`, `jobs` and `events` when `run` ends."""
         self.settings = settings
+        self.leader, self.jobs, self.events, self.store, self.clock = leader, jobs, events, storage, clock
         self.ticks = 0
         self.processed = 0
         self.last_result: RunResult | None = None
         self.due_in_s: list[float] = []  # deadlines after the last tick's log clock, seconds (`next_wake_s`)
-        self.health = HealthState("watchdog", settings.instance_id)  # `tapeline run` replaces it with the served one
-        self.store: ObjectStore | None = None
+        self.health = health or HealthState("watchdog", settings.instance_id)  # `tapeline run` serves it
         self.gauge: StorageGauge | None = None  # the bucket's bytes, when a storage limit is set
         self.storage_pressure = False
         self.sweep_prefix, self.sweep_token = 0, None  # where the orphan sweep resumes (in memory)
@@ -224,27 +229,26 @@ class Watchdog:
 
     def run(self, stop: threading.Event) -> None:
         settings = self.settings
-        leader = connect(settings.database_url, schema=settings.db_schema,
-                         autocommit=True)  # dedicated: the advisory lock lives here
+        leader = self.leader  # dedicated: the advisory lock lives in its session
+        leader.open()  # PostgreSQL answers (else this raises) before the watchdog says it is ready
         self.health.mark_ready()  # a standby waiting for the lock is healthy too
         try:
             while not stop.is_set():
-                if leader.execute(q("watchdog_try_leader"),
-                                  {"lock_class": WATCHDOG_LOCK, "key": leader_key(settings)}).fetchone()[0]:
+                if leader.one("watchdog_try_leader", {"lock_class": WATCHDOG_LOCK, "key": leader_key(settings)})["got"]:
                     break
                 stop.wait(settings.tick_s)
             if stop.is_set():
                 return
             log.info("watchdog is the leader")
-            runtime = Runtime(settings, "watchdog", health=self.health, stop=stop)
-            producer = kafka.transactional_producer(settings, f"{settings.app_name}.watchdog")
-            runtime.db.execute(q("set_stall_policy"), {
+            runtime = Runtime(settings, "watchdog", health=self.health, stop=stop, events=self.events, jobs=self.jobs)
+            producer = self.events.transactional_producer(f"{settings.app_name}.watchdog")
+            self.jobs.run("set_stall_policy", {
                 "no_progress_timeout_s": settings.no_progress_timeout_s,
                 "handoff_timeout_s": settings.handoff_timeout_s, "intake_timeout_s": settings.intake_timeout_s})
             try:
                 while not stop.is_set():
                     started = time.monotonic()
-                    leader.execute(q("session_alive"))  # still holding the session (and so the lock)
+                    leader.run("session_alive")  # still holding the session (and so the lock)
                     self.tick(runtime, producer)
                     stop.wait(next_wake_s(tick_s=settings.tick_s, elapsed_s=time.monotonic() - started,
                                           due_in_s=self.due_in_s))
@@ -260,7 +264,7 @@ class Watchdog:
         self.ticks += 1
         # Step 1
         sequence = time.time_ns() // 1_000_000
-        transact(producer, lambda: [runtime.produce_to(producer, jobs_topic, p, ev.WatchdogTick.new(system_clock.stamp(), 
+        transact(producer, lambda: [runtime.produce_to(producer, jobs_topic, p, ev.WatchdogTick.new(self.clock.stamp(), 
             job_id=f"tick:{p}", stage="watchdog", attempt=0, recorded_by=runtime.recorded_by,
             correlation_id="watchdog", partition=p, sequence=sequence)) for p in range(partitions)],
                  name="watchdog.tick")
@@ -273,15 +277,15 @@ class Watchdog:
             self.health.watchdog_ticks.labels(result="blind").inc()
             return None
         # Step 3
-        db = runtime.db
-        stalled = db.execute(q("stalled_attempts")).fetchall()
-        handoffs = db.execute(q("handoffs_due")).fetchall()  # not those re-driven less than a timeout ago
-        missing = db.execute(q("expected_work_unreported")).fetchall()  # each reported once; listed until solved
-        due = db.execute(q("due_retries")).fetchall()
+        db = runtime.jobs
+        stalled = db.all("stalled_attempts")
+        handoffs = db.all("handoffs_due")  # not those re-driven less than a timeout ago
+        missing = db.all("expected_work_unreported")  # each reported once; listed until solved
+        due = db.all("due_retries")
         ids = list({r["job_id"] for r in stalled + handoffs + due})
-        jobs = {r["job_id"]: r for r in db.execute(q("job_state_by_ids"), {"job_ids": ids}).fetchall()} if ids else {}
+        jobs = {r["job_id"]: r for r in db.all("job_state_by_ids", {"job_ids": ids})} if ids else {}
         # Step 4
-        result = run_once(stalled, handoffs, missing, jobs, settings, runtime.recorded_by, due=due)
+        result = run_once(stalled, handoffs, missing, jobs, settings, runtime.recorded_by, due=due, clock=self.clock)
         self.due_in_s = deadlines_in_s(db, settings)
         # Step 5
         if result.outgoing:
@@ -306,15 +310,15 @@ class Watchdog:
                 log.warning("cleanup failed: retried next tick", error=str(exc))
         return result
 
-    def cleanup(self, db: psycopg.Connection) -> CleanupPlan | None:
+    def cleanup(self, db: JobStore) -> CleanupPlan | None:
         """Step 6: one page of the sweep (prefixes `work/`, `markers/`, `uploads/` in turn, resumed
         where the last tick stopped), planned by `plan_cleanup` and performed within the cap. A page
         with removals left over (the cap) is listed again next tick."""
         settings = self.settings
-        now = db.execute(q("log_clock_oldest")).fetchone()["now"]
+        now = db.one("log_clock_oldest")["now"]
         if now is None:
             return None
-        store = self.store = self.store or ObjectStore(settings)
+        store = self.store
         if settings.storage_limit_bytes is not None:  # storage guard: shorter retention while over the limit
             self.gauge = self.gauge or StorageGauge(settings, store)
             self.storage_pressure = self.gauge.over_limit()
@@ -326,8 +330,8 @@ class Watchdog:
         objects, next_token = store.list_page(prefix, self.sweep_token, settings.cleanup_page_keys)
         multipart = store.list_multipart(settings.cleanup_page_keys) if starting_pass else []
         ids = sorted(job_ids_of(o.key for o in objects))
-        jobs = {r["job_id"]: r for r in db.execute(q("job_state_by_ids"), {"job_ids": ids}).fetchall()} if ids else {}
-        referenced = {r["key"] for r in db.execute(q("referenced_object_keys"), {"job_ids": ids}).fetchall()} \
+        jobs = {r["job_id"]: r for r in db.all("job_state_by_ids", {"job_ids": ids})} if ids else {}
+        referenced = {r["key"] for r in db.all("referenced_object_keys", {"job_ids": ids})} \
             if ids else set()
         plan = plan_cleanup(objects, jobs, referenced, now, settings, multipart)
         for upload in plan.abort:
@@ -352,17 +356,17 @@ class Watchdog:
         return plan
 
 
-def deadlines_in_s(db: psycopg.Connection, settings: Settings) -> list[float]:
+def deadlines_in_s(db: JobStore, settings: Settings) -> list[float]:
     """Seconds after each partition's log clock until the next stall deadlines and the next due
     retry (`domain/policy/stall.py` `attempt_deadline`): when the watchdog should look again."""
     thresholds = settings.stall_thresholds()
     found = []
-    for row in db.execute(q("running_attempt_deadlines")).fetchall():
+    for row in db.all("running_attempt_deadlines"):
         end = attempt_deadline(leased_until=row["leased_until"], progress_at=row["progress_at"],
                                progress_grace_s=row["progress_grace_s"], thresholds=thresholds)
         if end is not None:
             found.append((end - row["log_now"]).total_seconds())
-    retry = db.execute(q("next_retry_due_in")).fetchone()["due_in_s"]
+    retry = db.one("next_retry_due_in")["due_in_s"]
     return found + ([retry] if retry is not None else [])
 
 

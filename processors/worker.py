@@ -38,12 +38,11 @@ from domain.policy.tiers import after_claim, choose_tier, tier_of
 from processors.tiers import HeadBuffer
 from domain.lifecycle import attempts_used
 from domain import events as ev
-from tapeline import holdings, kafka, logs
+from tapeline import holdings, logs
 from domain.errors import DecodeError, Fenced, SchemaError, ServiceUnavailable, TapelineError
 from tapeline.health import HealthState
-from tapeline.objectstore import ObjectStore
 from tapeline.settings import Settings
-from tapeline.clock import system_clock
+from tapeline.ports import Clock, EventLog, JobStore, ObjectStorage
 
 log = structlog.get_logger("tapeline.worker")
 
@@ -106,32 +105,38 @@ class StageWorker:
 
     stage = ""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, events: EventLog, jobs: JobStore, storage: ObjectStorage,
+                 clock: Clock, health: HealthState | None = None) -> None:
+        """The adapters (`tapeline/wiring.py` `build_processor`): `events`, the work topics and the
+        lifecycle log (one transactional writer per claimed job, `<app>.<stage>.<job_id>`); `jobs`, the
+        projection it reconciles against; `storage`, the bucket; `clock`, what its events are stamped
+        with. `run` closes `events` and `jobs` when it ends."""
         self.settings = settings
+        self.events, self.jobs, self.store, self.clock = events, jobs, storage, clock
         self.processed = 0
         self.current: Attempt | None = None
         self.dlq_producer = None  # created on the first undecodable work item
         self.stop = threading.Event()
-        self.health = HealthState(self.stage, settings.instance_id)  # `tapeline run` replaces it with the served one
+        self.health = health or HealthState(self.stage, settings.instance_id)  # `tapeline run` serves it
         self.buffer: HeadBuffer | None = None  # the head work item of each partition (Step 0)
         self.passed_over: dict[str, int] = {}  # claims in a row another tier got while this one waited
         self.waiting_at_choice: set[str] = set()
         self.gather_ms = 0  # how long the last Step 0 polled for heads
 
-    def work(self, attempt: Attempt, store: ObjectStore) -> list[Outgoing]:
+    def work(self, attempt: Attempt, store: ObjectStorage) -> list[Outgoing]:
         """Do the stage's work for a claimed attempt; return the completion events."""
         raise NotImplementedError
 
     def run(self, stop: threading.Event) -> None:
         self.stop = stop
         settings = self.settings
-        runtime = Runtime(settings, self.stage, health=self.health, stop=stop)
-        store = ObjectStore(settings)
+        runtime = Runtime(settings, self.stage, health=self.health, stop=stop, events=self.events, jobs=self.jobs)
+        store = self.store
         topics = settings.work_topics(self.stage)
         # fetch.wait.max.ms 100: a work item reaches an idle worker within 0.1 s (default 0.5 s).
         # enable.partition.eof: Step 0 learns which partitions have nothing waiting (processors/tiers.py).
-        consumer = kafka.consumer(settings, f"{settings.app_name}.{self.stage}",
-                                  **{"fetch.wait.max.ms": 100, "enable.partition.eof": True})
+        consumer = self.events.consumer(f"{settings.app_name}.{self.stage}",
+                                        **{"fetch.wait.max.ms": 100, "enable.partition.eof": True})
         self.buffer = HeadBuffer(consumer, settings.tier_gather_s)
         self.rescue_earlier_incarnations(runtime)
         self.subscribe(consumer, topics)
@@ -173,7 +178,7 @@ class StageWorker:
             return
         for holding in holdings.left_by_earlier_incarnations(self.settings, name, os.getpid()):
             try:
-                Rescuer(self.settings, self.stage, runtime=runtime).rescue(holding, "died (found by its restarted worker)")
+                Rescuer(self.settings, self.stage, runtime=runtime, clock=self.clock).rescue(holding, "died (found by its restarted worker)")
             except (ServiceUnavailable, KafkaException, Fenced) as exc:
                 log.warning("could not rescue an earlier incarnation's attempt; its lease will", error=str(exc),
                             job_id=holding.job_id, attempt=holding.attempt)
@@ -227,7 +232,7 @@ class StageWorker:
         self.health.consumed_messages([message])
         return message
 
-    def handle(self, runtime: Runtime, store: ObjectStore, consumer, message: Message, topics: list[str]) -> None:
+    def handle(self, runtime: Runtime, store: ObjectStorage, consumer, message: Message, topics: list[str]) -> None:
         """Claim one work item and, when claimed, run the attempt outside the consumer group."""
         assert self.buffer is not None
         try:
@@ -299,8 +304,8 @@ class StageWorker:
             commit_skipped(consumer, offsets)
             return None
         # Step 2
-        producer = kafka.transactional_producer(self.settings, attempt_transactional_id(self.settings, self.stage,
-                                                                                      item.job_id))
+        producer = runtime.events.transactional_producer(attempt_transactional_id(self.settings, self.stage,
+                                                                                  item.job_id))
         steps.append(time.monotonic())
         # Step 3
         row = runtime.job_row(item.job_id)
@@ -348,11 +353,11 @@ class StageWorker:
         fenced by the consumer group's generation (KIP-447), not by a stable id. On failure the
         record is read again from its committed offset and dead-lettered again.
         """
-        record = dead_letter_record(message, error, self.stage, runtime.recorded_by)
+        record = dead_letter_record(message, error, self.stage, runtime.recorded_by, clock=self.clock)
         log.error("undecodable work item sent to the dead-letter topic", error=str(error))
         if self.dlq_producer is None:
-            self.dlq_producer = kafka.transactional_producer(
-                self.settings, f"{self.settings.app_name}.{self.stage}.dlq.{self.settings.instance_id}.{os.getpid()}")
+            self.dlq_producer = runtime.events.transactional_producer(
+                f"{self.settings.app_name}.{self.stage}.dlq.{self.settings.instance_id}.{os.getpid()}")
         try:
             transact(self.dlq_producer, lambda: runtime.produce(self.dlq_producer, [(self.settings.dlq_topic, record)]),
                      consumer=consumer, offsets=offsets, name=f"{self.stage}.dead_letter")
@@ -363,7 +368,7 @@ class StageWorker:
             except KafkaException:
                 pass
 
-    def execute(self, attempt: Attempt, store: ObjectStore) -> None:
+    def execute(self, attempt: Attempt, store: ObjectStorage) -> None:
         """Step 5-6: run `work` and commit its outcome; a failure becomes classified events."""
         jobs = self.settings.jobs_topic
         try:
@@ -404,9 +409,9 @@ class StageWorker:
                       causation_id=item.event_id, claim_token=identity.claim_token)
         work_topic = self.settings.work_topic(self.stage, item.tier)
         return [
-            (self.settings.jobs_topic, ev.StageQueued.new(system_clock.stamp(), stage=self.stage, attempt=next_attempt, tier=item.tier,
+            (self.settings.jobs_topic, ev.StageQueued.new(self.clock.stamp(), stage=self.stage, attempt=next_attempt, tier=item.tier,
                                                           work_topic=work_topic, **common)),
-            (work_topic, ev.WorkItem.new(system_clock.stamp(), 
+            (work_topic, ev.WorkItem.new(self.clock.stamp(), 
                 stage=self.stage, attempt=next_attempt, tier=item.tier, source_key=item.source_key,
                 inputs=item.inputs, renditions=item.renditions, audio_playlist_key=item.audio_playlist_key,
                 media_duration_s=item.media_duration_s, checkpoint_refs=item.checkpoint_refs,
@@ -438,14 +443,14 @@ class StageWorker:
         common = dict(job_id=item.job_id, recorded_by=attempt.identity.recorded_by, correlation_id=item.correlation_id,
                       causation_id=item.event_id, claim_token=attempt.identity.claim_token)
         if decision.action is Action.FAIL:
-            out.append((jobs, ev.JobFailed.new(system_clock.stamp(), stage=self.stage, attempt=item.attempt, error_class=error_class,
+            out.append((jobs, ev.JobFailed.new(self.clock.stamp(), stage=self.stage, attempt=item.attempt, error_class=error_class,
                                                reason=reason, **common)))
         elif decision.action is Action.DEAD_LETTER:
-            dead = ev.JobDeadLettered.new(system_clock.stamp(), stage=self.stage, attempt=item.attempt, error_class=error_class,
+            dead = ev.JobDeadLettered.new(self.clock.stamp(), stage=self.stage, attempt=item.attempt, error_class=error_class,
                                           reason=reason, attempts=used, evidence=f"{jobs} job {item.job_id}", **common)
             out += [(jobs, dead), (self.settings.dlq_topic, dead)]  # the lifecycle fact + its dead-letter record
         else:
-            out.append((jobs, retry_scheduled(decision.delay_s, system_clock.stamp(), stage=self.stage, attempt=item.attempt,
+            out.append((jobs, retry_scheduled(decision.delay_s, self.clock.stamp(), stage=self.stage, attempt=item.attempt,
                                               next_attempt=decision.next_attempt, error_class=error_class, **common)))
             if decision.delay_s <= 0:  # at once; otherwise the watchdog dispatches it when due
                 out += self.next_attempt_events(attempt, decision.next_attempt)

@@ -99,8 +99,9 @@ def dlq_replay(dead_letter_id: Optional[str] = typer.Argument(None, help="Dead l
                as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
     """Reopen dead-lettered jobs: `JobReplayed` + the next attempt, with a fresh attempt budget.
     Idempotent: a dead letter already replayed, or a job no longer dead-lettered, is left alone."""
-    from processors.operator import default_operator, replay_dead_letters
+    from processors.operator import default_operator
     from tapeline import read
+    from tapeline.wiring import OperatorService
 
     if (dead_letter_id is None) == (not replay_all):
         fail(TapelineError("give one dead letter id, or --all [--reason CLASS]"), 2)
@@ -111,7 +112,7 @@ def dlq_replay(dead_letter_id: Optional[str] = typer.Argument(None, help="Dead l
                 ids = [r["id"] for r in read.dead_letters(conn, reason=reason, pending=True) if r["kind"] == "job"]
         else:
             ids = [dead_letter_id]
-        outcomes = replay_dead_letters(settings, ids, operator or default_operator(), why)
+        outcomes = OperatorService(settings).replay_dead_letters(ids, operator or default_operator(), why)
     except TapelineError as exc:
         fail(exc, 2 if "no dead letter" in str(exc) else 1)
     if as_json:
@@ -154,12 +155,13 @@ def review_resolve(job: str = typer.Argument(..., help="Job id in needs_review")
                    why: str = typer.Option(..., "--why", "-m", help="Why (recorded in JobReplayed)"),
                    operator: Optional[str] = typer.Option(None, "--operator", help="Who (default user@host)")) -> None:
     """Resolve a needs_review job after checking the provider by hand."""
-    from processors.operator import default_operator, resolve_review
+    from processors.operator import default_operator
+    from tapeline.wiring import OperatorService
 
     if (posted is None) == (not not_posted):
         fail(TapelineError("say what you found: --posted PROVIDER_REF or --not-posted"), 2)
     try:
-        done = resolve_review(load_settings(), job, operator or default_operator(), why, posted)
+        done = OperatorService(load_settings()).resolve_review(job, operator or default_operator(), why, posted)
     except TapelineError as exc:
         fail(exc)
     out.print(f"{job}: {done}", highlight=False)
@@ -171,10 +173,11 @@ def cancel(job: str = typer.Argument(..., help="Job id"),
     """Cancel a job that has not ended: emits `JobCancelled` with who and why (a running attempt stops at its
     next heartbeat). Exit 2 for an unknown job, 1 for one that has already ended."""
     from domain.errors import NoSuchJob
-    from processors.operator import cancel_job, default_operator
+    from processors.operator import default_operator
+    from tapeline.wiring import OperatorService
 
     try:
-        done = cancel_job(load_settings(), job, operator or default_operator(), why)
+        done = OperatorService(load_settings()).cancel_job(job, operator or default_operator(), why)
     except NoSuchJob as exc:
         fail(exc, 2)
     except TapelineError as exc:

@@ -33,22 +33,14 @@ def migrate() -> None:
 
 def run_role(settings: Settings, role: str) -> int:
     """Run one processor role in this process until SIGTERM/SIGINT."""
-    from processors.intake import IntakeProcessor
-    from processors.publish import PublishWorker
-    from processors.transcode import TranscodeWorker
-    from processors.watchdog import Watchdog
-    from projections.projector import Projector
     from tapeline.health import HealthServer, HealthState
+    from tapeline.wiring import build_processor
 
     stop = threading.Event()
     health = HealthState(role, settings.instance_id)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: (health.mark_draining(), stop.set()))
-    processor = {"projector": Projector, "intake": IntakeProcessor, "transcode": TranscodeWorker,
-                 "publish": PublishWorker, "watchdog": Watchdog}[role](settings)
-    if not hasattr(processor, "health"):
-        health.mark_ready()  # a processor that does not report readiness is ready once running
-    processor.health = health
+    processor = build_processor(role, settings, health)
     server = HealthServer(health, settings.health_host, settings.health_port).start() if settings.health_port else None
     try:
         processor.run(stop)

@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import uuid
 from datetime import datetime, timedelta, timezone
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from domain.events import Stamp
 
 
+@runtime_checkable
 class Clock(Protocol):
-    """Where a writer's time and event ids come from."""
+    """Where a writer's time and event ids come from (a port: `tapeline/ports.py`)."""
 
     def now(self) -> datetime:
         """The writer's time, aware UTC, microsecond precision."""

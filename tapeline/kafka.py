@@ -131,6 +131,46 @@ def partition_count(client: Consumer | Producer, topic: str, timeout_s: float = 
         time.sleep(0.2)
 
 
+class KafkaEventLog:
+    """The `EventLog` port (`tapeline/ports.py`) over Kafka, for one process. Its read_committed
+    client for last stable offsets and partition counts (group `lso_group`, never subscribed) is
+    created on first use; `close` closes it (a later call opens a new one)."""
+
+    def __init__(self, settings: Settings, lso_group: str) -> None:
+        self.settings, self.lso_group = settings, lso_group
+        self._reader: Consumer | None = None
+        self._partitions: dict[str, int] = {}
+
+    def _lso_reader(self) -> Consumer:
+        if self._reader is None:
+            self._reader = consumer(self.settings, self.lso_group)
+        return self._reader
+
+    def transactional_producer(self, transactional_id: str) -> Producer:
+        """`transactional_producer(settings, transactional_id)`: initialised, so it fences older writers."""
+        return transactional_producer(self.settings, transactional_id)
+
+    def consumer(self, group_id: str, **overrides: Any) -> Consumer:
+        """`consumer(settings, group_id, **overrides)`."""
+        return consumer(self.settings, group_id, **overrides)
+
+    def partition_count(self, topic: str) -> int:
+        """`partition_count` of `topic`, asked once per topic."""
+        if topic not in self._partitions:
+            self._partitions[topic] = partition_count(self._lso_reader(), topic)
+        return self._partitions[topic]
+
+    def last_stable_offset(self, topic: str, partition: int) -> int:
+        """`last_stable_offsets` of one partition."""
+        return last_stable_offsets(self._lso_reader(), topic, [partition])[partition]
+
+    def close(self) -> None:
+        """Close the offsets client, if it was opened."""
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+
 def is_fenced(exc: KafkaException) -> bool:
     """Whether a Kafka error means a newer producer with our transactional.id took over.
 

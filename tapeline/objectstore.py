@@ -25,6 +25,7 @@ from tapeline.settings import Settings
 
 if TYPE_CHECKING:  # the cleanup planner's row types (imported lazily at run time: no import cycle)
     from domain.policy.cleanup import MultipartUpload, StoredObject
+    from tapeline.ports import ObjectStorage
 
 PUBLISHED_PREFIX = "published/"
 SOURCE_CONTENT_TYPE = "application/octet-stream"
@@ -267,11 +268,23 @@ class ObjectStore:
                                f"{first.get('Code')} {first.get('Message')}")
 
 
+    def total_bytes(self) -> int:
+        """List the whole bucket now; its total size in bytes."""
+        total = 0
+        try:
+            for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
+                total += sum(o["Size"] for o in page.get("Contents", []))
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageError(f"measuring bucket {self.bucket} failed: {exc}") from exc
+        return total
+
+
 class StorageGauge:
     """The bucket's total bytes, measured by listing it at most once per `storage_usage_cache_s`
     (thread-safe). `bytes()` raises `StorageError` when the listing fails."""
 
-    def __init__(self, settings: Settings, store: ObjectStore | None = None) -> None:
+    def __init__(self, settings: Settings, store: "ObjectStorage | None" = None) -> None:
+        """`store`: any `ObjectStorage` (its `total_bytes` is what is measured); else an `ObjectStore`."""
         self.settings = settings
         self.store = store or ObjectStore(settings)
         self._lock = threading.Lock()
@@ -280,13 +293,7 @@ class StorageGauge:
 
     def measure(self) -> int:
         """List the whole bucket now; its total size in bytes."""
-        total = 0
-        try:
-            for page in self.store.s3.get_paginator("list_objects_v2").paginate(Bucket=self.store.bucket):
-                total += sum(o["Size"] for o in page.get("Contents", []))
-        except (BotoCoreError, ClientError) as exc:
-            raise StorageError(f"measuring bucket {self.store.bucket} failed: {exc}") from exc
-        return total
+        return self.store.total_bytes()
 
     def bytes(self) -> int:
         with self._lock:

@@ -11,14 +11,20 @@ writes it as a `{placeholder}` and is composed with `qf`, which quotes it as an 
 from __future__ import annotations
 
 import re
+import threading
+import time
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql as psql
 
 from domain.errors import ConfigurationError, ServiceUnavailable
+
+if TYPE_CHECKING:
+    from tapeline.settings import Settings
 
 SQL_DIR = Path(str(files("projections"))) / "sql"
 MIGRATIONS_DIR = SQL_DIR / "migrations"
@@ -228,3 +234,70 @@ def dump_schema(database_url: str, pg_dump: str = "pg_dump") -> str:
     out = subprocess.run([pg_dump, "--schema-only", "--no-owner", "--no-privileges", database_url],
                          capture_output=True, text=True, check=True).stdout
     return normalise_schema_dump(out)
+
+
+def wait_applied(conn: psycopg.Connection, topic: str, partition: int, target: int, timeout_s: float,
+                 projection: str = "main", poll_s: float = 0.05, stop: threading.Event | None = None) -> None:
+    """Block until `projection` has applied `topic[partition]` up to offset `target` (its next
+    offset reaches it). `conn` must be in autocommit mode (each read sees the latest commit). Raises
+    `ServiceUnavailable` after `timeout_s` seconds, or at once when `stop` is set."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        row = conn.execute(q("projector_next_offset"), {"projection": projection, "topic": topic,
+                                                          "partition": partition}).fetchone()
+        position = (row["next_offset"] if isinstance(row, dict) else row[0]) if row else 0
+        if position >= target:
+            return
+        if time.monotonic() > deadline:
+            raise ServiceUnavailable(f"projector is behind on {topic}[{partition}]: at {position}, log at "
+                                     f"{target} after {timeout_s:.0f} s (is `tapeline run --role projector` running?)")
+        if stop is None:
+            time.sleep(poll_s)
+        elif stop.wait(poll_s):
+            raise ServiceUnavailable(f"stopping while the projector is behind on {topic}[{partition}] (at {position}, "
+                                     f"log at {target})")
+
+
+class PostgresJobStore:
+    """The `JobStore` port (`tapeline/ports.py`) over PostgreSQL: named queries of
+    projections/sql/*.sql on one autocommit session in the deployment's schema, rows as dicts. The
+    session opens on first use; `close` ends it (and any session lock taken through it); a later
+    call opens a new one."""
+
+    def __init__(self, settings: "Settings") -> None:
+        self.settings = settings
+        self._conn: psycopg.Connection | None = None
+
+    def connection(self) -> psycopg.Connection:
+        """The session itself (adapter only, not part of the port: for code not yet on named operations)."""
+        if self._conn is None:
+            self._conn = connect(self.settings.database_url, schema=self.settings.db_schema, autocommit=True)
+            self._conn.row_factory = psycopg.rows.dict_row
+        return self._conn
+
+    def open(self) -> None:
+        """Open the session now, if it is not open."""
+        self.connection()
+
+    def all(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Every row of the named query."""
+        return self.connection().execute(q(name), params).fetchall()
+
+    def one(self, name: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """The first row of the named query, or None."""
+        return self.connection().execute(q(name), params).fetchone()
+
+    def run(self, name: str, params: dict[str, Any] | None = None) -> None:
+        """Run the named statement."""
+        self.connection().execute(q(name), params)
+
+    def wait_applied(self, topic: str, partition: int, target: int, timeout_s: float,
+                     stop: threading.Event | None = None) -> None:
+        """`wait_applied` on this session, projection `main`."""
+        wait_applied(self.connection(), topic, partition, target, timeout_s, stop=stop)
+
+    def close(self) -> None:
+        """End the session, if it was opened."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

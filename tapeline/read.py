@@ -4,7 +4,6 @@ the HTTP intake's backpressure and the processors that consult current state."""
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -14,7 +13,7 @@ import psycopg
 from domain.diagnosis import diagnose
 from domain.lifecycle import TERMINAL_STATES
 from tapeline import kafka
-from tapeline.postgres import connect, q
+from tapeline.postgres import connect, q, wait_applied
 from domain.errors import ConfigurationError, ServiceUnavailable
 from domain.policy.tiers import TIERS
 from tapeline.settings import Settings
@@ -403,18 +402,4 @@ def wait_caught_up(conn: psycopg.Connection, lso_reader, topic: str, partition: 
     at once when `stop` is set (a processor asked to stop does not wait out the timeout first).
     """
     target = max(at_least, kafka.last_stable_offsets(lso_reader, topic, [partition])[partition])
-    deadline = time.monotonic() + timeout_s
-    while True:
-        row = conn.execute(q("projector_next_offset"), {"projection": projection, "topic": topic,
-                                                          "partition": partition}).fetchone()
-        position = (row["next_offset"] if isinstance(row, dict) else row[0]) if row else 0
-        if position >= target:
-            return
-        if time.monotonic() > deadline:
-            raise ServiceUnavailable(f"projector is behind on {topic}[{partition}]: at {position}, log at "
-                                     f"{target} after {timeout_s:.0f} s (is `tapeline run --role projector` running?)")
-        if stop is None:
-            time.sleep(poll_s)
-        elif stop.wait(poll_s):
-            raise ServiceUnavailable(f"stopping while the projector is behind on {topic}[{partition}] (at {position}, "
-                                     f"log at {target})")
+    wait_applied(conn, topic, partition, target, timeout_s, projection=projection, poll_s=poll_s, stop=stop)

@@ -2,39 +2,65 @@
 
 `build_app` composes the web layer (`projections/api.py`, which imports neither the processors nor
 the producers) with the operator actions of `processors/operator.py` and the HTTP intake of
-`producers/http_intake.py`; `serve` runs it (`tapeline serve`).
+`producers/http_intake.py`; `serve` runs it (`tapeline serve`). `build_processor` builds one
+processor role with its adapters (the ports of `tapeline/ports.py`: Kafka's `KafkaEventLog`,
+PostgreSQL's `PostgresJobStore`, S3's `ObjectStore`, the system clock) for `tapeline run`
+(`tapeline/cli_run.py` `run_role`, in each child of the supervisor too); `rescue_on_exit` builds the
+supervisor's rescuer the same way.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from fastapi import FastAPI
+from typing import TYPE_CHECKING
 
+from tapeline.health import HealthState
 from tapeline.settings import Settings
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 
 class OperatorService:
     """`projections.ports.OperatorActions` over `processors/operator.py`, bound to one deployment's
-    settings (each call emits its events in its own Kafka transaction)."""
+    settings (each call emits its events in its own Kafka transaction, on adapters of its own: the
+    web app runs actions concurrently). The CLI's `dlq replay`, `resolve` and `cancel` use it too."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
+    def adapters(self):
+        """Fresh adapters for one action (`processors.operator.ActionAdapters`): the Kafka event log
+        (offsets client of group `<app>.operator.lso`), a PostgreSQL job store, an S3 bucket built
+        on demand, the system clock."""
+        from processors.operator import ActionAdapters
+        from tapeline.clock import system_clock
+        from tapeline.kafka import KafkaEventLog
+        from tapeline.objectstore import ObjectStore
+        from tapeline.postgres import PostgresJobStore
+
+        return ActionAdapters(events=KafkaEventLog(self.settings, f"{self.settings.app_name}.operator.lso"),
+                              jobs=PostgresJobStore(self.settings), storage=lambda: ObjectStore(self.settings),
+                              clock=system_clock)
+
     def replay_dead_letters(self, ids: Sequence[str], operator: str, reason: str) -> list:
+        """`processors.operator.replay_dead_letters`."""
         from processors.operator import replay_dead_letters
 
-        return replay_dead_letters(self.settings, list(ids), operator, reason)
+        return replay_dead_letters(self.settings, list(ids), operator, reason, adapters=self.adapters())
 
     def cancel_job(self, job_id: str, operator: str, reason: str) -> str:
+        """`processors.operator.cancel_job`."""
         from processors.operator import cancel_job
 
-        return cancel_job(self.settings, job_id, operator, reason)
+        return cancel_job(self.settings, job_id, operator, reason, adapters=self.adapters())
 
     def resolve_review(self, job_id: str, operator: str, reason: str, posted_ref: str | None) -> str:
+        """`processors.operator.resolve_review` (provider `webhook`)."""
         from processors.operator import resolve_review
 
-        return resolve_review(self.settings, job_id, operator, reason, posted_ref)
+        return resolve_review(self.settings, job_id, operator, reason, posted_ref, adapters=self.adapters())
 
 
 class HttpIntake:
@@ -76,6 +102,53 @@ def serve(settings: Settings, host: str | None = None, port: int | None = None, 
 
 
 WORKER_ROLES = ("transcode", "publish")
+PROCESSOR_ROLES = ("projector", "intake", "transcode", "publish", "watchdog")
+
+
+def processor_adapters(settings: Settings, role: str, health: HealthState) -> dict:
+    """The adapters a processor of `role` runs on, as keyword arguments: `events` (Kafka, its offsets
+    client in group `<app>.<role>.lso`), `jobs` (a PostgreSQL job store), `storage` (the S3 bucket),
+    `clock` (the system clock) and `health`. Nothing connects yet."""
+    from tapeline.clock import system_clock
+    from tapeline.kafka import KafkaEventLog
+    from tapeline.objectstore import ObjectStore
+    from tapeline.postgres import PostgresJobStore
+
+    return dict(events=KafkaEventLog(settings, f"{settings.app_name}.{role}.lso"), jobs=PostgresJobStore(settings),
+                storage=ObjectStore(settings), clock=system_clock, health=health)
+
+
+def build_processor(role: str, settings: Settings, health: HealthState):
+    """The processor of `role` (one of `PROCESSOR_ROLES`) with its adapters built here
+    (`processor_adapters`; the watchdog's leader lock gets a job store of its own, intake and
+    transcode the ffprobe/ffmpeg tool), reporting to `health` (a processor that does not report
+    readiness itself is marked ready at once). Raises `KeyError` for an unknown role."""
+    if role == "watchdog":
+        from processors.watchdog import Watchdog
+        from tapeline.postgres import PostgresJobStore
+
+        return Watchdog(settings, leader=PostgresJobStore(settings), **processor_adapters(settings, role, health))
+    if role == "intake":
+        from processors.intake import IntakeProcessor
+        from processors.media import FfmpegTool
+
+        return IntakeProcessor(settings, media=FfmpegTool(), **processor_adapters(settings, role, health))
+    if role == "transcode":
+        from processors.media import FfmpegTool
+        from processors.transcode import TranscodeWorker
+
+        return TranscodeWorker(settings, media=FfmpegTool(), **processor_adapters(settings, role, health))
+    if role == "publish":
+        from processors.publish import PublishWorker
+
+        return PublishWorker(settings, **processor_adapters(settings, role, health))
+    from projections.projector import Projector
+
+    processor = {"projector": Projector}[role](settings)  # it still builds its own adapters in `run`
+    if not hasattr(processor, "health"):
+        health.mark_ready()  # a processor that does not report readiness is ready once running
+    processor.health = health
+    return processor
 
 
 def rescue_on_exit(settings: Settings):
@@ -88,9 +161,13 @@ def rescue_on_exit(settings: Settings):
     from domain.errors import Fenced, ServiceUnavailable
     from processors.rescue import Rescuer, exit_detail
     from tapeline import holdings
+    from tapeline.clock import system_clock
+    from tapeline.kafka import KafkaEventLog
+    from tapeline.postgres import PostgresJobStore
 
     log = structlog.get_logger("tapeline.supervisor")
-    rescuer = Rescuer(settings, "supervisor")
+    rescuer = Rescuer(settings, "supervisor", clock=system_clock, jobs=PostgresJobStore(settings),
+                      events=KafkaEventLog(settings, f"{settings.app_name}.supervisor.lso"))
 
     def on_exit(name: str, role: str, pid: int, returncode: int) -> None:
         if role not in WORKER_ROLES:

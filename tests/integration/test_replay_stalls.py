@@ -163,7 +163,7 @@ def watchdog_decides(settings):
         ids = [r["job_id"] for r in handoffs]
         jobs = {r["job_id"]: r for r in conn.execute(q("job_state_by_ids"), {"job_ids": ids}).fetchall()}
     # The watchdog writes its thresholds to stall_policy; these tests wrote POLICY there themselves.
-    return run_once([], handoffs, [], jobs, settings.model_copy(update=POLICY), "watchdog@test", due=[])
+    return run_once([], handoffs, [], jobs, settings.model_copy(update=POLICY), "watchdog@test", due=[], clock=system_clock)
 
 
 def test_a_re_driven_handoff_stays_listed_until_claimed_and_is_re_driven_once_per_timeout(isolated):

@@ -13,8 +13,9 @@ import uuid
 
 import pytest
 
-from processors.watchdog import Watchdog
+from tapeline.health import HealthState
 from tapeline.postgres import migrate
+from tapeline.wiring import build_processor
 from tapeline import stack
 from tests.conftest import wait_for
 
@@ -22,10 +23,12 @@ pytestmark = pytest.mark.integration
 
 
 class Running:
-    """A `Watchdog` in a thread of this process, stopped by `stop()`."""
+    """A `Watchdog` (wired as `tapeline run --role watchdog` wires it) in a thread of this process,
+    stopped by `stop()`."""
 
     def __init__(self, settings) -> None:
-        self.watchdog, self.halt = Watchdog(settings), threading.Event()
+        self.watchdog = build_processor("watchdog", settings, HealthState("watchdog", settings.instance_id))
+        self.halt = threading.Event()
         self.thread = threading.Thread(target=self.watchdog.run, args=(self.halt,), daemon=True)
         self.thread.start()
 

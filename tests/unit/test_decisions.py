@@ -11,8 +11,10 @@ from domain import events as ev
 from domain.errors import InvalidInput, UnsupportedMedia
 from tapeline.settings import Settings
 from tapeline.clock import system_clock
+from tests.fakeclock import FixedClock
 
 SETTINGS = Settings(topic_prefix="unit")
+CLOCK = FixedClock()  # the writer's clock of the decided events
 MEDIA = ev.SourceMedia(format_name="mov", duration_s=5.28, width=1280, height=720, display_width=1280,
                        display_height=720, rotation=0, fps=25.0, frames=132, video_codec="h264", audio_codec="aac")
 
@@ -25,7 +27,7 @@ def upload(priority="standard"):
 
 def test_intake_accepts_a_video_and_queues_transcode_on_its_tier():
     source = upload("archive")
-    out = decide(None, source, MEDIA, SETTINGS, "intake@t")
+    out = decide(None, source, MEDIA, SETTINGS, "intake@t", clock=CLOCK)
     assert [(topic, e.event_type) for topic, e in out] == [
         ("unit.jobs", "JobAccepted"), ("unit.jobs", "StageQueued"), ("unit.work.transcode.archive", "WorkItem")]
     work = out[2][1]
@@ -35,7 +37,7 @@ def test_intake_accepts_a_video_and_queues_transcode_on_its_tier():
 
 
 def test_intake_rejects_bad_media_with_its_class():
-    out = decide(None, upload(), UnsupportedMedia("no video stream"), SETTINGS, "intake@t")
+    out = decide(None, upload(), UnsupportedMedia("no video stream"), SETTINGS, "intake@t", clock=CLOCK)
     assert len(out) == 1
     rejected = out[0][1]
     assert rejected.event_type == "JobRejected" and rejected.error_class == "unsupported_media"
@@ -43,8 +45,8 @@ def test_intake_rejects_bad_media_with_its_class():
 
 
 def test_intake_ignores_a_duplicate_of_an_existing_job():
-    assert decide({"job_id": "x", "state": "running"}, upload(), MEDIA, SETTINGS, "intake@t") == []
-    assert decide({"job_id": "x"}, upload(), InvalidInput("x"), SETTINGS, "intake@t") == []
+    assert decide({"job_id": "x", "state": "running"}, upload(), MEDIA, SETTINGS, "intake@t", clock=CLOCK) == []
+    assert decide({"job_id": "x"}, upload(), InvalidInput("x"), SETTINGS, "intake@t", clock=CLOCK) == []
 
 
 def item(stage="transcode", attempt=1):

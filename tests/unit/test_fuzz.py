@@ -23,9 +23,11 @@ from domain.codec import HEADER_BYTES, MAGIC, default_codec
 from domain.errors import DecodeError, InvalidInput, MediaError, SchemaError, UnsupportedMedia
 from tapeline.settings import Settings
 from tapeline.clock import system_clock
+from tests.fakeclock import FixedClock
 
 codec = default_codec()
 SETTINGS = Settings(topic_prefix="fuzz")
+CLOCK = FixedClock()  # the writer's clock of the decided events
 FUZZ = hyp_settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 WHERE = dict(topic="fuzz.uploads", partition=1, offset=7)
 
@@ -121,7 +123,7 @@ headers = st.lists(st.tuples(st.text(max_size=10), st.one_of(st.none(), st.binar
 
 
 def _triage(value, key=b"k", hdrs=None):
-    return triage(codec, SETTINGS, "fuzz@test", key=key, value=value, headers=hdrs, **WHERE)
+    return triage(codec, SETTINGS, "fuzz@test", key=key, value=value, headers=hdrs, **WHERE, clock=CLOCK)
 
 
 def _assert_dead_letter(outgoing, value, key) -> None:
@@ -175,7 +177,7 @@ def test_any_decodable_upload_gets_a_decision_that_encodes(upload_id, object_key
     problem = preflight(result, SETTINGS)
     if problem is not None:
         assert isinstance(problem, MediaError) and problem.error_class in ("invalid_input", "limits_exceeded")
-    outgoing = decide(None, result, problem or PROBED, SETTINGS, "fuzz@test")
+    outgoing = decide(None, result, problem or PROBED, SETTINGS, "fuzz@test", clock=CLOCK)
     expected = ["JobRejected"] if problem is not None else ["JobAccepted", "StageQueued", "WorkItem"]
     assert [event.event_type for _, event in outgoing] == expected
     for _, event in outgoing:
@@ -237,6 +239,6 @@ def test_any_ffprobe_output_becomes_a_probe_or_a_media_error(info):
         assert exc.error_class == "limits_exceeded"
     ladder = media.plan_ladder(source, SETTINGS.ladder)
     assert all(r.width % 2 == 0 and r.height % 2 == 0 for r in ladder)
-    outgoing = decide(None, _upload(), source, SETTINGS, "fuzz@test")
+    outgoing = decide(None, _upload(), source, SETTINGS, "fuzz@test", clock=CLOCK)
     for _, event in outgoing:
         codec.decode(codec.encode(event.to_record()))

@@ -10,8 +10,10 @@ from processors.operator import cancel_events
 from domain.lifecycle import TERMINAL_STATES, evolve
 from domain import events as ev
 from tapeline.settings import Settings
+from tests.fakeclock import FixedClock
 
 SETTINGS = Settings(topic_prefix="unit")
+CLOCK = FixedClock()  # the writer's clock of the decided events
 
 
 def row(state="running", stage="transcode", attempt=2):
@@ -21,7 +23,7 @@ def row(state="running", stage="transcode", attempt=2):
 
 @pytest.mark.parametrize("state", ["accepted", "queued", "running", "retry_scheduled"])
 def test_an_open_job_gets_one_job_cancelled_with_operator_and_reason(state):
-    [(topic, event)] = cancel_events(row(state), "alice", "wrong file", SETTINGS, "operator@test")
+    [(topic, event)] = cancel_events(row(state), "alice", "wrong file", SETTINGS, "operator@test", clock=CLOCK)
     assert topic == "unit.jobs"
     assert isinstance(event, ev.JobCancelled)
     assert (event.job_id, event.stage, event.attempt, event.operator, event.reason, event.claim_token) == \
@@ -34,5 +36,5 @@ def test_an_open_job_gets_one_job_cancelled_with_operator_and_reason(state):
 
 @pytest.mark.parametrize("state", sorted(TERMINAL_STATES))
 def test_an_ended_job_or_no_job_gets_nothing(state):
-    assert cancel_events(row(state), "alice", "late", SETTINGS, "operator@test") == []
-    assert cancel_events(None, "alice", "late", SETTINGS, "operator@test") == []
+    assert cancel_events(row(state), "alice", "late", SETTINGS, "operator@test", clock=CLOCK) == []
+    assert cancel_events(None, "alice", "late", SETTINGS, "operator@test", clock=CLOCK) == []

@@ -11,8 +11,10 @@ from processors.rescue import exit_detail, worker_exited_row
 from processors.watchdog import run_once
 from tapeline import holdings
 from tapeline.settings import Settings
+from tests.fakeclock import FixedClock
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
+CLOCK = FixedClock(NOW)  # the writer's clock the events are stamped with
 HOLDING = holdings.Holding(pid=4242, job_id="j1", stage="transcode", attempt=1, claim_token="tok",
                            transactional_id="app.transcode.j1")
 
@@ -47,7 +49,7 @@ def test_only_the_very_claim_still_running_is_rescued():
 def test_the_watchdog_rule_retries_it_at_once_with_the_exit_in_the_stall():
     settings = Settings()
     row = worker_exited_row(job(), HOLDING, "killed by SIGKILL", NOW)
-    result = run_once([row], [], [], {"j1": job()}, settings, "supervisor@test:1")
+    result = run_once([row], [], [], {"j1": job()}, settings, "supervisor@test:1", clock=CLOCK)
     kinds = [type(event).__name__ for _, event in result.outgoing]
     assert kinds == ["StallDetected", "RetryScheduled", "StageQueued", "WorkItem"]
     stall = result.outgoing[0][1]

@@ -9,8 +9,10 @@ from processors.reuse import Reusable, degraded_ladder, full_profile, plan_profi
 from domain import events as ev
 from tapeline.settings import Settings
 from tapeline.clock import system_clock
+from tests.fakeclock import FixedClock
 
 SETTINGS = Settings(topic_prefix="unit", degrade_backlog_threshold=2)
+CLOCK = FixedClock()  # the writer's clock of the decided events
 MEDIA = ev.SourceMedia(format_name="mov", duration_s=5.28, width=1280, height=720, display_width=1280,
                        display_height=720, rotation=0, fps=25.0, frames=132, video_codec="h264", audio_codec="aac")
 LADDER = media.plan_ladder(MEDIA, SETTINGS.ladder)
@@ -64,7 +66,7 @@ def test_profile_is_degraded_only_above_the_threshold_and_only_in_degradable_tie
 
 def test_intake_records_a_degraded_profile_in_the_acceptance_and_the_work_item():
     cheap = plan_profile("default", "index", LADDER, 3, SETTINGS)
-    out = decide(None, upload("index"), MEDIA, SETTINGS, "intake@t", cheap)
+    out = decide(None, upload("index"), MEDIA, SETTINGS, "intake@t", cheap, clock=CLOCK)
     accepted, work = out[0][1], out[2][1]
     assert (accepted.degraded, accepted.degraded_reason, accepted.x264_preset) == (True, cheap.reason, "superfast")
     assert accepted.profile_fingerprint == cheap.fingerprint
@@ -73,7 +75,7 @@ def test_intake_records_a_degraded_profile_in_the_acceptance_and_the_work_item()
 
 
 def test_intake_without_a_profile_plans_the_full_one():
-    accepted = decide(None, upload(), MEDIA, SETTINGS, "intake@t")[0][1]
+    accepted = decide(None, upload(), MEDIA, SETTINGS, "intake@t", clock=CLOCK)[0][1]
     assert accepted.profile_fingerprint == full_profile("default", LADDER, SETTINGS).fingerprint
     assert (accepted.degraded, accepted.degraded_reason) == (False, None)
 
@@ -87,7 +89,7 @@ def test_intake_with_a_reusable_result_completes_without_any_work_item():
     reusable = Reusable(origin_job_id=origin, fingerprint=profile.fingerprint, master_key=published[0].key,
                         master_url=f"http://s3/{published[0].key}", renditions=renditions, outputs=published,
                         media_duration_s=5.28)
-    out = decide(None, upload(), MEDIA, SETTINGS, "intake@t", profile, reusable)
+    out = decide(None, upload(), MEDIA, SETTINGS, "intake@t", profile, reusable, clock=CLOCK)
     assert [(topic, e.event_type) for topic, e in out] == [
         ("unit.jobs", "JobAccepted"), ("unit.jobs", "ResultReused"), ("unit.jobs", "JobCompleted")]
     reused, completed = out[1][1], out[2][1]
@@ -105,7 +107,7 @@ def test_fold_records_the_profile_the_degradation_and_the_reused_job():
 
     now = datetime(2026, 1, 1, tzinfo=timezone.utc)
     cheap = plan_profile("default", "index", LADDER, 3, SETTINGS)
-    accepted = decide(None, upload("index"), MEDIA, SETTINGS, "intake@t", cheap)[0][1]
+    accepted = decide(None, upload("index"), MEDIA, SETTINGS, "intake@t", cheap, clock=CLOCK)[0][1]
     row = evolve(None, accepted, now).row
     assert (row["degraded"], row["degraded_reason"], row["x264_preset"], row["profile_fingerprint"]) == \
         (True, cheap.reason, "superfast", cheap.fingerprint)

@@ -6,8 +6,10 @@ from datetime import datetime, timedelta, timezone
 
 from processors.watchdog import run_once
 from tapeline.settings import Settings
+from tests.fakeclock import FixedClock
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+CLOCK = FixedClock(NOW)  # the writer's clock the events are stamped with
 SETTINGS = Settings(topic_prefix="unit", max_attempts=3)
 
 
@@ -33,7 +35,7 @@ def kinds(result):
 
 
 def test_stalled_attempt_is_retried_at_once_as_the_next_attempt():
-    result = run_once([stalled()], [], [], {"j1": job()}, SETTINGS, "watchdog@t")
+    result = run_once([stalled()], [], [], {"j1": job()}, SETTINGS, "watchdog@t", clock=CLOCK)
     assert result.counts["retry"] == 1
     assert kinds(result) == [("unit.jobs", "StallDetected"), ("unit.jobs", "RetryScheduled"),
                              ("unit.jobs", "StageQueued"), ("archive", "WorkItem")]
@@ -47,35 +49,35 @@ def test_stalled_attempt_is_retried_at_once_as_the_next_attempt():
 
 
 def test_publish_retry_carries_the_transcode_outputs():
-    result = run_once([stalled(stage="publish")], [], [], {"j1": job(stage="publish")}, SETTINGS, "w")
+    result = run_once([stalled(stage="publish")], [], [], {"j1": job(stage="publish")}, SETTINGS, "w", clock=CLOCK)
     item = result.outgoing[-1][1]
     assert item.stage == "publish" and [o.key for o in item.inputs] == ["work/j1/transcode/1/720p/index.m3u8"]
     assert item.audio_playlist_key == "work/j1/transcode/1/audio/index.m3u8"
 
 
 def test_out_of_attempts_dead_letters_and_yields_do_not_count():
-    result = run_once([stalled(attempt=3)], [], [], {"j1": job(attempt=3)}, SETTINGS, "w")
+    result = run_once([stalled(attempt=3)], [], [], {"j1": job(attempt=3)}, SETTINGS, "w", clock=CLOCK)
     assert result.counts["dead_letter"] == 1
     assert kinds(result) == [("unit.jobs", "StallDetected"), ("unit.jobs", "JobDeadLettered"),
                              ("unit.dlq", "JobDeadLettered")]
     assert result.outgoing[1][1].attempts == 3
     assert result.outgoing[2][1] is result.outgoing[1][1]  # the dead-letter record is the same event
-    yielded = run_once([stalled(attempt=3)], [], [], {"j1": job(attempt=3, yields=1)}, SETTINGS, "w")
+    yielded = run_once([stalled(attempt=3)], [], [], {"j1": job(attempt=3, yields=1)}, SETTINGS, "w", clock=CLOCK)
     assert yielded.counts["retry"] == 1
 
 
 def test_a_replayed_job_has_a_fresh_budget():
     # Dead-lettered at attempt 3, replayed by an operator: attempt 4 is the first of a new budget.
-    replayed = run_once([stalled(attempt=4)], [], [], {"j1": job(attempt=4, budget_base=3)}, SETTINGS, "w")
+    replayed = run_once([stalled(attempt=4)], [], [], {"j1": job(attempt=4, budget_base=3)}, SETTINGS, "w", clock=CLOCK)
     assert replayed.counts["retry"] == 1 and replayed.outgoing[1][1].next_attempt == 5
-    exhausted = run_once([stalled(attempt=6)], [], [], {"j1": job(attempt=6, budget_base=3)}, SETTINGS, "w")
+    exhausted = run_once([stalled(attempt=6)], [], [], {"j1": job(attempt=6, budget_base=3)}, SETTINGS, "w", clock=CLOCK)
     assert exhausted.counts["dead_letter"] == 1 and exhausted.outgoing[1][1].attempts == 3
 
 
 def test_rows_that_no_longer_match_the_job_are_ignored():
-    moved_on = run_once([stalled(attempt=1)], [], [], {"j1": job(attempt=2)}, SETTINGS, "w")
-    ended = run_once([stalled()], [], [], {"j1": job(state="completed")}, SETTINGS, "w")
-    unknown = run_once([stalled()], [], [], {}, SETTINGS, "w")
+    moved_on = run_once([stalled(attempt=1)], [], [], {"j1": job(attempt=2)}, SETTINGS, "w", clock=CLOCK)
+    ended = run_once([stalled()], [], [], {"j1": job(state="completed")}, SETTINGS, "w", clock=CLOCK)
+    unknown = run_once([stalled()], [], [], {}, SETTINGS, "w", clock=CLOCK)
     for result in (moved_on, ended, unknown):
         assert result.outgoing == [] and result.counts["ignore"] == 1
 
@@ -83,7 +85,7 @@ def test_rows_that_no_longer_match_the_job_are_ignored():
 def test_stalled_handoff_is_redriven_with_a_numbered_dedup_key():
     handoff = {"job_id": "j1", "stage": "publish", "attempt": 1, "redrives": 2, "since_s": 130.0, "log_now": NOW,
                "queued_at": NOW - timedelta(seconds=130)}
-    result = run_once([], [handoff], [], {"j1": job(state="queued", stage="publish")}, SETTINGS, "w")
+    result = run_once([], [handoff], [], {"j1": job(state="queued", stage="publish")}, SETTINGS, "w", clock=CLOCK)
     assert result.counts["redrive"] == 1
     stall, item = (e for _, e in result.outgoing)
     assert stall.kind == "handoff" and stall.dedup_key == "j1:publish:1:StallDetected:handoff-2"
@@ -93,31 +95,31 @@ def test_stalled_handoff_is_redriven_with_a_numbered_dedup_key():
 def test_missing_work_is_reported():
     missing = {"upload_id": "u9", "job_id": "j9", "since_s": 200.0, "uploaded_at": NOW - timedelta(seconds=200),
                "log_now": NOW}
-    result = run_once([], [], [missing], {}, SETTINGS, "w")
+    result = run_once([], [], [missing], {}, SETTINGS, "w", clock=CLOCK)
     assert result.counts["report"] == 1
     assert result.outgoing[0][1].kind == "expected_work_missing" and result.outgoing[0][1].job_id == "j9"
 
 
 def test_run_once_is_deterministic_in_its_dedup_keys():
-    first = run_once([stalled()], [], [], {"j1": job()}, SETTINGS, "w")
-    second = run_once([stalled()], [], [], {"j1": job()}, SETTINGS, "w")
+    first = run_once([stalled()], [], [], {"j1": job()}, SETTINGS, "w", clock=CLOCK)
+    second = run_once([stalled()], [], [], {"j1": job()}, SETTINGS, "w", clock=CLOCK)
     assert [e.dedup_key for _, e in first.outgoing] == [e.dedup_key for _, e in second.outgoing]
 
 
 def test_due_retry_is_dispatched_once_as_the_next_attempt():
     row = {"job_id": "j1", "stage": "transcode", "attempt": 1, "retry_next_attempt": 2, "log_now": NOW}
     waiting = job(state="retry_scheduled", retry_next_attempt=2)
-    result = run_once([], [], [], {"j1": waiting}, SETTINGS, "w", due=[row])
+    result = run_once([], [], [], {"j1": waiting}, SETTINGS, "w", due=[row], clock=CLOCK)
     assert result.counts["dispatch"] == 1
     assert kinds(result) == [("unit.jobs", "StageQueued"), ("archive", "WorkItem")]
     assert result.outgoing[0][1].dedup_key == "j1:transcode:2:StageQueued"
-    moved_on = run_once([], [], [], {"j1": job(state="queued", attempt=2)}, SETTINGS, "w", due=[row])
+    moved_on = run_once([], [], [], {"j1": job(state="queued", attempt=2)}, SETTINGS, "w", due=[row], clock=CLOCK)
     assert moved_on.outgoing == [] and moved_on.counts["ignore"] == 1
 
 
 def test_stall_with_a_configured_backoff_waits_for_the_due_time():
     settings = Settings(topic_prefix="unit", retry_backoff_by_class={"worker_lost": (30.0,)}, retry_jitter=0.0)
-    result = run_once([stalled()], [], [], {"j1": job()}, settings, "w")
+    result = run_once([stalled()], [], [], {"j1": job()}, settings, "w", clock=CLOCK)
     assert kinds(result) == [("unit.jobs", "StallDetected"), ("unit.jobs", "RetryScheduled")]
     retry = result.outgoing[1][1]
     assert (retry.not_before - retry.occurred_at).total_seconds() == 30.0
@@ -127,10 +129,17 @@ def test_a_candidate_the_stall_rule_does_not_call_stalled_is_ignored():
     """The view's row was read before a heartbeat moved the lease: the rule judges the row it is given."""
     alive = {**stalled(), "leased_until": NOW + timedelta(seconds=3), "last_heartbeat_at": NOW - timedelta(seconds=1),
              "last_progress_at": NOW - timedelta(seconds=1)}
-    result = run_once([alive], [], [], {"j1": job()}, SETTINGS, "w")
+    result = run_once([alive], [], [], {"j1": job()}, SETTINGS, "w", clock=CLOCK)
     assert result.outgoing == [] and result.counts["ignore"] == 1
     frozen = {**alive, "last_progress_at": NOW - timedelta(seconds=SETTINGS.no_progress_timeout_s + 1)}
-    result = run_once([frozen], [], [], {"j1": job()}, SETTINGS, "w")
+    result = run_once([frozen], [], [], {"j1": job()}, SETTINGS, "w", clock=CLOCK)
     assert result.outgoing[0][1].kind == "no_progress"
-    graced = run_once([frozen], [], [], {"j1": job(progress_grace_s=60.0)}, SETTINGS, "w")
+    graced = run_once([frozen], [], [], {"j1": job(progress_grace_s=60.0)}, SETTINGS, "w", clock=CLOCK)
     assert graced.outgoing == [] and graced.counts["ignore"] == 1
+
+
+def test_every_event_is_stamped_by_the_clock_it_is_given():
+    clock = FixedClock(NOW + timedelta(hours=1), prefix="wd")
+    result = run_once([stalled()], [], [], {"j1": job()}, SETTINGS, "w", clock=clock)
+    stamps = [(event.occurred_at, event.event_id) for _, event in result.outgoing]
+    assert stamps == [(NOW + timedelta(hours=1), f"wd-{i}") for i in range(1, len(stamps) + 1)]

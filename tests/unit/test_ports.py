@@ -1,0 +1,62 @@
+"""Each adapter has the methods of its port (`tapeline/ports.py`), and building one opens nothing.
+
+`runtime_checkable` checks the method names; the typed assignments make a type checker check the
+signatures too. No client is opened: the adapters connect on first use.
+"""
+
+from __future__ import annotations
+
+from processors.media import FfmpegTool
+from tapeline import ports
+from tapeline.clock import SystemClock, system_clock
+from tapeline.kafka import KafkaEventLog
+from tapeline.objectstore import ObjectStore
+from tapeline.postgres import PostgresJobStore
+from tapeline.settings import Settings
+
+
+def test_each_adapter_satisfies_its_port():
+    settings = Settings()
+    events: ports.EventLog = KafkaEventLog(settings, "test.lso")
+    jobs: ports.JobStore = PostgresJobStore(settings)
+    storage: ports.ObjectStorage = ObjectStore(settings)
+    clock: ports.Clock = SystemClock()
+    media: ports.MediaTool = FfmpegTool()
+    assert isinstance(events, ports.EventLog)
+    assert isinstance(jobs, ports.JobStore)
+    assert isinstance(storage, ports.ObjectStorage)
+    assert isinstance(clock, ports.Clock) and isinstance(system_clock, ports.Clock)
+    assert isinstance(media, ports.MediaTool)
+    assert all(callable(getattr(media, name)) for name in ("inspect_source", "keyframe_before", "run_ffmpeg",
+                                                            "verify_outputs"))
+    events.close()  # nothing was opened: nothing to close, and no error
+    jobs.close()
+
+
+def test_a_port_is_not_satisfied_by_just_anything():
+    assert not isinstance(object(), ports.EventLog)
+    assert not isinstance(SystemClock(), ports.JobStore)
+    assert not isinstance(PostgresJobStore(Settings()), ports.ObjectStorage)
+    assert not isinstance(ObjectStore(Settings()), ports.MediaTool)
+
+
+def test_the_clock_import_paths_still_work():
+    from tapeline.clock import system_clock as from_clock
+
+    assert ports.system_clock is from_clock and ports.Clock is __import__("tapeline.clock").clock.Clock
+
+
+def test_build_processor_hands_each_role_its_adapters_through_the_ports():
+    from tapeline.health import HealthState
+    from tapeline.wiring import build_processor
+
+    settings = Settings()
+    for role in ("watchdog", "intake", "transcode", "publish"):
+        health = HealthState(role, "test")
+        processor = build_processor(role, settings, health)  # builds adapters only: nothing connects
+        assert processor.health is health
+        assert isinstance(processor.events, ports.EventLog) and isinstance(processor.jobs, ports.JobStore)
+        assert isinstance(processor.store, ports.ObjectStorage) and isinstance(processor.clock, ports.Clock)
+        if role in ("intake", "transcode"):
+            assert isinstance(processor.media, ports.MediaTool)
+    assert isinstance(build_processor("watchdog", settings, HealthState("watchdog", "test")).leader, ports.JobStore)
