@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
 from rich.console import Console
@@ -175,6 +175,20 @@ def _tail(path: Path, lines: int = 25) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except FileNotFoundError:
         return "(no log yet)"
+
+
+def _wait_ready(name: str, answers: Callable[[], tuple[bool, str]], proc: "subprocess.Popen | None", log: Path,
+                timeout_s: float) -> None:
+    """Poll `answers()` (ready, why not) every 0.2 s until it says ready. Raises `StackError` with the
+    log's tail when `proc` (the process this call started, None when it was already running) exits
+    first, or when `timeout_s` seconds pass."""
+    deadline = time.monotonic() + timeout_s
+    while not (answer := answers())[0]:
+        if proc is not None and proc.poll() is not None:
+            raise StackError(f"{name} exited with code {proc.returncode}. See {log}:\n{_tail(log)}")
+        if time.monotonic() > deadline:
+            raise StackError(f"{name} was not ready within {timeout_s:.0f} s ({answer[1]}). See {log}:\n{_tail(log)}")
+        time.sleep(0.2)
 
 
 def _log_errors(path: Path, limit: int = 5) -> str:

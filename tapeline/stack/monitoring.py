@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -25,7 +24,7 @@ from rich.console import Console
 from tapeline.settings import PROJECT_ROOT, Settings
 from tapeline.supervisor import ROLES
 
-from tapeline.stack.base import StackError, StackPaths, _now, _owned_pid, _say, _spawn, _stop_pid, _tail, _update_state
+from tapeline.stack.base import StackError, StackPaths, _now, _owned_pid, _say, _spawn, _stop_pid, _update_state, _wait_ready
 
 MONITORING_READY_TIMEOUT_S = 30.0
 """How long `up --with-monitoring` waits for Prometheus and Alertmanager to report ready, seconds."""
@@ -161,15 +160,7 @@ def up_monitoring(settings: Settings, paths: StackPaths, console: Console | None
             _say(console, f"[bold]{service}[/]: started pid {proc.pid} on http://{_address(settings, service)}/")
             _update_state(paths, service, {"pid": proc.pid, "started_at": _now(),
                                            "address": _address(settings, service), "log": str(files["log"])})
-        deadline = time.monotonic() + MONITORING_READY_TIMEOUT_S
-        while not (answer := _ready(settings, service))[0]:
-            if proc is not None and proc.poll() is not None:
-                raise StackError(f"{service} exited with code {proc.returncode}. See {files['log']}:\n"
-                                 f"{_tail(files['log'])}")
-            if time.monotonic() > deadline:
-                raise StackError(f"{service} was not ready within {MONITORING_READY_TIMEOUT_S:.0f} s "
-                                 f"({answer[1]}). See {files['log']}:\n{_tail(files['log'])}")
-            time.sleep(0.2)
+        _wait_ready(service, lambda: _ready(settings, service), proc, files["log"], MONITORING_READY_TIMEOUT_S)
 
 
 def monitoring_status(settings: Settings, paths: StackPaths) -> dict[str, dict[str, Any]]:

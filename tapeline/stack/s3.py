@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -15,7 +14,7 @@ from rich.console import Console
 
 from tapeline.settings import Settings
 
-from tapeline.stack.base import S3_READY_TIMEOUT_S, StackError, StackPaths, _host_port, _now, _owned_pid, _s3_markers, _say, _spawn, _tail, _update_state
+from tapeline.stack.base import S3_READY_TIMEOUT_S, StackError, StackPaths, _host_port, _now, _owned_pid, _s3_markers, _say, _spawn, _update_state, _wait_ready
 
 # --------------------------------------------------------------------------------------------
 # S3 (moto behind tapeline.s3server's signature gate)
@@ -117,15 +116,8 @@ def _up_s3(settings: Settings, paths: StackPaths, console: Console | None) -> No
                       "(moto, objects in memory; signed requests only, anonymous reads of published/)")
         _update_state(paths, "s3", {"pid": proc.pid, "started_at": _now(), "endpoint": settings.s3_endpoint,
                                     "log": str(paths.s3_log)})
-    deadline = time.monotonic() + S3_READY_TIMEOUT_S
-    while not (answer := _s3_answers(settings))[0]:
-        if proc is not None and proc.poll() is not None:
-            raise StackError(f"tapeline.s3server exited with code {proc.returncode}. See {paths.s3_log}:\n"
-                             f"{_tail(paths.s3_log)}")
-        if time.monotonic() > deadline:
-            raise StackError(f"{settings.s3_endpoint} did not answer within {S3_READY_TIMEOUT_S:.0f} s "
-                             f"({answer[1]}). See {paths.s3_log}:\n{_tail(paths.s3_log)}")
-        time.sleep(0.2)
+    _wait_ready(f"tapeline.s3server ({settings.s3_endpoint})", lambda: _s3_answers(settings), proc, paths.s3_log,
+                S3_READY_TIMEOUT_S)
     _ensure_bucket(settings, console)
 
 
