@@ -128,6 +128,13 @@ def event_time(settings: Settings, job_id: str, event_type: str, **match) -> flo
     return None
 
 
+def ended_before(settings: Settings, job_id: str, moment: float) -> bool:
+    """Whether attempt 1 of the job's transcode had succeeded before `moment` (epoch s): a kill then
+    found no attempt to rescue."""
+    ended = event_time(settings, job_id, "AttemptSucceeded", stage="transcode", attempt=1)
+    return ended is not None and ended < moment
+
+
 def last_lease_start(settings: Settings, job_id: str, before: float) -> float:
     """Broker time (epoch s) of attempt 1's last claim or heartbeat before `before`: its lease ends
     one lease later."""
@@ -219,7 +226,17 @@ def main() -> int:
                 t0 = time.time()
                 if fault == "host":
                     hosts = [h for h in hosts if h is not host] + [start_host(settings, work)]
-                t_stall = wait(lambda: event_time(settings, job, "StallDetected", kind=kind), 60, kind)
+                seen = wait(lambda: (event_time(settings, job, "StallDetected", kind=kind) or
+                                     ended_before(settings, job, t0)), 60, kind)
+                if seen is True:  # the transcode had finished before the kill (a fast machine): again
+                    redone += 1
+                    if redone > 3:
+                        raise SystemExit("the transcode ended before the kill, four times")
+                    print(f"run {run} ({fault} kill): the transcode ended before the kill; again")
+                    run -= 1
+                    wait(lambda: completed(settings, job), 180, "the job to complete")
+                    continue
+                t_stall = seen
                 t_next = wait(lambda: event_time(settings, job, "AttemptStarted", attempt=2), 60, "attempt 2")
                 figures[f"{fault}_detect"].append(t_stall - t0)
                 figures[f"{fault}_restart"].append(t_next - t0)
