@@ -128,6 +128,15 @@ def event_time(settings: Settings, job_id: str, event_type: str, **match) -> flo
     return None
 
 
+def run_again(redone: int, why: str) -> int:
+    """Say why a run is made again (its fault found nothing to act on) and return the new count of
+    runs made again; SystemExit at the fourth, so a machine where it always happens fails loudly."""
+    if redone >= 3:
+        raise SystemExit(f"{why}, four times")
+    print(f"{why}; again")
+    return redone + 1
+
+
 def ended_before(settings: Settings, job_id: str, moment: float) -> bool:
     """Whether attempt 1 of the job's transcode had succeeded before `moment` (epoch s): a kill then
     found no attempt to rescue."""
@@ -203,10 +212,7 @@ def main() -> int:
                 ffmpeg = wait(lambda: children_named(pid, "ffmpeg") or completed(settings, job), 30,
                               "the worker's ffmpeg")
                 if ffmpeg is True:  # the transcode ended between two ffmpeg runs we polled: again
-                    redone += 1
-                    if redone > 3:
-                        raise SystemExit("the transcode ended before its ffmpeg was seen, four times")
-                    print(f"run {run} (hang): the job completed before its ffmpeg was seen; again")
+                    redone = run_again(redone, f"run {run} (hang): the job completed before its ffmpeg was seen")
                     run -= 1
                     continue
                 ffmpeg = ffmpeg[0]
@@ -229,10 +235,7 @@ def main() -> int:
                 seen = wait(lambda: (event_time(settings, job, "StallDetected", kind=kind) or
                                      ended_before(settings, job, t0)), 60, kind)
                 if seen is True:  # the transcode had finished before the kill (a fast machine): again
-                    redone += 1
-                    if redone > 3:
-                        raise SystemExit("the transcode ended before the kill, four times")
-                    print(f"run {run} ({fault} kill): the transcode ended before the kill; again")
+                    redone = run_again(redone, f"run {run} ({fault} kill): the transcode ended before the kill")
                     run -= 1
                     wait(lambda: completed(settings, job), 180, "the job to complete")
                     continue
