@@ -35,8 +35,11 @@ def _print_table(report: dict[str, Any], console: Console) -> None:
             started = "-"
         detail = svc.get("error") or (f"version {svc['version']}" if name == "ffmpeg"
                                       else f"bucket {svc['bucket']}" if name == "s3" else svc.get("log") or "")
-        table.add_row(name, "[green]up[/]" if svc["up"] else "[red]down[/]", str(svc["address"]), started,
-                      str(detail))
+        state = "[green]up[/]" if svc["up"] else "[red]down[/]"
+        if name in ("prometheus", "alertmanager") and not svc["up"] and not svc["pid"]:
+            # Optional and never started: not a fault (`--json` still has the connection error).
+            state, detail = "[dim]off[/]", "optional: tapeline stack up --with-monitoring"
+        table.add_row(name, state, str(svc["address"]), started, str(detail))
     console.print(table)
 
 

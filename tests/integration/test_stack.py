@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -71,6 +72,25 @@ def test_status_reports_every_service_up(stack_settings: Settings) -> None:
     if urlsplit(stack_settings.database_url).password:
         assert urlsplit(report["postgres"]["address"]).password == "***"
     json.dumps(report)  # serialisable as is
+
+
+def test_status_shows_monitoring_that_was_never_started_as_optional(tmp_path: Path, monkeypatch) -> None:
+    """Prometheus and Alertmanager are optional: not started, they read `off`, not `down` (`--json`
+    keeps `up: false`). Free ports of a throwaway home, so nothing answers there."""
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0)), b.bind(("127.0.0.1", 0))
+        ports = a.getsockname()[1], b.getsockname()[1]
+    monkeypatch.setenv("TAPELINE_HOME", str(tmp_path))
+    monkeypatch.setenv("TAPELINE_PROMETHEUS_PORT", str(ports[0]))
+    monkeypatch.setenv("TAPELINE_ALERTMANAGER_PORT", str(ports[1]))
+    table = CliRunner().invoke(stack_app, ["status"], env={"COLUMNS": "200"})
+    assert table.exit_code == 0, table.output
+    rows = {line.split("│")[1].strip(): line for line in table.output.splitlines() if line.count("│") > 2}
+    for service in ("prometheus", "alertmanager"):
+        assert rows[service].split("│")[2].strip() == "off", rows[service]
+        assert "optional: tapeline stack up --with-monitoring" in rows[service]
+    report = json.loads(CliRunner().invoke(stack_app, ["status", "--json"]).stdout)
+    assert report["prometheus"]["up"] is False and report["alertmanager"]["up"] is False
 
 
 @pytest.mark.skipif(SERVICES_GIVEN, reason="services given by TAPELINE_* variables: the local stack is not used")
