@@ -5,7 +5,9 @@ A row is a plain dict with the columns of `job_state`. Rules (docs/design.md "Jo
 - dead_lettered and needs_review are reopened only by `JobReplayed`;
 - an event written by an attempt carries its claim token; one whose token is not the job's
   current one is superseded: kept as evidence, never applied (fencing in the projection);
-- an `AttemptStarted` older than the current attempt of its stage is superseded too.
+- an `AttemptStarted` older than the current attempt of its stage is superseded too;
+- an event that ends a job (JobCompleted, JobFailed, JobDeadLettered, NeedsReview, JobCancelled)
+  follows one rule whose data is in `schemas/lifecycle.json` ("ending"), not a branch per event.
 The projector checks dedup keys before calling this: a repeated dedup key is never evolved.
 A second implementation of these rules (and of `projector.fold_batch`) folds fresh replays:
 `Engine::evolve` in native/src/lib.rs. Change both; tests/unit/test_native_fold.py compares them.
@@ -17,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from domain import events as ev
-from domain.lifecycle_data import LIFECYCLE
+from domain.lifecycle_data import LIFECYCLE, Ending
 
 # The lifecycle data lives in schemas/lifecycle.json (read by domain/lifecycle_data.py here and by
 # native/build.rs for the Rust engine): change it there.
@@ -26,6 +28,8 @@ FINAL_STATES: frozenset[str] = LIFECYCLE.final_states
 REOPENABLE_STATES: frozenset[str] = LIFECYCLE.reopenable_states
 TERMINAL_STATES: frozenset[str] = FINAL_STATES | REOPENABLE_STATES
 STAGE_ORDER: dict[str, int] = LIFECYCLE.stage_order
+ENDING: dict[str, Ending] = LIFECYCLE.ending
+"""Event type -> how it ends a job (`lifecycle_data.Ending`): the `ending` events' one rule."""
 
 
 class Outcome(NamedTuple):
@@ -116,19 +120,12 @@ def evolve(row: dict[str, Any] | None, event: ev.Event, broker_ts: datetime) -> 
         new.update(reused_from=event.reused_job_id, master_url=event.master_url, renditions=_dump(event.renditions))
     elif isinstance(event, ev.Published):
         new.update(master_url=event.master_url, renditions=_dump(event.renditions))
-    elif isinstance(event, ev.JobCompleted):
-        new.update(state="completed", master_url=event.master_url, completed_at=broker_ts, leased_until=None,
-                   error_class=None, reason=None)
-    elif isinstance(event, ev.JobFailed):
-        new.update(state="failed", error_class=event.error_class, reason=event.reason, completed_at=broker_ts,
-                   leased_until=None)
-    elif isinstance(event, ev.JobDeadLettered):
-        new.update(state="dead_lettered", error_class=event.error_class, reason=event.reason,
-                   completed_at=broker_ts, leased_until=None)
-    elif isinstance(event, ev.NeedsReview):
-        new.update(state="needs_review", reason=event.reason, completed_at=broker_ts, leased_until=None)
-    elif isinstance(event, ev.JobCancelled):
-        new.update(state="cancelled", reason=event.reason, completed_at=broker_ts, leased_until=None)
+    elif (end := ENDING.get(kind)) is not None:  # JobCompleted, JobFailed, ...: schemas/lifecycle.json
+        new.update(state=end.state, completed_at=broker_ts, leased_until=None)
+        for column in end.copies:
+            new[column] = getattr(event, column)
+        for column in end.clears:
+            new[column] = None
     elif isinstance(event, ev.JobReplayed):
         if state not in REOPENABLE_STATES:
             return Outcome(row, False, False)

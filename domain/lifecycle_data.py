@@ -18,12 +18,27 @@ from typing import Any
 
 PATH = Path(str(files("schemas"))) / "lifecycle.json"
 """The file, in the language-neutral contract folder `schemas/` beside the Avro schemas."""
-EVENT_GROUPS = ("opening", "folded", "bookkeeping", "not_folded")
-"""The groups of `events` in the file: every event type is in exactly one (the file says what each means)."""
+EVENT_GROUPS = ("opening", "folded", "ending", "bookkeeping", "not_folded")
+"""The groups of `events` in the file: every event type is in exactly one (the file says what each means).
+`ending` maps each of its event types to its `Ending` rule; the others are lists."""
 
 
 class LifecycleFileError(ValueError):
     """`lifecycle.json` is missing a key, has a value of the wrong shape, or contradicts itself."""
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How an event of the `ending` group ends a job, the same in both engines: `state` becomes the
+    row's state (a final or reopenable one); each column in `copies` takes the event's field of the
+    same name (a string or null); each in `clears` becomes null; `completed_at` becomes the broker
+    time and `leased_until` null. `attempt_outcome` is the `outcome` the `attempts` view gives a
+    running attempt the event ends, None when it ends none."""
+
+    state: str
+    copies: tuple[str, ...]
+    clears: tuple[str, ...]
+    attempt_outcome: str | None
 
 
 @dataclass(frozen=True)
@@ -34,7 +49,8 @@ class Lifecycle:
     `final_states`: never change again; `reopenable_states`: change only by `JobReplayed`;
     `stage_order`: stage -> its position (an unknown stage counts as 0 where compared);
     `job_state_columns`, `evidence_columns`: table columns in table order; `payload_omits`: the
-    envelope fields an evidence row has a column of its own for; `events`: group -> event types.
+    envelope fields an evidence row has a column of its own for; `events`: group -> event types;
+    `ending`: event type -> its `Ending` rule (the `ending` group's types).
     """
 
     states: tuple[str, ...]
@@ -46,6 +62,7 @@ class Lifecycle:
     evidence_columns: tuple[str, ...]
     payload_omits: frozenset[str]
     events: dict[str, frozenset[str]]
+    ending: dict[str, Ending]
 
 
 def _names(data: dict[str, Any], key: str, path: Path) -> tuple[str, ...]:
@@ -84,7 +101,9 @@ def load(path: Path = PATH) -> Lifecycle:
     groups = data.get("events")
     if not isinstance(groups, dict) or set(groups) != set(EVENT_GROUPS):
         raise LifecycleFileError(f"{path}: 'events' must have exactly the groups {', '.join(EVENT_GROUPS)}")
-    events = {group: frozenset(_names(groups, group, path)) for group in EVENT_GROUPS}
+    ending = _ending(groups.get("ending"), states, final + reopenable, _names(data, "job_state_columns", path), path)
+    events = {group: frozenset(ending) if group == "ending" else frozenset(_names(groups, group, path))
+              for group in EVENT_GROUPS}
     seen: set[str] = set()
     for group in EVENT_GROUPS:
         if seen & events[group]:
@@ -95,7 +114,36 @@ def load(path: Path = PATH) -> Lifecycle:
         reopenable_states=frozenset(reopenable),
         stage_order={stage: i for i, stage in enumerate(_names(data, "stage_order", path))},
         job_state_columns=_names(data, "job_state_columns", path), evidence_columns=evidence,
-        payload_omits=frozenset(omits), events=events)
+        payload_omits=frozenset(omits), events=events, ending=ending)
+
+
+def _ending(value: Any, states: dict[str, str], ended: tuple[str, ...], columns: tuple[str, ...],
+            path: Path) -> dict[str, Ending]:
+    if not isinstance(value, dict) or not value:
+        raise LifecycleFileError(f"{path}: 'events.ending' must map each ending event type to its rule")
+    rules = {}
+    for kind, rule in value.items():
+        where = f"{path}: 'events.ending.{kind}'"
+        if not isinstance(rule, dict) or set(rule) != {"state", "copies", "clears", "attempt_outcome"}:
+            raise LifecycleFileError(f"{where} must have exactly state, copies, clears and attempt_outcome")
+        if rule["state"] not in ended:
+            raise LifecycleFileError(f"{where}: state {rule['state']!r} is not a final or reopenable state")
+        lists = {}
+        for key in ("copies", "clears"):
+            names = rule[key]
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise LifecycleFileError(f"{where}: {key!r} must be a list of column names")
+            if set(names) - set(columns) or set(names) & {"state", "completed_at", "leased_until"}:
+                raise LifecycleFileError(f"{where}: {key!r} holds {sorted(set(names) - set(columns)) or names}, "
+                                         "not columns the rule may set")
+            lists[key] = tuple(names)
+        if set(lists["copies"]) & set(lists["clears"]):
+            raise LifecycleFileError(f"{where}: a column both copied and cleared")
+        outcome = rule["attempt_outcome"]
+        if outcome is not None and not (isinstance(outcome, str) and outcome):
+            raise LifecycleFileError(f"{where}: 'attempt_outcome' must be a name or null")
+        rules[kind] = Ending(rule["state"], lists["copies"], lists["clears"], outcome)
+    return rules
 
 
 LIFECYCLE = load()

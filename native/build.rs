@@ -70,6 +70,26 @@ fn main() {
           &names(&data, &["payload_omits"]));
     array(&mut out, "Event types the fold applies with bookkeeping only (events, last_event_type, updated_at).",
           "BOOKKEEPING_EVENTS", &names(&data, &["events", "bookkeeping"]));
+    let ending = data.get("events").and_then(|e| e.get("ending")).and_then(Value::as_object)
+        .expect("lifecycle.json: 'events.ending' is not an object");
+    writeln!(out, "/// Events that end a job by the one rule (`lifecycle_data.Ending`): (event type, state, \
+                   columns copied from the event's field of the same name, columns cleared).").unwrap();
+    writeln!(out, "pub const ENDING: [(&str, &str, &[usize], &[usize]); {}] = [", ending.len()).unwrap();
+    for (kind, rule) in ending {
+        let state = rule.get("state").and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("lifecycle.json: events.ending.{kind}.state is not a name"));
+        let cols = |key: &str| -> String {
+            names(rule, &[key]).iter()
+                .map(|c| {
+                    assert!(columns.contains(c), "lifecycle.json: events.ending.{kind}.{key}: {c} is not a column");
+                    c.to_uppercase()
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        writeln!(out, "    ({kind:?}, {state:?}, &[{}], &[{}]),", cols("copies"), cols("clears")).unwrap();
+    }
+    writeln!(out, "];").unwrap();
     writeln!(out, "/// The file these constants came from, as read (`tapeline_native.LIFECYCLE_JSON`: \
                    `projections/native.py` refuses a build whose file is not the repository's).").unwrap();
     writeln!(out, "pub const SOURCE_JSON: &str = {text:?};").unwrap();

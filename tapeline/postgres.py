@@ -22,6 +22,7 @@ import psycopg
 from psycopg import sql as psql
 
 from domain.errors import ConfigurationError, ServiceUnavailable
+from domain.lifecycle_data import LIFECYCLE, Lifecycle
 
 if TYPE_CHECKING:
     from tapeline.settings import Settings
@@ -136,8 +137,9 @@ READER_ROLE = "tapeline_reader"
 def migrate(database_url: str, schema: str = "public", reader_role: str = READER_ROLE) -> list[str]:
     """Apply every migration not yet applied, each in its own transaction; returns the names applied.
 
-    Everything (tables, views, `schema_migrations`) lands in `schema`, created when missing, and the
-    swap guard in `CONTROL_SCHEMA` (outside every swapped schema) is created when missing. Then the
+    Everything (tables, views, `schema_migrations`) lands in `schema`, created when missing; the
+    lifecycle tables are rewritten from `schemas/lifecycle.json` where they differ
+    (`sync_lifecycle_tables`), applied or not; the swap guard in `CONTROL_SCHEMA` (outside every swapped schema) is created when missing. Then the
     read grants are made again (`grant_reader`), applied or not: a reader role created by hand after
     migration 010 ran gets them on the next run. Safe to run from several processes at once (an
     advisory lock serialises them).
@@ -157,12 +159,52 @@ def migrate(database_url: str, schema: str = "public", reader_role: str = READER
                     conn.execute(sql)
                     conn.execute(q("record_migration"), {"version": number, "name": name})
                 applied_now.append(name)
+            sync_lifecycle_tables(conn)
             grant_reader(conn, schema, reader_role)
             conn.execute(qf("create_schema_if_missing", schema=CONTROL_SCHEMA))
             conn.execute(qf("create_swap_guard", schema=CONTROL_SCHEMA))  # only ever locked
         finally:
             conn.execute(q("advisory_unlock"), {"key": MIGRATION_LOCK})
     return applied_now
+
+
+def lifecycle_table_rows(lifecycle: Lifecycle = LIFECYCLE) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rows `lifecycle_states` and `lifecycle_ending_events` (migration 024) should hold for
+    `lifecycle`: `[{state, meaning, kind}]` (kind live, final or reopenable) in state order, and
+    `[{event_type, state, attempt_outcome}]` in event type order. Pure."""
+    states = [{"state": state, "meaning": lifecycle.state_help[state],
+               "kind": "final" if state in lifecycle.final_states
+               else "reopenable" if state in lifecycle.reopenable_states else "live"}
+              for state in sorted(lifecycle.states)]
+    ending = [{"event_type": kind, "state": rule.state, "attempt_outcome": rule.attempt_outcome}
+              for kind, rule in sorted(lifecycle.ending.items())]
+    return states, ending
+
+
+def sync_lifecycle_tables(conn: psycopg.Connection, lifecycle: Lifecycle = LIFECYCLE) -> bool:
+    """Rewrite `lifecycle_states` and `lifecycle_ending_events` in the connection's schema from
+    `lifecycle` (`schemas/lifecycle.json`) when they differ from it, in one transaction, so a new
+    state or ending event takes no migration. Nothing before migration 024. Returns whether it
+    wrote. (`migrate` calls it under its advisory lock.)"""
+    if not conn.execute(q("lifecycle_tables_present")).fetchone()[0]:
+        return False
+    states, ending = lifecycle_table_rows(lifecycle)
+    with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:  # compared as sets: the server's collation may sort otherwise
+        same = (_rowset(cur.execute(q("lifecycle_state_rows")).fetchall()) == _rowset(states)
+                and _rowset(cur.execute(q("lifecycle_ending_rows")).fetchall()) == _rowset(ending))
+    if same:
+        return False
+    with conn.transaction():
+        conn.execute(q("clear_lifecycle_states"))
+        conn.execute(q("clear_lifecycle_ending_events"))
+        with conn.cursor() as cur:
+            cur.executemany(q("insert_lifecycle_state"), states)
+            cur.executemany(q("insert_lifecycle_ending_event"), ending)
+    return True
+
+
+def _rowset(rows: list[dict[str, Any]]) -> set[tuple]:
+    return {tuple(sorted(row.items())) for row in rows}
 
 
 def grant_reader(conn: psycopg.Connection, schema: str, role: str = READER_ROLE) -> list[str]:

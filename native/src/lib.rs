@@ -978,27 +978,6 @@ impl Engine {
                 row[MASTER_URL] = s("master_url");
                 row[RENDITIONS] = ev.json_cell("renditions")?;
             }
-            "JobCompleted" => {
-                row[STATE] = Cell::S(ST_COMPLETED.into());
-                row[MASTER_URL] = s("master_url");
-                row[COMPLETED_AT] = Cell::T(ts);
-                row[LEASED_UNTIL] = Cell::N;
-                row[ERROR_CLASS] = Cell::N;
-                row[REASON] = Cell::N;
-            }
-            "JobFailed" | "JobDeadLettered" => {
-                row[STATE] = Cell::S(if kind == "JobFailed" { ST_FAILED } else { ST_DEAD_LETTERED }.into());
-                row[ERROR_CLASS] = s("error_class");
-                row[REASON] = s("reason");
-                row[COMPLETED_AT] = Cell::T(ts);
-                row[LEASED_UNTIL] = Cell::N;
-            }
-            "NeedsReview" | "JobCancelled" => {
-                row[STATE] = Cell::S(if kind == "NeedsReview" { ST_NEEDS_REVIEW } else { ST_CANCELLED }.into());
-                row[REASON] = s("reason");
-                row[COMPLETED_AT] = Cell::T(ts);
-                row[LEASED_UNTIL] = Cell::N;
-            }
             "JobReplayed" => {
                 row[STATE] = Cell::S(ST_QUEUED.into());
                 row[COMPLETED_AT] = Cell::N;
@@ -1006,6 +985,19 @@ impl Engine {
                 row[BUDGET_BASE] = row[ATTEMPT].clone();
                 row[YIELDS] = Cell::I(0);
                 row[REASON] = Cell::S(format!("replayed by {}: {}", ev.str("operator"), ev.str("reason")));
+            }
+            // JobCompleted, JobFailed, ...: the one rule of schemas/lifecycle.json "ending" (as `lifecycle.evolve`).
+            _ if ENDING.iter().any(|e| e.0 == kind) => {
+                let (_, state, copies, clears) = ENDING.iter().find(|e| e.0 == kind).unwrap();
+                row[STATE] = Cell::S((*state).into());
+                row[COMPLETED_AT] = Cell::T(ts);
+                row[LEASED_UNTIL] = Cell::N;
+                for &c in copies.iter() {
+                    row[c] = opt_s(ev.s(COLUMNS[c]));
+                }
+                for &c in clears.iter() {
+                    row[c] = Cell::N;
+                }
             }
             // PublishIntended, CheckpointRecorded, ...: evidence with bookkeeping only.
             _ if BOOKKEEPING_EVENTS.contains(&kind) => {}

@@ -65,3 +65,31 @@ SELECT EXISTS (SELECT 1 FROM pg_default_acl d JOIN pg_namespace n ON n.oid = d.d
 -- name: grant_default_select
 -- Grant SELECT on the tables the current user creates in schema {schema} from now on to role {role}.
 ALTER DEFAULT PRIVILEGES IN SCHEMA {schema} GRANT SELECT ON TABLES TO {role};
+
+-- name: lifecycle_tables_present
+-- Whether the current schema has the lifecycle tables (migration 024 made them).
+SELECT to_regclass('lifecycle_states') IS NOT NULL AND to_regclass('lifecycle_ending_events') IS NOT NULL;
+
+-- name: lifecycle_state_rows
+-- The rows of lifecycle_states, in state order.
+SELECT state, meaning, kind FROM lifecycle_states ORDER BY state;
+
+-- name: lifecycle_ending_rows
+-- The rows of lifecycle_ending_events, in event type order.
+SELECT event_type, state, attempt_outcome FROM lifecycle_ending_events ORDER BY event_type;
+
+-- name: clear_lifecycle_states
+-- Empty lifecycle_states (before it is written again from schemas/lifecycle.json).
+DELETE FROM lifecycle_states;
+
+-- name: clear_lifecycle_ending_events
+-- Empty lifecycle_ending_events (before it is written again from schemas/lifecycle.json).
+DELETE FROM lifecycle_ending_events;
+
+-- name: insert_lifecycle_state
+-- One job state of schemas/lifecycle.json.
+INSERT INTO lifecycle_states (state, meaning, kind) VALUES (%(state)s, %(meaning)s, %(kind)s);
+
+-- name: insert_lifecycle_ending_event
+-- One event of schemas/lifecycle.json "events.ending".
+INSERT INTO lifecycle_ending_events (event_type, state, attempt_outcome) VALUES (%(event_type)s, %(state)s, %(attempt_outcome)s);

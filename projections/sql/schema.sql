@@ -114,7 +114,7 @@ COMMENT ON COLUMN public.job_state.job_id IS 'uuid5(TAPELINE_NAMESPACE, upload_i
 
 COMMENT ON COLUMN public.job_state.upload_id IS 'The upload that created the job';
 
-COMMENT ON COLUMN public.job_state.state IS 'accepted|queued|running|retry_scheduled|completed|rejected|failed|dead_lettered|needs_review|cancelled';
+COMMENT ON COLUMN public.job_state.state IS 'The job''s state: one of lifecycle_states.state';
 
 COMMENT ON COLUMN public.job_state.stage IS 'Current stage: intake|transcode|publish';
 
@@ -205,6 +205,14 @@ COMMENT ON COLUMN public.job_state.x264_preset IS 'x264 preset of the job''s tra
 COMMENT ON COLUMN public.job_state.reused_from IS 'job whose published outputs this job reused (ResultReused); NULL when it transcoded';
 
 COMMENT ON COLUMN public.job_state.progress_grace_s IS 'Seconds added to no_progress_timeout_s for the current attempt while ffmpeg decodes silently to a resume point (NULL: none)';
+
+CREATE TABLE public.lifecycle_ending_events (
+    event_type text NOT NULL,
+    state text NOT NULL,
+    attempt_outcome text
+);
+
+COMMENT ON TABLE public.lifecycle_ending_events IS 'Events that end a job (schemas/lifecycle.json "events.ending", rewritten by each migrate): the state each leads to, and the outcome the attempts view gives a running attempt it ends (NULL: it ends none)';
 
 CREATE TABLE public.lifecycle_evidence (
     topic text NOT NULL,
@@ -303,13 +311,11 @@ CREATE VIEW public.attempts AS
                     WHEN (NOT c.applied) THEN 'superseded'::text
                     WHEN (e.end_event IS NULL) THEN 'running'::text
                     WHEN (e.end_event = 'AttemptSucceeded'::text) THEN 'succeeded'::text
-                    WHEN (e.end_event = ANY (ARRAY['AttemptFailed'::text, 'JobFailed'::text, 'JobDeadLettered'::text])) THEN 'failed'::text
+                    WHEN (e.end_event = 'AttemptFailed'::text) THEN 'failed'::text
                     WHEN (e.end_event = 'AttemptYielded'::text) THEN 'yielded'::text
                     WHEN (e.end_event = 'StallDetected'::text) THEN 'stalled'::text
                     WHEN (e.end_event = 'AttemptStarted'::text) THEN 'superseded'::text
-                    WHEN (e.end_event = 'JobCancelled'::text) THEN 'cancelled'::text
-                    WHEN (e.end_event = 'NeedsReview'::text) THEN 'needs_review'::text
-                    ELSE NULL::text
+                    ELSE e.end_outcome
                 END AS outcome
            FROM (claims c
              LEFT JOIN LATERAL ( SELECT x.event_type AS end_event,
@@ -318,9 +324,11 @@ CREATE VIEW public.attempts AS
                             WHEN ((x.event_type = 'StallDetected'::text) AND ((x.payload ->> 'kind'::text) = 'no_progress'::text)) THEN 'progress_stalled'::text
                             WHEN (x.event_type = 'StallDetected'::text) THEN 'worker_lost'::text
                             ELSE (x.payload ->> 'error_class'::text)
-                        END AS end_error_class
-                   FROM public.lifecycle_evidence x
-                  WHERE ((x.job_id = c.job_id) AND (x.topic = c.topic) AND (x.partition = c.partition) AND (x."offset" > c."offset") AND x.applied AND (((x.claim_token = c.claim_token) AND (x.stage = c.stage) AND (x.attempt = c.attempt) AND (x.event_type = ANY (ARRAY['AttemptSucceeded'::text, 'AttemptFailed'::text, 'AttemptYielded'::text]))) OR ((x.event_type = 'StallDetected'::text) AND (x.stage = c.stage) AND (x.attempt = c.attempt) AND ((x.payload ->> 'kind'::text) = ANY (ARRAY['lease_expired'::text, 'no_progress'::text, 'worker_exited'::text]))) OR ((x.event_type = 'AttemptStarted'::text) AND (x.claim_token IS DISTINCT FROM c.claim_token)) OR (x.event_type = ANY (ARRAY['JobFailed'::text, 'JobDeadLettered'::text, 'JobCancelled'::text, 'NeedsReview'::text]))))
+                        END AS end_error_class,
+                    ending.attempt_outcome AS end_outcome
+                   FROM (public.lifecycle_evidence x
+                     LEFT JOIN public.lifecycle_ending_events ending ON (((ending.event_type = x.event_type) AND (ending.attempt_outcome IS NOT NULL))))
+                  WHERE ((x.job_id = c.job_id) AND (x.topic = c.topic) AND (x.partition = c.partition) AND (x."offset" > c."offset") AND x.applied AND (((x.claim_token = c.claim_token) AND (x.stage = c.stage) AND (x.attempt = c.attempt) AND (x.event_type = ANY (ARRAY['AttemptSucceeded'::text, 'AttemptFailed'::text, 'AttemptYielded'::text]))) OR ((x.event_type = 'StallDetected'::text) AND (x.stage = c.stage) AND (x.attempt = c.attempt) AND ((x.payload ->> 'kind'::text) = ANY (ARRAY['lease_expired'::text, 'no_progress'::text, 'worker_exited'::text]))) OR ((x.event_type = 'AttemptStarted'::text) AND (x.claim_token IS DISTINCT FROM c.claim_token)) OR (ending.event_type IS NOT NULL)))
                   ORDER BY x."offset"
                  LIMIT 1) e ON (c.applied))
         )
@@ -398,7 +406,7 @@ COMMENT ON COLUMN public.attempts.started_at IS 'Broker time of the claim (Attem
 
 COMMENT ON COLUMN public.attempts.ended_at IS 'Broker time of the first applied event that closed it (see outcome), UTC; = started_at for a claim never applied; NULL while running';
 
-COMMENT ON COLUMN public.attempts.outcome IS 'succeeded|failed|yielded|stalled|superseded (fenced: a newer attempt took over, or the claim was never current)|cancelled|needs_review|running';
+COMMENT ON COLUMN public.attempts.outcome IS 'succeeded|failed|yielded|stalled|superseded (fenced: a newer attempt took over, or the claim was never current)|running, or the attempt_outcome of the event that ended the job (lifecycle_ending_events: failed, cancelled, needs_review)';
 
 COMMENT ON COLUMN public.attempts.error_class IS 'Error class when the outcome is failed or stalled: the failure''s own, or for a stall progress_stalled (no_progress) or worker_lost (lease_expired, worker_exited)';
 
@@ -666,6 +674,15 @@ COMMENT ON COLUMN public.intake_uploads.response IS 'The HTTP response body sent
 COMMENT ON COLUMN public.intake_uploads.created_at IS 'Admission time (PostgreSQL clock, UTC)';
 
 COMMENT ON COLUMN public.intake_uploads.updated_at IS 'Last change (PostgreSQL clock, UTC)';
+
+CREATE TABLE public.lifecycle_states (
+    state text NOT NULL,
+    meaning text NOT NULL,
+    kind text NOT NULL,
+    CONSTRAINT lifecycle_states_kind_check CHECK ((kind = ANY (ARRAY['live'::text, 'final'::text, 'reopenable'::text])))
+);
+
+COMMENT ON TABLE public.lifecycle_states IS 'Every job state (schemas/lifecycle.json, rewritten by each migrate): live states move on; a final one never changes again; a reopenable one changes only by JobReplayed';
 
 CREATE TABLE public.projection_source (
     projection text NOT NULL,
@@ -1052,8 +1069,14 @@ ALTER TABLE ONLY public.intake_uploads
 ALTER TABLE ONLY public.job_state
     ADD CONSTRAINT job_state_pkey PRIMARY KEY (job_id);
 
+ALTER TABLE ONLY public.lifecycle_ending_events
+    ADD CONSTRAINT lifecycle_ending_events_pkey PRIMARY KEY (event_type);
+
 ALTER TABLE ONLY public.lifecycle_evidence
     ADD CONSTRAINT lifecycle_evidence_pkey PRIMARY KEY (topic, partition, "offset");
+
+ALTER TABLE ONLY public.lifecycle_states
+    ADD CONSTRAINT lifecycle_states_pkey PRIMARY KEY (state);
 
 ALTER TABLE ONLY public.log_clock
     ADD CONSTRAINT log_clock_pkey PRIMARY KEY (partition);

@@ -19,6 +19,7 @@ from domain import lifecycle_data as lifecycle
 from domain import events as ev
 from domain.codec import default_codec
 from domain.lifecycle_data import LIFECYCLE, LifecycleFileError
+from tapeline.postgres import lifecycle_table_rows
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 BOOKKEEPING_COLUMNS = {"events", "last_event_type", "updated_at"}
@@ -45,10 +46,21 @@ def test_the_fold_exports_the_file_under_its_old_names():
     assert fold.STATES == LIFECYCLE.states
 
 
-def test_states_are_the_ones_the_migration_documents():
-    text = Path("projections/sql/migrations/010_docs_and_reader.sql").read_text()
-    documented = re.search(r"COMMENT ON COLUMN job_state\.state IS '([a-z_|]+)'", text).group(1).split("|")
-    assert tuple(documented) == LIFECYCLE.states
+def test_the_lifecycle_tables_hold_the_file():
+    states, ending = lifecycle_table_rows()
+    assert [r["state"] for r in states] == sorted(LIFECYCLE.states)
+    assert {r["state"] for r in states if r["kind"] == "final"} == LIFECYCLE.final_states
+    assert {r["state"] for r in states if r["kind"] == "reopenable"} == LIFECYCLE.reopenable_states
+    assert {r["event_type"]: (r["state"], r["attempt_outcome"]) for r in ending} == \
+        {kind: (rule.state, rule.attempt_outcome) for kind, rule in LIFECYCLE.ending.items()}
+
+
+def test_the_attempts_view_names_no_ending_event():
+    """A new state or ending event takes no migration: the view reads lifecycle_ending_events."""
+    text = Path("projections/sql/migrations/024_lifecycle_tables.sql").read_text()
+    view = text[text.index("CREATE OR REPLACE VIEW attempts"):]
+    assert "lifecycle_ending_events" in view
+    assert not any(f"'{kind}'" in view for kind in LIFECYCLE.ending), "the attempts view names an ending event"
 
 
 def _random_event(kind: str, seed: int, **envelope) -> ev.Event:
@@ -91,6 +103,41 @@ def test_an_opening_event_makes_a_row_only_for_a_job_without_one(kind):
     assert not again.applied and not again.superseded
 
 
+@pytest.mark.parametrize("kind", sorted(LIFECYCLE.events["ending"]))
+@pytest.mark.parametrize("seed", range(5))
+def test_an_ending_event_follows_its_rule_in_the_file(kind, seed):
+    rule = LIFECYCLE.ending[kind]
+    row = _running_row()
+    row.update(error_class="transient", reason="before", master_url="before")
+    event = _random_event(kind, seed, job_id="j", stage="transcode", attempt=1, claim_token="tok")
+    at = T0 + timedelta(seconds=5)
+    outcome = fold.evolve(row, event, at)
+    assert outcome.applied and not outcome.superseded
+    new = outcome.row
+    assert new["state"] == rule.state and new["completed_at"] == at and new["leased_until"] is None
+    assert all(new[c] == getattr(event, c) for c in rule.copies)
+    assert all(new[c] is None for c in rule.clears)
+    changed = {c for c in row if new[c] != row[c]}
+    assert changed <= BOOKKEEPING_COLUMNS | {"state", "completed_at", "leased_until", *rule.copies, *rule.clears}
+    assert not fold.evolve(new, event, at + timedelta(seconds=1)).applied  # an ended job takes it once
+
+
+@pytest.mark.parametrize("kind", sorted(LIFECYCLE.events["ending"]))
+def test_an_ending_event_copies_only_string_fields_of_its_model(kind):
+    model = ev.Event.registry[kind]
+    for column in LIFECYCLE.ending[kind].copies:
+        assert column in model.model_fields, f"{kind} has no field {column}"
+        assert model.model_fields[column].annotation in (str, str | None), f"{kind}.{column} is not a string"
+
+
+def test_no_ending_event_has_a_branch_of_its_own_in_either_engine():
+    python = Path(fold.__file__).read_text()
+    source = Path("native/src/lib.rs").read_text()
+    rust = source[source.index("fn evolve("):source.index("#[pymodule]")]  # Engine::evolve
+    for kind in LIFECYCLE.ending:
+        assert f"ev.{kind}" not in python and f'"{kind}"' not in rust
+
+
 @pytest.mark.parametrize("kind", sorted(LIFECYCLE.events["folded"]))
 def test_a_folded_event_has_a_rule_of_its_own_in_the_fold(kind):
     source = Path(fold.__file__).read_text()
@@ -114,6 +161,12 @@ def _write(tmp_path: Path, change) -> Path:
     (lambda d: d["events"].pop("not_folded"), "exactly the groups"),
     (lambda d: d["job_state_columns"].append("job_id"), "names one entry twice"),
     (lambda d: d.update(states=["queued"]), "'states' must map each state"),
+    (lambda d: d["events"]["ending"]["JobFailed"].update(state="running"), "not a final or reopenable state"),
+    (lambda d: d["events"]["ending"]["JobFailed"].update(copies=["nope"]), "not columns the rule may set"),
+    (lambda d: d["events"]["ending"]["JobFailed"].update(clears=["state"]), "not columns the rule may set"),
+    (lambda d: d["events"]["ending"]["JobCompleted"].update(copies=["reason"]), "both copied and cleared"),
+    (lambda d: d["events"]["ending"]["JobFailed"].pop("attempt_outcome"), "must have exactly state"),
+    (lambda d: d["events"].update(ending=[]), "must map each ending event type"),
 ])
 def test_the_loader_refuses_a_file_that_contradicts_itself(tmp_path, change, message):
     with pytest.raises(LifecycleFileError, match=message):
