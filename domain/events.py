@@ -464,7 +464,3 @@ class DeadLetter(Event):
     error_class: str
     error: str
     processor: str
-
-
-TERMINAL_EVENTS = frozenset({"JobRejected", "JobFailed", "JobDeadLettered", "NeedsReview", "JobCompleted", "JobCancelled"})
-"""Events that end a job (JobReplayed reopens only dead_lettered and needs_review)."""
