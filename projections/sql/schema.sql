@@ -214,6 +214,12 @@ CREATE TABLE public.lifecycle_ending_events (
 
 COMMENT ON TABLE public.lifecycle_ending_events IS 'Events that end a job (schemas/lifecycle.json "events.ending", rewritten by each migrate): the state each leads to, and the outcome the attempts view gives a running attempt it ends (NULL: it ends none)';
 
+COMMENT ON COLUMN public.lifecycle_ending_events.event_type IS 'An event type that ends a job';
+
+COMMENT ON COLUMN public.lifecycle_ending_events.state IS 'The state the job ends in (a final or reopenable one)';
+
+COMMENT ON COLUMN public.lifecycle_ending_events.attempt_outcome IS 'The outcome the attempts view gives a running attempt this event ends; NULL: it ends none (JobCompleted follows the attempt''s own success)';
+
 CREATE TABLE public.lifecycle_evidence (
     topic text NOT NULL,
     partition integer NOT NULL,
@@ -683,6 +689,12 @@ CREATE TABLE public.lifecycle_states (
 );
 
 COMMENT ON TABLE public.lifecycle_states IS 'Every job state (schemas/lifecycle.json, rewritten by each migrate): live states move on; a final one never changes again; a reopenable one changes only by JobReplayed';
+
+COMMENT ON COLUMN public.lifecycle_states.state IS 'A job state, as job_state.state holds it';
+
+COMMENT ON COLUMN public.lifecycle_states.meaning IS 'What the state means (schemas/lifecycle.json "states")';
+
+COMMENT ON COLUMN public.lifecycle_states.kind IS 'live (moves on), final (never changes again) or reopenable (changes only by JobReplayed)';
 
 CREATE TABLE public.projection_source (
     projection text NOT NULL,

@@ -40,6 +40,8 @@ require_native()
 KINDS = tuple(sorted(ev.Event.registry))
 """Every event type: a new one is generated (and must fold equal) without touching this test."""
 ENVELOPE = set(ev.Event.model_fields) | {"sequence"}
+REOPENING = {kind for kind, rule in LIFECYCLE.ending.items() if rule.state in LIFECYCLE.reopenable_states}
+"""Ending events whose state an operator's JobReplayed reopens (JobDeadLettered, NeedsReview)."""
 STAGES = tuple(LIFECYCLE.stage_order)
 LATE = datetime(9999, 12, 31, 22, tzinfo=timezone.utc)  # a lease from here overflows datetime
 UTC = timezone.utc
@@ -169,7 +171,7 @@ def job_records(draw, job_id: str, number: list[int]) -> list[tuple[str, ev.Even
     for _ in range(draw(st.integers(0, 22))):
         kind = draw(st.sampled_from(KINDS))
         out.append(draw(event(writer, kind, number)))
-        if kind in ("JobDeadLettered", "NeedsReview") and draw(st.booleans()):  # an operator reopens it
+        if kind in REOPENING and draw(st.booleans()):  # an operator reopens it
             out.append(draw(event(writer, "JobReplayed", number, claim_token=None)))
     if draw(st.integers(0, 9)) == 0:
         out.append(b"\xc3\x01not avro")
@@ -214,9 +216,10 @@ def logs(draw) -> tuple[list[FakeMessage], Counter]:
 def test_both_engines_fold_generated_lifecycles_the_same():
     reached: Counter = Counter()
 
-    # derandomize: the coverage checks below need the same 200 examples on every run; with a random
-    # seed one run in a few dozen never reached needs_review and failed.
-    @settings(max_examples=200, deadline=None, database=None, derandomize=True,
+    # derandomize: the coverage checks below need the same examples on every run; with a random
+    # seed one run in a few dozen never reached needs_review and failed. 300, not 200: with one more
+    # event type (a trial reopenable state, issue 19 item 9) 200 never left a job in retry_scheduled.
+    @settings(max_examples=300, deadline=None, database=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(logs(), st.integers(1, 40), st.integers(1, 4))
     def check(log, slice_size, flush_rows):
@@ -234,7 +237,8 @@ def test_both_engines_fold_generated_lifecycles_the_same():
     check()
     assert set(KINDS) <= set(reached), set(KINDS) - set(reached)
     applied = {kind for kind in KINDS if reached[f"applied {kind}"]}
-    must_apply = LIFECYCLE.events["opening"] | LIFECYCLE.events["folded"] | LIFECYCLE.events["bookkeeping"]
+    must_apply = LIFECYCLE.events["opening"] | LIFECYCLE.events["folded"] | LIFECYCLE.events["ending"] | \
+        LIFECYCLE.events["bookkeeping"]
     assert must_apply - {"DeadLetter"} <= applied, must_apply - applied  # (a DeadLetter goes to the DLQ topic)
     assert all(reached[name] > 0 for name in ("duplicates", "superseded", "dead_letters", "final_rows", "open_rows"))
     assert sum(n for key, n in reached.items() if key.startswith("reopened")) > 0

@@ -23,6 +23,13 @@ CREATE TABLE lifecycle_ending_events (
 );
 COMMENT ON TABLE lifecycle_ending_events IS 'Events that end a job (schemas/lifecycle.json "events.ending", rewritten by each migrate): the state each leads to, and the outcome the attempts view gives a running attempt it ends (NULL: it ends none)';
 
+COMMENT ON COLUMN lifecycle_states.state IS 'A job state, as job_state.state holds it';
+COMMENT ON COLUMN lifecycle_states.meaning IS 'What the state means (schemas/lifecycle.json "states")';
+COMMENT ON COLUMN lifecycle_states.kind IS 'live (moves on), final (never changes again) or reopenable (changes only by JobReplayed)';
+COMMENT ON COLUMN lifecycle_ending_events.event_type IS 'An event type that ends a job';
+COMMENT ON COLUMN lifecycle_ending_events.state IS 'The state the job ends in (a final or reopenable one)';
+COMMENT ON COLUMN lifecycle_ending_events.attempt_outcome IS 'The outcome the attempts view gives a running attempt this event ends; NULL: it ends none (JobCompleted follows the attempt''s own success)';
+
 COMMENT ON COLUMN job_state.state IS 'The job''s state: one of lifecycle_states.state';
 
 CREATE OR REPLACE VIEW attempts AS
