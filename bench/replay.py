@@ -89,7 +89,7 @@ def _bulk_producer(settings: Settings):
     from confluent_kafka import Producer
 
     bulk = Producer({
-        "bootstrap.servers": settings.kafka_bootstrap,
+        "bootstrap.servers": settings.kafka_bootstrap_servers,
         "transactional.id": f"{settings.app_name}.bench-writer",
         "transaction.timeout.ms": 120_000,  # one transaction per 50,000 records
         "enable.idempotence": True,
@@ -330,7 +330,7 @@ def main() -> None:
             with connect(settings.database_url, autocommit=True) as conn:
                 conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
                 conn.execute(f"DROP SCHEMA IF EXISTS {schema}_py CASCADE")
-            admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+            admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
             for future in admin.delete_topics(list(settings.all_topics()), operation_timeout=30).values():
                 try:
                     future.result()

@@ -51,7 +51,7 @@ def partition_for(key: str, partitions: int) -> int:
 def consumer(settings: Settings, group_id: str, **overrides: Any) -> Consumer:
     """A consumer that reads committed records only and never commits on its own."""
     config = {
-        "bootstrap.servers": settings.kafka_bootstrap,
+        "bootstrap.servers": settings.kafka_bootstrap_servers,
         "group.id": group_id,
         "isolation.level": "read_committed",  # never see aborted or open transactions (docs/design.md guarantee 2)
         "enable.auto.commit": False,  # offsets commit inside the processor's transaction
@@ -75,7 +75,7 @@ def transactional_producer(settings: Settings, transactional_id: str, *, init: b
     Raises `ServiceUnavailable` when the broker cannot be reached within `init_timeout_s` seconds.
     """
     producer = Producer({
-        "bootstrap.servers": settings.kafka_bootstrap,
+        "bootstrap.servers": settings.kafka_bootstrap_servers,
         "transactional.id": transactional_id,
         "transaction.timeout.ms": settings.transaction_timeout_ms,  # well below the lease: a dead writer blocks readers briefly
         "enable.idempotence": True,
@@ -99,7 +99,7 @@ def transactional_producer(settings: Settings, transactional_id: str, *, init: b
 def idempotent_producer(settings: Settings) -> Producer:
     """An idempotent (not transactional) producer for intake: no duplicates from its own retries."""
     return Producer({
-        "bootstrap.servers": settings.kafka_bootstrap,
+        "bootstrap.servers": settings.kafka_bootstrap_servers,
         "enable.idempotence": True,  # retries never duplicate a record
         "acks": "all",
         "partitioner": "murmur2_random",

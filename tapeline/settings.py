@@ -32,8 +32,16 @@ class Settings(BaseSettings):
     instance_id: str = Field(default_factory=socket.gethostname, description="This process's name in events")
 
     # Addresses (the local stack's defaults).
-    kafka_bootstrap: str = "127.0.0.1:19092"
+    kafka_bootstrap: str = Field("127.0.0.1:19092", description="host:port of a broker, or a comma-separated list")
     kafka_controller_port: int = 19093
+    kafka_brokers: int = Field(1, ge=1, le=9, description="Nodes of the local stack's Kafka cluster, each a combined "
+                               "broker and controller: node n listens on the bootstrap port + 2(n-1) and the "
+                               "controller port + 2(n-1). 1 (the default) replicates nothing; 3 runs topics with "
+                               "replication factor 3 and min.insync.replicas 2, as production")
+    topic_replication_factor: int | None = Field(None, ge=1, description="Replicas of every topic `ensure_topics` "
+                                                 "creates; unset: min(3, kafka_brokers)")
+    topic_min_insync_replicas: int | None = Field(None, ge=1, description="min.insync.replicas of every topic; "
+                                                  "unset: the replication factor - 1, at least 1")
     database_url: str = "postgresql://tapeline:tapeline@127.0.0.1:5432/tapeline"
     db_schema: str = Field("public", description="PostgreSQL schema of the live projections (the search_path)")
     s3_endpoint: str = "http://127.0.0.1:19000"
@@ -254,6 +262,37 @@ class Settings(BaseSettings):
                              f"TAPELINE_LEASE_S ({lease:g} s): the publish stage does not heartbeat during the "
                              "provider call, so a slower call would look like a stalled attempt")
         return self
+
+    @property
+    def kafka_nodes(self) -> list[tuple[int, str, int, int]]:
+        """The local stack's Kafka nodes as `(node_id, host, broker_port, controller_port)`, node ids from 1:
+        node n at the first bootstrap address's port + 2(n-1) and `kafka_controller_port` + 2(n-1)."""
+        first = self.kafka_bootstrap.split(",")[0].strip()
+        host, _, port = first.rpartition(":")
+        host, broker_port = (host.strip("[]"), int(port)) if host else (first, 9092)
+        return [(n, host, broker_port + 2 * (n - 1), self.kafka_controller_port + 2 * (n - 1))
+                for n in range(1, self.kafka_brokers + 1)]
+
+    @property
+    def kafka_bootstrap_servers(self) -> str:
+        """What clients get as `bootstrap.servers`: `kafka_bootstrap` as given when it lists several
+        addresses or the stack has one node; else every local node, so a client started while node 1
+        is down still finds the cluster."""
+        if "," in self.kafka_bootstrap or self.kafka_brokers == 1:
+            return self.kafka_bootstrap
+        return ",".join(f"{host}:{port}" for _, host, port, _ in self.kafka_nodes)
+
+    @property
+    def replication_factor(self) -> int:
+        """Replicas of each topic: `topic_replication_factor`, else min(3, kafka_brokers)."""
+        return self.topic_replication_factor or min(3, self.kafka_brokers)
+
+    @property
+    def min_insync_replicas(self) -> int:
+        """`min.insync.replicas` of each topic: `topic_min_insync_replicas`, else the replication factor
+        - 1 (at least 1): with 3 replicas a write needs 2, so one broker may be down and none is lost
+        (docs/design.md "Production settings")."""
+        return self.topic_min_insync_replicas or max(1, self.replication_factor - 1)
 
     @property
     def heartbeat_s(self) -> float:

@@ -4,7 +4,8 @@
 already answers and starting only what is missing:
 
 * **Kafka** - a single combined KRaft node (broker + controller) run with the machine's Java 17+
-  from jars that Maven resolves from Maven Central (`stack/pom.xml`).
+  from jars that Maven resolves from Maven Central (`stack/pom.xml`); with `kafka_brokers` 3
+  (`stack up --brokers 3`), three such nodes in one quorum, every topic replicated three times.
 * **PostgreSQL** - the Debian package's cluster (`pg_ctlcluster`), plus the role and database
   named in `settings.database_url`.
 * **S3** - moto's S3 behind a signature gate, `python -m tapeline.s3server` (objects live in its
@@ -24,6 +25,7 @@ Everything the stack writes lives under `settings.home` (one project-owned direc
     <home>/kafka/libs/           broker jars (Maven)
     <home>/kafka/data/           KRaft metadata and topic data
     <home>/kafka/server.properties, kafka.log, kafka.pid
+    <home>/kafka/node-<n>/data/, server.properties, kafka.log, kafka.pid   (a cluster's node n)
     <home>/s3/moto.log, moto.pid    (the tapeline.s3server process)
     <home>/monitoring/prometheus/   prometheus.yml, targets.json (file_sd), data/, prometheus.log, .pid
     <home>/monitoring/alertmanager/ data/, alertmanager.log, alertmanager.pid
@@ -32,9 +34,10 @@ Everything the stack writes lives under `settings.home` (one project-owned direc
 line is still the one the stack launched (a recycled pid is never signalled), and the PostgreSQL
 cluster only if `stack.json` says the stack started it. Reused services are left alone.
 
-The local stack runs ONE Kafka broker, so every topic has replication factor 1 and the internal
-topics are configured to fit it. Production replicates the log (replication factor 3,
-`min.insync.replicas=2`); see docs/design.md, "Production settings".
+By default the local stack runs ONE Kafka broker, so every topic has replication factor 1 and the
+internal topics are configured to fit it. Production replicates the log (replication factor 3,
+`min.insync.replicas=2`; see docs/design.md, "Production settings"), and so does the local stack
+with `kafka_brokers` 3.
 
 `status()` reports the PostgreSQL DSN with its password masked (`***`): the status output is meant
 to be pasted into issues and logs, and secrets are never logged.
@@ -51,15 +54,15 @@ from rich.console import Console
 
 from tapeline.settings import Settings
 
-from tapeline.stack.base import StackError, StackPaths, _kafka_markers, _locked, _owned_pid, _paths, _read_state, _s3_markers, _say, _stop_pid, _update_state
+from tapeline.stack.base import StackError, StackPaths, _locked, _owned_pid, _paths, _read_state, _s3_markers, _say, _stop_pid, _update_state
 from tapeline.stack.ffmpeg import _ffmpeg_version, check_ffmpeg
-from tapeline.stack.kafka import _kafka_answers, _start_kafka, _wait_for_kafka
+from tapeline.stack.kafka import KafkaNode, _start_kafka, _wait_for_kafka, kafka_nodes, kafka_status, start_kafka_node
 from tapeline.stack.topics import delete_topics, ensure_topics
 from tapeline.stack.postgres import _pg_connect_error, _up_postgres, drop_database, masked_dsn
 from tapeline.stack.s3 import _ensure_bucket, _s3_answers, _s3_client, _up_s3, public_read_policy
 from tapeline.stack.monitoring import down_monitoring, monitoring_status, up_monitoring
 
-__all__ = ["up", "status", "down", "StackError", "StackPaths", "_s3_client", "check_ffmpeg", "drop_database", "ensure_topics", "delete_topics", "masked_dsn", "public_read_policy", "_s3_answers", "_ensure_bucket"]
+__all__ = ["up", "status", "down", "StackError", "StackPaths", "KafkaNode", "kafka_nodes", "start_kafka_node", "_s3_client", "check_ffmpeg", "drop_database", "ensure_topics", "delete_topics", "masked_dsn", "public_read_policy", "_s3_answers", "_ensure_bucket"]
 """The local stack's API (the services' modules hold the rest)."""
 
 
@@ -82,16 +85,17 @@ def up(settings: Settings, console: Console | None = None, monitoring: bool = Fa
         StackError: a service could not be started or does not answer; the message names the fix
             or the log file.
     """
+    settings = with_recorded_brokers(settings)
     paths = _paths(settings)
     with _locked(paths):
         check_ffmpeg()
         started = time.monotonic()
-        kafka = _start_kafka(settings, paths, console)  # the JVM boots while PG and S3 come up
+        kafka = _start_kafka(settings, paths, console)  # the JVMs boot while PG and S3 come up
         _up_postgres(settings, paths, console)
         _up_s3(settings, paths, console)
         _wait_for_kafka(settings, paths, kafka)
-        _say(console, f"[bold]kafka[/]: ready on {settings.kafka_bootstrap}"
-                      + (f" ({time.monotonic() - started:.1f} s after start)" if kafka is not None else ""))
+        _say(console, f"[bold]kafka[/]: ready on {settings.kafka_bootstrap_servers}"
+                      + (f" ({time.monotonic() - started:.1f} s after start)" if kafka else ""))
         ensure_topics(settings)
         _say(console, f"[bold]kafka[/]: {len(settings.all_topics())} topics present "
                       f"(prefix {settings.topic_prefix!r})")
@@ -100,27 +104,37 @@ def up(settings: Settings, console: Console | None = None, monitoring: bool = Fa
     return status(settings)
 
 
+def with_recorded_brokers(settings: Settings) -> Settings:
+    """`settings` with `kafka_brokers` as the last `up` recorded it in `stack.json` (`stack up --brokers
+    3` once, then `stack status` and `stack down` without the flag see three nodes), unless the
+    settings name it themselves (TAPELINE_KAFKA_BROKERS)."""
+    if "kafka_brokers" in settings.model_fields_set:
+        return settings
+    recorded = (_read_state(_paths(settings)).get("kafka") or {}).get("nodes")
+    if isinstance(recorded, int) and recorded != settings.kafka_brokers:
+        return settings.model_copy(update={"kafka_brokers": recorded})
+    return settings
+
+
 def status(settings: Settings) -> dict[str, Any]:
     """Report each service's address, whether it answers, and whether the stack started it.
 
     Returns a JSON-serialisable dict: `{"home": ..., "kafka": {...}, "postgres": {...}, "s3": {...},
     "ffmpeg": {...}, "prometheus": {...}, "alertmanager": {...}}`; each service has `address` and `up` (bool); Kafka and S3 have `pid` (int or
-    None: the stack's own process, alive) and `started_by_stack`; PostgreSQL has `cluster` and
+    None: the stack's own process, alive) and `started_by_stack`; Kafka also lists its `nodes`, the
+    `brokers_registered`, the controller `quorum` and the `under_replicated_partitions`
+    (`kafka.kafka_status`); PostgreSQL has `cluster` and
     `started_by_stack` (the stack started the Debian cluster); Prometheus and Alertmanager as
     `monitoring.monitoring_status` says (down unless `up --with-monitoring` ran or something else
     answers on their ports); `error` says why a service is down.
     The PostgreSQL address is the DSN with the password masked. Never raises for a down service.
     Takes up to ~10 s when services are down (connection timeouts), well under a second when up.
     """
+    settings = with_recorded_brokers(settings)
     paths = _paths(settings)
     state = _read_state(paths)
 
-    kafka_pid = _owned_pid(paths.kafka_pid, _kafka_markers(paths))
-    kafka_up, kafka_error = _kafka_answers(settings)
-    kafka = {"address": settings.kafka_bootstrap, "up": kafka_up, "pid": kafka_pid,
-             "started_by_stack": kafka_pid is not None, "log": str(paths.kafka_log) if kafka_pid else None}
-    if kafka_error:
-        kafka["error"] = kafka_error
+    kafka = kafka_status(settings, paths)
 
     pg_error = _pg_connect_error(settings)
     pg_state = state.get("postgres") or {}
@@ -159,13 +173,15 @@ def down(settings: Settings, console: Console | None = None) -> None:
     Raises:
         StackError: `pg_ctlcluster stop` failed.
     """
+    settings = with_recorded_brokers(settings)
     paths = _paths(settings)
     if not paths.home.is_dir():
         return
     with _locked(paths):
         down_monitoring(settings, paths, console)
-        for name, pid_file, markers in (("kafka", paths.kafka_pid, _kafka_markers(paths)),
-                                        ("s3", paths.s3_pid, _s3_markers(settings))):
+        nodes = kafka_nodes(settings, paths)
+        for name, pid_file, markers in ([(f"kafka node {n.node_id}" if len(nodes) > 1 else "kafka", n.pid_file, n.markers)
+                                         for n in nodes] + [("s3", paths.s3_pid, _s3_markers(settings))]):
             pid = _owned_pid(pid_file, markers)
             if pid is not None:
                 _stop_pid(pid, name, console)
@@ -174,7 +190,8 @@ def down(settings: Settings, console: Console | None = None) -> None:
             else:
                 _say(console, f"[bold]{name}[/]: not started by the stack; leaving it alone")
             pid_file.unlink(missing_ok=True)
-            _update_state(paths, name, None)
+        _update_state(paths, "kafka", None)
+        _update_state(paths, "s3", None)
 
         pg_state = _read_state(paths).get("postgres")
         if pg_state:

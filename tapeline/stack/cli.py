@@ -39,6 +39,13 @@ def _print_table(report: dict[str, Any], console: Console) -> None:
         if name in ("prometheus", "alertmanager") and not svc["up"] and not svc["pid"]:
             # Optional and never started: not a fault (`--json` still has the connection error).
             state, detail = "[dim]off[/]", "optional: tapeline stack up --with-monitoring"
+        if name == "kafka" and len(svc.get("nodes", [])) > 1:
+            started = ", ".join(f"{n['node_id']}: pid {n['pid']}" for n in svc["nodes"] if n["pid"]) or "no"
+            quorum = svc["quorum"]
+            detail = svc.get("error") or (
+                f"nodes up {sum(n['up'] for n in svc['nodes'])}/{len(svc['nodes'])}, registered "
+                f"{svc['brokers_registered']}, controller leader {quorum['leader']} (epoch {quorum['epoch']}), "
+                f"under-replicated partitions {svc['under_replicated_partitions']}")
         table.add_row(name, state, str(svc["address"]), started, str(detail))
     console.print(table)
 
@@ -48,12 +55,17 @@ def up_command(
     with_monitoring: bool = typer.Option(False, "--with-monitoring", help="Also start Prometheus (alerting rules "
                                          "compose/alerts.yml) and Alertmanager on 127.0.0.1 (TAPELINE_PROMETHEUS_PORT, "
                                          "TAPELINE_ALERTMANAGER_PORT)."),
+    brokers: int = typer.Option(None, "--brokers", min=1, max=9, help="Kafka nodes (default TAPELINE_KAFKA_BROKERS, "
+                                "1). 3: a replicated cluster, topics with replication factor 3 and min.insync.replicas "
+                                "2; node n on the bootstrap port + 2(n-1). Export TAPELINE_KAFKA_BROKERS=3 for the "
+                                "processors too, so they bootstrap from every node."),
 ) -> None:
     """Start (or reuse) Kafka, PostgreSQL and S3, check ffmpeg, create the topics; with
     --with-monitoring also Prometheus and Alertmanager."""
     err = Console(stderr=True)
+    settings = Settings() if brokers is None else Settings(kafka_brokers=brokers)
     try:
-        report = up(Settings(), console=err, monitoring=with_monitoring)
+        report = up(settings, console=err, monitoring=with_monitoring)
     except StackError as exc:
         err.print(f"[red]stack up failed:[/] {exc}")
         raise typer.Exit(1) from exc

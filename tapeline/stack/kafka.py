@@ -1,53 +1,112 @@
-"""The local Kafka broker: a single combined KRaft node from the pinned jars (`stack/pom.xml`)."""
+"""The local Kafka cluster from the pinned jars (`stack/pom.xml`): one combined KRaft node by
+default, or `settings.kafka_brokers` nodes (each a broker and a controller, ports and files of its
+own) that replicate every topic as production does."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import shutil
 import subprocess
 import time
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from tapeline.settings import Settings
 
-from tapeline.stack.base import KAFKA_HEAP, KAFKA_JVM_FLAGS, KAFKA_READY_TIMEOUT_S, POM, StackError, StackPaths, _host_port, _kafka_markers, _log_errors, _now, _owned_pid, _port_open, _say, _spawn, _tail, _update_state
+from tapeline.stack.base import KAFKA_HEAP, KAFKA_JVM_FLAGS, KAFKA_READY_TIMEOUT_S, POM, StackError, StackPaths, _host_port, _log_errors, _now, _owned_pid, _port_open, _say, _spawn, _tail, _update_state
 
 # --------------------------------------------------------------------------------------------
 # Kafka
 
 
-def _server_properties(settings: Settings, paths: StackPaths) -> str:
-    """The broker's server.properties: a single combined KRaft node on loopback."""
-    host, port = _host_port(settings.kafka_bootstrap, 9092)
-    controller = f"{host}:{settings.kafka_controller_port}"
+@dataclass(frozen=True)
+class KafkaNode:
+    """One node of the local Kafka cluster: a combined broker and controller with its own ports and
+    files. A one-node stack keeps its files directly in `<home>/kafka/`; a cluster's node n in
+    `<home>/kafka/node-<n>/`."""
+
+    node_id: int
+    host: str
+    port: int
+    controller_port: int
+    dir: Path
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def data(self) -> Path:
+        return self.dir / "data"
+
+    @property
+    def properties(self) -> Path:
+        return self.dir / "server.properties"
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "kafka.log"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.dir / "kafka.pid"
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """What the node's command line holds (`_owned_pid`): the broker class and its properties file."""
+        return ("kafka.Kafka", str(self.properties))
+
+
+def kafka_nodes(settings: Settings, paths: StackPaths) -> list[KafkaNode]:
+    """The nodes `settings.kafka_brokers` asks for (`Settings.kafka_nodes` gives their ports)."""
+    single = settings.kafka_brokers == 1
+    return [KafkaNode(node_id, host, port, controller, paths.kafka if single else paths.kafka / f"node-{node_id}")
+            for node_id, host, port, controller in settings.kafka_nodes]
+
+
+def _server_properties(settings: Settings, node: KafkaNode, nodes: list[KafkaNode]) -> str:
+    """A node's server.properties: combined KRaft broker and controller on loopback, in a static
+    quorum of every node. With one node nothing is replicated; with three, the internal topics and the
+    defaults are those of production (replication factor 3, min.insync.replicas 2, unclean leader
+    election off: docs/design.md "Production settings")."""
+    voters = ",".join(f"{n.node_id}@{n.host}:{n.controller_port}" for n in nodes)
+    replicas = min(settings.replication_factor, len(nodes))
+    min_isr = min(settings.min_insync_replicas, replicas)
+    controller = f"{node.host}:{node.controller_port}"
     return f"""\
 # Written by `tapeline stack up` (tapeline/stack/kafka.py) on every start; edits are overwritten.
-# A single combined KRaft node for local development and tests: ONE broker, so nothing is
-# replicated. Production runs replication factor 3 and min.insync.replicas=2.
+# Node {node.node_id} of {len(nodes)}: a combined KRaft broker and controller for local development and
+# tests. {"ONE node, so nothing is replicated. Production runs replication factor 3 and min.insync.replicas=2."
+         if len(nodes) == 1 else f"Replication factor {replicas}, min.insync.replicas {min_isr}, as production."}
 
-# This one process is both the broker and the only controller (static quorum of one voter).
+# This process is both a broker and a controller (static quorum: every node votes).
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@{controller}
-listeners=PLAINTEXT://{host}:{port},CONTROLLER://{controller}
-advertised.listeners=PLAINTEXT://{host}:{port}
+node.id={node.node_id}
+controller.quorum.voters={voters}
+listeners=PLAINTEXT://{node.host}:{node.port},CONTROLLER://{controller}
+advertised.listeners=PLAINTEXT://{node.host}:{node.port}
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
 # Topic data and KRaft metadata stay in the project-owned home directory.
-log.dirs={paths.kafka_data}
+log.dirs={node.data}
 
-# One broker: the internal topics (consumer offsets, transaction state, share-group state)
-# cannot have more replicas, or a larger in-sync minimum, than there are brokers.
-offsets.topic.replication.factor=1
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+# The internal topics (consumer offsets, transaction state, share-group state) cannot have more
+# replicas, or a larger in-sync minimum, than there are brokers.
+offsets.topic.replication.factor={replicas}
+transaction.state.log.replication.factor={replicas}
+transaction.state.log.min.isr={min_isr}
+share.coordinator.state.topic.replication.factor={replicas}
+share.coordinator.state.topic.min.isr={min_isr}
+min.insync.replicas={min_isr}
+# A replica that was not in sync never becomes leader: an outage, never a silent loss (the default).
+unclean.leader.election.enable=false
 
 # Tests start groups constantly: do not wait 3 s for more members before the first rebalance.
 group.initial.rebalance.delay.ms=0
@@ -69,7 +128,7 @@ transaction.remove.expired.transaction.cleanup.interval.ms=60000
 # a typo in a topic name must fail, not silently create a one-partition topic.
 auto.create.topics.enable=false
 num.partitions=1
-default.replication.factor=1
+default.replication.factor={replicas}
 """
 
 
@@ -122,70 +181,95 @@ def _kafka_cluster_id() -> str:
             return cluster_id
 
 
-def _format_kafka_storage(paths: StackPaths, console: Console | None) -> str | None:
-    """Format the KRaft storage once; returns the new cluster id, or None if already formatted.
+def _cluster_id(paths: StackPaths, nodes: list[KafkaNode]) -> str:
+    """The cluster id every node is formatted with: a formatted node's (`meta.properties`), else new."""
+    for node in nodes:
+        meta = node.data / "meta.properties"
+        if meta.is_file():
+            for line in meta.read_text().splitlines():
+                if line.startswith("cluster.id="):
+                    return line.partition("=")[2].strip()
+    return _kafka_cluster_id()
+
+
+def _format_kafka_storage(paths: StackPaths, node: KafkaNode, cluster_id: str, console: Console | None) -> bool:
+    """Format a node's KRaft storage once with `cluster_id`; returns whether it formatted.
 
     The quorum is static (`controller.quorum.voters`), so the format runs without `--standalone`:
     Kafka refuses `--standalone` together with `controller.quorum.voters` (that flag is for a
     dynamic quorum configured with `controller.quorum.bootstrap.servers`).
     """
-    if (paths.kafka_data / "meta.properties").is_file():
-        return None
-    cluster_id = _kafka_cluster_id()
-    _say(console, f"[bold]kafka[/]: formatting storage {paths.kafka_data} (cluster id {cluster_id})")
+    if (node.data / "meta.properties").is_file():
+        return False
+    _say(console, f"[bold]kafka[/]: formatting node {node.node_id} storage {node.data} (cluster id {cluster_id})")
     result = subprocess.run([_java(), "-cp", f"{paths.kafka_libs}/*", "kafka.tools.StorageTool", "format",
-                             "-t", cluster_id, "-c", str(paths.kafka_properties)],
-                            capture_output=True, text=True, cwd=paths.kafka)
-    if result.returncode != 0 or not (paths.kafka_data / "meta.properties").is_file():
+                             "-t", cluster_id, "-c", str(node.properties)],
+                            capture_output=True, text=True, cwd=node.dir)
+    if result.returncode != 0 or not (node.data / "meta.properties").is_file():
         raise StackError(f"Formatting Kafka storage failed (exit {result.returncode}):\n"
                          f"{(result.stdout + result.stderr)[-3000:]}")
-    return cluster_id
+    return True
 
 
 def _admin(settings: Settings, **extra: Any):
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": settings.kafka_bootstrap, "socket.timeout.ms": 5000, **extra})
+    return AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers, "socket.timeout.ms": 5000, **extra})
 
 
-def _kafka_answers(settings: Settings, timeout_s: float = 3.0) -> tuple[bool, str | None]:
-    """True if a broker at the bootstrap address serves metadata and lists at least one broker."""
-    host, port = _host_port(settings.kafka_bootstrap, 9092)
-    if not _port_open(host, port):
-        return False, f"nothing listens on {host}:{port}"
+def _kafka_answers(settings: Settings, timeout_s: float = 3.0, brokers: int = 1) -> tuple[bool, str | None]:
+    """True if the cluster at the bootstrap addresses serves metadata listing at least `brokers` brokers."""
+    addresses = [a.strip() for a in settings.kafka_bootstrap_servers.split(",")]
+    if not any(_port_open(*_host_port(a, 9092)) for a in addresses):
+        return False, f"nothing listens on {', '.join(addresses)}"
     try:
         metadata = _admin(settings).list_topics(timeout=timeout_s)
     except Exception as exc:  # KafkaException or a timeout inside librdkafka
         return False, str(exc)
-    if not metadata.brokers:
-        return False, "the cluster reports no registered broker yet"
+    if len(metadata.brokers) < brokers:
+        return False, f"the cluster reports {len(metadata.brokers)} of {brokers} brokers registered"
     return True, None
 
 
-def _start_kafka(settings: Settings, paths: StackPaths, console: Console | None) -> subprocess.Popen | None:
-    """Start the broker unless one answers or is starting; returns the new process, if any."""
-    pid = _owned_pid(paths.kafka_pid, _kafka_markers(paths))
+def start_kafka_node(settings: Settings, paths: StackPaths, node: KafkaNode, nodes: list[KafkaNode],
+                     console: Console | None = None) -> subprocess.Popen | None:
+    """Start one node unless it runs or its port answers; returns the new process, if any. Writes its
+    server.properties and formats its storage first (once). Fault tests use it to restart a node
+    they killed."""
+    pid = _owned_pid(node.pid_file, node.markers)
     if pid is not None:
-        _say(console, f"[bold]kafka[/]: already running (pid {pid})")
+        _say(console, f"[bold]kafka[/]: node {node.node_id} already running (pid {pid})")
         return None
-    host, port = _host_port(settings.kafka_bootstrap, 9092)
-    if _port_open(host, port):
-        _say(console, f"[bold]kafka[/]: something already answers on {host}:{port}; reusing it")
-        _update_state(paths, "kafka", None)
+    if _port_open(node.host, node.port):
+        _say(console, f"[bold]kafka[/]: something already answers on {node.address}; reusing it")
         return None
-    paths.kafka_pid.unlink(missing_ok=True)
-    _ensure_kafka_libs(paths, console)
-    paths.kafka_data.mkdir(parents=True, exist_ok=True)
-    paths.kafka_properties.write_text(_server_properties(settings, paths))
-    _format_kafka_storage(paths, console)
-    _warn_if_broker_logs_silent(paths, console)
-    argv = [_java(), *KAFKA_HEAP, *KAFKA_JVM_FLAGS, "-cp", f"{paths.kafka_libs}/*", "kafka.Kafka",
-            str(paths.kafka_properties)]
-    proc = _spawn(argv, paths.kafka_log, paths.kafka_pid, cwd=paths.kafka)
-    _say(console, f"[bold]kafka[/]: started pid {proc.pid}, log {paths.kafka_log}")
-    _update_state(paths, "kafka", {"pid": proc.pid, "started_at": _now(), "bootstrap": settings.kafka_bootstrap,
-                                   "log": str(paths.kafka_log)})
+    node.pid_file.unlink(missing_ok=True)
+    node.data.mkdir(parents=True, exist_ok=True)
+    node.properties.write_text(_server_properties(settings, node, nodes))
+    _format_kafka_storage(paths, node, _cluster_id(paths, nodes), console)
+    argv = [_java(), *KAFKA_HEAP, *KAFKA_JVM_FLAGS, "-cp", f"{paths.kafka_libs}/*", "kafka.Kafka", str(node.properties)]
+    proc = _spawn(argv, node.log, node.pid_file, cwd=node.dir)
+    _say(console, f"[bold]kafka[/]: node {node.node_id} started pid {proc.pid} on {node.address}, log {node.log}")
     return proc
+
+
+def _start_kafka(settings: Settings, paths: StackPaths, console: Console | None) -> list[subprocess.Popen]:
+    """Start every node that does not run yet (`start_kafka_node`); returns the new processes."""
+    nodes = kafka_nodes(settings, paths)
+    strangers = [n for n in nodes if _owned_pid(n.pid_file, n.markers) is None and _port_open(n.host, n.port)]
+    if len(nodes) > 1 and strangers and not _kafka_answers(settings, brokers=len(nodes))[0]:
+        raise StackError(f"something that is not this stack's {len(nodes)}-node cluster already answers on "
+                         f"{', '.join(n.address for n in strangers)} (a one-broker stack? `tapeline stack down` "
+                         "first, then `tapeline stack up --brokers 3`)")
+    _ensure_kafka_libs(paths, console)
+    _warn_if_broker_logs_silent(paths, console)
+    started = [proc for node in nodes if (proc := start_kafka_node(settings, paths, node, nodes, console))]
+    if started:
+        _update_state(paths, "kafka", {"pids": [p.pid for p in started], "started_at": _now(),
+                                       "bootstrap": settings.kafka_bootstrap_servers, "nodes": len(nodes)})
+    elif not any(_owned_pid(n.pid_file, n.markers) for n in nodes):
+        _update_state(paths, "kafka", None)  # every node answered without being ours: reused
+    return started
 
 
 def _warn_if_broker_logs_silent(paths: StackPaths, console: Console | None) -> None:
@@ -203,27 +287,77 @@ def _warn_if_broker_logs_silent(paths: StackPaths, console: Console | None) -> N
                       "fetched again on the next start)")
 
 
-def _wait_for_kafka(settings: Settings, paths: StackPaths, proc: subprocess.Popen | None,
+def _wait_for_kafka(settings: Settings, paths: StackPaths, procs: list[subprocess.Popen],
                     timeout_s: float = KAFKA_READY_TIMEOUT_S) -> float:
-    """Wait until the broker serves metadata; returns the seconds waited.
+    """Wait until the cluster serves metadata with every node registered; returns the seconds waited.
 
     Raises:
-        StackError: the broker exited, or did not answer within timeout_s seconds; the message
-            names the log file and shows its tail.
+        StackError: a node this call started exited, or the cluster did not answer within timeout_s
+            seconds; the message names the log file and shows its tail.
     """
+    nodes = kafka_nodes(settings, paths)
+    logs = {proc.pid: node.log for proc in procs for node in nodes
+            if node.pid_file.is_file() and node.pid_file.read_text().strip() == str(proc.pid)}
     started = time.monotonic()
     deadline = started + timeout_s
     reason: str | None = None
     while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise StackError(f"Kafka exited with code {proc.returncode} while starting. "
-                             f"{_log_errors(paths.kafka_log)}See {paths.kafka_log}:\n{_tail(paths.kafka_log)}")
-        ok, reason = _kafka_answers(settings, timeout_s=3.0)
+        for proc in procs:
+            if proc.poll() is not None:
+                log = logs.get(proc.pid, nodes[0].log)
+                raise StackError(f"Kafka exited with code {proc.returncode} while starting. "
+                                 f"{_log_errors(log)}See {log}:\n{_tail(log)}")
+        ok, reason = _kafka_answers(settings, timeout_s=3.0, brokers=len(nodes))
         if ok:
             return time.monotonic() - started
         time.sleep(0.5)
-    raise StackError(f"Kafka did not answer on {settings.kafka_bootstrap} within {timeout_s:.0f} s "
-                     f"({reason}). {_log_errors(paths.kafka_log)}See {paths.kafka_log}:\n"
-                     f"{_tail(paths.kafka_log)}")
+    log = nodes[0].log
+    raise StackError(f"Kafka did not answer on {settings.kafka_bootstrap_servers} within {timeout_s:.0f} s "
+                     f"({reason}). {_log_errors(log)}See {log}:\n{_tail(log)}")
 
 
+def _quorum(nodes: list[KafkaNode]) -> dict[str, Any]:
+    """The controller quorum as the nodes last wrote it (`<data>/__cluster_metadata-0/quorum-state`,
+    KRaft's own election record): `{"voters": [ids], "leader": id or None, "epoch": int or None}`,
+    the leader of the highest epoch any node recorded."""
+    best: tuple[int, int] | None = None
+    for node in nodes:
+        try:
+            state = json.loads((node.data / "__cluster_metadata-0" / "quorum-state").read_text())
+        except (OSError, ValueError):
+            continue
+        if state.get("leaderId", -1) >= 0 and (best is None or state.get("leaderEpoch", -1) > best[1]):
+            best = (state["leaderId"], state.get("leaderEpoch", -1))
+    return {"voters": [n.node_id for n in nodes], "leader": best[0] if best else None,
+            "epoch": best[1] if best else None}
+
+
+def kafka_status(settings: Settings, paths: StackPaths) -> dict[str, Any]:
+    """The cluster's status for `stack status`: `address`, `up`, `pid` (node 1's, when the stack runs
+    it), `started_by_stack`, `log`, `error`; and `nodes` (each node's id, address, controller address,
+    whether its port answers, its pid when the stack runs it, its log), `brokers_registered` (ids in
+    the metadata), `quorum` (`_quorum`) and `under_replicated_partitions` (partitions with fewer
+    in-sync replicas than replicas; None when the cluster does not answer)."""
+    nodes = kafka_nodes(settings, paths)
+    up, error = _kafka_answers(settings)
+    rows, registered, under = [], [], None
+    for node in nodes:
+        pid = _owned_pid(node.pid_file, node.markers)
+        rows.append({"node_id": node.node_id, "address": node.address,
+                     "controller": f"{node.host}:{node.controller_port}", "up": _port_open(node.host, node.port),
+                     "pid": pid, "log": str(node.log) if pid else None})
+    if up:
+        try:
+            metadata = _admin(settings).list_topics(timeout=5)
+            registered = sorted(metadata.brokers)
+            under = sum(1 for topic in metadata.topics.values() for p in topic.partitions.values()
+                        if len(p.isrs) < len(p.replicas))
+        except Exception as exc:  # the cluster went away between the two calls
+            error = str(exc)
+    first = rows[0]
+    report = {"address": settings.kafka_bootstrap_servers, "up": up, "pid": first["pid"],
+              "started_by_stack": any(r["pid"] for r in rows), "log": first["log"], "nodes": rows,
+              "brokers_registered": registered, "quorum": _quorum(nodes), "under_replicated_partitions": under}
+    if error:
+        report["error"] = error
+    return report

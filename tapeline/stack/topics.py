@@ -1,7 +1,8 @@
 """The topic contract: every topic Tapeline uses, with its partition count and required configs.
 
-The same rules hold for production (docs/design.md "Topics"); only the replication differs: the
-local broker is one node.
+The same rules hold for production (docs/design.md "Topics"). Replication comes from the settings:
+`replication_factor` replicas and `min.insync.replicas` on every topic (1 and 1 on the default
+one-node stack; 3 and 2 on a three-node one, as production).
 """
 
 from __future__ import annotations
@@ -51,11 +52,12 @@ def delete_topics(settings: Settings, timeout_s: float = 30.0) -> list[str]:
 def ensure_topics(settings: Settings, timeout_s: float = TOPICS_TIMEOUT_S) -> None:
     """Create every topic of `settings.all_topics()` that is missing; idempotent.
 
-    Partition counts come from the settings, replication factor is 1 (one local broker). The jobs
+    Partition counts come from the settings, and so do the replication factor and every topic's
+    `min.insync.replicas` (`Settings.replication_factor`, `min_insync_replicas`). The jobs
     topic gets unlimited retention and `message.timestamp.type=LogAppendTime` (the broker's clock
     is the only lease clock); the uploads and dead-letter topics get unlimited time retention and
     LogAppendTime too (`SIDE_TOPIC_CONFIG`).
-    An existing topic keeps its partition count; its required configs are set if they differ
+    An existing topic keeps its partition count and replicas (nothing is reassigned); its required configs are set if they differ
     (a jobs topic created elsewhere with CreateTime would silently break the lease clock).
     Works for any Settings, e.g. tests with their own `topic_prefix` and small partition counts.
 
@@ -67,11 +69,11 @@ def ensure_topics(settings: Settings, timeout_s: float = TOPICS_TIMEOUT_S) -> No
 
     wanted: dict[str, tuple[int, dict[str, str]]] = {}
     for topic, partitions in settings.all_topics().items():
-        config: dict[str, str] = {}
+        config: dict[str, str] = {"min.insync.replicas": str(settings.min_insync_replicas)}
         if topic == settings.jobs_topic:
-            config = dict(JOBS_TOPIC_CONFIG)
+            config.update(JOBS_TOPIC_CONFIG)
         elif topic in (settings.uploads_topic, settings.dlq_topic):
-            config = dict(SIDE_TOPIC_CONFIG)
+            config.update(SIDE_TOPIC_CONFIG)
         wanted[topic] = (partitions, config)
 
     admin = _admin(settings)
@@ -80,7 +82,7 @@ def ensure_topics(settings: Settings, timeout_s: float = TOPICS_TIMEOUT_S) -> No
     existed: set[str] = set()
     while pending:
         futures = admin.create_topics(
-            [NewTopic(name, num_partitions=parts, replication_factor=1, config=config)
+            [NewTopic(name, num_partitions=parts, replication_factor=settings.replication_factor, config=config)
              for name, (parts, config) in pending.items()], operation_timeout=30, request_timeout=35)
         retry: dict[str, tuple[int, dict[str, str]]] = {}
         errors: list[str] = []

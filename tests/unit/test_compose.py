@@ -75,3 +75,25 @@ def grafana_sql() -> list[tuple[str, str]]:
     dashboard = json.loads(DASHBOARD.read_text())
     return [(panel["title"], re.sub(r"\$__timeFilter\((\w+)\)", r"\1 > now() - interval '6 hours'", t["rawSql"]))
             for panel in dashboard["panels"] for t in panel["targets"] if "rawSql" in t]
+
+
+def test_the_three_broker_override_makes_one_replicated_cluster():
+    """docker-compose.brokers3.yml (issue 24 item 1): three KRaft nodes in one quorum, production's
+    replication, and every Tapeline service bootstrapping from all three."""
+    binary = shutil.which("docker-compose")
+    assert binary, "docker-compose is missing: `apt-get install -y docker-compose` (scripts/bootstrap.sh installs it)"
+    done = subprocess.run([binary, "-f", str(COMPOSE), "-f", str(ROOT / "docker-compose.brokers3.yml"), "config"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    merged = yaml.safe_load(done.stdout)["services"]
+    nodes = {name: merged[name]["environment"] for name in ("kafka", "kafka-2", "kafka-3")}
+    assert {str(env["KAFKA_NODE_ID"]) for env in nodes.values()} == {"1", "2", "3"}
+    assert {env["KAFKA_CONTROLLER_QUORUM_VOTERS"] for env in nodes.values()} == {"1@kafka:9093,2@kafka-2:9093,3@kafka-3:9093"}
+    assert len({env["CLUSTER_ID"] for env in nodes.values()}) == 1
+    for env in nodes.values():
+        assert (str(env["KAFKA_DEFAULT_REPLICATION_FACTOR"]), str(env["KAFKA_MIN_INSYNC_REPLICAS"]),
+                str(env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"])) == ("3", "2", "2")
+    for name in ("tapeline-init", "tapeline", "tapeline-serve"):
+        env = merged[name]["environment"]
+        assert env["TAPELINE_KAFKA_BOOTSTRAP"] == "kafka:9092,kafka-2:9092,kafka-3:9092", name
+        assert str(env["TAPELINE_TOPIC_REPLICATION_FACTOR"]) == "3" and "TAPELINE_DATABASE_URL" in env, name
