@@ -7,7 +7,7 @@ A row is a plain dict with the columns of `job_state`. Rules (docs/design.md "Jo
   current one is superseded: kept as evidence, never applied (fencing in the projection);
 - an `AttemptStarted` older than the current attempt of its stage is superseded too.
 The projector checks dedup keys before calling this: a repeated dedup key is never evolved.
-A second implementation of these rules (and of `projector.fold_batch`) folds fresh replays:
+A second implementation of these rules (and of `projections.fold.fold_batch`) folds fresh replays:
 `Engine::evolve` in native/src/lib.rs. Change both; tests/unit/test_native_fold.py compares them.
 """
 
