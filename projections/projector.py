@@ -152,7 +152,6 @@ class Projector:
             stop.wait(poll_s)
         return False
 
-
     def run(self, stop: threading.Event, ready: threading.Event | None = None) -> None:
         """Consume and apply batches until `stop` is set; sets `ready` once assigned and caught up once."""
         migrate(self.settings.database_url, self.settings.db_schema)

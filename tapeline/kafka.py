@@ -166,7 +166,9 @@ class KafkaEventLog:
 
     def assigned_reader(self, group_id: str, **overrides: Any) -> KafkaAssignedReader:
         """`consumer(settings, group_id, enable.partition.eof=true, **overrides)` as a `KafkaAssignedReader`."""
-        return KafkaAssignedReader(consumer(self.settings, group_id, **{"enable.partition.eof": True, **overrides}))
+        return KafkaAssignedReader(consumer(self.settings, group_id, **{
+            "enable.partition.eof": True,  # the projector learns "caught up" at each partition's end
+            **overrides}))
 
     def cluster_id(self) -> str:
         """The cluster id the broker reports (metadata through the offsets client)."""
