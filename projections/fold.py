@@ -198,11 +198,11 @@ def unstorable(event: ev.Event, payload: bytes) -> str | None:
 
 
 def dead_letter(id: str, kind: str, topic: str | None, partition: int | None, offset: int | None,
-                 broker_ts: datetime, error: str, seen_by: str, *, key: bytes | None = None,
-                 value: bytes | None = None, headers: list[tuple[str, bytes | None]] | None = None,
-                 error_class: str | None = None, job_id: str | None = None, stage: str | None = None,
-                 attempt: int | None = None, attempts: int | None = None, evidence: str | None = None
-                 ) -> dict[str, Any]:
+                broker_ts: datetime, error: str, seen_by: str, *, key: bytes | None = None,
+                value: bytes | None = None, headers: list[tuple[str, bytes | None]] | None = None,
+                error_class: str | None = None, job_id: str | None = None, stage: str | None = None,
+                attempt: int | None = None, attempts: int | None = None, evidence: str | None = None
+                ) -> dict[str, Any]:
     """Parameters of `upsert_dead_letter` (migration 005 documents each column)."""
     encoded = {name: base64.b64encode(raw or b"").decode() for name, raw in headers} if headers else None
     return {"id": id, "kind": kind, "topic": topic, "partition": partition, "offset": offset, "broker_ts": broker_ts,

@@ -166,8 +166,8 @@ class NativeFoldState:
                 (id_, topic, partition, offset, ts, reason, processor, error_class, job_id, stage, attempt, attempts,
                  evidence_ref) = data
                 dead_letters.append(dead_letter(id_, "job", topic, partition, offset, _ts(ts), reason, processor,
-                                                 error_class=error_class, job_id=job_id, stage=stage, attempt=attempt,
-                                                 attempts=attempts, evidence=evidence_ref))
+                                                error_class=error_class, job_id=job_id, stage=stage, attempt=attempt,
+                                                attempts=attempts, evidence=evidence_ref))
             else:
                 id_, ts, operator, reason = data
                 replays.append({"id": id_, "broker_ts": _ts(ts), "operator": operator, "reason": reason})
