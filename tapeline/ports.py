@@ -46,7 +46,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 class LogRecord(Protocol):
     """One committed record as the projections read it: the adapter's own record object, read only
-    through these methods (not copied: the replay folds 50,000-100,000 of them a second)."""
+    through these methods (not copied into one of ours: the fold it goes to, shared with the replay,
+    takes tens of thousands a second, docs/benchmarks.md)."""
 
     def topic(self) -> str: ...
 
@@ -118,6 +119,7 @@ class AssignedReader(Protocol):
 
     def close(self) -> None:
         ...
+
 
 @runtime_checkable
 class EventLog(Protocol):
