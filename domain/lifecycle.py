@@ -9,7 +9,7 @@ A row is a plain dict with the columns of `job_state`. Rules (docs/design.md "Jo
 - an event that ends a job (JobCompleted, JobFailed, JobDeadLettered, NeedsReview, JobCancelled)
   follows one rule whose data is in `schemas/lifecycle.json` ("ending"), not a branch per event.
 The projector checks dedup keys before calling this: a repeated dedup key is never evolved.
-A second implementation of these rules (and of `projector.fold_batch`) folds fresh replays:
+A second implementation of these rules (and of `projections.fold.fold_batch`) folds fresh replays:
 `Engine::evolve` in native/src/lib.rs. Change both; tests/unit/test_native_fold.py compares them.
 """
 

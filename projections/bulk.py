@@ -2,7 +2,7 @@
 
 A fresh replay starts from an empty schema, so nothing it needs is in the database: the job rows,
 the applied dedup keys, the uploads and the log clock live in memory, and the projector's own
-`decode_batch` and `fold_batch` (`projections/projector.py`) fold every record onto them in log
+`decode_batch` and `fold_batch` (`projections/fold.py`) fold every record onto them in log
 order, exactly as `apply_batch` would (same rules, same evidence flags, same dead letters; any new
 event type or fold rule added there applies here too). What changes is the writing:
 
@@ -43,7 +43,9 @@ from psycopg.copy import QueuedLibpqWriter
 
 from domain import lifecycle
 from projections import writes
-from projections.projector import BatchResult, Decoded, Folded, decode_batch, fold_batch, job_params, write_offsets
+from projections.batch import BatchResult
+from projections.fold import Decoded, Folded, decode_batch, fold_batch
+from projections.writes import job_params, write_offsets
 from tapeline.postgres import identifiers, q, qf
 
 BULK_TABLES = ("lifecycle_evidence", "applied_dedup_keys", "job_state", "uploads")

@@ -1,6 +1,6 @@
 """The native fold engine of a fresh replay: `tapeline_native` (Rust, `native/`) behind `FoldState`'s interface.
 
-The Python rules stay the specification (`projector.decode_batch`, `projector.fold_batch`,
+The Python rules stay the specification (`fold.decode_batch`, `fold.fold_batch`,
 `lifecycle.evolve`, `bulk.FoldState`); `tapeline_native.Engine` is a second implementation of them that
 decodes the Avro bytes, folds the job rows and dedup keys and encodes the COPY rows without making a
 Python object per record. What it cannot reproduce exactly it does not guess:
@@ -161,13 +161,13 @@ class NativeFoldState:
             elif kind == "evolve_error":
                 self._evolve_error(messages[data[0]], data[1], dead_letters, result)
             elif kind == "job":
-                from projections.projector import _dead_letter
+                from projections.fold import dead_letter
 
                 (id_, topic, partition, offset, ts, reason, processor, error_class, job_id, stage, attempt, attempts,
                  evidence_ref) = data
-                dead_letters.append(_dead_letter(id_, "job", topic, partition, offset, _ts(ts), reason, processor,
-                                                 error_class=error_class, job_id=job_id, stage=stage, attempt=attempt,
-                                                 attempts=attempts, evidence=evidence_ref))
+                dead_letters.append(dead_letter(id_, "job", topic, partition, offset, _ts(ts), reason, processor,
+                                                error_class=error_class, job_id=job_id, stage=stage, attempt=attempt,
+                                                attempts=attempts, evidence=evidence_ref))
             else:
                 id_, ts, operator, reason = data
                 replays.append({"id": id_, "broker_ts": _ts(ts), "operator": operator, "reason": reason})
@@ -178,7 +178,7 @@ class NativeFoldState:
 
     def _delegate(self, message, dead_letters: list, result: BatchResult) -> None:
         """A record the engine handed back: the Python rules make its dead letter (or nothing)."""
-        from projections.projector import decode_batch, fold_batch
+        from projections.fold import decode_batch, fold_batch
 
         sub = BatchResult(records=1, positions={})
         folded = fold_batch(decode_batch([message], sub), {}, set(), sub, self.clock_topic, self.dlq_topic,
@@ -193,8 +193,8 @@ class NativeFoldState:
         """An event whose date arithmetic `lifecycle.evolve` raises on (the engine kept it as evidence, not
         applied): the dead letter `fold_batch` makes, its error worded by the same Python expression
         (`lease`: the job row's lease a heartbeat extends by). The expression must raise here too."""
-        from projections.projector import _dead_letter, decode_batch
-        from tapeline.kafka import broker_time
+        from projections.fold import dead_letter, decode_batch
+        from tapeline.ports import broker_time
         from domain import events as ev
 
         decoded = decode_batch([message], BatchResult(records=1, positions={}))
@@ -209,7 +209,7 @@ class NativeFoldState:
                 ts + max(timedelta(0), event.not_before - event.occurred_at)
         except (ArithmeticError, ValueError, TypeError) as exc:  # what fold_batch catches around evolve
             topic, partition, offset = message.topic(), message.partition(), message.offset()
-            dead_letters.append(_dead_letter(
+            dead_letters.append(dead_letter(
                 f"{topic}/{partition}/{offset}", "projection", topic, partition, offset, ts,
                 f"{event.event_type} cannot be applied to its job: {type(exc).__name__}: {exc}", "projector",
                 key=message.key(), value=message.value(), headers=message.headers(), error_class="invalid_input",

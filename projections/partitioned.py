@@ -9,7 +9,7 @@ key is the job id, docs/design.md "Topics"), so the partitions can be folded ind
   topic among `workers` child processes (`partition_plan.split`: largest first, onto the least
   loaded);
 - each worker reads its partitions with its own consumer and folds them with `bulk.FoldState`
-  (the projector's own `decode_batch` and `fold_batch`), and sends what the database must get,
+  (the projector's own `decode_batch` and `fold_batch`, `projections/fold.py`), and sends what the database must get,
   already encoded as COPY rows (`writes.RowEncoder`): evidence per slice, final job rows as jobs
   end, open job rows, dedup keys and uploads at the end; dead letters and replay marks as
   parameters;

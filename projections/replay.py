@@ -26,7 +26,7 @@ from projections import logread, partition_plan, partitioned
 from projections.bulk import BulkReplay
 from projections.native import NativeUnsupported, resolve_engine
 from projections.pgschema import check_target_name, prepare_fresh, record_source
-from projections.projector import OTHER_CLUSTER, OTHER_CLUSTER_FIX, Projector, apply_batch, other_cluster
+from projections.projector import OTHER_CLUSTER, OTHER_CLUSTER_FIX, apply_batch, other_cluster, projected_topics
 from tapeline.postgres import connect, migrate, q, qf
 from domain.errors import ConfigurationError
 from tapeline.settings import Settings
@@ -128,7 +128,7 @@ def _replay(settings: Settings, schema: str, *, as_of: datetime | None, force: b
             projection: str, bulk: bool, workers: int | None, on_start: Callable[[int], None] | None,
             on_progress: Callable[[int], None] | None, engine: str = "python") -> ReplayResult:
     started = time.monotonic()  # the figure a replay reports includes reading the bounds and preparing the schema
-    topics = Projector(settings).topics
+    topics = projected_topics(settings)
     # Until is exclusive in `bounds`; as-of includes its own millisecond.
     until = as_of + timedelta(milliseconds=1) if as_of is not None else None
     fresh_span = None

@@ -1,4 +1,6 @@
-"""Bulk writes of the projector: `COPY` first, the row-by-row upsert only when COPY hits a conflict.
+"""The projections' PostgreSQL writes: what a projector batch loads and writes (steps 2, 4 and 5 of
+`projections/projector.py`: `load_batch_state`, `write_folded`, `write_offsets`), the `job_state`
+upsert, and the bulk writes, `COPY` first, the row-by-row upsert only when COPY hits a conflict.
 
 A batch's evidence rows and new dedup keys are normally all new (their offsets and keys were not
 applied yet), so one `COPY ... FROM STDIN` per table replaces thousands of INSERT round trips. A
@@ -10,13 +12,14 @@ ran inside a savepoint, so only it is rolled back and the rows go through the na
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import psycopg
 from psycopg import sql as psql
 from psycopg.adapt import Transformer
 from psycopg.copy import QueuedLibpqWriter
 from psycopg.pq import Format
+from psycopg.types.json import Jsonb
 
 try:  # psycopg >= 3.2 (its C implementation when psycopg[binary] is installed)
     from psycopg._copy_base import format_row_binary as _format_row_binary, format_row_text as _format_row_text
@@ -26,8 +29,82 @@ except ImportError:  # pragma: no cover - older layouts
 from tapeline.postgres import identifiers, q, qf
 from domain import lifecycle
 
+if TYPE_CHECKING:
+    from projections.fold import Decoded, Folded
+
 EVIDENCE_COLUMNS = lifecycle.EVIDENCE_COLUMNS
 PAYLOAD_OMITS = lifecycle.PAYLOAD_OMITS
+JSON_COLUMNS = frozenset({"ladder", "outputs", "renditions"})
+
+
+def _upsert_job_sql() -> psql.Composed:
+    """The named query `upsert_job_state` for the job_state columns of `schemas/lifecycle.json`: the
+    statement is generated from that column list, so it is composed (once, at import) from the template."""
+    columns = lifecycle.JOB_STATE_COLUMNS
+    updates = psql.SQL(", ").join(qf("upsert_job_state_update", column=c) for c in columns if c != "job_id")
+    return qf("upsert_job_state", columns=identifiers(columns),
+              values=psql.SQL(", ").join(psql.Placeholder(c) for c in columns), updates=updates)
+
+
+UPSERT_JOB = _upsert_job_sql()
+
+
+def job_params(row: dict[str, Any]) -> dict[str, Any]:
+    """`row` as parameters of `UPSERT_JOB` (JSON columns wrapped as jsonb)."""
+    return {c: (Jsonb(row[c]) if c in JSON_COLUMNS and row.get(c) is not None else row.get(c))
+            for c in lifecycle.JOB_STATE_COLUMNS}
+
+
+def load_batch_state(conn: psycopg.Connection, decoded: list[Decoded]) -> tuple[dict[str, dict[str, Any]], set[str]]:
+    """Step 2 of a projector batch: the `job_state` rows of the batch's jobs (job id -> row; `conn`
+    has the dict row factory) and which of its dedup keys were already applied."""
+    job_ids = list({event.job_id for _, event, _ in decoded if event is not None})
+    rows = {row["job_id"]: row for row in conn.execute(q("job_state_by_ids"), {"job_ids": job_ids}).fetchall()} \
+        if job_ids else {}
+    keys = list({event.dedup_key for _, event, _ in decoded if event is not None})
+    seen = {r["dedup_key"] for r in conn.execute(q("applied_dedup_keys_among"), {"keys": keys}).fetchall()} \
+        if keys else set()
+    return rows, seen
+
+
+def write_folded(conn: psycopg.Connection, folded: Folded, rows: dict[str, dict[str, Any]]) -> None:
+    """Step 4 of a projector batch: evidence, uploads, dead letters, the changed job rows (from
+    `rows`), applied dedup keys and the log clock, in the transaction open on `conn`."""
+    with conn.cursor() as cur:
+        if folded.evidence:
+            write_evidence(conn, folded.evidence)  # COPY; row by row only for a redelivery
+        if folded.uploads:
+            cur.executemany(q("upsert_upload"), folded.uploads)
+        write_dead_letters(cur, folded)
+        if folded.changed:
+            cur.executemany(UPSERT_JOB, [job_params(rows[job_id]) for job_id in folded.changed])
+        if folded.new_keys:
+            write_dedup_keys(conn, folded.new_keys)
+        if folded.clock:
+            cur.executemany(q("advance_log_clock"),
+                            [{"partition": p, "now": now} for p, now in folded.clock.items()])
+
+
+def write_dead_letters(cur: psycopg.Cursor, folded: Folded) -> None:
+    """A batch's dead letters, then the replays it marks (the order every batch uses)."""
+    if folded.dead:
+        cur.executemany(q("upsert_dead_letter"), folded.dead)
+    if folded.replays:
+        cur.executemany(q("mark_dead_letter_replayed"), folded.replays)
+
+
+def write_offsets(cur: psycopg.Cursor, projection: str, positions: dict[tuple[str, int], int]) -> None:
+    """Step 5: advance `projector_offsets` (never backwards) to `positions` ((topic, partition) -> next offset)."""
+    if positions:
+        cur.executemany(q("upsert_offset"), [
+            {"projection": projection, "topic": topic, "partition": partition, "next_offset": offset}
+            for (topic, partition), offset in positions.items()])
+
+
+def stored_offsets(conn: psycopg.Connection, projection: str) -> dict[tuple[str, int], int]:
+    """`projector_offsets` of `projection`: (topic, partition) -> next offset (`conn`: dict rows)."""
+    return {(r["topic"], r["partition"]): r["next_offset"]
+            for r in conn.execute(q("offsets_of_projection"), {"projection": projection})}
 
 
 EVIDENCE_TYPES = ("text", "int4", "int8", "timestamptz", "text", "text", "text", "text", "int4", "text", "text",

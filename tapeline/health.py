@@ -221,19 +221,16 @@ class HealthState:
     def stall_detected(self, kind: str) -> None:
         self.stalls.labels(kind=kind).inc()
 
-    def observe_lag(self, consumer: Any, every_s: float = 5.0) -> None:
-        """Projector: records behind, summed over the assignment (cached high watermark minus position;
-        approximate, transaction markers count). Refreshed at most every `every_s` seconds."""
+    def observe_lag(self, reader: Any, every_s: float = 5.0) -> None:
+        """Projector: records behind, summed over the assignment (`reader.records_behind()`, a
+        `tapeline.ports.AssignedReader`: cached high watermark minus position; approximate, transaction
+        markers count). Refreshed at most every `every_s` seconds."""
         now = time.monotonic()
         if now - self._lag_checked < every_s:
             return
         self._lag_checked = now
-        total = 0
         try:
-            for tp in consumer.position(consumer.assignment()):
-                _, high = consumer.get_watermark_offsets(tp, cached=True)
-                if tp.offset >= 0 and high >= 0:
-                    total += max(0, high - tp.offset)
+            total = reader.records_behind()
         except Exception:  # lag is best-effort; the loop must never fail on it
             return
         with self._lock:

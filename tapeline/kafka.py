@@ -8,12 +8,12 @@ Kafka's default (murmur2) partitioner, so Java clients and our own lookups agree
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from domain.errors import ServiceUnavailable
+from tapeline.ports import PartitionEnd, ReadError, broker_time  # noqa: F401 - broker_time: `kafka.broker_time` as before
 from tapeline.settings import Settings
 
 
@@ -164,6 +164,16 @@ class KafkaEventLog:
         """`last_stable_offsets` of one partition."""
         return last_stable_offsets(self._lso_reader(), topic, [partition])[partition]
 
+    def assigned_reader(self, group_id: str, **overrides: Any) -> KafkaAssignedReader:
+        """`consumer(settings, group_id, enable.partition.eof=true, **overrides)` as a `KafkaAssignedReader`."""
+        return KafkaAssignedReader(consumer(self.settings, group_id, **{
+            "enable.partition.eof": True,  # the projector learns "caught up" at each partition's end
+            **overrides}))
+
+    def cluster_id(self) -> str:
+        """The cluster id the broker reports (metadata through the offsets client)."""
+        return self._lso_reader().list_topics(timeout=10).cluster_id
+
     def close(self) -> None:
         """Close the offsets client, if it was opened."""
         if self._reader is not None:
@@ -184,12 +194,42 @@ def is_fenced(exc: KafkaException) -> bool:
                             KafkaError._FATAL) or error.fatal()
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+class KafkaAssignedReader:
+    """The `AssignedReader` port over a confluent-kafka `Consumer` opened with `enable.partition.eof`:
+    records are the client's own `Message`s (a `LogRecord`), its partition-end events become
+    `PartitionEnd`, its other errors `ReadError`."""
 
+    def __init__(self, client: Consumer) -> None:
+        self.client = client
 
-def broker_time(message: Message) -> datetime:
-    """The record's timestamp (LogAppendTime on the lifecycle topic) as an aware UTC datetime, exact to
-    the millisecond (`fromtimestamp(millis / 1000.0)` was off by microseconds after about 2112, where
-    the float's resolution passes half a microsecond; the native engine is exact)."""
-    _, millis = message.timestamp()
-    return _EPOCH + timedelta(milliseconds=millis)
+    def assign(self, positions: list[tuple[str, int, int | None]]) -> None:
+        self.client.assign([TopicPartition(topic, partition, OFFSET_BEGINNING if offset is None else offset)
+                            for topic, partition, offset in positions])
+
+    def poll(self, timeout_s: float) -> Message | PartitionEnd | ReadError | None:
+        message = self.client.poll(timeout_s)
+        return None if message is None else self._item(message)
+
+    def consume(self, max_records: int, timeout_s: float) -> list[Message | PartitionEnd | ReadError]:
+        return [self._item(message) for message in self.client.consume(max_records, timeout=timeout_s)]
+
+    @staticmethod
+    def _item(message: Message) -> Message | PartitionEnd | ReadError:
+        error = message.error()
+        if error is None:
+            return message
+        if error.code() == KafkaError._PARTITION_EOF:
+            return PartitionEnd(message.topic(), message.partition(), message.offset())
+        return ReadError(str(error), fatal=error.fatal())
+
+    def records_behind(self) -> int:
+        """Cached high watermark minus position, summed over the assignment."""
+        total = 0
+        for tp in self.client.position(self.client.assignment()):
+            _, high = self.client.get_watermark_offsets(tp, cached=True)
+            if tp.offset >= 0 and high >= 0:
+                total += max(0, high - tp.offset)
+        return total
+
+    def close(self) -> None:
+        self.client.close()

@@ -7,9 +7,13 @@ calls them only through these shapes; which adapter stands behind each:
 |-----------------|-------------------------------------------|--------------------------------|
 | `Clock`         | `tapeline.clock.SystemClock`              | the machine's clock, uuid4 ids |
 | `EventLog`      | `tapeline.kafka.KafkaEventLog`            | Kafka (confluent-kafka)        |
+| `AssignedReader`| `tapeline.kafka.KafkaAssignedReader`      | an assign-only Kafka consumer  |
 | `JobStore`      | `tapeline.postgres.PostgresJobStore`      | PostgreSQL, named queries only |
 | `ObjectStorage` | `tapeline.objectstore.ObjectStore`        | S3 (boto3)                     |
 | `MediaTool`     | `processors.media.FfmpegTool`             | ffprobe and ffmpeg processes   |
+
+The projector (`projections/projector.py`) reads the log through `EventLog.assigned_reader` too:
+records as `LogRecord`, a partition's end as `PartitionEnd`, an error as `ReadError`.
 
 Each Protocol lists only the methods a processor calls. They are `runtime_checkable` so a unit test
 can check that each adapter has them (tests/unit/test_ports.py); that checks names, not signatures.
@@ -18,6 +22,8 @@ can check that each adapter has them (tests/unit/test_ports.py); that checks nam
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
@@ -32,7 +38,88 @@ if TYPE_CHECKING:
 Writer = Any
 Reader = Any
 
-__all__ = ["Clock", "EventLog", "JobStore", "MediaTool", "ObjectStorage", "system_clock"]
+__all__ = ["AssignedReader", "Clock", "EventLog", "JobStore", "LogRecord", "MediaTool", "ObjectStorage", "PartitionEnd",
+           "ReadError", "broker_time", "system_clock"]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+class LogRecord(Protocol):
+    """One committed record as the projections read it: the adapter's own record object, read only
+    through these methods (not copied into one of ours: the fold it goes to, shared with the replay,
+    takes tens of thousands a second, docs/benchmarks.md)."""
+
+    def topic(self) -> str: ...
+
+    def partition(self) -> int: ...
+
+    def offset(self) -> int: ...
+
+    def key(self) -> bytes | None: ...
+
+    def value(self) -> bytes | None: ...
+
+    def headers(self) -> list[tuple[str, bytes | None]] | None: ...
+
+    def timestamp(self) -> tuple[int, int]:
+        """(timestamp type, milliseconds since the epoch): the broker's time (LogAppendTime on every
+        topic the projections read, so one clock); `broker_time` reads it."""
+        ...
+
+
+def broker_time(record: LogRecord) -> datetime:
+    """The record's broker timestamp as an aware UTC datetime, exact to the millisecond
+    (`fromtimestamp(millis / 1000.0)` was off by microseconds after about 2112, where the float's
+    resolution passes half a microsecond; the native engine is exact)."""
+    return _EPOCH + timedelta(milliseconds=record.timestamp()[1])
+
+
+@dataclass(frozen=True)
+class PartitionEnd:
+    """A reader reached the end of `topic[partition]`: nothing more is waiting there now; `offset` is
+    the position there (the next offset a record would have)."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class ReadError:
+    """A reader reported an error instead of a record (`fatal`: the reader cannot go on)."""
+
+    reason: str
+    fatal: bool
+
+
+@runtime_checkable
+class AssignedReader(Protocol):
+    """A reader of committed records assigned explicit partitions at explicit offsets, outside any
+    consumer group's commits (the projector keeps its positions in PostgreSQL). Reports each
+    partition's end (`PartitionEnd`). Not thread-safe."""
+
+    def assign(self, positions: list[tuple[str, int, int | None]]) -> None:
+        """Read exactly these (topic, partition, next offset) from now on; an offset of None is the
+        partition's first record still in the log."""
+        ...
+
+    def poll(self, timeout_s: float) -> LogRecord | PartitionEnd | ReadError | None:
+        """The next record, partition end or error, or None when nothing arrived in `timeout_s`."""
+        ...
+
+    def consume(self, max_records: int, timeout_s: float) -> list[LogRecord | PartitionEnd | ReadError]:
+        """Up to `max_records` records, partition ends and errors; returns when that many arrived or
+        `timeout_s` passed (0: only what has already arrived)."""
+        ...
+
+    def records_behind(self) -> int:
+        """Records between the reader's position and the end of each assigned partition, summed, from
+        the client's cached end offsets (approximate: transaction markers count)."""
+        ...
+
+    def close(self) -> None:
+        ...
+
 
 @runtime_checkable
 class EventLog(Protocol):
@@ -61,6 +148,15 @@ class EventLog(Protocol):
     def last_stable_offset(self, topic: str, partition: int) -> int:
         """The offset a read_committed reader of `topic[partition]` can reach now (the LSO: past the
         last committed record, before any open transaction)."""
+        ...
+
+    def assigned_reader(self, group_id: str, **overrides: Any) -> AssignedReader:
+        """A new reader that is only ever assigned partitions (`group_id` names the client; it never
+        joins or commits): read_committed, partition ends reported; `overrides` are client settings."""
+        ...
+
+    def cluster_id(self) -> str:
+        """The id of the cluster holding the log (offsets from another cluster mean nothing here)."""
         ...
 
     def close(self) -> None:

@@ -5,8 +5,8 @@ the producers) with the operator actions of `processors/operator.py` and the HTT
 `producers/http_intake.py`; `serve` runs it (`tapeline serve`). `build_processor` builds one
 processor role with its adapters (the ports of `tapeline/ports.py`: Kafka's `KafkaEventLog`,
 PostgreSQL's `PostgresJobStore`, S3's `ObjectStore`, the system clock) for `tapeline run`
-(`tapeline/cli_run.py` `run_role`, in each child of the supervisor too); `rescue_on_exit` builds the
-supervisor's rescuer the same way.
+(`tapeline/cli_run.py` `run_role`, in each child of the supervisor too), the projector through
+`build_projector`; `rescue_on_exit` builds the supervisor's rescuer the same way.
 """
 
 from __future__ import annotations
@@ -142,13 +142,27 @@ def build_processor(role: str, settings: Settings, health: HealthState):
         from processors.publish import PublishWorker
 
         return PublishWorker(settings, **processor_adapters(settings, role, health))
-    from projections.projector import Projector
-
-    processor = {"projector": Projector}[role](settings)  # it still builds its own adapters in `run`
-    if not hasattr(processor, "health"):
-        health.mark_ready()  # a processor that does not report readiness is ready once running
+    processor = {"projector": build_projector}[role](settings)
     processor.health = health
     return processor
+
+
+def build_projector(settings: Settings, projection: str = "main", batch_size: int = 1000,
+                    lag_interval_s: float = 5.0):
+    """The projector (`projections/projector.py`) over the Kafka event log (its offsets and metadata
+    client in group `<app>.projector.lso`), measuring projection lag every `lag_interval_s` seconds
+    with a `tapeline.lag.LagObserver` (its own thread, consumer and connection; 0 turns it off). The
+    projector's PostgreSQL session (its batches' transactions, its standby lock) is its own."""
+    from projections.projector import Projector
+    from tapeline.kafka import KafkaEventLog
+    from tapeline.lag import LagObserver
+
+    def observe_lag(health: HealthState) -> LagObserver:
+        return LagObserver(settings, health, projection, lag_interval_s).start()
+
+    return Projector(settings, events=KafkaEventLog(settings, f"{settings.app_name}.projector.lso"),
+                     projection=projection, batch_size=batch_size,
+                     observe_lag=observe_lag if lag_interval_s > 0 else None)
 
 
 def rescue_on_exit(settings: Settings):

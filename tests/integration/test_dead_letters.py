@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 
-from projections.projector import _dead_letter
+from projections.fold import dead_letter
 from tapeline.postgres import q
 from domain import events as ev
 from domain.codec import default_codec
@@ -116,9 +116,9 @@ def test_two_sightings_of_one_bad_record_keep_the_earliest_in_either_order(isola
     def sightings(id: str) -> list[dict]:
         common = dict(key=b"k", value=b"\xff")
         return [
-            _dead_letter(id, "projection", "uploads", 0, 7, at, "not Avro", "projector",
+            dead_letter(id, "projection", "uploads", 0, 7, at, "not Avro", "projector",
                          headers=[("origin", b"test")], evidence="uploads/0/7", error_class="invalid_input", **common),
-            _dead_letter(id, "record", "uploads", 0, 7, at + timedelta(seconds=2), "undecodable", "intake",
+            dead_letter(id, "record", "uploads", 0, 7, at + timedelta(seconds=2), "undecodable", "intake",
                          headers=[("origin", b"test"), ("retried", b"1")], evidence="dead-letters/0/3",
                          error_class="unsupported_media", stage="intake", **common)]
 

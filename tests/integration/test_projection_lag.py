@@ -16,10 +16,10 @@ from datetime import datetime, timezone
 import pytest
 
 from tapeline.lag import LagObserver, lag_reader, measure
-from projections.projector import Projector
 from tapeline.postgres import connect
 from tapeline import kafka
 from tapeline.health import HealthState
+from tapeline.wiring import build_projector
 from tests.conftest import settings_env, tapeline_cli, wait_for
 from tests.integration.test_projector import lifecycle, run_projector_until_caught_up
 from tests.integration.test_replay import produce
@@ -132,7 +132,7 @@ def test_the_projector_exports_lag_gauges(isolated, producer):
         observer.stop()
     # The projector's own observer: once it has applied them, 0 events and 0 seconds.
     stop = threading.Event()
-    projector = Projector(isolated, lag_interval_s=0.2)
+    projector = build_projector(isolated, lag_interval_s=0.2)
     thread = threading.Thread(target=projector.run, args=(stop,), daemon=True)
     thread.start()
     try:

@@ -11,7 +11,8 @@ import pytest
 
 from processors.runtime import Runtime, transact
 from domain.lifecycle import JOB_STATE_COLUMNS
-from projections.projector import Projector, apply_batch
+from projections.projector import apply_batch
+from tapeline.wiring import build_projector
 from tapeline.postgres import connect, migrate
 from domain import events as ev
 from tapeline import kafka, stack
@@ -59,7 +60,7 @@ def written(isolated):
 
 def run_projector_until_caught_up(settings):
     stop, ready = threading.Event(), threading.Event()
-    projector = Projector(settings)
+    projector = build_projector(settings)
     thread = threading.Thread(target=projector.run, args=(stop, ready), daemon=True)
     thread.start()
     wait_for(ready.is_set, 60, "the projector to reach the end of every partition")
@@ -138,7 +139,7 @@ def test_projector_refuses_offsets_from_another_kafka_cluster(isolated, written)
         conn.execute("UPDATE projection_source SET cluster_id = 'another-cluster'")
         before = conn.execute("SELECT count(*) FROM lifecycle_evidence").fetchone()[0]
     stop = threading.Event()
-    projector = Projector(isolated)
+    projector = build_projector(isolated)
     thread = threading.Thread(target=projector.run, args=(stop,), daemon=True)
     thread.start()
     thread.join(3)

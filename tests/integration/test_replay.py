@@ -20,11 +20,11 @@ from confluent_kafka import TopicPartition
 from bench import lifecycles
 from projections import native
 from projections.export import export
-from projections.projector import Projector
 from projections.replay import replay, replay_lock
 from domain.codec import default_codec
 from tapeline import kafka
 from tests.conftest import tapeline_cli, wait_for
+from tapeline.wiring import build_projector
 from tests.integration.test_projector import run_projector_until_caught_up
 
 pytestmark = pytest.mark.integration
@@ -309,7 +309,7 @@ def test_export_writes_a_whole_file_or_none_and_checks_its_arguments_first(isola
 
 def test_swap_pauses_the_projector_and_it_resumes_from_the_new_schema(isolated, busy):
     stop, ready = threading.Event(), threading.Event()
-    projector = Projector(isolated)
+    projector = build_projector(isolated)
     thread = threading.Thread(target=projector.run, args=(stop, ready), daemon=True)
     thread.start()
     try:

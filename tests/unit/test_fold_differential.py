@@ -1,5 +1,5 @@
 """Both fold engines on generated lifecycles (issue 19, item 6): the Python fold as the bulk replay
-uses it (`bulk.FoldState` over `projector.fold_batch` and `fold.evolve`) and the native one
+uses it (`bulk.FoldState` over `fold.fold_batch` and `lifecycle.evolve`) and the native one
 (`native.NativeFoldState` over `tapeline_native.Engine`) must make the same evidence rows, job rows
 (final ones flushed as they come, open ones at the end), dedup keys, uploads, log clock, positions,
 dead letters and counts (`tests/enginecompare.py`).

@@ -121,7 +121,7 @@ def test_broker_times_after_2112_are_exact_in_both():
     """`projector.broker_time` was `fromtimestamp(millis / 1000.0)`: past about 2112 the float cannot
     hold a microsecond, so a broker time of 9999-12-31 22:00:00.001 came out as ...00.001007 (the
     native engine, exact, said .001000). Found by tests/unit/test_fold_differential.py."""
-    from projections.projector import broker_time
+    from tapeline.ports import broker_time
 
     late = datetime(9999, 12, 31, 22, 0, 0, 1000, tzinfo=timezone.utc)
     millis = int((late - datetime(1970, 1, 1, tzinfo=timezone.utc)) / timedelta(milliseconds=1))

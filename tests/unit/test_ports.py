@@ -60,3 +60,25 @@ def test_build_processor_hands_each_role_its_adapters_through_the_ports():
         if role in ("intake", "transcode"):
             assert isinstance(processor.media, ports.MediaTool)
     assert isinstance(build_processor("watchdog", settings, HealthState("watchdog", "test")).leader, ports.JobStore)
+
+
+def test_the_projectors_reader_satisfies_its_port_and_speaks_its_terms():
+    from confluent_kafka import Consumer, KafkaError, Message
+
+    from tapeline.kafka import KafkaAssignedReader
+
+    settings = Settings()
+    events = KafkaEventLog(settings, "test.lso")
+    assert callable(events.assigned_reader) and callable(events.cluster_id)
+    # never assigned: building the client connects nothing
+    reader = KafkaAssignedReader(Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": "test.ports"}))
+    assert isinstance(reader, ports.AssignedReader) and not isinstance(object(), ports.AssignedReader)
+    record = Message(topic="t", partition=2, offset=6, value=b"v", timestamp=(2, 4_102_444_800_123))
+    end = Message(topic="t", partition=2, offset=7, error=KafkaError(KafkaError._PARTITION_EOF))
+    broken = Message(topic="t", partition=2, error=KafkaError(KafkaError._TRANSPORT, "broker down"))
+    assert reader._item(record) is record  # a record is not copied: it is read through `LogRecord`'s methods
+    assert reader._item(end) == ports.PartitionEnd("t", 2, 7)
+    error = reader._item(broken)
+    assert isinstance(error, ports.ReadError) and "broker down" in error.reason and not error.fatal
+    assert str(ports.broker_time(record)) == "2100-01-01 00:00:00.123000+00:00"
+    reader.close()
