@@ -145,8 +145,12 @@ def test_killing_the_lifecycle_leader_mid_run_loses_and_duplicates_nothing(clust
         elected_s = time.time() - killed_at
         time.sleep(3)
         _restart(settings, victim)
-        wait_for(lambda: all((r := _state(settings, j)) in ("completed", "dead_lettered", "needs_review") for j in jobs),
-                 300, "every job to end")
+        try:
+            wait_for(lambda: all(_state(settings, j) in ("completed", "dead_lettered", "needs_review") for j in jobs),
+                     300, "every job to end")
+        finally:
+            print("job states:", {label: _state(settings, j) for j, label in jobs.items()},
+                  "kafka:", {k: v for k, v in stack.status(settings)["kafka"].items() if k != "nodes"})
         pause_s = _lifecycle_gaps(settings, killed_at - 1)
         result = audit(settings, jobs, provider.posts())
         stalls = [e for m in committed_messages(settings)
