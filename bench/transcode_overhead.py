@@ -89,7 +89,8 @@ def pipeline(settings: Settings, runtime: Runtime, source_key: str, ladder: list
                            tier="standard", source_key=source_key, inputs=[], renditions=ladder)
     producer = kafka.transactional_producer(settings, f"{settings.app_name}.transcode.{job_id}")
     identity = AttemptIdentity(job_id=job_id, stage="transcode", attempt=1, claim_token=new_claim_token(),
-                               recorded_by=runtime.recorded_by, correlation_id=job_id, causation_id=item.event_id)
+                               recorded_by=runtime.recorded_by, correlation_id=job_id, causation_id=item.event_id,
+                               clock=system_clock)
     worker = TranscodeWorker(settings, events=runtime.events, jobs=runtime.jobs, storage=ObjectStore(settings),
                              clock=system_clock, media=media.FfmpegTool())
     attempt = Attempt(runtime, identity, producer, item)

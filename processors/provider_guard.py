@@ -39,7 +39,7 @@ from domain.lifecycle import PAYLOAD_OMITS
 from domain import events as ev
 from domain.errors import Fenced, ProviderDeferred, ProviderError
 from tapeline.settings import Settings
-from tapeline.clock import system_clock
+from tapeline.ports import Clock
 
 log = structlog.get_logger("tapeline.provider_guard")
 
@@ -83,11 +83,13 @@ class ProviderGuard:
     `conn`: an autocommit PostgreSQL connection on the live projection schema (dict rows).
     `record`: commits events on the attempt's fenced producer (raises `Fenced`).
     `make_event`: `make_event(cls, **fields)` builds an event of the attempt.
+    `clock`: the time of a deferral made without the database's clock (its lock was busy).
     """
 
     def __init__(self, conn, provider: str, settings: Settings, job_id: str,
-                 record: Callable[[list[ev.Event]], None], make_event: Callable[..., ev.Event]) -> None:
-        self.conn, self.provider, self.job_id = conn, provider, job_id
+                 record: Callable[[list[ev.Event]], None], make_event: Callable[..., ev.Event], *,
+                 clock: Clock) -> None:
+        self.conn, self.provider, self.job_id, self.clock = conn, provider, job_id, clock
         self.record, self.make_event = record, make_event
         self.policy = BreakerPolicy(base_cooldown_s=settings.webhook_cooldown_s,
                                     max_cooldown_s=settings.webhook_cooldown_max_s,
@@ -131,7 +133,7 @@ class ProviderGuard:
         try:
             return self._admit(attempt, claim_token)
         except psycopg.errors.LockNotAvailable as exc:  # another process holds the lock too long (a slow broker)
-            now = system_clock.now()
+            now = self.clock.now()
             raise self._defer(now, now + timedelta(seconds=1), "in_flight",
                               f"{self.provider}: admission lock busy for {ADMIT_LOCK_TIMEOUT_S:g} s") from exc
 

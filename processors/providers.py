@@ -27,7 +27,7 @@ from domain.errors import ProviderError, ProviderLookupFailed, StorageError
 from tapeline.objectstore import PUBLISHED_PREFIX, ObjectStore
 from tapeline.postgres import q
 from tapeline.settings import Settings
-from tapeline.clock import system_clock
+from tapeline.ports import Clock
 
 AUDIO_BITRATE_BPS = 128_000
 
@@ -230,14 +230,14 @@ class ProviderLimits:
     `max_in_flight` calls at once, each holding one session-level advisory lock
     `(PROVIDER_SLOT_LOCK + crc32(provider) % 1000, slot)` for the call (a crashed process's session
     ends and frees its slot). No free slot raises `ProviderDeferred` (wait `in_flight`, one second)
-    before anything was claimed or posted. Quotas and the circuit breaker are
-    `processors/provider_guard.py`.
+    before anything was claimed or posted; its `until` is one second after `clock.now()`. Quotas
+    and the circuit breaker are `processors/provider_guard.py`.
     """
 
-    def __init__(self, conn, provider: str, max_in_flight: int) -> None:
+    def __init__(self, conn, provider: str, max_in_flight: int, *, clock: Clock) -> None:
         import zlib
 
-        self.conn, self.provider = conn, provider
+        self.conn, self.provider, self.clock = conn, provider, clock
         self.max_in_flight = max(1, max_in_flight)
         self.lock_class = PROVIDER_SLOT_LOCK + zlib.crc32(provider.encode()) % 1000
         self.slot: int | None = None
@@ -253,7 +253,7 @@ class ProviderLimits:
                 self.slot = slot
                 return self
         raise ProviderDeferred(f"{self.provider} has {self.max_in_flight} posts in flight (its concurrency limit)",
-                               provider=self.provider, wait="in_flight", until=system_clock.now() + timedelta(seconds=1),
+                               provider=self.provider, wait="in_flight", until=self.clock.now() + timedelta(seconds=1),
                                retry_after_s=1.0, limit=self.max_in_flight)
 
     def __exit__(self, *exc_info) -> None:

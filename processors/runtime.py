@@ -23,7 +23,6 @@ from tapeline.crashpoints import crash_point
 from domain.errors import Fenced
 from tapeline.health import HealthState
 from tapeline.settings import Settings
-from tapeline.clock import system_clock
 
 log = structlog.get_logger("tapeline.processors")
 
@@ -119,7 +118,8 @@ class Runtime:
 
 @dataclass(frozen=True)
 class AttemptIdentity:
-    """Who owns an attempt: fills the envelope of every event the attempt writes."""
+    """Who owns an attempt: fills the envelope of every event the attempt writes, stamped by
+    `clock` (the processor's, handed in: never read from the machine here)."""
 
     job_id: str
     stage: str
@@ -128,9 +128,11 @@ class AttemptIdentity:
     recorded_by: str
     correlation_id: str
     causation_id: str | None
+    clock: Clock
 
     def event(self, cls: type[ev.Event], sequence: int | None = None, **fields: Any) -> ev.Event:
-        return cls.new(system_clock.stamp(), job_id=self.job_id, stage=self.stage, attempt=self.attempt, claim_token=self.claim_token,
+        """An event of this attempt of type `cls`, stamped (time, event id) by `clock`."""
+        return cls.new(self.clock.stamp(), job_id=self.job_id, stage=self.stage, attempt=self.attempt, claim_token=self.claim_token,
                        recorded_by=self.recorded_by, correlation_id=self.correlation_id,
                        causation_id=self.causation_id, sequence=sequence, **fields)
 

@@ -316,7 +316,7 @@ class StageWorker:
             return None
         identity = AttemptIdentity(job_id=item.job_id, stage=self.stage, attempt=item.attempt,
                                    claim_token=new_claim_token(), recorded_by=runtime.recorded_by,
-                                   correlation_id=item.correlation_id, causation_id=item.event_id)
+                                   correlation_id=item.correlation_id, causation_id=item.event_id, clock=self.clock)
         started = identity.event(ev.AttemptStarted, lease_s=self.settings.lease_s, worker=runtime.recorded_by,
                                  work_topic=message.topic(), work_partition=message.partition(),
                                  work_offset=message.offset())
