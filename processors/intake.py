@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 
 from processors import media, reuse
-from tapeline import read
+from tapeline.rows import tier_backlogs
 from processors.runtime import Outgoing, Runtime, dead_letter_event, dead_letter_record, poll_record, transact
 from domain import events as ev
 from domain.codec import Codec
@@ -26,7 +26,7 @@ from tapeline import logs
 from domain.errors import (DecodeError, InvalidInput, MediaError, QuotaExceeded, SchemaError,
                              StorageError, TapelineError)
 from tapeline.health import HealthState
-from tapeline.objectstore import sha256_file
+from tapeline.objects import sha256_file
 from domain.policy import intake as policy
 from domain.policy.intake import preflight
 from tapeline.settings import Settings
@@ -79,13 +79,13 @@ def choose_profile(runtime: Runtime, store: ObjectStorage, upload: ev.UploadComp
     full = media.plan_ladder(probe, settings.ladder)
     backlog = None
     if settings.degrade_backlog_threshold is not None and upload.priority in settings.degrade_tiers:
-        backlog = read.tier_backlog(runtime.db)[upload.priority].backlog
+        backlog = tier_backlogs(runtime.jobs.all("tier_backlog", {"window_s": 300.0}), 300.0)[upload.priority].backlog
     profile = reuse.plan_profile(upload.profile, upload.priority, full, backlog, settings)
     if not settings.reuse_results:
         return profile, None
     best = reuse.full_profile(upload.profile, full, settings)
     candidates = [best] + ([profile] if profile.fingerprint != best.fingerprint else [])
-    found = reuse.find_reusable(runtime.db, store, upload.sha256, [c.fingerprint for c in candidates])
+    found = reuse.find_reusable(runtime.jobs, store, upload.sha256, [c.fingerprint for c in candidates])
     if found is None:
         return profile, None
     return next(c for c in candidates if c.fingerprint == found.fingerprint), found

@@ -24,10 +24,9 @@ import httpx
 
 from domain import events as ev
 from domain.errors import ProviderError, ProviderLookupFailed, StorageError
-from tapeline.objectstore import PUBLISHED_PREFIX, ObjectStore
-from tapeline.postgres import q
+from tapeline.objects import PUBLISHED_PREFIX
 from tapeline.settings import Settings
-from tapeline.ports import Clock
+from tapeline.ports import Clock, JobStore, ObjectStorage
 
 AUDIO_BITRATE_BPS = 128_000
 
@@ -104,7 +103,7 @@ class OriginProvider:
     name = "origin"
     dedupes = True
 
-    def __init__(self, store: ObjectStore) -> None:
+    def __init__(self, store: ObjectStorage) -> None:
         self.store = store
 
     def publish(self, request: PublishRequest, idempotency_key: str,
@@ -234,10 +233,11 @@ class ProviderLimits:
     and the circuit breaker are `processors/provider_guard.py`.
     """
 
-    def __init__(self, conn, provider: str, max_in_flight: int, *, clock: Clock) -> None:
+    def __init__(self, jobs: JobStore, provider: str, max_in_flight: int, *, clock: Clock) -> None:
+        """`jobs`: the job store whose session holds the slot's lock (a publish process's own)."""
         import zlib
 
-        self.conn, self.provider, self.clock = conn, provider, clock
+        self.jobs, self.provider, self.clock = jobs, provider, clock
         self.max_in_flight = max(1, max_in_flight)
         self.lock_class = PROVIDER_SLOT_LOCK + zlib.crc32(provider.encode()) % 1000
         self.slot: int | None = None
@@ -248,7 +248,7 @@ class ProviderLimits:
         from domain.errors import ProviderDeferred
 
         for slot in range(self.max_in_flight):
-            row = self.conn.execute(q("provider_slot_try_lock"), {"lock_class": self.lock_class, "slot": slot}).fetchone()
+            row = self.jobs.one("provider_slot_try_lock", {"lock_class": self.lock_class, "slot": slot})
             if (row["got"] if isinstance(row, dict) else row[0]):
                 self.slot = slot
                 return self
@@ -258,5 +258,5 @@ class ProviderLimits:
 
     def __exit__(self, *exc_info) -> None:
         if self.slot is not None:
-            self.conn.execute(q("provider_slot_unlock"), {"lock_class": self.lock_class, "slot": self.slot})
+            self.jobs.run("provider_slot_unlock", {"lock_class": self.lock_class, "slot": self.slot})
             self.slot = None

@@ -62,12 +62,6 @@ class Runtime:
         # "caught up" must also mean "past everything I wrote".
         self.written: dict[tuple[str, int], int] = {}
 
-    @property
-    def db(self) -> Any:
-        """The job store's PostgreSQL session (dict rows, autocommit), for the processors that still
-        run their named queries on it directly (only a `PostgresJobStore` has one)."""
-        return self.jobs.connection()  # type: ignore[attr-defined]
-
     def partitions(self, topic: str) -> int:
         """The number of partitions of `topic` (`EventLog.partition_count`)."""
         return self.events.partition_count(topic)

@@ -30,12 +30,11 @@ from processors import media, segments
 from processors.runtime import Outgoing
 from processors.segments import AUDIO, Checkpoint, LocalSegment, ResumePlan
 from processors.worker import Attempt, StageWorker, Yielded
-from tapeline.postgres import q
 from domain import events as ev
 from tapeline.crashpoints import delay_point, fail_point
 from domain.errors import StorageError, TranscodeFailed
-from tapeline.objectstore import sha256_file
-from tapeline.ports import MediaTool, ObjectStorage
+from tapeline.objects import sha256_file
+from tapeline.ports import JobStore, MediaTool, ObjectStorage
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.transcode")
@@ -64,9 +63,10 @@ class ResumeMismatch(TranscodeFailed):
     """A resumed encode does not join the reused segments (the seek landed elsewhere)."""
 
 
-def recorded_checkpoints(db, job_id: str, stage: str = "transcode") -> list[Checkpoint]:
-    """Step 1: the checkpoints a job's attempts recorded while they owned it, oldest first."""
-    rows = db.execute(q("job_checkpoints"), {"job_id": job_id, "stage": stage}).fetchall()
+def recorded_checkpoints(jobs: JobStore, job_id: str, stage: str = "transcode") -> list[Checkpoint]:
+    """Step 1: the checkpoints a job's attempts recorded while they owned it, oldest first (the
+    `job_checkpoints` operation of `jobs`)."""
+    rows = jobs.all("job_checkpoints", {"job_id": job_id, "stage": stage})
     return [Checkpoint(attempt=r["attempt"], rendition=r["payload"]["rendition"], index=r["payload"]["segment_index"],
                        key=r["payload"]["object_key"], sha256=r["payload"]["sha256"], frames=r["payload"]["frames"],
                        start_s=r["payload"]["media_start_s"], duration_s=r["payload"]["media_duration_s"])
@@ -148,7 +148,7 @@ class TranscodeWorker(StageWorker):
                 frame_s = 1 / probe.fps if probe.fps else 1 / 25
                 out_dir = Path(tmp) / "out"
                 # Steps 1-2
-                plan, sizes = reuse_verified(store, recorded_checkpoints(attempt.runtime.db, identity.job_id),
+                plan, sizes = reuse_verified(store, recorded_checkpoints(attempt.runtime.jobs, identity.job_id),
                                              names, out_dir, settings.segment_s, frame_s, probe.duration_s)
             if not has_audio:
                 plan = ResumePlan(plan.start_index, plan.video, [])

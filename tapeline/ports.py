@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, NamedTuple, Protocol, runtime_checkable
 
 from tapeline.clock import Clock, system_clock
 
@@ -87,6 +87,10 @@ class ReadError:
 
     reason: str
     fatal: bool
+
+
+class LockTimeout(Exception):
+    """A `JobStore` operation waited for a lock longer than the transaction's lock timeout allows."""
 
 
 class EventLogError(Exception):
@@ -192,7 +196,7 @@ class Writer(Protocol):
         ...
 
 
-__all__ = ["Clock", "EventLog", "EventLogError", "JobStore", "MediaTool", "ObjectStorage", "Offset", "Partition",
+__all__ = ["Clock", "EventLog", "EventLogError", "JobStore", "LockTimeout", "MediaTool", "ObjectStorage", "Offset", "Partition",
            "PartitionEnd", "ReadError", "Reader", "Record", "TransactionMustAbort", "Writer", "WriterFenced",
            "system_clock"]
 
@@ -217,12 +221,13 @@ class EventLog(Protocol):
 
     def partition_count(self, topic: str) -> int:
         """The number of partitions of `topic` (cached per topic). Raises `ServiceUnavailable` when
-        the topic does not exist."""
+        the topic does not exist, `EventLogError` when the broker refuses."""
         ...
 
     def last_stable_offset(self, topic: str, partition: int) -> int:
         """The offset a read_committed reader of `topic[partition]` can reach now (the LSO: past the
-        last committed record, before any open transaction)."""
+        last committed record, before any open transaction). Raises `EventLogError` when the broker
+        does not answer."""
         ...
 
     def close(self) -> None:
@@ -235,9 +240,10 @@ class JobStore(Protocol):
     """The job-state reader and the named operations on PostgreSQL. Callers name an operation (a
     `-- name:` block of projections/sql/*.sql); they never hold SQL. Every call runs in autocommit
     on the store's own session (each read sees the latest projection; a session advisory lock
-    taken through it lives as long as the store). Rows are dicts keyed by column name. A lost
-    connection raises `psycopg.OperationalError`; an unreachable server on first use raises
-    `ServiceUnavailable`."""
+    taken through it lives as long as the store), or, inside `transaction()`, in that one
+    transaction. Rows are dicts keyed by column name. A lock wait past the transaction's lock timeout
+    raises `LockTimeout`; a lost connection raises the adapter's own error (PostgreSQL:
+    `psycopg.OperationalError`); an unreachable server on first use raises `ServiceUnavailable`."""
 
     def open(self) -> None:
         """Open the session now if it is not open (else the first call opens it). Raises
@@ -254,6 +260,11 @@ class JobStore(Protocol):
 
     def run(self, name: str, params: dict[str, Any] | None = None) -> None:
         """Run the named statement, rows (if any) ignored."""
+        ...
+
+    def transaction(self) -> ContextManager[None]:
+        """A block whose operations commit together when it ends, or roll back when it raises (the
+        exception goes on). Session locks taken inside stay; transaction locks end with it."""
         ...
 
     def wait_applied(self, topic: str, partition: int, target: int, timeout_s: float,
