@@ -19,7 +19,6 @@ Claim protocol for one work item (docs/design.md "The lease protocol"):
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 import time
@@ -27,17 +26,17 @@ from typing import Any
 
 import structlog
 
-from domain.policy.retry import Action, retry_decision, retry_scheduled
 from domain.policy.claim import projection_behind, should_skip
+from processors import stage_outcome as outcome
 from processors.attempt import Attempt
-from processors.rescue import Rescuer
+from processors import rescue
 from processors.runtime import (AttemptIdentity, Outgoing, Runtime, attempt_transactional_id, dead_letter_record,
                                 new_claim_token, transact)
 from domain.policy.tiers import after_claim, choose_tier, tier_of
 from processors.tiers import HeadBuffer
 from domain.lifecycle import attempts_used
 from domain import events as ev
-from tapeline import holdings, logs
+from tapeline import logs
 from domain.errors import DecodeError, Fenced, SchemaError, ServiceUnavailable, TapelineError
 from tapeline.health import HealthState
 from tapeline.settings import Settings
@@ -79,17 +78,6 @@ def _log_assignment(what: str):
         if partitions:
             log.info(f"work partitions {what}", partitions=[f"{topic}[{partition}]" for topic, partition in partitions])
     return callback
-
-
-def attempt_outcome(outgoing: list[Outgoing]) -> tuple[str, str]:
-    """(outcome, error class) of a committed completion: failed with the `AttemptFailed`'s class,
-    yielded, or succeeded (class empty). Pure."""
-    for _, event in outgoing:
-        if isinstance(event, ev.AttemptFailed):
-            return "failed", event.error_class
-        if isinstance(event, ev.AttemptYielded):
-            return "yielded", ""
-    return "succeeded", ""
 
 
 class Yielded(Exception):
@@ -154,36 +142,9 @@ class StageWorker:
             consumer.close()
             runtime.close()
 
-    def record_holding(self, attempt: Attempt) -> None:
-        """With a stable `worker_name`: note on disk the attempt this process now holds, so that
-        whoever sees it die retries the attempt at once (`tapeline/holdings.py`)."""
-        name = self.settings.worker_name
-        if name:
-            identity = attempt.identity
-            holdings.record(self.settings, name, holdings.Holding(
-                pid=os.getpid(), job_id=identity.job_id, stage=identity.stage, attempt=identity.attempt,
-                claim_token=identity.claim_token,
-                transactional_id=attempt_transactional_id(self.settings, identity.stage, identity.job_id)))
-
-    def release_holding(self) -> None:
-        if self.settings.worker_name:
-            holdings.release(self.settings, self.settings.worker_name, os.getpid())
-
     def rescue_earlier_incarnations(self, runtime: Runtime) -> None:
-        """A worker restarted under its stable name (systemd, Kubernetes) retries at once what an
-        earlier incarnation of that name held when it died, instead of leaving it to its lease.
-        A rescue that cannot be made now (Kafka or the projection not answering) is left to the lease."""
-        name = self.settings.worker_name
-        if not name:
-            return
-        for holding in holdings.left_by_earlier_incarnations(self.settings, name, os.getpid()):
-            try:
-                Rescuer(self.settings, self.stage, runtime=runtime, clock=self.clock).rescue(holding, "died (found by its restarted worker)")
-            except (ServiceUnavailable, EventLogError, Fenced) as exc:
-                log.warning("could not rescue an earlier incarnation's attempt; its lease will", error=str(exc),
-                            job_id=holding.job_id, attempt=holding.attempt)
-                continue
-            holdings.release(self.settings, name, holding.pid)
+        """`rescue.rescue_earlier_incarnations` for this stage (a worker restarted under its stable name)."""
+        rescue.rescue_earlier_incarnations(self.settings, self.stage, runtime, self.clock)
 
     def subscribe(self, consumer: Reader, topics: list[str]) -> None:
         """Join the stage's group on every tier's work topic; revoked partitions lose their heads."""
@@ -255,11 +216,11 @@ class StageWorker:
         self.passed_over = after_claim(self.waiting_at_choice, self.passed_over, tier)
         self.buffer.clear()  # unclaimed heads are read again from the committed offsets after rejoining
         leave_group(consumer)  # Step 5: leave the group while busy
-        self.record_holding(attempt)
+        rescue.record_holding(self.settings, attempt.identity)
         try:
             self.execute(attempt, store)
         finally:
-            self.release_holding()
+            rescue.release_holding(self.settings)
             self.current = None
             self.health.clear_attempt()
             self.subscribe(consumer, topics)  # Step 6 done: free again
@@ -389,10 +350,10 @@ class StageWorker:
             self.fenced(attempt)
             return
         self.processed += 1
-        outcome, error_class = attempt_outcome(outgoing)
-        self.health.count_attempt(self.stage, outcome, error_class, time.monotonic() - attempt.claimed_at)
+        ended, error_class = outcome.attempt_outcome(outgoing)
+        self.health.count_attempt(self.stage, ended, error_class, time.monotonic() - attempt.claimed_at)
         self.health.job_done()
-        log.info("attempt finished", outcome=outcome, error_class=error_class or None,
+        log.info("attempt finished", outcome=ended, error_class=error_class or None,
                  events=[e.event_type for t, e in outgoing if t == jobs])
 
     def fenced(self, attempt: Attempt) -> None:
@@ -400,55 +361,16 @@ class StageWorker:
         self.health.mark_fenced(f"fenced: a newer attempt owns job {attempt.identity.job_id}")
 
     def next_attempt_events(self, attempt: Attempt, next_attempt: int) -> list[Outgoing]:
-        """`StageQueued` + the `WorkItem` of the same stage's next attempt (same inputs)."""
-        item, identity = attempt.item, attempt.identity
-        common = dict(job_id=item.job_id, recorded_by=identity.recorded_by, correlation_id=item.correlation_id,
-                      causation_id=item.event_id, claim_token=identity.claim_token)
-        work_topic = self.settings.work_topic(self.stage, item.tier)
-        return [
-            (self.settings.jobs_topic, ev.StageQueued.new(self.clock.stamp(), stage=self.stage, attempt=next_attempt, tier=item.tier,
-                                                          work_topic=work_topic, **common)),
-            (work_topic, ev.WorkItem.new(self.clock.stamp(), 
-                stage=self.stage, attempt=next_attempt, tier=item.tier, source_key=item.source_key,
-                inputs=item.inputs, renditions=item.renditions, audio_playlist_key=item.audio_playlist_key,
-                media_duration_s=item.media_duration_s, checkpoint_refs=item.checkpoint_refs,
-                x264_preset=item.x264_preset, degraded=item.degraded, **common)),
-        ]
+        """`stage_outcome.next_attempt_events` for `attempt`."""
+        return outcome.next_attempt_events(self.settings, attempt.identity, attempt.item, next_attempt)
 
     def yield_events(self, attempt: Attempt, reason: str) -> list[Outgoing]:
-        """A graceful hand-over: `AttemptYielded`, then the next attempt queued at once."""
-        return [(self.settings.jobs_topic, attempt.event(ev.AttemptYielded, reason=reason))] + \
-            self.next_attempt_events(attempt, attempt.item.attempt + 1)
+        """`stage_outcome.yield_events` for `attempt`: `AttemptYielded` + the next attempt queued at once."""
+        return outcome.yield_events(self.settings, attempt.identity, attempt.item, reason)
 
     def failure_events(self, attempt: Attempt, error_class: str, reason: str,
                        cooldown_s: float | None = None) -> list[Outgoing]:
-        """`AttemptFailed` and what follows from the retry decision (retry, fail, dead-letter).
-
-        `cooldown_s`: a provider's own `Retry-After` (seconds); a provider_throttled retry waits
-        exactly that long instead of the policy's backoff (docs/design.md: "a throttling provider after
-        its cooldown").
-        """
-        jobs, item = self.settings.jobs_topic, attempt.item
-        used = item.attempt - attempt.uncounted
-        decision = retry_decision(error_class, used, self.settings.retry_policy())
-        if cooldown_s is not None and decision.action is Action.RETRY:
-            decision = dataclasses.replace(decision, delay_s=cooldown_s)  # the provider said when
-        if decision.action is Action.RETRY:  # attempt numbers keep rising past uncounted ones (yields, deferrals)
-            decision = dataclasses.replace(decision, next_attempt=item.attempt + 1)
-        out: list[Outgoing] = [(jobs, attempt.event(ev.AttemptFailed, error_class=error_class,
-                                                    retryable=decision.action is not Action.FAIL, reason=reason))]
-        common = dict(job_id=item.job_id, recorded_by=attempt.identity.recorded_by, correlation_id=item.correlation_id,
-                      causation_id=item.event_id, claim_token=attempt.identity.claim_token)
-        if decision.action is Action.FAIL:
-            out.append((jobs, ev.JobFailed.new(self.clock.stamp(), stage=self.stage, attempt=item.attempt, error_class=error_class,
-                                               reason=reason, **common)))
-        elif decision.action is Action.DEAD_LETTER:
-            dead = ev.JobDeadLettered.new(self.clock.stamp(), stage=self.stage, attempt=item.attempt, error_class=error_class,
-                                          reason=reason, attempts=used, evidence=f"{jobs} job {item.job_id}", **common)
-            out += [(jobs, dead), (self.settings.dlq_topic, dead)]  # the lifecycle fact + its dead-letter record
-        else:
-            out.append((jobs, retry_scheduled(decision.delay_s, self.clock.stamp(), stage=self.stage, attempt=item.attempt,
-                                              next_attempt=decision.next_attempt, error_class=error_class, **common)))
-            if decision.delay_s <= 0:  # at once; otherwise the watchdog dispatches it when due
-                out += self.next_attempt_events(attempt, decision.next_attempt)
-        return out
+        """`stage_outcome.failure_events` for `attempt`: `AttemptFailed` and what the retry decision
+        makes of it (`cooldown_s`: a provider's own `Retry-After`, seconds)."""
+        return outcome.failure_events(self.settings, attempt.identity, attempt.item, attempt.uncounted, error_class,
+                                      reason, cooldown_s)
