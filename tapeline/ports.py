@@ -7,11 +7,16 @@ calls them only through these shapes; which adapter stands behind each:
 |-----------------|-------------------------------------------|--------------------------------|
 | `Clock`         | `tapeline.clock.SystemClock`              | the machine's clock, uuid4 ids |
 | `EventLog`      | `tapeline.kafka.KafkaEventLog`            | Kafka (confluent-kafka)        |
+| `Reader`        | `tapeline.kafka.KafkaReader`              | a Kafka consumer               |
+| `Writer`        | `tapeline.kafka.KafkaWriter`              | a transactional Kafka producer |
 | `JobStore`      | `tapeline.postgres.PostgresJobStore`      | PostgreSQL, named queries only |
 | `ObjectStorage` | `tapeline.objectstore.ObjectStore`        | S3 (boto3)                     |
 | `MediaTool`     | `processors.media.FfmpegTool`             | ffprobe and ffmpeg processes   |
 
-Each Protocol lists only the methods a processor calls. They are `runtime_checkable` so a unit test
+Records, positions and errors are this module's own (`Record`, `PartitionEnd`, `ReadError`,
+`Offset`, `EventLogError`, `TransactionMustAbort`, `WriterFenced`, `LockTimeout`): the processors
+import no client library (an import contract in pyproject.toml holds that), so no client type
+crosses a port. Each Protocol lists only the methods a processor calls. They are `runtime_checkable` so a unit test
 can check that each adapter has them (tests/unit/test_ports.py); that checks names, not signatures.
 """
 
