@@ -26,7 +26,7 @@ from typing import Any
 
 import structlog
 
-from processors import media, segments, segment_plan, ts_scan
+from processors import media, segments, segment_plan
 from processors.runtime import Outgoing
 from processors.segment_plan import AUDIO, Checkpoint, LocalSegment, ResumePlan
 from processors.worker import Attempt, StageWorker, Yielded
