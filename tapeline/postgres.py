@@ -271,7 +271,7 @@ class PostgresJobStore:
         self._conn: psycopg.Connection | None = None
 
     def connection(self) -> psycopg.Connection:
-        """The session itself (adapter only, not part of the port: for code not yet on named operations)."""
+        """The session itself, opened on first use (the adapter's own: not part of the port)."""
         if self._conn is None:
             self._conn = connect(self.settings.database_url, schema=self.settings.db_schema, autocommit=True)
             self._conn.row_factory = psycopg.rows.dict_row
