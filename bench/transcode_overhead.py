@@ -43,7 +43,7 @@ from processors.runtime import AttemptIdentity, Runtime, new_claim_token  # noqa
 from processors.transcode import TranscodeWorker  # noqa: E402
 from processors.worker import Attempt  # noqa: E402
 from domain import events as ev  # noqa: E402
-from tapeline import kafka  # noqa: E402
+from tapeline.wiring import build_runtime  # noqa: E402
 from tapeline.objectstore import ObjectStore  # noqa: E402
 from tapeline.samples import sample_video  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402
@@ -87,9 +87,10 @@ def pipeline(settings: Settings, runtime: Runtime, source_key: str, ladder: list
     and the number of checkpoints it recorded."""
     item = ev.WorkItem.new(system_clock.stamp(), job_id=job_id, stage="transcode", attempt=1, recorded_by="bench", correlation_id=job_id,
                            tier="standard", source_key=source_key, inputs=[], renditions=ladder)
-    producer = kafka.transactional_producer(settings, f"{settings.app_name}.transcode.{job_id}")
+    producer = runtime.events.transactional_producer(f"{settings.app_name}.transcode.{job_id}")
     identity = AttemptIdentity(job_id=job_id, stage="transcode", attempt=1, claim_token=new_claim_token(),
-                               recorded_by=runtime.recorded_by, correlation_id=job_id, causation_id=item.event_id)
+                               recorded_by=runtime.recorded_by, correlation_id=job_id, causation_id=item.event_id,
+                               clock=system_clock)
     worker = TranscodeWorker(settings, events=runtime.events, jobs=runtime.jobs, storage=ObjectStore(settings),
                              clock=system_clock, media=media.FfmpegTool())
     attempt = Attempt(runtime, identity, producer, item)
@@ -119,7 +120,7 @@ def main() -> int:
     ladder = media.plan_ladder(probe, settings.ladder)
     source_key = f"uploads/{settings.topic_prefix}/source.mp4"
     ObjectStore(settings).upload_file(source, source_key, "video/mp4")
-    runtime = Runtime(settings, "transcode")
+    runtime = build_runtime(settings, "transcode")
     print(f"source: {probe.duration_s:.1f} s {probe.width}x{probe.height} {probe.fps:g} fps, ladder "
           f"{[r.name for r in ladder]} + audio, preset {settings.x264_preset}, segments {settings.segment_s:g} s")
     bare_s, seg_s, pipe_s, encode_s = [], [], [], []

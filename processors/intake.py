@@ -16,11 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from confluent_kafka import Message, TopicPartition
 
 from processors import media, reuse
-from tapeline import read
-from tapeline.kafka import broker_time
+from tapeline.rows import tier_backlogs
 from processors.runtime import Outgoing, Runtime, dead_letter_event, dead_letter_record, poll_record, transact
 from domain import events as ev
 from domain.codec import Codec
@@ -28,11 +26,11 @@ from tapeline import logs
 from domain.errors import (DecodeError, InvalidInput, MediaError, QuotaExceeded, SchemaError,
                              StorageError, TapelineError)
 from tapeline.health import HealthState
-from tapeline.objectstore import sha256_file
+from tapeline.objects import sha256_file
 from domain.policy import intake as policy
 from domain.policy.intake import preflight
 from tapeline.settings import Settings
-from tapeline.ports import Clock, EventLog, JobStore, MediaTool, ObjectStorage
+from tapeline.ports import Clock, EventLog, JobStore, MediaTool, ObjectStorage, Record
 
 log = structlog.get_logger("tapeline.intake")
 RECORD_BACKOFF_CAP_S = 30.0
@@ -81,13 +79,13 @@ def choose_profile(runtime: Runtime, store: ObjectStorage, upload: ev.UploadComp
     full = media.plan_ladder(probe, settings.ladder)
     backlog = None
     if settings.degrade_backlog_threshold is not None and upload.priority in settings.degrade_tiers:
-        backlog = read.tier_backlog(runtime.db)[upload.priority].backlog
+        backlog = tier_backlogs(runtime.jobs.all("tier_backlog", {"window_s": 300.0}), 300.0)[upload.priority].backlog
     profile = reuse.plan_profile(upload.profile, upload.priority, full, backlog, settings)
     if not settings.reuse_results:
         return profile, None
     best = reuse.full_profile(upload.profile, full, settings)
     candidates = [best] + ([profile] if profile.fingerprint != best.fingerprint else [])
-    found = reuse.find_reusable(runtime.db, store, upload.sha256, [c.fingerprint for c in candidates])
+    found = reuse.find_reusable(runtime.jobs, store, upload.sha256, [c.fingerprint for c in candidates])
     if found is None:
         return profile, None
     return next(c for c in candidates if c.fingerprint == found.fingerprint), found
@@ -215,24 +213,24 @@ class IntakeProcessor:
                 message = poll_record(consumer, self.health)
                 if message is None:
                     continue
-                with logs.scope(**logs.kafka_position(message)):  # every line about this record says which
-                    position = (message.topic(), message.partition(), message.offset())
+                with logs.scope(**message.where):  # every line about this record says which
+                    position = (message.topic, message.partition, message.offset)
                     try:
                         outgoing = self.handle(runtime, store, message)
                     except Exception as exc:  # transient infrastructure, or a bug on this one record
                         failures[position] = failures.get(position, 0) + 1
                         outgoing = self.after_failure(runtime, message, exc, failures[position], stop)
                         if outgoing is None:
-                            consumer.seek(TopicPartition(*position))  # read it again
+                            consumer.seek(*position)  # read it again
                             continue
                     failures.pop(position, None)
-                    offsets = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
+                    offsets = [message.next_offset()]
                     try:
                         transact(producer, lambda: runtime.produce(producer, outgoing), consumer=consumer,
                                  offsets=offsets, name="intake")
                     except Exception:
                         # Aborted: read the record again from the last committed position.
-                        consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
+                        consumer.seek(*position)
                         raise
                     self.processed += 1
                     self.health.job_done()
@@ -240,14 +238,14 @@ class IntakeProcessor:
             consumer.close()
             runtime.close()
 
-    def after_failure(self, runtime: Runtime, message: Message, error: Exception, failures: int,
+    def after_failure(self, runtime: Runtime, message: Record, error: Exception, failures: int,
                       stop: threading.Event) -> list[Outgoing] | None:
         """What to do after handling a record raised (a transient storage, broker or projection
         failure, or a bug on this one record): None to read it again after `record_backoff`, or,
         after `intake_record_max_tries` failed tries, its dead-letter record with the error's class
         and message, so one record never stops the intake or holds up its partition past the bound
         `record_backoff` states (docs/design.md principle 6)."""
-        where = dict(topic=message.topic(), partition=message.partition(), offset=message.offset())
+        where = message.where
         delay = record_backoff(failures, self.settings)
         reason = f"{type(error).__name__}: {error}"
         if delay is None:
@@ -262,11 +260,11 @@ class IntakeProcessor:
         stop.wait(delay)
         return None
 
-    def handle(self, runtime: Runtime, store: ObjectStorage, message: Message) -> list[Outgoing]:
+    def handle(self, runtime: Runtime, store: ObjectStorage, message: Record) -> list[Outgoing]:
         """Decide on one uploads record. An undecodable record goes to the dead-letter topic, raw."""
-        where = dict(topic=message.topic(), partition=message.partition(), offset=message.offset())
-        triaged = triage(runtime.codec, self.settings, runtime.recorded_by, key=message.key(), value=message.value(),
-                         headers=message.headers(), clock=self.clock, **where)
+        where = message.where
+        triaged = triage(runtime.codec, self.settings, runtime.recorded_by, key=message.key, value=message.value,
+                         headers=message.headers, clock=self.clock, **where)
         if not isinstance(triaged, ev.UploadCompleted):
             log.warning("undecodable upload record sent to the dead-letter topic", error=triaged[1].error, **where)
             return [triaged]
@@ -276,7 +274,7 @@ class IntakeProcessor:
         if existing is not None:
             log.info("duplicate upload: the job already exists", job_id=event.job_id, upload_id=event.upload_id)
             return []
-        probe = quota_check(runtime.jobs, event, broker_time(message), self.settings) or \
+        probe = quota_check(runtime.jobs, event, message.broker_time, self.settings) or \
             inspect_upload(store, event, self.settings, self.media)
         profile, reusable = (None, None) if isinstance(probe, TapelineError) else \
             choose_profile(runtime, store, event, probe, self.settings)

@@ -33,7 +33,7 @@ import structlog
 
 from processors.runtime import Outgoing, Runtime, transact
 from processors.watchdog import queue_attempt
-from tapeline import read
+from tapeline.rows import letter_attempts
 from domain.lifecycle import REOPENABLE_STATES, TERMINAL_STATES
 from domain import events as ev
 from domain.errors import NoSuchJob, NotCancellable, NotReplayable
@@ -70,13 +70,21 @@ def operator_transactional_id(settings: Settings, job_id: str) -> str:
 
 def done_by(timeline: list[dict[str, Any]], event_types: tuple[str, ...]) -> str | None:
     """"by OPERATOR at YYYY-MM-DD HH:MM:SS UTC" of the latest applied event of `event_types` in a
-    job's timeline (`read.timeline` rows, broker time), or None when there is none. Pure."""
+    job's timeline (rows of the `job_timeline` operation, broker time), or None when there is none.
+    Pure."""
     done = [row for row in timeline if row["event_type"] in event_types and row["applied"]]
     if not done:
         return None
     last = done[-1]
     operator = (last.get("payload") or {}).get("operator") or last["recorded_by"]
     return f"by {operator} at {last['broker_ts']:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _dead_letter(jobs: JobStore, dead_letter_id: str) -> dict[str, Any] | None:
+    """One dead letter (the `dead_letter_by_id` operation) with its attempt counts
+    (`tapeline.rows.letter_attempts`), or None; what `tapeline.read.dead_letter` returns."""
+    row = jobs.one("dead_letter_by_id", {"id": dead_letter_id})
+    return letter_attempts(row) if row is not None else None
 
 
 def winner(runtime: Runtime, job_id: str, event_types: tuple[str, ...], seen: int, timeout_s: float) -> str:
@@ -90,7 +98,7 @@ def winner(runtime: Runtime, job_id: str, event_types: tuple[str, ...], seen: in
     while True:
         try:
             runtime.job_row(job_id)  # catch up first
-            timeline = read.timeline(runtime.db, job_id)
+            timeline = runtime.jobs.all("job_timeline", {"job_id": job_id})
             if sum(1 for row in timeline if row["event_type"] in event_types and row["applied"]) > seen:
                 return f"already done {done_by(timeline, event_types)}"
         except Exception as exc:  # noqa: BLE001 - the answer is informative only
@@ -103,7 +111,7 @@ def winner(runtime: Runtime, job_id: str, event_types: tuple[str, ...], seen: in
 
 def applied_count(runtime: Runtime, job_id: str, event_types: tuple[str, ...]) -> int:
     """How many applied events of `event_types` the job's projected timeline has."""
-    return sum(1 for row in read.timeline(runtime.db, job_id) if row["event_type"] in event_types and row["applied"])
+    return sum(1 for row in runtime.jobs.all("job_timeline", {"job_id": job_id}) if row["event_type"] in event_types and row["applied"])
 
 
 def replay_events(row: dict[str, Any] | None, dead_letter_id: str, operator: str, reason: str,
@@ -151,7 +159,7 @@ def replay_dead_letters(settings: Settings, ids: list[str], operator: str, reaso
     try:
         letters = []
         for dead_letter_id in ids:
-            letter = read.dead_letter(runtime.db, dead_letter_id)
+            letter = _dead_letter(runtime.jobs, dead_letter_id)
             if letter is None:
                 raise NotReplayable(f"no dead letter {dead_letter_id!r} (see `tapeline dlq list`)")
             if letter["kind"] != "job":
@@ -174,7 +182,7 @@ def _replay_one(settings: Settings, runtime: Runtime, letter: dict[str, Any], op
     fenced = False
     try:
         row = runtime.job_row(job_id)  # then the caught-up read: holds every action committed before
-        letter = read.dead_letter(runtime.db, letter["id"]) or letter
+        letter = _dead_letter(runtime.jobs, letter["id"]) or letter
         seen = applied_count(runtime, job_id, ("JobReplayed",))
         delay_point("operator.after_read")
         if letter["replayed_at"] is not None:
@@ -250,7 +258,7 @@ def resolve_review(settings: Settings, job_id: str, operator: str, reason: str, 
         seen = applied_count(runtime, job_id, ("JobReplayed",))
         delay_point("operator.after_read")
         if row is None or row["state"] != "needs_review":
-            already = done_by(read.timeline(runtime.db, job_id), ("JobReplayed",)) if row else None
+            already = done_by(runtime.jobs.all("job_timeline", {"job_id": job_id}), ("JobReplayed",)) if row else None
             raise NotReplayable(f"job {job_id} is {row['state'] if row else 'unknown'}, not needs_review"
                                 + (f" (resolved {already})" if already else ""))
         if posted_ref is None:
@@ -301,7 +309,7 @@ def cancel_job(settings: Settings, job_id: str, operator: str, reason: str, *, a
         delay_point("operator.after_read")
         outgoing = cancel_events(row, operator, reason, settings, runtime.recorded_by, clock=adapters.clock)
         if not outgoing:
-            already = done_by(read.timeline(runtime.db, job_id), ("JobCancelled",)) if row["state"] == "cancelled" else None
+            already = done_by(runtime.jobs.all("job_timeline", {"job_id": job_id}), ("JobCancelled",)) if row["state"] == "cancelled" else None
             raise NotCancellable(f"job {job_id} was already cancelled {already}" if already else
                                  f"job {job_id} is {row['state']}: it has ended and cannot be cancelled")
         try:

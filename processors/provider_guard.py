@@ -30,16 +30,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Callable
 
-import psycopg
 import structlog
 
 from domain.policy.breaker import Breaker, BreakerPolicy, admit, on_abandoned, on_failure, on_success, quota_wait
-from tapeline.postgres import q
 from domain.lifecycle import PAYLOAD_OMITS
 from domain import events as ev
 from domain.errors import Fenced, ProviderDeferred, ProviderError
 from tapeline.settings import Settings
-from tapeline.clock import system_clock
+from tapeline.ports import Clock, JobStore, LockTimeout
 
 log = structlog.get_logger("tapeline.provider_guard")
 
@@ -80,14 +78,17 @@ def breaker_from_row(row: dict[str, Any] | None) -> Breaker:
 class ProviderGuard:
     """The breaker and quotas of one provider for one attempt (see the module docstring).
 
-    `conn`: an autocommit PostgreSQL connection on the live projection schema (dict rows).
+    `jobs`: the job store (its named operations on the live projection schema; `transaction()` for
+    each step).
     `record`: commits events on the attempt's fenced producer (raises `Fenced`).
     `make_event`: `make_event(cls, **fields)` builds an event of the attempt.
+    `clock`: the time of a deferral made without the database's clock (its lock was busy).
     """
 
-    def __init__(self, conn, provider: str, settings: Settings, job_id: str,
-                 record: Callable[[list[ev.Event]], None], make_event: Callable[..., ev.Event]) -> None:
-        self.conn, self.provider, self.job_id = conn, provider, job_id
+    def __init__(self, jobs: JobStore, provider: str, settings: Settings, job_id: str,
+                 record: Callable[[list[ev.Event]], None], make_event: Callable[..., ev.Event], *,
+                 clock: Clock) -> None:
+        self.jobs, self.provider, self.job_id, self.clock = jobs, provider, job_id, clock
         self.record, self.make_event = record, make_event
         self.policy = BreakerPolicy(base_cooldown_s=settings.webhook_cooldown_s,
                                     max_cooldown_s=settings.webhook_cooldown_max_s,
@@ -101,15 +102,14 @@ class ProviderGuard:
 
     def _lock(self, timeout_s: float | None = None) -> datetime:
         """Take the provider's lock (call inside a transaction; `timeout_s`: raise
-        `psycopg.errors.LockNotAvailable` after that long); returns the database's clock."""
+        `LockTimeout` after that long); returns the database's clock."""
         if timeout_s is not None:
-            self.conn.execute(q("transaction_lock_timeout"), {"timeout": f"{int(timeout_s * 1000)}ms"})
-        row = self.conn.execute(q("provider_gate_lock"), {"lock_class": PROVIDER_GATE_LOCK,
-                                                          "lock_id": self.lock_id}).fetchone()
+            self.jobs.run("transaction_lock_timeout", {"timeout": f"{int(timeout_s * 1000)}ms"})
+        row = self.jobs.one("provider_gate_lock", {"lock_class": PROVIDER_GATE_LOCK, "lock_id": self.lock_id})
         return row["now"]
 
     def breaker(self) -> Breaker:
-        return breaker_from_row(self.conn.execute(q("provider_breaker"), {"provider": self.provider}).fetchone())
+        return breaker_from_row(self.jobs.one("provider_breaker", {"provider": self.provider}))
 
     def _change(self, old: Breaker, new: Breaker) -> None:
         """Step 1c / 3: commit the change as an event, then apply it to `provider_state`."""
@@ -118,7 +118,7 @@ class ProviderGuard:
                                 reason=new.reason[:500], http_status=new.http_status, failures=new.failures,
                                 version=new.version)
         self.record([event])
-        self.conn.execute(q("apply_provider_breaker_changed"), breaker_change_params(event))
+        self.jobs.run("apply_provider_breaker_changed", breaker_change_params(event))
         log.warning("provider breaker changed", provider=self.provider, from_state=old.state, to_state=new.state,
                     until=new.until.isoformat() if new.until else None, reason=new.reason)
 
@@ -130,13 +130,13 @@ class ProviderGuard:
         """Step 1. Returns the reservation; raises `ProviderDeferred` (nothing changed) or `Fenced`."""
         try:
             return self._admit(attempt, claim_token)
-        except psycopg.errors.LockNotAvailable as exc:  # another process holds the lock too long (a slow broker)
-            now = system_clock.now()
+        except LockTimeout as exc:  # another process holds the lock too long (a slow broker)
+            now = self.clock.now()
             raise self._defer(now, now + timedelta(seconds=1), "in_flight",
                               f"{self.provider}: admission lock busy for {ADMIT_LOCK_TIMEOUT_S:g} s") from exc
 
     def _admit(self, attempt: int, claim_token: str | None) -> Ticket:
-        with self.conn.transaction():
+        with self.jobs.transaction():
             now = self._lock(ADMIT_LOCK_TIMEOUT_S)
             breaker = self.breaker()
             admission = admit(breaker, self.job_id, now, self.policy)
@@ -146,7 +146,7 @@ class ProviderGuard:
                         else f"breaker half-open: job {breaker.probe_job} probes until {admission.until:%H:%M:%S.%f} UTC")
                 raise self._defer(now, admission.until, wait, f"{self.provider} {what}")
             since = now - timedelta(seconds=max(w for _, w, _ in self.windows))
-            ends = [r["ends_at"] for r in self.conn.execute(q("provider_call_ends"), {
+            ends = [r["ends_at"] for r in self.jobs.all("provider_call_ends", {
                 "provider": self.provider, "now": now, "stale_s": self.stale_s, "since": since})]
             full = quota_wait(ends, now, self.windows)
             if full is not None:
@@ -156,18 +156,18 @@ class ProviderGuard:
                                   window=full.window, window_s=full.window_s, limit=full.limit, used=full.used)
             if admission.change is not None:
                 self._change(breaker, admission.change)
-            call_id = self.conn.execute(q("reserve_provider_call"), {
+            call_id = self.jobs.one("reserve_provider_call", {
                 "provider": self.provider, "job_id": self.job_id, "attempt": attempt, "claim_token": claim_token,
-                "now": now}).fetchone()["id"]
-            self.conn.execute(q("forget_provider_calls"), {"provider": self.provider,
-                                                           "before": since - timedelta(seconds=self.stale_s)})
+                "now": now})["id"]
+            self.jobs.run("forget_provider_calls", {"provider": self.provider,
+                                                    "before": since - timedelta(seconds=self.stale_s)})
         return Ticket(call_id, admission.decision == "probe")
 
     def succeeded(self, ticket: Ticket) -> None:
         """Step 3 after the provider answered normally (a post, or a lookup that found it)."""
-        with self.conn.transaction():
+        with self.jobs.transaction():
             self._lock()
-            self.conn.execute(q("finish_provider_call"), {"id": ticket.call_id, "outcome": "posted"})
+            self.jobs.run("finish_provider_call", {"id": ticket.call_id, "outcome": "posted"})
             breaker = self.breaker()
             change = on_success(breaker, self.job_id)
             if change is not None:
@@ -176,12 +176,12 @@ class ProviderGuard:
     def failed(self, ticket: Ticket, error: ProviderError) -> None:
         """Step 3 after the call failed. A provider failure (429, 5xx, no answer) opens the breaker
         and sets `error.retry_after_s` to the end of its cooldown (seconds from now)."""
-        with self.conn.transaction():
+        with self.jobs.transaction():
             now = self._lock()
             if getattr(error, "sent", True) is False:
-                self.conn.execute(q("release_provider_call"), {"id": ticket.call_id})
+                self.jobs.run("release_provider_call", {"id": ticket.call_id})
             else:
-                self.conn.execute(q("finish_provider_call"), {"id": ticket.call_id, "outcome": "failed"})
+                self.jobs.run("finish_provider_call", {"id": ticket.call_id, "outcome": "failed"})
             breaker = self.breaker()
             status = getattr(error, "http_status", None)
             if error.error_class != "provider_throttled":  # another 4xx: the provider is up, our request is not
@@ -199,9 +199,9 @@ class ProviderGuard:
         """Step 3 when the attempt stopped without a provider answer (a review stop, fenced, a bug):
         the reservation keeps its slot as if the call was made (it may have been); a probe lapses at
         once. Best effort: a fenced attempt cannot record the lapse, and the probe's deadline ends it."""
-        with self.conn.transaction():
+        with self.jobs.transaction():
             now = self._lock()
-            self.conn.execute(q("finish_provider_call"), {"id": ticket.call_id, "outcome": "failed"})
+            self.jobs.run("finish_provider_call", {"id": ticket.call_id, "outcome": "failed"})
             breaker = self.breaker()
             change = on_abandoned(breaker, self.job_id, now) if ticket.probe else None
             if change is not None:

@@ -24,10 +24,9 @@ import httpx
 
 from domain import events as ev
 from domain.errors import ProviderError, ProviderLookupFailed, StorageError
-from tapeline.objectstore import PUBLISHED_PREFIX, ObjectStore
-from tapeline.postgres import q
+from tapeline.objects import PUBLISHED_PREFIX
 from tapeline.settings import Settings
-from tapeline.clock import system_clock
+from tapeline.ports import Clock, JobStore, ObjectStorage
 
 AUDIO_BITRATE_BPS = 128_000
 
@@ -104,7 +103,7 @@ class OriginProvider:
     name = "origin"
     dedupes = True
 
-    def __init__(self, store: ObjectStore) -> None:
+    def __init__(self, store: ObjectStorage) -> None:
         self.store = store
 
     def publish(self, request: PublishRequest, idempotency_key: str,
@@ -230,14 +229,15 @@ class ProviderLimits:
     `max_in_flight` calls at once, each holding one session-level advisory lock
     `(PROVIDER_SLOT_LOCK + crc32(provider) % 1000, slot)` for the call (a crashed process's session
     ends and frees its slot). No free slot raises `ProviderDeferred` (wait `in_flight`, one second)
-    before anything was claimed or posted. Quotas and the circuit breaker are
-    `processors/provider_guard.py`.
+    before anything was claimed or posted; its `until` is one second after `clock.now()`. Quotas
+    and the circuit breaker are `processors/provider_guard.py`.
     """
 
-    def __init__(self, conn, provider: str, max_in_flight: int) -> None:
+    def __init__(self, jobs: JobStore, provider: str, max_in_flight: int, *, clock: Clock) -> None:
+        """`jobs`: the job store whose session holds the slot's lock (a publish process's own)."""
         import zlib
 
-        self.conn, self.provider = conn, provider
+        self.jobs, self.provider, self.clock = jobs, provider, clock
         self.max_in_flight = max(1, max_in_flight)
         self.lock_class = PROVIDER_SLOT_LOCK + zlib.crc32(provider.encode()) % 1000
         self.slot: int | None = None
@@ -248,15 +248,15 @@ class ProviderLimits:
         from domain.errors import ProviderDeferred
 
         for slot in range(self.max_in_flight):
-            row = self.conn.execute(q("provider_slot_try_lock"), {"lock_class": self.lock_class, "slot": slot}).fetchone()
+            row = self.jobs.one("provider_slot_try_lock", {"lock_class": self.lock_class, "slot": slot})
             if (row["got"] if isinstance(row, dict) else row[0]):
                 self.slot = slot
                 return self
         raise ProviderDeferred(f"{self.provider} has {self.max_in_flight} posts in flight (its concurrency limit)",
-                               provider=self.provider, wait="in_flight", until=system_clock.now() + timedelta(seconds=1),
+                               provider=self.provider, wait="in_flight", until=self.clock.now() + timedelta(seconds=1),
                                retry_after_s=1.0, limit=self.max_in_flight)
 
     def __exit__(self, *exc_info) -> None:
         if self.slot is not None:
-            self.conn.execute(q("provider_slot_unlock"), {"lock_class": self.lock_class, "slot": self.slot})
+            self.jobs.run("provider_slot_unlock", {"lock_class": self.lock_class, "slot": self.slot})
             self.slot = None

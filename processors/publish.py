@@ -119,11 +119,11 @@ class PublishWorker(StageWorker):
         identity = attempt.identity
         key = idempotency_key(identity.job_id, provider.name)
         jobs = self.settings.jobs_topic
-        guard = ProviderGuard(attempt.runtime.db, provider.name, self.settings, identity.job_id,
-                              record=lambda events: attempt.send([(jobs, e) for e in events]), make_event=attempt.event)
+        guard = ProviderGuard(attempt.runtime.jobs, provider.name, self.settings, identity.job_id,
+                              record=lambda events: attempt.send([(jobs, e) for e in events]), make_event=attempt.event, clock=self.clock)
         # The provider's own limits before any claim: an in-flight slot, then its breaker and quotas
         # (processors/provider_guard.py); a full one raises ProviderDeferred, nothing claimed or posted.
-        with ProviderLimits(attempt.runtime.db, provider.name, self.settings.webhook_max_in_flight):
+        with ProviderLimits(attempt.runtime.jobs, provider.name, self.settings.webhook_max_in_flight, clock=self.clock):
             ticket = guard.admit(identity.attempt, identity.claim_token)
             try:
                 post = self._announce(attempt, store, provider, request, origin_post, key)

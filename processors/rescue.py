@@ -26,6 +26,7 @@ and no static membership (`group.instance.id`) is needed; an idle worker's parti
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from datetime import datetime
@@ -33,10 +34,12 @@ from typing import Any
 
 import structlog
 
-from processors.runtime import Runtime, transact
+from processors.runtime import AttemptIdentity, Runtime, attempt_transactional_id, transact
 from processors.watchdog import Verdict, run_once
+from domain.errors import Fenced, ServiceUnavailable
+from tapeline import holdings
 from tapeline.holdings import Holding
-from tapeline.ports import Clock, EventLog, JobStore
+from tapeline.ports import Clock, EventLog, EventLogError, JobStore
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.rescue")
@@ -112,3 +115,37 @@ class Rescuer:
             if self._runtime is not None and self._owns_runtime:
                 self._runtime.close()
                 self._runtime = None
+
+
+def record_holding(settings: Settings, identity: AttemptIdentity) -> None:
+    """With a stable `worker_name`: note on disk the attempt this process now holds (`identity`), so
+    that whoever sees it die retries the attempt at once (`tapeline/holdings.py`)."""
+    name = settings.worker_name
+    if name:
+        holdings.record(settings, name, Holding(
+            pid=os.getpid(), job_id=identity.job_id, stage=identity.stage, attempt=identity.attempt,
+            claim_token=identity.claim_token,
+            transactional_id=attempt_transactional_id(settings, identity.stage, identity.job_id)))
+
+
+def release_holding(settings: Settings) -> None:
+    """This process holds no attempt any more (nothing to do without a `worker_name`)."""
+    if settings.worker_name:
+        holdings.release(settings, settings.worker_name, os.getpid())
+
+
+def rescue_earlier_incarnations(settings: Settings, stage: str, runtime: Runtime, clock: Clock) -> None:
+    """A worker restarted under its stable name (systemd, Kubernetes) retries at once what an
+    earlier incarnation of that name held when it died, instead of leaving it to its lease.
+    A rescue that cannot be made now (Kafka or the projection not answering) is left to the lease."""
+    name = settings.worker_name
+    if not name:
+        return
+    for holding in holdings.left_by_earlier_incarnations(settings, name, os.getpid()):
+        try:
+            Rescuer(settings, stage, runtime=runtime, clock=clock).rescue(holding, "died (found by its restarted worker)")
+        except (ServiceUnavailable, EventLogError, Fenced) as exc:
+            log.warning("could not rescue an earlier incarnation's attempt; its lease will", error=str(exc),
+                        job_id=holding.job_id, attempt=holding.attempt)
+            continue
+        holdings.release(settings, name, holding.pid)

@@ -20,7 +20,7 @@ import structlog
 
 from processors import media
 from domain import events as ev
-from tapeline.objectstore import ObjectStore
+from tapeline.ports import JobStore, ObjectStorage
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.reuse")
@@ -103,7 +103,7 @@ class Reusable:
     media_duration_s: float | None
 
 
-def missing_outputs(store: ObjectStore, outputs: list[ev.OutputFile]) -> list[str]:
+def missing_outputs(store: ObjectStorage, outputs: list[ev.OutputFile]) -> list[str]:
     """Keys of `outputs` that are gone from the bucket or differ from their record (size, or the
     sha256 kept in the object's metadata). One HEAD per object; raises `StorageError` when S3 fails."""
     missing = []
@@ -118,12 +118,11 @@ def missing_outputs(store: ObjectStore, outputs: list[ev.OutputFile]) -> list[st
     return missing
 
 
-def published_result(db, job_id: str) -> Reusable | None:
+def published_result(db: JobStore, job_id: str) -> Reusable | None:
     """The published result of `job_id` from the projection (its applied publish success and
-    `JobCompleted`), not yet verified against the bucket; None when it has none."""
-    from tapeline.postgres import q
-
-    row = db.execute(q("published_result"), {"job_id": job_id}).fetchone()
+    `JobCompleted`, the `published_result` operation), not yet verified against the bucket; None
+    when it has none."""
+    row = db.one("published_result", {"job_id": job_id})
     if row is None:
         return None
     payload: dict[str, Any] = row["published"]
@@ -136,7 +135,7 @@ def published_result(db, job_id: str) -> Reusable | None:
                     media_duration_s=payload.get("media_duration_s"))
 
 
-def find_reusable(db, store: ObjectStore, sha256: str, fingerprints: list[str]) -> Reusable | None:
+def find_reusable(db: JobStore, store: ObjectStorage, sha256: str, fingerprints: list[str]) -> Reusable | None:
     """The first completed job (per fingerprint in the given order, newest first, at most
     `REUSE_CANDIDATES` each) with source `sha256` whose published objects all still exist, or None.
 
@@ -144,12 +143,9 @@ def find_reusable(db, store: ObjectStore, sha256: str, fingerprints: list[str]) 
     always lends the original outputs. A candidate with a missing or changed object is logged and
     skipped (a real transcode follows). Raises `StorageError` when S3 cannot answer.
     """
-    from tapeline.postgres import q
-
     tried: set[str] = set()
     for fingerprint in fingerprints:
-        rows = db.execute(q("reuse_candidates"), {"sha256": sha256, "fingerprint": fingerprint,
-                                                  "limit": REUSE_CANDIDATES}).fetchall()
+        rows = db.all("reuse_candidates", {"sha256": sha256, "fingerprint": fingerprint, "limit": REUSE_CANDIDATES})
         for row in rows:
             origin = row["origin_job_id"]
             if origin in tried:

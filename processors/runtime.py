@@ -10,20 +10,17 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-import psycopg
 import structlog
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from tapeline.postgres import PostgresJobStore
-from tapeline.ports import Clock, EventLog, JobStore
+from tapeline.ports import (Clock, EventLog, EventLogError, JobStore, Offset, ReadError, Reader, Record,
+                            TransactionMustAbort, Writer, WriterFenced)
 from domain import events as ev
 from domain.codec import default_codec
-from tapeline import kafka
+from tapeline.partitioner import partition_for
 from tapeline.crashpoints import crash_point
 from domain.errors import Fenced
 from tapeline.health import HealthState
 from tapeline.settings import Settings
-from tapeline.clock import system_clock
 
 log = structlog.get_logger("tapeline.processors")
 
@@ -45,12 +42,11 @@ def new_claim_token() -> str:
 class Runtime:
     """What one processor process holds: settings, its event log (`EventLog`: writers, partition
     counts, last stable offsets) and its job store (`JobStore`: the projection's reads), and the
-    offsets it wrote. The adapters are handed in (`tapeline/wiring.py` builds them); without them it
-    builds the Kafka and PostgreSQL ones for `role` itself (tests, and processors not yet wired)."""
+    offsets it wrote. The adapters are handed in (`tapeline/wiring.py` builds them: `build_processor`
+    for the processors, `build_runtime` for tests and benches)."""
 
     def __init__(self, settings: Settings, role: str, health: HealthState | None = None,
-                 stop: threading.Event | None = None, *, events: EventLog | None = None,
-                 jobs: JobStore | None = None) -> None:
+                 stop: threading.Event | None = None, *, events: EventLog, jobs: JobStore) -> None:
         """`stop`: the processor's stop event; a wait for the projection gives up once it is set.
         `close` closes `events` and `jobs` too."""
         self.settings, self.role, self.stop = settings, role, stop
@@ -58,34 +54,27 @@ class Runtime:
         self.recorded_by = f"{role}@{settings.instance_id}:{os.getpid()}"  # which process, for evidence
         self.codec = default_codec()
         # every read sees the latest projection (autocommit); offsets read as read_committed (the LSO)
-        self.jobs: JobStore = jobs if jobs is not None else PostgresJobStore(settings)
+        self.jobs: JobStore = jobs
         self.jobs.open()  # a processor that cannot reach PostgreSQL fails here, before it says it is ready
-        self.events: EventLog = events if events is not None else kafka.KafkaEventLog(
-            settings, f"{settings.app_name}.{role}.lso")
+        self.events: EventLog = events
         # Highest offset this process wrote, per (topic, partition). commit_transaction returns before
         # the broker has written the commit markers, so the LSO may not cover our own last write yet:
         # "caught up" must also mean "past everything I wrote".
         self.written: dict[tuple[str, int], int] = {}
 
-    @property
-    def db(self) -> psycopg.Connection:
-        """The job store's PostgreSQL session (dict rows, autocommit), for the processors that still
-        run their named queries on it directly (only a `PostgresJobStore` has one)."""
-        return self.jobs.connection()  # type: ignore[attr-defined]
-
     def partitions(self, topic: str) -> int:
         """The number of partitions of `topic` (`EventLog.partition_count`)."""
         return self.events.partition_count(topic)
 
-    def produce(self, producer: Producer, outgoing: Iterable[Outgoing]) -> None:
+    def produce(self, producer: Writer, outgoing: Iterable[Outgoing]) -> None:
         """Produce each event keyed by job id to its partition (within the caller's transaction)."""
         for topic, event in outgoing:
             self.health.produced(event.event_type)
             producer.produce(topic, key=event.job_id.encode(), value=self.codec.encode(event.to_record()),
-                             partition=kafka.partition_for(event.job_id, self.partitions(topic)),
+                             partition=partition_for(event.job_id, self.partitions(topic)),
                              on_delivery=self._delivered)
 
-    def produce_to(self, producer: Producer, topic: str, partition: int, event: ev.Event) -> None:
+    def produce_to(self, producer: Writer, topic: str, partition: int, event: ev.Event) -> None:
         """Produce one event to an explicit partition (watchdog ticks go to every partition)."""
         self.health.produced(event.event_type)
         producer.produce(topic, key=event.job_id.encode(), value=self.codec.encode(event.to_record()),
@@ -99,16 +88,16 @@ class Runtime:
         target = max(self.written.get((jobs, partition), -1) + 1, self.events.last_stable_offset(jobs, partition))
         self.jobs.wait_applied(jobs, partition, target, timeout_s, stop=self.stop)
 
-    def _delivered(self, error, message) -> None:
-        if error is None:
-            position = (message.topic(), message.partition())
-            self.written[position] = max(self.written.get(position, -1), message.offset())
+    def _delivered(self, topic: str, partition: int, offset: int) -> None:
+        """A record this process wrote was stored at `topic[partition]` `offset`."""
+        position = (topic, partition)
+        self.written[position] = max(self.written.get(position, -1), offset)
 
     def job_row(self, job_id: str) -> dict[str, Any] | None:
         """The job's projected row, read only after the projector caught up with the job's partition
         of the lifecycle log (docs/design.md: reconcile against a caught-up view)."""
         jobs = self.settings.jobs_topic
-        self.wait_caught_up(kafka.partition_for(job_id, self.partitions(jobs)), self.settings.caught_up_timeout_s)
+        self.wait_caught_up(partition_for(job_id, self.partitions(jobs)), self.settings.caught_up_timeout_s)
         return self.jobs.one("job_status", {"job_id": job_id})
 
     def close(self) -> None:
@@ -119,7 +108,8 @@ class Runtime:
 
 @dataclass(frozen=True)
 class AttemptIdentity:
-    """Who owns an attempt: fills the envelope of every event the attempt writes."""
+    """Who owns an attempt: fills the envelope of every event the attempt writes, stamped by
+    `clock` (the processor's, handed in: never read from the machine here)."""
 
     job_id: str
     stage: str
@@ -128,9 +118,11 @@ class AttemptIdentity:
     recorded_by: str
     correlation_id: str
     causation_id: str | None
+    clock: Clock
 
     def event(self, cls: type[ev.Event], sequence: int | None = None, **fields: Any) -> ev.Event:
-        return cls.new(system_clock.stamp(), job_id=self.job_id, stage=self.stage, attempt=self.attempt, claim_token=self.claim_token,
+        """An event of this attempt of type `cls`, stamped (time, event id) by `clock`."""
+        return cls.new(self.clock.stamp(), job_id=self.job_id, stage=self.stage, attempt=self.attempt, claim_token=self.claim_token,
                        recorded_by=self.recorded_by, correlation_id=self.correlation_id,
                        causation_id=self.causation_id, sequence=sequence, **fields)
 
@@ -152,45 +144,38 @@ def dead_letter_event(processor: str, recorded_by: str, error: Exception, *, top
         error_class=error_class, error=str(error) or type(error).__name__, processor=processor)
 
 
-def dead_letter_record(message: Message, error: Exception, processor: str, recorded_by: str,
+def dead_letter_record(message: Record, error: Exception, processor: str, recorded_by: str,
                        error_class: str = "invalid_input", *, clock: Clock) -> ev.DeadLetter:
-    """`dead_letter_event` for a consumed Kafka message, stamped by `clock`."""
-    return dead_letter_event(processor, recorded_by, error, topic=message.topic(), partition=message.partition(),
-                             offset=message.offset(), key=message.key(), value=message.value(),
-                             headers=message.headers(), error_class=error_class, clock=clock)
+    """`dead_letter_event` for a consumed record, stamped by `clock`."""
+    return dead_letter_event(processor, recorded_by, error, topic=message.topic, partition=message.partition,
+                             offset=message.offset, key=message.key, value=message.value,
+                             headers=message.headers, error_class=error_class, clock=clock)
 
 
-def transact(producer: Producer, produce: Callable[[], None], *, consumer: Consumer | None = None,
-             offsets: list[TopicPartition] | None = None, timeout_s: float = 30.0, name: str = "transaction") -> None:
+def transact(producer: Writer, produce: Callable[[], None], *, consumer: Reader | None = None,
+             offsets: list[Offset] | None = None, timeout_s: float = 30.0, name: str = "transaction") -> None:
     """Run one Kafka transaction.
 
     `name` prefixes the crash points `<name>.before_produce`, `.after_produce`, `.after_send_offsets`,
     `.after_commit` (tests only, see `tapeline.crashpoints`).
 
     Step 1. begin; Step 2. `produce()` the records; Step 3. when `offsets` are given, add them with
-    the consumer's group metadata (`send_offsets_to_transaction`); Step 4. commit. A retriable
-    commit error is retried; an abortable one aborts and re-raises; a fenced or fatal one re-raises
-    as `Fenced` (a newer owner exists: the caller must stop, never retry).
+    the reader's group metadata (`Writer.send_offsets`); Step 4. commit. A retriable commit error is
+    retried; `TransactionMustAbort` aborts and re-raises; `WriterFenced` re-raises as `Fenced` (a
+    newer owner exists: the caller must stop, never retry); another `EventLogError` re-raises as it is.
     """
     crash_point(f"{name}.before_produce")
     # Step 1
     producer.begin_transaction()
     try:
         # Step 2
-        try:
-            produce()
-            producer.flush(timeout_s)  # the records reach the broker inside the open transaction
-        except SystemError as exc:
-            # confluent-kafka: a fatal error (a fenced producer) raised while a delivery callback ran
-            # comes out as SystemError with the KafkaException as its cause.
-            if isinstance(exc.__cause__, KafkaException):
-                raise exc.__cause__ from exc
-            raise
+        produce()
+        producer.flush(timeout_s)  # the records reach the broker inside the open transaction
         crash_point(f"{name}.after_produce")
         # Step 3
         if offsets:
             assert consumer is not None
-            producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), timeout_s)
+            producer.send_offsets(offsets, consumer.group_metadata(), timeout_s)
             crash_point(f"{name}.after_send_offsets")
         # Step 4
         while True:
@@ -199,33 +184,32 @@ def transact(producer: Producer, produce: Callable[[], None], *, consumer: Consu
                 producer.poll(0)  # serve delivery reports (offsets written) now
                 crash_point(f"{name}.after_commit")
                 return
-            except KafkaException as exc:
-                if exc.args and exc.args[0].retriable():
+            except EventLogError as exc:
+                if exc.retriable:
                     continue
                 raise
-    except KafkaException as exc:
-        if kafka.is_fenced(exc):
-            raise Fenced(f"producer fenced: {exc}") from exc
-        if exc.args and exc.args[0].txn_requires_abort():
-            producer.abort_transaction(timeout_s)
+    except WriterFenced as exc:
+        raise Fenced(f"producer fenced: {exc}") from exc
+    except TransactionMustAbort:
+        producer.abort_transaction(timeout_s)
+        raise
+    except EventLogError:
         raise
     except BaseException:
         try:
             producer.abort_transaction(timeout_s)
-        except KafkaException:
+        except EventLogError:
             pass
         raise
 
 
-def poll_record(consumer: Consumer, health=None, timeout_s: float = 0.5):
+def poll_record(consumer: Reader, health=None, timeout_s: float = 0.5) -> Record | None:
     """One record from `consumer`, or None (nothing yet, end of a partition, or a logged error)."""
     message = consumer.poll(timeout_s)
-    if message is None:
-        return None
-    if message.error():
-        if message.error().code() != KafkaError._PARTITION_EOF:
-            log.warning("consumer error", error=str(message.error()))
+    if message is None or not isinstance(message, Record):
+        if isinstance(message, ReadError):
+            log.warning("consumer error", error=message.reason)
         return None
     if health is not None:
-        health.consumed_messages([message])
+        health.consumed_record(message)
     return message

@@ -115,7 +115,7 @@ class Probe:
     """The chosen audio stream's sampling rate, Hz (None when unknown or without audio)."""
     variable_frame_rate: bool = False
     """The frame intervals vary (`avg_frame_rate` more than 1 % off `r_frame_rate`): a source hole
-    between frames is no gap in our encode (`segments.check_rendition`'s `max_gap_s`)."""
+    between frames is no gap in our encode (`segment_plan.check_rendition`'s `max_gap_s`)."""
 
 
 def _fraction(text: Any) -> Fraction | None:

@@ -12,10 +12,11 @@ its own transaction, so a commit marker follows it and `high watermark - positio
 from __future__ import annotations
 
 import time
-from domain.policy.tiers import tier_of
 
 import structlog
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+
+from domain.policy.tiers import tier_of
+from tapeline.ports import EventLogError, Partition, PartitionEnd, Reader, Record
 
 
 log = structlog.get_logger("tapeline.tiers")
@@ -28,16 +29,11 @@ class HeadBuffer:
     inside `poll`).
     """
 
-    def __init__(self, consumer, gather_s: float) -> None:
+    def __init__(self, consumer: Reader, gather_s: float) -> None:
         self.consumer, self.gather_s = consumer, gather_s
-        self.heads: dict[tuple[str, int], Message] = {}
-        self.paused: set[tuple[str, int]] = set()  # heads, and taken heads not yet released
-        self.at_end: set[tuple[str, int]] = set()  # partitions that reported their end and have no head
-
-    def _tp(self, message: Message, offset: int | None = None) -> TopicPartition:
-        if offset is None:
-            return TopicPartition(message.topic(), message.partition())
-        return TopicPartition(message.topic(), message.partition(), offset)
+        self.heads: dict[Partition, Record] = {}
+        self.paused: set[Partition] = set()  # heads, and taken heads not yet released
+        self.at_end: set[Partition] = set()  # partitions that reported their end and have no head
 
     def _resume(self, keys) -> None:
         """Resume partitions this buffer paused. librdkafka keeps a partition's pause across
@@ -48,14 +44,14 @@ class HeadBuffer:
             return
         self.paused.difference_update(keys)
         try:
-            self.consumer.resume([TopicPartition(topic, partition) for topic, partition in keys])
-        except KafkaException as exc:
+            self.consumer.resume(keys)
+        except EventLogError as exc:
             log.info("could not resume work partitions", error=str(exc))
 
-    def forget(self, partitions) -> None:
+    def forget(self, partitions: list[Partition]) -> None:
         """Rebalance callback (revoked or lost partitions): drop their heads and resume them, their
         new owner reads from the committed offset."""
-        keys = [(p.topic, p.partition) for p in partitions]
+        keys = list(partitions)
         for key in keys:
             self.heads.pop(key, None)
             self.at_end.discard(key)
@@ -67,42 +63,41 @@ class HeadBuffer:
         self.at_end.clear()
         self._resume(list(self.paused))
 
-    def offer(self, message: Message) -> None:
+    def offer(self, message: Record | PartitionEnd) -> None:
         """A polled record (`add`), or a partition-end event (the partition has nothing waiting)."""
-        error = message.error()
-        if error is None:
+        if isinstance(message, Record):
             self.add(message)
-        elif error.code() == KafkaError._PARTITION_EOF:
-            key = (message.topic(), message.partition())
+        elif isinstance(message, PartitionEnd):
+            key = (message.topic, message.partition)
             if key not in self.heads:
                 self.at_end.add(key)
 
-    def add(self, message: Message) -> None:
+    def add(self, message: Record) -> None:
         """Keep `message` as its partition's head and pause the partition. A second record of a
         partition that already has a head (librdkafka delivered it before the pause took effect) is
         not kept: the partition is rewound to it, so it is read again after the head is done."""
-        key = (message.topic(), message.partition())
+        key = (message.topic, message.partition)
         self.at_end.discard(key)
         try:
             if key in self.heads:
-                self.consumer.seek(self._tp(message, message.offset()))
+                self.consumer.seek(message.topic, message.partition, message.offset)
             else:
                 self.heads[key] = message
-            self.consumer.pause([self._tp(message)])
+            self.consumer.pause([key])
             self.paused.add(key)
-        except KafkaException as exc:  # revoked meanwhile: not ours
+        except EventLogError as exc:  # revoked meanwhile: not ours
             log.info("could not pause a work partition; it is no longer ours", error=str(exc))
             self.heads.pop(key, None)
 
     def gather(self, poll) -> None:
-        """Poll (`poll(timeout_s) -> Message | None`, partition-end events included) and `offer`
+        """Poll (`poll(timeout_s) -> Record | PartitionEnd | None`) and `offer`
         what arrives, until every assigned partition has a head or reported its end, or nothing
         arrived for `gather_s` seconds."""
         deadline = time.monotonic() + self.gather_s
         while time.monotonic() < deadline:
             try:
-                assigned = {(p.topic, p.partition) for p in self.consumer.assignment()}
-            except KafkaException:
+                assigned = set(self.consumer.assignment())
+            except EventLogError:
                 assigned = set()
             if assigned and assigned <= set(self.heads) | self.at_end:
                 return
@@ -115,14 +110,14 @@ class HeadBuffer:
         """Tiers with at least one head."""
         return {tier_of(topic) for topic, _ in self.heads}
 
-    def take(self, tier: str) -> Message:
+    def take(self, tier: str) -> Record:
         """Remove and return the oldest head (broker timestamp) of `tier`; its partition stays
         paused until `release`."""
-        key = min((k for k in self.heads if tier_of(k[0]) == tier), key=lambda k: self.heads[k].timestamp()[1])
+        key = min((k for k in self.heads if tier_of(k[0]) == tier), key=lambda k: self.heads[k].timestamp_ms)
         return self.heads.pop(key)
 
-    def release(self, message: Message) -> None:
+    def release(self, message: Record) -> None:
         """`message` (taken) was not claimed and is done with (committed past, or rewound by the
         claim): resume its partition so its next record is fetched."""
-        self.at_end.discard((message.topic(), message.partition()))
-        self._resume([(message.topic(), message.partition())])
+        self.at_end.discard((message.topic, message.partition))
+        self._resume([(message.topic, message.partition)])

@@ -26,16 +26,15 @@ from typing import Any
 
 import structlog
 
-from processors import media, segments
+from processors import media, segments, segment_plan
 from processors.runtime import Outgoing
-from processors.segments import AUDIO, Checkpoint, LocalSegment, ResumePlan
+from processors.segment_plan import AUDIO, Checkpoint, LocalSegment, ResumePlan
 from processors.worker import Attempt, StageWorker, Yielded
-from tapeline.postgres import q
 from domain import events as ev
 from tapeline.crashpoints import delay_point, fail_point
 from domain.errors import StorageError, TranscodeFailed
-from tapeline.objectstore import sha256_file
-from tapeline.ports import MediaTool, ObjectStorage
+from tapeline.objects import sha256_file
+from tapeline.ports import JobStore, MediaTool, ObjectStorage
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.transcode")
@@ -51,7 +50,7 @@ def attempt_prefix(job_id: str, stage: str, attempt: int) -> str:
 
 VFR_MAX_GAP_S = 1.0
 """Largest hole between two frames of a variable-frame-rate source that a join may show (phones drop
-frames under load); lost frames are still caught by the frame count (`segments.check_rendition`)."""
+frames under load); lost frames are still caught by the frame count (`segment_plan.check_rendition`)."""
 
 
 def max_join_gap_s(probe: media.Probe | None) -> float:
@@ -64,9 +63,10 @@ class ResumeMismatch(TranscodeFailed):
     """A resumed encode does not join the reused segments (the seek landed elsewhere)."""
 
 
-def recorded_checkpoints(db, job_id: str, stage: str = "transcode") -> list[Checkpoint]:
-    """Step 1: the checkpoints a job's attempts recorded while they owned it, oldest first."""
-    rows = db.execute(q("job_checkpoints"), {"job_id": job_id, "stage": stage}).fetchall()
+def recorded_checkpoints(jobs: JobStore, job_id: str, stage: str = "transcode") -> list[Checkpoint]:
+    """Step 1: the checkpoints a job's attempts recorded while they owned it, oldest first (the
+    `job_checkpoints` operation of `jobs`)."""
+    rows = jobs.all("job_checkpoints", {"job_id": job_id, "stage": stage})
     return [Checkpoint(attempt=r["attempt"], rendition=r["payload"]["rendition"], index=r["payload"]["segment_index"],
                        key=r["payload"]["object_key"], sha256=r["payload"]["sha256"], frames=r["payload"]["frames"],
                        start_s=r["payload"]["media_start_s"], duration_s=r["payload"]["media_duration_s"])
@@ -82,12 +82,12 @@ def reuse_verified(store: ObjectStorage, candidates: list[Checkpoint], rendition
     verified: dict[str, int] = {}
     pool = list(candidates)
     while True:
-        plan = segments.plan_resume(pool, renditions, segment_s, frame_s, duration_s)
+        plan = segment_plan.plan_resume(pool, renditions, segment_s, frame_s, duration_s)
         bad = []
         for c in plan.reused:
             if c.key in verified:
                 continue
-            local = out_dir / c.rendition / segments.segment_name(c.index)
+            local = out_dir / c.rendition / segment_plan.segment_name(c.index)
             local.parent.mkdir(parents=True, exist_ok=True)
             try:
                 store.download(c.key, local)
@@ -148,7 +148,7 @@ class TranscodeWorker(StageWorker):
                 frame_s = 1 / probe.fps if probe.fps else 1 / 25
                 out_dir = Path(tmp) / "out"
                 # Steps 1-2
-                plan, sizes = reuse_verified(store, recorded_checkpoints(attempt.runtime.db, identity.job_id),
+                plan, sizes = reuse_verified(store, recorded_checkpoints(attempt.runtime.jobs, identity.job_id),
                                              names, out_dir, settings.segment_s, frame_s, probe.duration_s)
             if not has_audio:
                 plan = ResumePlan(plan.start_index, plan.video, [])
@@ -197,7 +197,7 @@ class TranscodeWorker(StageWorker):
         seek within a second of its keyframe, or a keyframe ffprobe cannot find."""
         if start_index <= 0:
             return None
-        seek_s = segments.resume_seek_s(start_index, self.settings.segment_s, frame_rate)
+        seek_s = segment_plan.resume_seek_s(start_index, self.settings.segment_s, frame_rate)
         keyframe_s = self.media.keyframe_before(source, seek_s, video_stream, timeout_s=self.settings.probe_timeout_s)
         if keyframe_s is None or seek_s - keyframe_s < 1.0:
             return None
@@ -256,7 +256,7 @@ class TranscodeWorker(StageWorker):
                 last[segment.rendition] = segment
                 if previous is not None and segment.rendition != AUDIO:
                     try:
-                        segments.check_join(previous, segment, frame_s, max_gap_s)
+                        segment_plan.check_join(previous, segment, frame_s, max_gap_s)
                     except TranscodeFailed as exc:
                         if joins_reused:
                             raise ResumeMismatch(str(exc)) from exc
@@ -316,7 +316,7 @@ class TranscodeWorker(StageWorker):
 
         Tolerances: video, 1.5 frames (at least 0.1 s: the last frame's duration is a guess from the
         frame interval); audio, 0.1 s more: AAC encodes in 1024-sample frames (21 ms at 48 kHz) and
-        its first frame carries 1024 samples of encoder priming (`segments.scan_ts` reads frame times).
+        its first frame carries 1024 samples of encoder priming (`ts_scan.scan_ts` reads frame times).
         """
         tolerance = max(0.1, 1.5 * frame_s)
         audio_s = source_probe.audio_duration_s if source_probe and source_probe.audio_duration_s else probe.duration_s
@@ -328,9 +328,9 @@ class TranscodeWorker(StageWorker):
             reused: list[Any] = plan.audio if name == AUDIO else plan.video.get(name, [])
             parts: list[Any] = list(reused) + new[name]
             if name == AUDIO:
-                segments.check_rendition(name, parts, frame_s, None, audio_s, tolerance + 0.1, start_s=starts[1])
+                segment_plan.check_rendition(name, parts, frame_s, None, audio_s, tolerance + 0.1, start_s=starts[1])
             else:
-                segments.check_rendition(name, parts, frame_s, probe.frames, probe.duration_s, tolerance,
+                segment_plan.check_rendition(name, parts, frame_s, probe.frames, probe.duration_s, tolerance,
                                          start_s=starts[0], max_gap_s=max_join_gap_s(source_probe))
             for part in parts:
                 if isinstance(part, Checkpoint):
@@ -340,7 +340,7 @@ class TranscodeWorker(StageWorker):
                     outputs.append(ev.OutputFile(key=f"{prefix}{name}/{part.path.name}", sha256=part.sha256,
                                                  size_bytes=part.size_bytes, content_type=CONTENT_TYPES[".ts"]))
             playlist = out_dir / name / "index.m3u8"
-            playlist.write_text(segments.media_playlist([p.duration_s for p in parts]))
+            playlist.write_text(segment_plan.media_playlist([p.duration_s for p in parts]))
         self.media.verify_outputs(out_dir, ladder, probe, has_audio, tolerance)  # ffprobe reads what players will
         for name in names:
             key = f"{prefix}{name}/index.m3u8"

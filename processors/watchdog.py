@@ -32,7 +32,6 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-import psycopg
 import structlog
 
 from domain.policy.cleanup import SWEPT_PREFIXES, CleanupPlan, job_ids_of, plan_cleanup, retention_under_pressure
@@ -40,11 +39,10 @@ from domain.policy.retry import Action, retry_decision, retry_scheduled, stall_e
 from domain.policy.stall import attempt_deadline, attempt_stall, handoff_redrive_due, next_wake_s, work_missing
 from processors.runtime import Outgoing, Runtime, transact
 from domain.lifecycle import attempts_used
-from tapeline.postgres import q
 from domain import events as ev
 from domain.errors import ServiceUnavailable, StorageError
 from tapeline.health import HealthState
-from tapeline.objectstore import StorageGauge
+from tapeline.objects import StorageGauge
 from tapeline.ports import Clock, EventLog, JobStore, ObjectStorage
 from tapeline.settings import Settings
 
@@ -370,6 +368,6 @@ def deadlines_in_s(db: JobStore, settings: Settings) -> list[float]:
     return found + ([retry] if retry is not None else [])
 
 
-def log_clock(conn: psycopg.Connection) -> dict[int, datetime]:
-    """The log clock of every partition (for `tapeline stalled` and tests)."""
-    return {r["partition"]: r["now"] for r in conn.execute(q("log_clock")).fetchall()}
+def log_clock(jobs: JobStore) -> dict[int, datetime]:
+    """The log clock of every partition (the `log_clock` operation): partition -> broker time."""
+    return {r["partition"]: r["now"] for r in jobs.all("log_clock")}

@@ -19,35 +19,34 @@ Claim protocol for one work item (docs/design.md "The lease protocol"):
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 import time
 from typing import Any
 
 import structlog
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from domain.policy.retry import Action, retry_decision, retry_scheduled
 from domain.policy.claim import projection_behind, should_skip
+from processors import stage_outcome as outcome
 from processors.attempt import Attempt
-from processors.rescue import Rescuer
+from processors import rescue
 from processors.runtime import (AttemptIdentity, Outgoing, Runtime, attempt_transactional_id, dead_letter_record,
                                 new_claim_token, transact)
 from domain.policy.tiers import after_claim, choose_tier, tier_of
 from processors.tiers import HeadBuffer
 from domain.lifecycle import attempts_used
 from domain import events as ev
-from tapeline import holdings, logs
+from tapeline import logs
 from domain.errors import DecodeError, Fenced, SchemaError, ServiceUnavailable, TapelineError
 from tapeline.health import HealthState
 from tapeline.settings import Settings
-from tapeline.ports import Clock, EventLog, JobStore, ObjectStorage
+from tapeline.ports import (Clock, EventLog, EventLogError, JobStore, ObjectStorage, Offset, Partition, PartitionEnd,
+                            ReadError, Reader, Record)
 
 log = structlog.get_logger("tapeline.worker")
 
 
-def leave_group(consumer, timeout_s: float = 3.0) -> None:
+def leave_group(consumer: Reader, timeout_s: float = 3.0) -> None:
     """Unsubscribe and serve the consumer until its partitions are given up.
 
     With cooperative rebalancing the revocation (and so the leave) completes only while the
@@ -60,7 +59,7 @@ def leave_group(consumer, timeout_s: float = 3.0) -> None:
         consumer.poll(0.05)
 
 
-def commit_skipped(consumer, offsets: list[TopicPartition]) -> None:
+def commit_skipped(consumer: Reader, offsets: list[Offset]) -> None:
     """Commit past a work item that was skipped (nothing produced, so no transaction is needed).
 
     A commit can fail while the group rebalances (ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS); the
@@ -68,28 +67,17 @@ def commit_skipped(consumer, offsets: list[TopicPartition]) -> None:
     never fatal.
     """
     try:
-        consumer.commit(offsets=offsets, asynchronous=False)
-    except KafkaException as exc:
+        consumer.commit(offsets)
+    except EventLogError as exc:
         log.info("commit of a skipped work item failed; it will be skipped again", error=str(exc))
 
 
 def _log_assignment(what: str):
     """A rebalance callback that logs the partitions (cooperative-sticky: increments only)."""
-    def callback(_consumer, partitions) -> None:
+    def callback(partitions: list[Partition]) -> None:
         if partitions:
-            log.info(f"work partitions {what}", partitions=[f"{p.topic}[{p.partition}]" for p in partitions])
+            log.info(f"work partitions {what}", partitions=[f"{topic}[{partition}]" for topic, partition in partitions])
     return callback
-
-
-def attempt_outcome(outgoing: list[Outgoing]) -> tuple[str, str]:
-    """(outcome, error class) of a committed completion: failed with the `AttemptFailed`'s class,
-    yielded, or succeeded (class empty). Pure."""
-    for _, event in outgoing:
-        if isinstance(event, ev.AttemptFailed):
-            return "failed", event.error_class
-        if isinstance(event, ev.AttemptYielded):
-            return "yielded", ""
-    return "succeeded", ""
 
 
 class Yielded(Exception):
@@ -148,55 +136,28 @@ class StageWorker:
                     continue
                 if self.stop.is_set():
                     break
-                with logs.scope(**logs.kafka_position(message)):  # every line about this record says which
+                with logs.scope(**message.where):  # every line about this record says which
                     self.handle(runtime, store, consumer, message, topics)
         finally:
             consumer.close()
             runtime.close()
 
-    def record_holding(self, attempt: Attempt) -> None:
-        """With a stable `worker_name`: note on disk the attempt this process now holds, so that
-        whoever sees it die retries the attempt at once (`tapeline/holdings.py`)."""
-        name = self.settings.worker_name
-        if name:
-            identity = attempt.identity
-            holdings.record(self.settings, name, holdings.Holding(
-                pid=os.getpid(), job_id=identity.job_id, stage=identity.stage, attempt=identity.attempt,
-                claim_token=identity.claim_token,
-                transactional_id=attempt_transactional_id(self.settings, identity.stage, identity.job_id)))
-
-    def release_holding(self) -> None:
-        if self.settings.worker_name:
-            holdings.release(self.settings, self.settings.worker_name, os.getpid())
-
     def rescue_earlier_incarnations(self, runtime: Runtime) -> None:
-        """A worker restarted under its stable name (systemd, Kubernetes) retries at once what an
-        earlier incarnation of that name held when it died, instead of leaving it to its lease.
-        A rescue that cannot be made now (Kafka or the projection not answering) is left to the lease."""
-        name = self.settings.worker_name
-        if not name:
-            return
-        for holding in holdings.left_by_earlier_incarnations(self.settings, name, os.getpid()):
-            try:
-                Rescuer(self.settings, self.stage, runtime=runtime, clock=self.clock).rescue(holding, "died (found by its restarted worker)")
-            except (ServiceUnavailable, KafkaException, Fenced) as exc:
-                log.warning("could not rescue an earlier incarnation's attempt; its lease will", error=str(exc),
-                            job_id=holding.job_id, attempt=holding.attempt)
-                continue
-            holdings.release(self.settings, name, holding.pid)
+        """`rescue.rescue_earlier_incarnations` for this stage (a worker restarted under its stable name)."""
+        rescue.rescue_earlier_incarnations(self.settings, self.stage, runtime, self.clock)
 
-    def subscribe(self, consumer, topics: list[str]) -> None:
+    def subscribe(self, consumer: Reader, topics: list[str]) -> None:
         """Join the stage's group on every tier's work topic; revoked partitions lose their heads."""
         revoked = _log_assignment("revoked")
 
-        def on_revoke(c, partitions) -> None:
-            revoked(c, partitions)
+        def on_revoke(partitions: list[Partition]) -> None:
+            revoked(partitions)
             if self.buffer is not None:
                 self.buffer.forget(partitions)
 
         consumer.subscribe(topics, on_assign=_log_assignment("assigned"), on_revoke=on_revoke, on_lost=on_revoke)
 
-    def next_item(self, consumer) -> Message | None:
+    def next_item(self, consumer: Reader) -> Record | None:
         """Step 0: the work item to reconcile next, or None (nothing arrived within a poll).
 
         Gathers the head of every partition with work (`HeadBuffer.gather`), then takes the oldest
@@ -218,21 +179,19 @@ class StageWorker:
         tier = choose_tier(self.waiting_at_choice, self.passed_over, self.settings.tier_starvation_limit)
         return buffer.take(tier) if tier is not None else None
 
-    def poll_work(self, consumer, timeout_s: float) -> Message | None:
+    def poll_work(self, consumer: Reader, timeout_s: float) -> Record | PartitionEnd | None:
         """One work record or partition-end event, or None (nothing, or a consumer error, logged)."""
         message = consumer.poll(timeout_s)
-        if message is None:
+        if message is None or isinstance(message, PartitionEnd):
+            return message
+        if isinstance(message, ReadError):
+            log.warning("consumer error", error=message.reason)
             return None
-        error = message.error()
-        if error is not None:
-            if error.code() == KafkaError._PARTITION_EOF:
-                return message
-            log.warning("consumer error", error=str(error))
-            return None
-        self.health.consumed_messages([message])
+        self.health.consumed_record(message)
         return message
 
-    def handle(self, runtime: Runtime, store: ObjectStorage, consumer, message: Message, topics: list[str]) -> None:
+    def handle(self, runtime: Runtime, store: ObjectStorage, consumer: Reader, message: Record,
+               topics: list[str]) -> None:
         """Claim one work item and, when claimed, run the attempt outside the consumer group."""
         assert self.buffer is not None
         try:
@@ -242,8 +201,8 @@ class StageWorker:
             # again after a pause rather than exit (no crash loop while the projector is down).
             log.warning("cannot reconcile the work item now; reading it again", error=str(exc))
             try:
-                consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
-            except KafkaException:
+                consumer.seek(message.topic, message.partition, message.offset)
+            except EventLogError:
                 pass  # no longer ours: its new owner reads it from the committed offset
             self.buffer.release(message)
             self.stop.wait(1.0)
@@ -251,17 +210,17 @@ class StageWorker:
         if attempt is None:
             self.buffer.release(message)  # skipped (committed past) or rewound: fetch its partition again
             return
-        tier = tier_of(message.topic())
+        tier = tier_of(message.topic)
         log.info("tier claimed", tier=tier, waiting=sorted(self.waiting_at_choice), gather_ms=self.gather_ms,
                  passed_over={t: n for t, n in self.passed_over.items() if n})
         self.passed_over = after_claim(self.waiting_at_choice, self.passed_over, tier)
         self.buffer.clear()  # unclaimed heads are read again from the committed offsets after rejoining
         leave_group(consumer)  # Step 5: leave the group while busy
-        self.record_holding(attempt)
+        rescue.record_holding(self.settings, attempt.identity)
         try:
             self.execute(attempt, store)
         finally:
-            self.release_holding()
+            rescue.release_holding(self.settings)
             self.current = None
             self.health.clear_attempt()
             self.subscribe(consumer, topics)  # Step 6 done: free again
@@ -282,19 +241,18 @@ class StageWorker:
                 return row
             time.sleep(0.05)
 
-    def claim(self, runtime: Runtime, consumer, message: Message) -> Attempt | None:
+    def claim(self, runtime: Runtime, consumer: Reader, message: Record) -> Attempt | None:
         """Steps 1-4 for one work-topic record; returns the claimed attempt or None (skipped)."""
-        offsets = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
+        offsets = [message.next_offset()]
         try:
-            item = ev.Event.from_record(runtime.codec.decode(
-                message.value(), topic=message.topic(), partition=message.partition(), offset=message.offset()))
+            item = ev.Event.from_record(runtime.codec.decode(message.value, **message.where))
             if not isinstance(item, ev.WorkItem) or item.stage != self.stage:
-                raise SchemaError(f"{item.event_type} for stage {item.stage} on {message.topic()}")
+                raise SchemaError(f"{item.event_type} for stage {item.stage} on {message.topic}")
         except (DecodeError, SchemaError) as exc:
             self.dead_letter(runtime, consumer, message, exc, offsets)
             return None
         logs.bind(job_id=item.job_id, stage=self.stage, attempt=item.attempt)
-        log.info("work item received", produced_ms_ago=int(time.time() * 1000 - message.timestamp()[1]))
+        log.info("work item received", produced_ms_ago=int(time.time() * 1000 - message.timestamp_ms))
         steps = [time.monotonic()]  # when each claim step ended, for the "attempt claimed" log line
         # Step 1
         reason = should_skip(self.row_covering(runtime, item), item)
@@ -316,22 +274,22 @@ class StageWorker:
             return None
         identity = AttemptIdentity(job_id=item.job_id, stage=self.stage, attempt=item.attempt,
                                    claim_token=new_claim_token(), recorded_by=runtime.recorded_by,
-                                   correlation_id=item.correlation_id, causation_id=item.event_id)
+                                   correlation_id=item.correlation_id, causation_id=item.event_id, clock=self.clock)
         started = identity.event(ev.AttemptStarted, lease_s=self.settings.lease_s, worker=runtime.recorded_by,
-                                 work_topic=message.topic(), work_partition=message.partition(),
-                                 work_offset=message.offset())
+                                 work_topic=message.topic, work_partition=message.partition,
+                                 work_offset=message.offset)
         # Step 4
         try:
             transact(producer, lambda: runtime.produce(producer, [(self.settings.jobs_topic, started)]),
                      name=f"{self.stage}.claim", consumer=consumer, offsets=offsets)
-        except (KafkaException, Fenced) as exc:
+        except (EventLogError, Fenced) as exc:
             # A rebalance between poll and claim (ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS) or another
             # claimant: the transaction was aborted, nothing is visible, the offset is not committed,
             # so the item is delivered again (here or to its new owner) and reconciled again.
             log.info("claim aborted; the work item will be delivered again", error=str(exc))
             try:
-                consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
-            except KafkaException:
+                consumer.seek(message.topic, message.partition, message.offset)
+            except EventLogError:
                 pass  # no longer ours: its new owner starts from the committed offset
             return None
         steps.append(time.monotonic())
@@ -344,8 +302,8 @@ class StageWorker:
         self.health.set_attempt(item.job_id, self.stage, item.attempt, identity.claim_token, self.settings.lease_s)
         return self.current
 
-    def dead_letter(self, runtime: Runtime, consumer, message: Message, error: Exception,
-                    offsets: list[TopicPartition]) -> None:
+    def dead_letter(self, runtime: Runtime, consumer: Reader, message: Record, error: Exception,
+                    offsets: list[Offset]) -> None:
         """Send an undecodable work-topic record, raw, to the dead-letter topic in one transaction
         with its offset, and move on (docs/design.md principle 6: no crash loop on one bad record).
 
@@ -361,11 +319,11 @@ class StageWorker:
         try:
             transact(self.dlq_producer, lambda: runtime.produce(self.dlq_producer, [(self.settings.dlq_topic, record)]),
                      consumer=consumer, offsets=offsets, name=f"{self.stage}.dead_letter")
-        except (KafkaException, Fenced) as exc:
+        except (EventLogError, Fenced) as exc:
             log.warning("dead-lettering aborted; the record will be read again", error=str(exc))
             try:
-                consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
-            except KafkaException:
+                consumer.seek(message.topic, message.partition, message.offset)
+            except EventLogError:
                 pass
 
     def execute(self, attempt: Attempt, store: ObjectStorage) -> None:
@@ -392,10 +350,10 @@ class StageWorker:
             self.fenced(attempt)
             return
         self.processed += 1
-        outcome, error_class = attempt_outcome(outgoing)
-        self.health.count_attempt(self.stage, outcome, error_class, time.monotonic() - attempt.claimed_at)
+        ended, error_class = outcome.attempt_outcome(outgoing)
+        self.health.count_attempt(self.stage, ended, error_class, time.monotonic() - attempt.claimed_at)
         self.health.job_done()
-        log.info("attempt finished", outcome=outcome, error_class=error_class or None,
+        log.info("attempt finished", outcome=ended, error_class=error_class or None,
                  events=[e.event_type for t, e in outgoing if t == jobs])
 
     def fenced(self, attempt: Attempt) -> None:
@@ -403,55 +361,16 @@ class StageWorker:
         self.health.mark_fenced(f"fenced: a newer attempt owns job {attempt.identity.job_id}")
 
     def next_attempt_events(self, attempt: Attempt, next_attempt: int) -> list[Outgoing]:
-        """`StageQueued` + the `WorkItem` of the same stage's next attempt (same inputs)."""
-        item, identity = attempt.item, attempt.identity
-        common = dict(job_id=item.job_id, recorded_by=identity.recorded_by, correlation_id=item.correlation_id,
-                      causation_id=item.event_id, claim_token=identity.claim_token)
-        work_topic = self.settings.work_topic(self.stage, item.tier)
-        return [
-            (self.settings.jobs_topic, ev.StageQueued.new(self.clock.stamp(), stage=self.stage, attempt=next_attempt, tier=item.tier,
-                                                          work_topic=work_topic, **common)),
-            (work_topic, ev.WorkItem.new(self.clock.stamp(), 
-                stage=self.stage, attempt=next_attempt, tier=item.tier, source_key=item.source_key,
-                inputs=item.inputs, renditions=item.renditions, audio_playlist_key=item.audio_playlist_key,
-                media_duration_s=item.media_duration_s, checkpoint_refs=item.checkpoint_refs,
-                x264_preset=item.x264_preset, degraded=item.degraded, **common)),
-        ]
+        """`stage_outcome.next_attempt_events` for `attempt`."""
+        return outcome.next_attempt_events(self.settings, attempt.identity, attempt.item, next_attempt)
 
     def yield_events(self, attempt: Attempt, reason: str) -> list[Outgoing]:
-        """A graceful hand-over: `AttemptYielded`, then the next attempt queued at once."""
-        return [(self.settings.jobs_topic, attempt.event(ev.AttemptYielded, reason=reason))] + \
-            self.next_attempt_events(attempt, attempt.item.attempt + 1)
+        """`stage_outcome.yield_events` for `attempt`: `AttemptYielded` + the next attempt queued at once."""
+        return outcome.yield_events(self.settings, attempt.identity, attempt.item, reason)
 
     def failure_events(self, attempt: Attempt, error_class: str, reason: str,
                        cooldown_s: float | None = None) -> list[Outgoing]:
-        """`AttemptFailed` and what follows from the retry decision (retry, fail, dead-letter).
-
-        `cooldown_s`: a provider's own `Retry-After` (seconds); a provider_throttled retry waits
-        exactly that long instead of the policy's backoff (docs/design.md: "a throttling provider after
-        its cooldown").
-        """
-        jobs, item = self.settings.jobs_topic, attempt.item
-        used = item.attempt - attempt.uncounted
-        decision = retry_decision(error_class, used, self.settings.retry_policy())
-        if cooldown_s is not None and decision.action is Action.RETRY:
-            decision = dataclasses.replace(decision, delay_s=cooldown_s)  # the provider said when
-        if decision.action is Action.RETRY:  # attempt numbers keep rising past uncounted ones (yields, deferrals)
-            decision = dataclasses.replace(decision, next_attempt=item.attempt + 1)
-        out: list[Outgoing] = [(jobs, attempt.event(ev.AttemptFailed, error_class=error_class,
-                                                    retryable=decision.action is not Action.FAIL, reason=reason))]
-        common = dict(job_id=item.job_id, recorded_by=attempt.identity.recorded_by, correlation_id=item.correlation_id,
-                      causation_id=item.event_id, claim_token=attempt.identity.claim_token)
-        if decision.action is Action.FAIL:
-            out.append((jobs, ev.JobFailed.new(self.clock.stamp(), stage=self.stage, attempt=item.attempt, error_class=error_class,
-                                               reason=reason, **common)))
-        elif decision.action is Action.DEAD_LETTER:
-            dead = ev.JobDeadLettered.new(self.clock.stamp(), stage=self.stage, attempt=item.attempt, error_class=error_class,
-                                          reason=reason, attempts=used, evidence=f"{jobs} job {item.job_id}", **common)
-            out += [(jobs, dead), (self.settings.dlq_topic, dead)]  # the lifecycle fact + its dead-letter record
-        else:
-            out.append((jobs, retry_scheduled(decision.delay_s, self.clock.stamp(), stage=self.stage, attempt=item.attempt,
-                                              next_attempt=decision.next_attempt, error_class=error_class, **common)))
-            if decision.delay_s <= 0:  # at once; otherwise the watchdog dispatches it when due
-                out += self.next_attempt_events(attempt, decision.next_attempt)
-        return out
+        """`stage_outcome.failure_events` for `attempt`: `AttemptFailed` and what the retry decision
+        makes of it (`cooldown_s`: a provider's own `Retry-After`, seconds)."""
+        return outcome.failure_events(self.settings, attempt.identity, attempt.item, attempt.uncounted, error_class,
+                                      reason, cooldown_s)

@@ -209,6 +209,11 @@ class HealthState:
         for (topic, event_type), count in counts.items():
             self.consumed(topic, event_type, count)
 
+    def consumed_record(self, record: Any) -> None:
+        """Count one record read through the event-log port (anything with `.topic` and `.value`
+        attributes: `tapeline.ports.Record`) by topic and event type."""
+        self.consumed(record.topic, default_codec().event_type_of(record.value) or "undecodable", 1)
+
     def count_attempt(self, stage: str, outcome: str, error_class: str = "",
                       duration_s: float | None = None) -> None:
         """outcome: succeeded | failed (the attempt's failure was committed; `error_class` says why) |

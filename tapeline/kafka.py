@@ -13,39 +13,10 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from domain.errors import ServiceUnavailable
-from tapeline.ports import PartitionEnd, ReadError, broker_time  # noqa: F401 - broker_time: `kafka.broker_time` as before
+from tapeline.partitioner import murmur2, partition_for  # noqa: F401 (the partitioner's home is client-free)
+from tapeline.ports import (EventLogError, Offset, Partition, PartitionEnd, ReadError, Record, TransactionMustAbort,
+                            WriterFenced, broker_time)  # noqa: F401 - broker_time: `kafka.broker_time` as before
 from tapeline.settings import Settings
-
-
-def murmur2(data: bytes) -> int:
-    """Kafka's murmur2 hash (org.apache.kafka.common.utils.Utils.murmur2), as an unsigned 32-bit int."""
-    m, r = 0x5BD1E995, 24
-    length = len(data)
-    h = (0x9747B28C ^ length) & 0xFFFFFFFF
-    for i in range(0, length - length % 4, 4):
-        k = data[i] | (data[i + 1] << 8) | (data[i + 2] << 16) | (data[i + 3] << 24)
-        k = (k * m) & 0xFFFFFFFF
-        k ^= k >> r
-        k = (k * m) & 0xFFFFFFFF
-        h = (h * m) & 0xFFFFFFFF
-        h ^= k
-    tail, index = length % 4, length & ~3
-    if tail == 3:
-        h ^= data[index + 2] << 16
-    if tail >= 2:
-        h ^= data[index + 1] << 8
-    if tail >= 1:
-        h ^= data[index]
-        h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 15
-    return h
-
-
-def partition_for(key: str, partitions: int) -> int:
-    """The partition Kafka's default partitioner picks for `key` among `partitions`."""
-    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
 def consumer(settings: Settings, group_id: str, **overrides: Any) -> Consumer:
@@ -131,6 +102,148 @@ def partition_count(client: Consumer | Producer, topic: str, timeout_s: float = 
         time.sleep(0.2)
 
 
+def log_error(exc: KafkaException) -> EventLogError:
+    """The port's error for a client error: `WriterFenced` (`is_fenced`), `TransactionMustAbort`
+    (`txn_requires_abort`), else an `EventLogError` that says whether it is `retriable`."""
+    error = exc.args[0] if exc.args else None
+    if is_fenced(exc):
+        return WriterFenced(str(exc))
+    if isinstance(error, KafkaError) and error.txn_requires_abort():
+        return TransactionMustAbort(str(exc), retriable=error.retriable())
+    return EventLogError(str(exc), retriable=isinstance(error, KafkaError) and error.retriable())
+
+
+def record_of(message: Message) -> Record:
+    """The port's `Record` of a consumed message without an error."""
+    return Record(topic=message.topic(), partition=message.partition(), offset=message.offset(), key=message.key(),
+                  value=message.value(), headers=message.headers(), timestamp_ms=message.timestamp()[1])
+
+
+class KafkaReader:
+    """The `Reader` port over a confluent-kafka `Consumer` (built by `consumer`): records come out as
+    `Record`, a partition's end as `PartitionEnd`, another error as `ReadError`, and a refused call
+    raises `EventLogError` instead of `KafkaException`."""
+
+    def __init__(self, client: Consumer) -> None:
+        self.client = client
+
+    def subscribe(self, topics: list[str], on_assign=None, on_revoke=None, on_lost=None) -> None:
+        """`Consumer.subscribe`; each callback gets [(topic, partition), ...]."""
+        def adapt(callback):
+            if callback is None:
+                return None
+            return lambda _client, partitions: callback([(p.topic, p.partition) for p in partitions])
+
+        kwargs = {name: adapt(cb) for name, cb in (("on_assign", on_assign), ("on_revoke", on_revoke),
+                                                   ("on_lost", on_lost)) if cb is not None}
+        self.client.subscribe(topics, **kwargs)
+
+    def unsubscribe(self) -> None:
+        self.client.unsubscribe()
+
+    def poll(self, timeout_s: float) -> Record | PartitionEnd | ReadError | None:
+        message = self.client.poll(timeout_s)
+        if message is None:
+            return None
+        error = message.error()
+        if error is None:
+            return record_of(message)
+        if error.code() == KafkaError._PARTITION_EOF:
+            return PartitionEnd(message.topic(), message.partition(), message.offset())
+        return ReadError(str(error), fatal=error.fatal())
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        try:
+            self.client.seek(TopicPartition(topic, partition, offset))
+        except KafkaException as exc:
+            raise log_error(exc) from exc
+
+    def pause(self, partitions: list[Partition]) -> None:
+        try:
+            self.client.pause([TopicPartition(topic, partition) for topic, partition in partitions])
+        except KafkaException as exc:
+            raise log_error(exc) from exc
+
+    def resume(self, partitions: list[Partition]) -> None:
+        try:
+            self.client.resume([TopicPartition(topic, partition) for topic, partition in partitions])
+        except KafkaException as exc:
+            raise log_error(exc) from exc
+
+    def assignment(self) -> list[Partition]:
+        try:
+            return [(p.topic, p.partition) for p in self.client.assignment()]
+        except KafkaException as exc:
+            raise log_error(exc) from exc
+
+    def commit(self, offsets: list[Offset]) -> None:
+        """`Consumer.commit(offsets, asynchronous=False)`."""
+        try:
+            self.client.commit(offsets=[TopicPartition(*o) for o in offsets], asynchronous=False)
+        except KafkaException as exc:
+            raise log_error(exc) from exc
+
+    def group_metadata(self) -> Any:
+        return self.client.consumer_group_metadata()
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class KafkaWriter:
+    """The `Writer` port over a confluent-kafka transactional `Producer` (built by
+    `transactional_producer`): every `KafkaException` is raised as the port's error (`log_error`),
+    also when it comes out of a delivery callback as a `SystemError` (a fenced producer's fatal error
+    raised while the callback ran)."""
+
+    def __init__(self, client: Producer) -> None:
+        self.client = client
+
+    def _call(self, method, *args):
+        try:
+            return method(*args)
+        except KafkaException as exc:
+            raise log_error(exc) from exc
+        except SystemError as exc:
+            if isinstance(exc.__cause__, KafkaException):
+                raise log_error(exc.__cause__) from exc
+            raise
+
+    def begin_transaction(self) -> None:
+        self._call(self.client.begin_transaction)
+
+    def produce(self, topic: str, key: bytes, value: bytes, partition: int, on_delivery=None) -> None:
+        """`Producer.produce`; `on_delivery(topic, partition, offset)` runs for a stored record only."""
+        def delivered(error, message) -> None:
+            if error is None and on_delivery is not None:
+                on_delivery(message.topic(), message.partition(), message.offset())
+
+        try:
+            self.client.produce(topic, key=key, value=value, partition=partition, on_delivery=delivered)
+        except KafkaException as exc:
+            raise log_error(exc) from exc
+        except SystemError as exc:
+            if isinstance(exc.__cause__, KafkaException):
+                raise log_error(exc.__cause__) from exc
+            raise
+
+    def flush(self, timeout_s: float) -> int:
+        return self._call(self.client.flush, timeout_s)
+
+    def send_offsets(self, offsets: list[Offset], group_metadata: Any, timeout_s: float) -> None:
+        self._call(self.client.send_offsets_to_transaction, [TopicPartition(*o) for o in offsets], group_metadata,
+                   timeout_s)
+
+    def commit_transaction(self, timeout_s: float) -> None:
+        self._call(self.client.commit_transaction, timeout_s)
+
+    def abort_transaction(self, timeout_s: float) -> None:
+        self._call(self.client.abort_transaction, timeout_s)
+
+    def poll(self, timeout_s: float) -> None:
+        self._call(self.client.poll, timeout_s)
+
+
 class KafkaEventLog:
     """The `EventLog` port (`tapeline/ports.py`) over Kafka, for one process. Its read_committed
     client for last stable offsets and partition counts (group `lso_group`, never subscribed) is
@@ -146,23 +259,30 @@ class KafkaEventLog:
             self._reader = consumer(self.settings, self.lso_group)
         return self._reader
 
-    def transactional_producer(self, transactional_id: str) -> Producer:
-        """`transactional_producer(settings, transactional_id)`: initialised, so it fences older writers."""
-        return transactional_producer(self.settings, transactional_id)
+    def transactional_producer(self, transactional_id: str) -> KafkaWriter:
+        """`transactional_producer(settings, transactional_id)` as a `KafkaWriter`: initialised, so it
+        fences older writers."""
+        return KafkaWriter(transactional_producer(self.settings, transactional_id))
 
-    def consumer(self, group_id: str, **overrides: Any) -> Consumer:
-        """`consumer(settings, group_id, **overrides)`."""
-        return consumer(self.settings, group_id, **overrides)
+    def consumer(self, group_id: str, **overrides: Any) -> KafkaReader:
+        """`consumer(settings, group_id, **overrides)` as a `KafkaReader`."""
+        return KafkaReader(consumer(self.settings, group_id, **overrides))
 
     def partition_count(self, topic: str) -> int:
-        """`partition_count` of `topic`, asked once per topic."""
+        """`partition_count` of `topic`, asked once per topic (a client error as `EventLogError`)."""
         if topic not in self._partitions:
-            self._partitions[topic] = partition_count(self._lso_reader(), topic)
+            try:
+                self._partitions[topic] = partition_count(self._lso_reader(), topic)
+            except KafkaException as exc:
+                raise log_error(exc) from exc
         return self._partitions[topic]
 
     def last_stable_offset(self, topic: str, partition: int) -> int:
-        """`last_stable_offsets` of one partition."""
-        return last_stable_offsets(self._lso_reader(), topic, [partition])[partition]
+        """`last_stable_offsets` of one partition (a client error as `EventLogError`)."""
+        try:
+            return last_stable_offsets(self._lso_reader(), topic, [partition])[partition]
+        except KafkaException as exc:
+            raise log_error(exc) from exc
 
     def assigned_reader(self, group_id: str, **overrides: Any) -> KafkaAssignedReader:
         """`consumer(settings, group_id, enable.partition.eof=true, **overrides)` as a `KafkaAssignedReader`."""

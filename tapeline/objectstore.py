@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable
 
@@ -21,13 +19,12 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError
 
 from domain.errors import OutputConflict, StorageError
+from tapeline.objects import PUBLISHED_PREFIX, StorageGauge, sha256_file  # noqa: F401 (client-free home)
 from tapeline.settings import Settings
 
 if TYPE_CHECKING:  # the cleanup planner's row types (imported lazily at run time: no import cycle)
     from domain.policy.cleanup import MultipartUpload, StoredObject
-    from tapeline.ports import ObjectStorage
 
-PUBLISHED_PREFIX = "published/"
 SOURCE_CONTENT_TYPE = "application/octet-stream"
 """What a stored source's Content-Type is when the client's is not a plain audio/video type."""
 _MEDIA_TYPE = re.compile(r"(?:video|audio)/[a-z0-9][a-z0-9.+-]{0,62}")
@@ -55,15 +52,6 @@ def client(settings: Settings):
         config=Config(s3={"addressing_style": "path"},
                       retries={"max_attempts": settings.s3_max_attempts, "mode": "standard"},
                       connect_timeout=settings.s3_connect_timeout_s, read_timeout=settings.s3_read_timeout_s))
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class _HashingReader:
@@ -277,31 +265,3 @@ class ObjectStore:
         except (BotoCoreError, ClientError) as exc:
             raise StorageError(f"measuring bucket {self.bucket} failed: {exc}") from exc
         return total
-
-
-class StorageGauge:
-    """The bucket's total bytes, measured by listing it at most once per `storage_usage_cache_s`
-    (thread-safe). `bytes()` raises `StorageError` when the listing fails."""
-
-    def __init__(self, settings: Settings, store: "ObjectStorage | None" = None) -> None:
-        """`store`: any `ObjectStorage` (its `total_bytes` is what is measured); else an `ObjectStore`."""
-        self.settings = settings
-        self.store = store or ObjectStore(settings)
-        self._lock = threading.Lock()
-        self._value: int | None = None
-        self._at = 0.0
-
-    def measure(self) -> int:
-        """List the whole bucket now; its total size in bytes."""
-        return self.store.total_bytes()
-
-    def bytes(self) -> int:
-        with self._lock:
-            if self._value is None or time.monotonic() - self._at >= self.settings.storage_usage_cache_s:
-                self._value, self._at = self.measure(), time.monotonic()
-            return self._value
-
-    def over_limit(self) -> bool:
-        """True when a limit is set and the (cached) measurement is at or past it."""
-        limit = self.settings.storage_limit_bytes
-        return limit is not None and self.bytes() >= limit

@@ -8,14 +8,18 @@ calls them only through these shapes; which adapter stands behind each:
 | `Clock`         | `tapeline.clock.SystemClock`              | the machine's clock, uuid4 ids |
 | `EventLog`      | `tapeline.kafka.KafkaEventLog`            | Kafka (confluent-kafka)        |
 | `AssignedReader`| `tapeline.kafka.KafkaAssignedReader`      | an assign-only Kafka consumer  |
+| `Reader`        | `tapeline.kafka.KafkaReader`              | a Kafka consumer               |
+| `Writer`        | `tapeline.kafka.KafkaWriter`              | a transactional Kafka producer |
 | `JobStore`      | `tapeline.postgres.PostgresJobStore`      | PostgreSQL, named queries only |
 | `ObjectStorage` | `tapeline.objectstore.ObjectStore`        | S3 (boto3)                     |
 | `MediaTool`     | `processors.media.FfmpegTool`             | ffprobe and ffmpeg processes   |
 
-The projector (`projections/projector.py`) reads the log through `EventLog.assigned_reader` too:
-records as `LogRecord`, a partition's end as `PartitionEnd`, an error as `ReadError`.
-
-Each Protocol lists only the methods a processor calls. They are `runtime_checkable` so a unit test
+Records, positions and errors are this module's own (`Record`, `PartitionEnd`, `ReadError`,
+`Offset`, `EventLogError`, `TransactionMustAbort`, `WriterFenced`, `LockTimeout`): the processors
+import no client library (an import contract in pyproject.toml holds that), so no client type
+crosses a port. The projector (`projections/projector.py`) reads through
+`EventLog.assigned_reader`: records as `LogRecord` (the client's own record object, read through
+these methods, not copied), a partition's end as `PartitionEnd`, an error as `ReadError`. Each Protocol lists only the methods a processor calls. They are `runtime_checkable` so a unit test
 can check that each adapter has them (tests/unit/test_ports.py); that checks names, not signatures.
 """
 
@@ -25,23 +29,55 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, NamedTuple, Protocol, runtime_checkable
 
 from tapeline.clock import Clock, system_clock
 
 if TYPE_CHECKING:
     from domain.policy.cleanup import MultipartUpload, StoredObject
 
-# The event log's writers and readers are the client library's own objects (confluent-kafka's
-# `Producer` and `Consumer`: `begin_transaction`, `produce`, `poll`, `seek`, ...); the port does not
-# wrap them, and does not import the library either (an import contract in pyproject.toml holds that).
-Writer = Any
-Reader = Any
+Partition = tuple[str, int]
+"""(topic, partition) of the event log."""
 
-__all__ = ["AssignedReader", "Clock", "EventLog", "JobStore", "LogRecord", "MediaTool", "ObjectStorage", "PartitionEnd",
-           "ReadError", "broker_time", "system_clock"]
+
+class Offset(NamedTuple):
+    """A consumer position to commit: the next offset to read of `topic[partition]`."""
+
+    topic: str
+    partition: int
+    offset: int
+
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record read from the event log. `timestamp_ms`: the broker's timestamp, milliseconds since
+    the epoch (LogAppendTime on every topic the projections read, so one clock)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]] | None
+    timestamp_ms: int
+
+    @property
+    def broker_time(self) -> datetime:
+        """`timestamp_ms` as an aware UTC datetime, exact to the millisecond (a float division was
+        off by microseconds after about 2112; the native engine is exact)."""
+        return _EPOCH + timedelta(milliseconds=self.timestamp_ms)
+
+    @property
+    def where(self) -> dict[str, Any]:
+        """`{"topic", "partition", "offset"}` of the record (log scopes, error messages)."""
+        return {"topic": self.topic, "partition": self.partition, "offset": self.offset}
+
+    def next_offset(self) -> Offset:
+        """The position past this record (what a transaction commits once it is handled)."""
+        return Offset(self.topic, self.partition, self.offset + 1)
 
 
 class LogRecord(Protocol):
@@ -76,8 +112,9 @@ def broker_time(record: LogRecord) -> datetime:
 
 @dataclass(frozen=True)
 class PartitionEnd:
-    """A reader reached the end of `topic[partition]`: nothing more is waiting there now; `offset` is
-    the position there (the next offset a record would have)."""
+    """A reader reached the end of `topic[partition]`: nothing more is waiting there now (only from a
+    reader opened with `enable.partition.eof`); `offset` is the position there (the next offset a
+    record would have)."""
 
     topic: str
     partition: int
@@ -120,6 +157,116 @@ class AssignedReader(Protocol):
     def close(self) -> None:
         ...
 
+class LockTimeout(Exception):
+    """A `JobStore` operation waited for a lock longer than the transaction's lock timeout allows."""
+
+
+class EventLogError(Exception):
+    """A call on the event log failed; the message is the client's. `retriable`: the same call may
+    succeed if made again (a transaction's commit). Deliberately not a `TapelineError`: it is no
+    error class of a job (an attempt that meets it fails as `unknown`)."""
+
+    def __init__(self, message: str, *, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+class TransactionMustAbort(EventLogError):
+    """The writer's open transaction cannot commit any more: abort it, then it may begin another."""
+
+
+class WriterFenced(EventLogError):
+    """A newer writer with the same transactional id took over (or the writer hit a fatal error):
+    this writer can never write again."""
+
+
+@runtime_checkable
+class Reader(Protocol):
+    """A consumer of the event log in one group (from `EventLog.consumer`). Not thread-safe. Every
+    method but `poll` and `close` raises `EventLogError` when the client refuses the call (e.g. a
+    partition no longer assigned)."""
+
+    def subscribe(self, topics: list[str], on_assign: Callable[[list[Partition]], None] | None = None,
+                  on_revoke: Callable[[list[Partition]], None] | None = None,
+                  on_lost: Callable[[list[Partition]], None] | None = None) -> None:
+        """Join the group on `topics`; the callbacks get the partitions assigned, revoked or lost (they
+        run inside `poll`)."""
+        ...
+
+    def unsubscribe(self) -> None:
+        """Leave the group (completes while the caller goes on polling)."""
+        ...
+
+    def poll(self, timeout_s: float) -> Record | PartitionEnd | ReadError | None:
+        """The next record, a partition's end, an error, or None when nothing arrived in `timeout_s`."""
+        ...
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        """Read `topic[partition]` from `offset` next."""
+        ...
+
+    def pause(self, partitions: list[Partition]) -> None:
+        """Stop fetching `partitions` (what was prefetched there is dropped)."""
+        ...
+
+    def resume(self, partitions: list[Partition]) -> None:
+        """Fetch `partitions` again, from the position after the last record returned."""
+        ...
+
+    def assignment(self) -> list[Partition]:
+        """The partitions assigned to this reader now."""
+        ...
+
+    def commit(self, offsets: list[Offset]) -> None:
+        """Commit `offsets` for the group now (synchronous, outside any transaction)."""
+        ...
+
+    def group_metadata(self) -> Any:
+        """The group's metadata, opaque: what `Writer.send_offsets` needs."""
+        ...
+
+    def close(self) -> None:
+        """Leave the group and release the client."""
+        ...
+
+
+@runtime_checkable
+class Writer(Protocol):
+    """A transactional writer of the event log (from `EventLog.transactional_producer`), fenced by its
+    transactional id. Calls raise `WriterFenced` (stop: never write again), `TransactionMustAbort`
+    (abort, then begin again) or another `EventLogError` (`retriable` says whether to repeat it)."""
+
+    def begin_transaction(self) -> None:
+        ...
+
+    def produce(self, topic: str, key: bytes, value: bytes, partition: int,
+                on_delivery: Callable[[str, int, int], None] | None = None) -> None:
+        """Queue one record for `topic[partition]` in the open transaction; `on_delivery(topic,
+        partition, offset)` runs once the broker stored it (inside `flush`, `poll` or a commit)."""
+        ...
+
+    def flush(self, timeout_s: float) -> int:
+        """Send what is queued and wait up to `timeout_s` seconds; the number of records still queued."""
+        ...
+
+    def send_offsets(self, offsets: list[Offset], group_metadata: Any, timeout_s: float) -> None:
+        """Add a reader's `offsets` (its `group_metadata`) to the open transaction."""
+        ...
+
+    def commit_transaction(self, timeout_s: float) -> None:
+        ...
+
+    def abort_transaction(self, timeout_s: float) -> None:
+        ...
+
+    def poll(self, timeout_s: float) -> None:
+        """Serve delivery reports (`on_delivery`) that are ready, waiting up to `timeout_s` seconds."""
+        ...
+
+
+__all__ = ["AssignedReader", "Clock", "EventLog", "EventLogError", "JobStore", "LockTimeout", "LogRecord", "MediaTool", "ObjectStorage", "Offset", "Partition",
+           "PartitionEnd", "ReadError", "Reader", "Record", "TransactionMustAbort", "Writer", "WriterFenced",
+           "broker_time", "system_clock"]
 
 @runtime_checkable
 class EventLog(Protocol):
@@ -134,7 +281,7 @@ class EventLog(Protocol):
         ...
 
     def consumer(self, group_id: str, **overrides: Any) -> Reader:
-        """A new consumer in group `group_id`: reads committed records only, never commits on its own
+        """A new reader in group `group_id`: reads committed records only, never commits on its own
         (offsets commit inside the caller's transactions), starts from the earliest offset when the
         group has none; `overrides` are client settings (e.g. `fetch.wait.max.ms`). The caller
         subscribes it and closes it."""
@@ -142,12 +289,13 @@ class EventLog(Protocol):
 
     def partition_count(self, topic: str) -> int:
         """The number of partitions of `topic` (cached per topic). Raises `ServiceUnavailable` when
-        the topic does not exist."""
+        the topic does not exist, `EventLogError` when the broker refuses."""
         ...
 
     def last_stable_offset(self, topic: str, partition: int) -> int:
         """The offset a read_committed reader of `topic[partition]` can reach now (the LSO: past the
-        last committed record, before any open transaction)."""
+        last committed record, before any open transaction). Raises `EventLogError` when the broker
+        does not answer."""
         ...
 
     def assigned_reader(self, group_id: str, **overrides: Any) -> AssignedReader:
@@ -169,9 +317,10 @@ class JobStore(Protocol):
     """The job-state reader and the named operations on PostgreSQL. Callers name an operation (a
     `-- name:` block of projections/sql/*.sql); they never hold SQL. Every call runs in autocommit
     on the store's own session (each read sees the latest projection; a session advisory lock
-    taken through it lives as long as the store). Rows are dicts keyed by column name. A lost
-    connection raises `psycopg.OperationalError`; an unreachable server on first use raises
-    `ServiceUnavailable`."""
+    taken through it lives as long as the store), or, inside `transaction()`, in that one
+    transaction. Rows are dicts keyed by column name. A lock wait past the transaction's lock timeout
+    raises `LockTimeout`; a lost connection raises the adapter's own error (PostgreSQL:
+    `psycopg.OperationalError`); an unreachable server on first use raises `ServiceUnavailable`."""
 
     def open(self) -> None:
         """Open the session now if it is not open (else the first call opens it). Raises
@@ -188,6 +337,11 @@ class JobStore(Protocol):
 
     def run(self, name: str, params: dict[str, Any] | None = None) -> None:
         """Run the named statement, rows (if any) ignored."""
+        ...
+
+    def transaction(self) -> ContextManager[None]:
+        """A block whose operations commit together when it ends, or roll back when it raises (the
+        exception goes on). Session locks taken inside stay; transaction locks end with it."""
         ...
 
     def wait_applied(self, topic: str, partition: int, target: int, timeout_s: float,

@@ -10,19 +10,21 @@ writes it as a `{placeholder}` and is composed with `qf`, which quotes it as an 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import psycopg
 from psycopg import sql as psql
 
 from domain.errors import ConfigurationError, ServiceUnavailable
 from domain.lifecycle_data import LIFECYCLE, Lifecycle
+from tapeline.ports import LockTimeout
 
 if TYPE_CHECKING:
     from tapeline.settings import Settings
@@ -311,7 +313,7 @@ class PostgresJobStore:
         self._conn: psycopg.Connection | None = None
 
     def connection(self) -> psycopg.Connection:
-        """The session itself (adapter only, not part of the port: for code not yet on named operations)."""
+        """The session itself, opened on first use (the adapter's own: not part of the port)."""
         if self._conn is None:
             self._conn = connect(self.settings.database_url, schema=self.settings.db_schema, autocommit=True)
             self._conn.row_factory = psycopg.rows.dict_row
@@ -321,17 +323,29 @@ class PostgresJobStore:
         """Open the session now, if it is not open."""
         self.connection()
 
+    def _execute(self, name: str, params: dict[str, Any] | None):
+        try:
+            return self.connection().execute(q(name), params)
+        except psycopg.errors.LockNotAvailable as exc:
+            raise LockTimeout(f"{name}: {exc}") from exc
+
     def all(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Every row of the named query."""
-        return self.connection().execute(q(name), params).fetchall()
+        return self._execute(name, params).fetchall()
 
     def one(self, name: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """The first row of the named query, or None."""
-        return self.connection().execute(q(name), params).fetchone()
+        return self._execute(name, params).fetchone()
 
     def run(self, name: str, params: dict[str, Any] | None = None) -> None:
         """Run the named statement."""
-        self.connection().execute(q(name), params)
+        self._execute(name, params)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """`Connection.transaction()` on the session: commit at the end, roll back on an exception."""
+        with self.connection().transaction():
+            yield
 
     def wait_applied(self, topic: str, partition: int, target: int, timeout_s: float,
                      stop: threading.Event | None = None) -> None:

@@ -4,7 +4,6 @@ the HTTP intake's backpressure and the processors that consult current state."""
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -15,7 +14,7 @@ from domain.lifecycle import TERMINAL_STATES
 from tapeline import kafka
 from tapeline.postgres import connect, q, wait_applied
 from domain.errors import ConfigurationError, ServiceUnavailable
-from domain.policy.tiers import TIERS
+from tapeline.rows import TierBacklog, letter_attempts, tier_backlogs  # noqa: F401 (pure; re-exported)
 from tapeline.settings import Settings
 
 STAGE_SHARE = {"intake": (0.0, 0.05), "transcode": (0.05, 0.90), "publish": (0.90, 1.0)}
@@ -211,17 +210,6 @@ def dead_letter(conn: psycopg.Connection, dead_letter_id: str) -> dict[str, Any]
     return letter_attempts(row) if row is not None else None
 
 
-def letter_attempts(row: dict[str, Any]) -> dict[str, Any]:
-    """A dead-letter row with `attempts` = the stage's attempts the job had started when it was
-    dead-lettered (its attempt number: a replayed job keeps counting, so a job replayed and out of
-    attempts again shows 6, not 3) and `budget_attempts` = those of the budget it ran out of (the
-    `JobDeadLettered.attempts` the writer recorded). A record's dead letter has neither. Pure."""
-    recorded = row.get("attempts")
-    attempt = row.get("attempt")
-    total = max(recorded, attempt) if recorded is not None and attempt is not None else recorded
-    return {**row, "attempts": total, "budget_attempts": recorded}
-
-
 def jobs_in_state(conn: psycopg.Connection, state: str, limit: int = 1000) -> list[dict[str, Any]]:
     """Jobs in one state (e.g. needs_review), most recently updated first."""
     return conn.execute(q("jobs_in_state"), {"state": state, "limit": limit}).fetchall()
@@ -342,40 +330,10 @@ def checkpoints(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
             for row in conn.execute(q("job_checkpoint_evidence"), {"job_id": job_id}).fetchall()]
 
 
-@dataclass(frozen=True)
-class TierBacklog:
-    """One priority tier's load, from `job_state`: jobs `waiting` (accepted, queued or
-    retry_scheduled), `running`, and `completed_recently` (in the last `window_s` seconds)."""
-
-    tier: str
-    waiting: int
-    running: int
-    completed_recently: int
-    window_s: float
-
-    @property
-    def backlog(self) -> int:
-        """Jobs accepted and not yet ended: waiting + running."""
-        return self.waiting + self.running
-
-    def drain_estimate_s(self, excess: int = 1) -> float | None:
-        """Seconds until `excess` jobs of this tier have ended at the recent completion rate
-        (completed_recently / window_s); None when nothing completed in the window."""
-        if self.completed_recently <= 0:
-            return None
-        return excess * self.window_s / self.completed_recently
-
-
 def tier_backlog(conn: psycopg.Connection, window_s: float = 300.0) -> dict[str, TierBacklog]:
     """Every tier of `TIERS` (zeros for a tier with no jobs) -> its `TierBacklog`, completion
-    rate measured over the last `window_s` seconds of the database clock."""
-    found = {row["tier"]: row for row in conn.execute(q("tier_backlog"), {"window_s": window_s}).fetchall()}
-    result = {}
-    for tier in TIERS:
-        row = found.get(tier) or {}
-        result[tier] = TierBacklog(tier, int(row.get("waiting") or 0), int(row.get("running") or 0),
-                                   int(row.get("completed_recently") or 0), window_s)
-    return result
+    rate measured over the last `window_s` seconds of the database clock (`tier_backlogs`)."""
+    return tier_backlogs(conn.execute(q("tier_backlog"), {"window_s": window_s}).fetchall(), window_s)
 
 
 def log_clock_latest(conn: psycopg.Connection) -> dict[str, datetime | None]:

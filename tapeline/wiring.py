@@ -118,6 +118,18 @@ def processor_adapters(settings: Settings, role: str, health: HealthState) -> di
                 storage=ObjectStore(settings), clock=system_clock, health=health)
 
 
+def build_runtime(settings: Settings, role: str, **kwargs):
+    """A `processors.runtime.Runtime` for `role` over fresh Kafka and PostgreSQL adapters (offsets
+    client in group `<app>.<role>.lso`), for tests and benches that produce events themselves;
+    `kwargs` go to `Runtime` (`health`, `stop`). Opens the job store's session now."""
+    from processors.runtime import Runtime
+    from tapeline.kafka import KafkaEventLog
+    from tapeline.postgres import PostgresJobStore
+
+    return Runtime(settings, role, events=KafkaEventLog(settings, f"{settings.app_name}.{role}.lso"),
+                   jobs=PostgresJobStore(settings), **kwargs)
+
+
 def build_processor(role: str, settings: Settings, health: HealthState):
     """The processor of `role` (one of `PROCESSOR_ROLES`) with its adapters built here
     (`processor_adapters`; the watchdog's leader lock gets a job store of its own, intake and
@@ -177,6 +189,7 @@ def rescue_on_exit(settings: Settings):
     from tapeline import holdings
     from tapeline.clock import system_clock
     from tapeline.kafka import KafkaEventLog
+    from tapeline.ports import EventLogError
     from tapeline.postgres import PostgresJobStore
 
     log = structlog.get_logger("tapeline.supervisor")
@@ -191,7 +204,7 @@ def rescue_on_exit(settings: Settings):
             return  # it held no attempt
         try:
             rescuer.rescue(holding, exit_detail(returncode))
-        except (ServiceUnavailable, KafkaException, Fenced) as exc:
+        except (ServiceUnavailable, EventLogError, KafkaException, Fenced) as exc:
             log.warning("could not rescue the dead worker's attempt; its lease will", child=name, pid=pid,
                         job_id=holding.job_id, error=str(exc))
             return

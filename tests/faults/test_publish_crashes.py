@@ -155,20 +155,23 @@ def test_the_provider_quota_delays_the_second_post_until_the_window_frees(fault_
 
 
 def test_provider_concurrency_slots_are_shared_through_postgresql(fault_settings):
-    import psycopg
-
     from processors.providers import ProviderLimits
     from domain.errors import ProviderError
+    from tapeline.clock import system_clock
+    from tapeline.postgres import PostgresJobStore
 
-    with psycopg.connect(fault_settings.database_url, autocommit=True, row_factory=psycopg.rows.dict_row) as a, \
-            psycopg.connect(fault_settings.database_url, autocommit=True, row_factory=psycopg.rows.dict_row) as b:
-        with ProviderLimits(a, "webhook-test", 1) as held:
+    a, b = PostgresJobStore(fault_settings), PostgresJobStore(fault_settings)  # two sessions, as two processes
+    try:
+        with ProviderLimits(a, "webhook-test", 1, clock=system_clock) as held:
             assert held.slot == 0
             with pytest.raises(ProviderError, match="1 posts in flight") as refused:
-                ProviderLimits(b, "webhook-test", 1).__enter__()
+                ProviderLimits(b, "webhook-test", 1, clock=system_clock).__enter__()
             assert refused.value.retry_after_s == 1.0 and refused.value.error_class == "provider_throttled"
             assert (refused.value.wait, refused.value.limit) == ("in_flight", 1)  # a PublishDeferred, no attempt used
-            with ProviderLimits(b, "webhook-test", 2) as second:
+            with ProviderLimits(b, "webhook-test", 2, clock=system_clock) as second:
                 assert second.slot == 1
-        with ProviderLimits(b, "webhook-test", 1) as freed:  # released on exit
+        with ProviderLimits(b, "webhook-test", 1, clock=system_clock) as freed:  # released on exit
             assert freed.slot == 0
+    finally:
+        a.close()
+        b.close()

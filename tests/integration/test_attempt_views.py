@@ -11,14 +11,14 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from processors.runtime import Runtime, transact
+from processors.runtime import transact
+from tapeline.wiring import build_runtime
 from tapeline import read
 from projections.projector import apply_batch
 from tapeline.kafka import broker_time
 from tapeline.postgres import connect, migrate
 from domain import events as ev
 from domain.codec import default_codec
-from tapeline import kafka
 from tapeline.samples import sample_video
 from tapeline.clock import system_clock
 from tests.conftest import tapeline_cli
@@ -208,8 +208,8 @@ def test_reader_role_may_read_the_views(isolated, handmade):
 
 def test_replay_into_a_schema_rebuilds_the_views(isolated, handmade):
     """`tapeline replay --into` migrates a fresh schema (006 included) and the views fill from the log."""
-    runtime = Runtime(isolated, "test")
-    producer = kafka.transactional_producer(isolated, f"{isolated.app_name}.views-writer")
+    runtime = build_runtime(isolated, "test")
+    producer = runtime.events.transactional_producer(f"{isolated.app_name}.views-writer")
     events = lifecycle(f"u-{uuid.uuid4()}")
     transact(producer, lambda: runtime.produce(producer, [(isolated.jobs_topic, e) for e in events]))
     runtime.close()

@@ -27,8 +27,8 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from domain import events as ev
-from processors.runtime import Runtime, transact
-from tapeline import kafka
+from processors.runtime import transact
+from tapeline.wiring import build_runtime
 from tapeline.clock import system_clock
 from tapeline.wiring import build_app
 from tests.conftest import settings_env, wait_for
@@ -162,8 +162,8 @@ def test_a_duplicate_work_item_of_a_claimed_ended_or_superseded_attempt_never_ru
                     error_class="storage_transient"),
         superseded.queued("transcode", 2),
     ]
-    runtime = Runtime(settings, "test")
-    producer = kafka.transactional_producer(settings, f"{settings.app_name}.test-duplicates")
+    runtime = build_runtime(settings, "test")
+    producer = runtime.events.transactional_producer(f"{settings.app_name}.test-duplicates")
     transact(producer, lambda: runtime.produce(producer, [(settings.jobs_topic, e) for e in events]))
     wait_for(lambda: (job_row(settings, ended.job_id) or {}).get("state") == "retry_scheduled"
              and (job_row(settings, superseded.job_id) or {}).get("attempt") == 2, 60, "the three jobs projected")
@@ -217,8 +217,8 @@ def test_the_dashboard_replays_a_job_that_would_fail_again_only_when_told_anyway
               job.event(ev.AttemptFailed, "transcode", 2, "a2", **fail),
               job.event(ev.JobDeadLettered, "transcode", 2, "a2", error_class="timeout",
                         reason="out of attempts: ffmpeg ran past its wall-clock limit", attempts=1, evidence="test")]
-    runtime = Runtime(settings, "test")
-    producer = kafka.transactional_producer(settings, f"{settings.app_name}.test-anyway")
+    runtime = build_runtime(settings, "test")
+    producer = runtime.events.transactional_producer(f"{settings.app_name}.test-anyway")
     transact(producer, lambda: runtime.produce(producer, [(settings.jobs_topic, e) for e in events]))
     runtime.close()
     wait_for(lambda: (job_row(settings, job.job_id) or {}).get("attempt") == 2

@@ -15,9 +15,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from domain import events as ev
-from processors.runtime import Runtime, transact
+from processors.runtime import transact
+from tapeline.wiring import build_runtime
 from projections.api import create_app
-from tapeline import kafka
 from tests.conftest import settings_env, wait_for
 from tests.integration.test_read_api import Job, job_row
 
@@ -47,8 +47,8 @@ def test_a_dead_letter_and_a_silent_watchdog_are_on_the_strip_with_their_links(i
                              reason="S3 answered 503"),
                   dead.event(ev.JobDeadLettered, "transcode", 1, "d1", error_class="storage_transient",
                              reason="out of attempts: S3 answered 503", attempts=1, evidence="test")]
-        runtime = Runtime(settings, "test")
-        producer = kafka.transactional_producer(settings, f"{settings.app_name}.test-problems")
+        runtime = build_runtime(settings, "test")
+        producer = runtime.events.transactional_producer(f"{settings.app_name}.test-problems")
         transact(producer, lambda: runtime.produce(producer, [(settings.jobs_topic, e) for e in events]))
         runtime.close()
         wait_for(lambda: (job_row(settings, dead.job_id) or {}).get("state") == "dead_lettered", 60,

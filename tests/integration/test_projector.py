@@ -9,7 +9,8 @@ import uuid
 import psycopg
 import pytest
 
-from processors.runtime import Runtime, transact
+from processors.runtime import transact
+from tapeline.wiring import build_runtime
 from domain.lifecycle import JOB_STATE_COLUMNS
 from projections.projector import apply_batch
 from tapeline.wiring import build_projector
@@ -49,8 +50,8 @@ def lifecycle(upload_id: str) -> list[ev.Event]:
 @pytest.fixture(scope="module")
 def written(isolated):
     """Two jobs' lifecycles committed to the log, the first one's events written twice."""
-    runtime = Runtime(isolated, "test")
-    producer = kafka.transactional_producer(isolated, f"{isolated.app_name}.test-writer")
+    runtime = build_runtime(isolated, "test")
+    producer = runtime.events.transactional_producer(f"{isolated.app_name}.test-writer")
     first, second = lifecycle(f"u-{uuid.uuid4()}"), lifecycle(f"u-{uuid.uuid4()}")
     for events in (first, second, first):  # the repeat is a redelivery of identical events
         transact(producer, lambda events=events: runtime.produce(producer, [(isolated.jobs_topic, e) for e in events]))

@@ -14,9 +14,9 @@ import uuid
 import psycopg
 import pytest
 
-from processors.runtime import Runtime, transact
+from processors.runtime import transact
+from tapeline.wiring import build_runtime
 from tapeline.postgres import migrate
-from tapeline import kafka
 from tests.conftest import settings_env, wait_for
 from tests.integration.test_projector import lifecycle
 
@@ -31,8 +31,8 @@ def start_projector(settings, log_path):
 
 def write_jobs(settings, count: int) -> list[str]:
     """`count` lifecycles (6 events each: 5 applied, one zombie's superseded), one transaction each."""
-    runtime = Runtime(settings, "test")
-    producer = kafka.transactional_producer(settings, f"{settings.app_name}.standby-writer-{uuid.uuid4().hex[:6]}")
+    runtime = build_runtime(settings, "test")
+    producer = runtime.events.transactional_producer(f"{settings.app_name}.standby-writer-{uuid.uuid4().hex[:6]}")
     jobs = []
     for _ in range(count):
         events = lifecycle(f"u-{uuid.uuid4()}")

@@ -88,3 +88,30 @@ def test_the_read_api_shows_each_providers_breaker_and_quota_use(isolated):
     assert (webhook["state"], webhook["failures"], webhook["http_status"], webhook["version"]) == ("open", 7, 503, 7)
     assert webhook["until"] == (T0 + timedelta(seconds=70)).isoformat()
     assert (webhook["posts_minute"], webhook["quota_minute"], webhook["posts_day"], webhook["quota_day"]) == (2, 30, 3, 5000)
+
+
+def test_a_busy_admission_lock_defers_the_attempt_at_the_clock_it_was_given(isolated, monkeypatch):
+    """The lock timeout comes back through the `JobStore` port as `LockTimeout` (not a psycopg
+    error) and becomes a one-second `in_flight` deferral stamped by the guard's clock."""
+    from domain.errors import ProviderDeferred
+    from processors import provider_guard
+    from tapeline.postgres import PostgresJobStore
+    from tests.fakeclock import FixedClock
+
+    monkeypatch.setattr(provider_guard, "ADMIT_LOCK_TIMEOUT_S", 0.2)
+    holder, waiter = PostgresJobStore(isolated), PostgresJobStore(isolated)
+    clock = FixedClock(at=T0)
+    guard = provider_guard.ProviderGuard(waiter, "webhook-busy", isolated, ev.job_id_for("upload-busy"),
+                                         record=lambda events: None, make_event=lambda cls, **f: None, clock=clock)
+    try:
+        with holder.transaction():
+            holder.one("provider_gate_lock", {"lock_class": provider_guard.PROVIDER_GATE_LOCK, "lock_id": guard.lock_id})
+            with pytest.raises(ProviderDeferred, match="admission lock busy") as deferred:
+                guard.admit(1, "tok")
+        assert (deferred.value.wait, deferred.value.until) == ("in_flight", T0 + timedelta(seconds=1))
+        assert waiter.all("provider_call_ends", {"provider": "webhook-busy", "now": T0, "stale_s": 60.0,
+                                                 "since": T0 - timedelta(days=1)}) == []  # nothing reserved
+        assert guard.admit(1, "tok").probe is False  # the lock is free again: admitted
+    finally:
+        holder.close()
+        waiter.close()

@@ -31,11 +31,11 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from processors.runtime import Runtime, transact
+from processors.runtime import transact
+from tapeline.wiring import build_runtime
 from tapeline.wiring import build_app as create_app
 from domain import events as ev
 from domain.lifecycle import TERMINAL_STATES
-from tapeline import kafka
 from tapeline.clock import system_clock
 from tests.conftest import settings_env, wait_for
 
@@ -122,8 +122,8 @@ def projected_lifecycles(settings, log_dir) -> Iterator[dict[str, Job]]:
                                      env=settings_env(settings), stdout=log, stderr=log, start_new_session=True)
     try:
         jobs, events = lifecycles()
-        runtime = Runtime(settings, "test")
-        producer = kafka.transactional_producer(settings, f"{settings.app_name}.test-seed")
+        runtime = build_runtime(settings, "test")
+        producer = runtime.events.transactional_producer(f"{settings.app_name}.test-seed")
         transact(producer, lambda: runtime.produce(producer, [(settings.jobs_topic, e) for e in events]))
         runtime.close()
         wait_for(lambda: all(job_row(settings, j.job_id) for j in jobs.values())

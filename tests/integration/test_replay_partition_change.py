@@ -9,8 +9,8 @@ import uuid
 import psycopg
 import pytest
 
-from processors.runtime import Runtime, transact
-from tapeline import kafka
+from processors.runtime import transact
+from tapeline.wiring import build_runtime
 from tests.conftest import tapeline_cli
 from tests.integration.test_projector import lifecycle
 
@@ -20,8 +20,8 @@ pytestmark = pytest.mark.integration
 def test_a_job_split_across_partitions_rolls_back_a_replay_with_workers_and_one_process_replays_it(isolated):
     accepted, queued = lifecycle(f"u-{uuid.uuid4()}")[:2]
     job_id = accepted.job_id
-    runtime = Runtime(isolated, "test")
-    producer = kafka.transactional_producer(isolated, f"{isolated.app_name}.split-writer")
+    runtime = build_runtime(isolated, "test")
+    producer = runtime.events.transactional_producer(f"{isolated.app_name}.split-writer")
     try:  # JobAccepted in partition 0, its StageQueued in partition 1
         transact(producer, lambda: [runtime.produce_to(producer, isolated.jobs_topic, 0, accepted),
                                     runtime.produce_to(producer, isolated.jobs_topic, 1, queued)])

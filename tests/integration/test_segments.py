@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from processors import media, segments
-from processors.segments import AUDIO, Checkpoint
+from processors import media, segments, segment_plan
+from processors.segment_plan import AUDIO, Checkpoint
 from processors.transcode import reuse_verified
 from tapeline.objectstore import ObjectStore
 
@@ -70,7 +70,7 @@ def ladder(probe):
 
 
 def encode(source, probe, ladder, out_dir: Path, start_index: int = 0, with_audio: bool = True,
-           stop_after: int | None = None) -> dict[str, list[segments.LocalSegment]]:
+           stop_after: int | None = None) -> dict[str, list[segment_plan.LocalSegment]]:
     """Run the segment encoder; with `stop_after`, stop ffmpeg once that many segments of every video
     rendition are complete (as a crash would) and keep only the completed ones."""
     names = [r.name for r in ladder]
@@ -78,7 +78,7 @@ def encode(source, probe, ladder, out_dir: Path, start_index: int = 0, with_audi
                                              preset=PRESET, duration_s=probe.duration_s, start_index=start_index,
                                              frame_rate=media.inspect_source(source).encoder_frame_rate)
     watcher = segments.SegmentWatcher(out_dir, names, start_index)
-    done: dict[str, list[segments.LocalSegment]] = {name: [] for name in names + [AUDIO]}
+    done: dict[str, list[segment_plan.LocalSegment]] = {name: [] for name in names + [AUDIO]}
     stop = [False]
 
     def tick():
@@ -100,7 +100,7 @@ def encode(source, probe, ladder, out_dir: Path, start_index: int = 0, with_audi
     return done
 
 
-def as_checkpoint(segment: segments.LocalSegment, attempt: int = 1) -> Checkpoint:
+def as_checkpoint(segment: segment_plan.LocalSegment, attempt: int = 1) -> Checkpoint:
     return Checkpoint(attempt, segment.rendition, segment.index, str(segment.path), segment.sha256, segment.frames,
                       segment.start_s, segment.duration_s)
 
@@ -133,7 +133,7 @@ def resumed(source, probe, ladder, crashed, tmp_path_factory):
     """Segments 0..k-1 from a run stopped after k segments, the rest from a resumed run."""
     names = [r.name for r in ladder]
     recorded = [as_checkpoint(s) for name in names for s in crashed[name]]
-    plan = segments.plan_resume(recorded, names, SEGMENT_S, 1 / probe.fps)
+    plan = segment_plan.plan_resume(recorded, names, SEGMENT_S, 1 / probe.fps)
     assert plan.start_index >= 2 and plan.audio == []
     rest = encode(source, probe, ladder, tmp_path_factory.mktemp("resumed") / "out", start_index=plan.start_index)
     return plan, rest
@@ -142,7 +142,7 @@ def resumed(source, probe, ladder, crashed, tmp_path_factory):
 def test_resume_starts_after_the_recorded_segments_and_encodes_only_the_rest(resumed, single_pass, ladder):
     plan, rest = resumed
     total = len(single_pass[ladder[0].name])
-    assert total == segments.expected_segments(15.88, SEGMENT_S) == 4
+    assert total == segment_plan.expected_segments(15.88, SEGMENT_S) == 4
     for rung in ladder:
         assert [c.index for c in plan.video[rung.name]] == list(range(plan.start_index))
         assert [s.index for s in rest[rung.name]] == list(range(plan.start_index, total))
@@ -183,7 +183,7 @@ def test_assembled_renditions_match_a_single_pass_packet_for_packet(resumed, sin
             assert first - last == frame_ticks, (a.name, b.name)
         # Duration within one frame of the source's video stream.
         parts = plan.video[rung.name] + rest[rung.name]
-        segments.check_rendition(rung.name, parts, 1 / probe.fps, probe.frames, probe.duration_s, 1 / probe.fps)
+        segment_plan.check_rendition(rung.name, parts, 1 / probe.fps, probe.frames, probe.duration_s, 1 / probe.fps)
 
 
 def test_audio_is_encoded_once_and_in_sync(resumed, single_pass, probe, ladder):
@@ -210,8 +210,8 @@ def test_playlists_of_the_assembled_rendition_decode_cleanly(resumed, tmp_path, 
         folder.mkdir()
         for part in parts:
             src = Path(part.key) if isinstance(part, Checkpoint) else part.path
-            (folder / segments.segment_name(part.index)).write_bytes(src.read_bytes())
-        (folder / "index.m3u8").write_text(segments.media_playlist([p.duration_s for p in parts]))
+            (folder / segment_plan.segment_name(part.index)).write_bytes(src.read_bytes())
+        (folder / "index.m3u8").write_text(segment_plan.media_playlist([p.duration_s for p in parts]))
         done = subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-i", str(folder / "index.m3u8"), "-f", "null", "-"],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and done.stderr == "", done.stderr

@@ -19,8 +19,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from domain import events as ev
-from processors.runtime import Runtime, transact
-from tapeline import kafka, read
+from processors.runtime import transact
+from tapeline.wiring import build_runtime
+from tapeline import read
 from tests.conftest import tapeline_cli, wait_for
 from tests.integration.test_read_api import Job, job_row, projected_lifecycles
 
@@ -47,8 +48,8 @@ def world(isolated, tmp_path_factory):
         events = stalled_then_retried(backoff, hour) + stalled_then_retried(queued, hour) + \
             [queued.queued("transcode", 2)] + stalled_then_retried(claimed, hour) + \
             [claimed.queued("transcode", 2), claimed.started("transcode", 2, "a2")]
-        runtime = Runtime(settings, "test")
-        producer = kafka.transactional_producer(settings, f"{settings.app_name}.test-waiting")
+        runtime = build_runtime(settings, "test")
+        producer = runtime.events.transactional_producer(f"{settings.app_name}.test-waiting")
         transact(producer, lambda: runtime.produce(producer, [(settings.jobs_topic, e) for e in events]))
         runtime.close()
         wait_for(lambda: (job_row(settings, claimed.job_id) or {}).get("state") == "running"

@@ -141,3 +141,15 @@ def test_a_stall_records_the_error_class_of_what_was_seen_and_the_attempts_view_
     for kind, error_class in STALL_ERROR_CLASSES.items():
         if error_class != "worker_lost":  # the view's default for a stall
             assert f"x.payload->>'kind' = '{kind}' THEN '{error_class}'" in newest
+
+
+def test_an_attempts_events_are_stamped_by_the_clock_it_was_given():
+    from processors.runtime import AttemptIdentity
+
+    clock = FixedClock(prefix="attempt")
+    identity = AttemptIdentity(job_id="j", stage="transcode", attempt=2, claim_token="t", recorded_by="w",
+                               correlation_id="u", causation_id=None, clock=clock)
+    first = identity.event(ev.AttemptYielded, reason="stopping")
+    second = identity.event(ev.Heartbeat, sequence=1, frames_done=1, out_time_s=0.5)
+    assert (first.occurred_at, first.event_id, second.event_id) == (clock.at, "attempt-1", "attempt-2")
+    assert (first.claim_token, first.attempt, second.stage) == ("t", 2, "transcode")

@@ -43,6 +43,7 @@ def test_each_contract_fails_on_a_forbidden_import(tmp_path: Path):
         "domain/events.py": "import psycopg\nfrom tapeline import settings\n",  # contract 1
         "processors/__init__.py": "",
         "processors/worker.py": "from projections import fold\n",  # contract 2
+        "processors/intake.py": "from confluent_kafka import Consumer\n",  # contract 6
         "projections/__init__.py": "",
         "projections/fold.py": "",
         "projections/api.py": "",

@@ -82,3 +82,44 @@ def test_the_projectors_reader_satisfies_its_port_and_speaks_its_terms():
     assert isinstance(error, ports.ReadError) and "broker down" in error.reason and not error.fatal
     assert str(ports.broker_time(record)) == "2100-01-01 00:00:00.123000+00:00"
     reader.close()
+
+
+def test_the_event_log_reader_and_writer_satisfy_their_ports():
+    from confluent_kafka import Consumer, Producer
+
+    from tapeline.kafka import KafkaReader, KafkaWriter
+
+    settings = Settings()
+    # never subscribed nor initialised: building the clients connects nothing
+    reader = KafkaReader(Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": "test.ports"}))
+    writer = KafkaWriter(Producer({"bootstrap.servers": settings.kafka_bootstrap}))
+    assert isinstance(reader, ports.Reader) and isinstance(writer, ports.Writer)
+    assert not isinstance(writer, ports.Reader)
+    reader.close()
+
+
+def test_client_errors_become_the_ports_errors_fenced_before_must_abort():
+    from confluent_kafka import KafkaError, KafkaException
+
+    from tapeline.kafka import log_error
+
+    fenced = log_error(KafkaException(KafkaError(KafkaError._FENCED, "fenced", txn_requires_abort=True)))
+    fatal = log_error(KafkaException(KafkaError(KafkaError._FATAL, "Local: Fatal error")))  # fatal() False
+    abort = log_error(KafkaException(KafkaError(KafkaError._STATE, "abort it", txn_requires_abort=True)))
+    retry = log_error(KafkaException(KafkaError(KafkaError._TIMED_OUT, "again", retriable=True)))
+    other = log_error(KafkaException(KafkaError(KafkaError._STATE, "no")))
+    assert isinstance(fenced, ports.WriterFenced) and isinstance(fatal, ports.WriterFenced)
+    assert type(abort) is ports.TransactionMustAbort and not abort.retriable
+    assert type(retry) is ports.EventLogError and retry.retriable and "again" in str(retry)
+    assert type(other) is ports.EventLogError and not other.retriable
+    assert not isinstance(other, __import__("domain.errors").errors.TapelineError)  # never a job's error class
+
+
+def test_a_record_knows_its_broker_time_to_the_millisecond_and_the_position_past_it():
+    from datetime import datetime, timezone
+
+    record = ports.Record(topic="t", partition=3, offset=41, key=None, value=b"", headers=None,
+                          timestamp_ms=4_102_444_800_123)  # 2100-01-01T00:00:00.123Z
+    assert record.broker_time == datetime(2100, 1, 1, 0, 0, 0, 123000, tzinfo=timezone.utc)
+    assert record.next_offset() == ports.Offset("t", 3, 42)
+    assert record.where == {"topic": "t", "partition": 3, "offset": 41}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from processors import segments
-from processors.segments import AUDIO, Checkpoint, LocalSegment, plan_resume
+from processors import segment_plan, ts_scan
+from processors.segment_plan import AUDIO, Checkpoint, LocalSegment, plan_resume
 from domain.policy.retry import Action, RetryPolicy, retry_decision
 from domain.lifecycle import evolve
 from domain import events as ev
@@ -29,10 +29,10 @@ def ladder_of(count, attempt=1, names=NAMES):
 
 
 def test_boundaries_sit_just_before_each_multiple_of_the_segment_length():
-    assert [segments.boundary_s(i, 4.0) for i in range(3)] == [0.0, 3.999, 7.999]
-    assert segments.expected_segments(31.7, 4.0) == 8
-    assert segments.expected_segments(8.0, 4.0) == 2
-    assert segments.expected_segments(0.5, 4.0) == 1
+    assert [segment_plan.boundary_s(i, 4.0) for i in range(3)] == [0.0, 3.999, 7.999]
+    assert segment_plan.expected_segments(31.7, 4.0) == 8
+    assert segment_plan.expected_segments(8.0, 4.0) == 2
+    assert segment_plan.expected_segments(0.5, 4.0) == 1
 
 
 def test_nothing_recorded_means_start_from_zero():
@@ -102,7 +102,7 @@ def seg(name, index, start, duration=4.0, frames=100):
 
 def test_a_whole_rendition_passes_its_checks():
     parts = [seg("720p", 0, 0.0), seg("720p", 1, 4.0), seg("720p", 2, 8.0, 3.88, 97)]
-    segments.check_rendition("720p", parts, FRAME, 297, 11.861, 0.06)
+    segment_plan.check_rendition("720p", parts, FRAME, 297, 11.861, 0.06)
 
 
 @pytest.mark.parametrize("parts,expected_frames,duration,message", [
@@ -116,7 +116,7 @@ def test_a_whole_rendition_passes_its_checks():
 ])
 def test_a_rendition_that_does_not_match_the_probe_fails_the_attempt(parts, expected_frames, duration, message):
     with pytest.raises(TranscodeFailed, match=message) as failed:
-        segments.check_rendition("720p", parts, FRAME, expected_frames, duration, 0.06)
+        segment_plan.check_rendition("720p", parts, FRAME, expected_frames, duration, 0.06)
     # deterministic: the same source encodes the same, so the job fails at once instead of 3 x unknown
     assert failed.value.error_class == "unsupported_media"
     assert retry_decision(failed.value.error_class, 1, RetryPolicy()).action is Action.FAIL
@@ -126,51 +126,51 @@ def test_each_rendition_is_checked_against_its_own_stream():
     # issue 21: audio 3.008 s beside video 2.320 s. Each passes against its own stream's duration...
     video = [seg("720p", 0, 0.0, 2.32, 58)]
     audio = [seg(AUDIO, 0, -0.021, 3.029, 142)]
-    segments.check_rendition("720p", video, FRAME, 58, 2.32, 0.06)
-    segments.check_rendition(AUDIO, audio, FRAME, None, 3.008, 0.16)
+    segment_plan.check_rendition("720p", video, FRAME, 58, 2.32, 0.06)
+    segment_plan.check_rendition(AUDIO, audio, FRAME, None, 3.008, 0.16)
     # ...and the audio fails against the video's, as it did when one source duration was used for all
     with pytest.raises(TranscodeFailed, match="rendition audio: 3.008 s long, its source stream 2.320 s"):
-        segments.check_rendition(AUDIO, audio, FRAME, None, 2.32, 0.16)
+        segment_plan.check_rendition(AUDIO, audio, FRAME, None, 2.32, 0.16)
 
 
 def test_a_stream_that_starts_after_the_file_is_checked_from_its_own_start():
     late = [seg("720p", 0, 0.5, 3.5, 88), seg("720p", 1, 4.0, 4.0, 100)]
-    segments.check_rendition("720p", late, FRAME, 188, 7.5, 0.06, start_s=0.5)
+    segment_plan.check_rendition("720p", late, FRAME, 188, 7.5, 0.06, start_s=0.5)
     with pytest.raises(TranscodeFailed, match="starts at 0.500 s, its source stream at 0.000 s"):
-        segments.check_rendition("720p", late, FRAME, 188, 7.5, 0.06)
+        segment_plan.check_rendition("720p", late, FRAME, 188, 7.5, 0.06)
 
 
 def test_a_variable_frame_rate_source_may_leave_a_hole_at_a_join_but_never_an_overlap():
     holed = [seg("720p", 0, 0.0, 4.0, 100), seg("720p", 1, 4.08, 3.92, 60)]
     with pytest.raises(TranscodeFailed, match="gap or overlap before segment 1"):
-        segments.check_rendition("720p", holed, FRAME, 160, 8.0, 0.06)
-    segments.check_rendition("720p", holed, FRAME, 160, 8.0, 0.06, max_gap_s=1.0)
-    segments.check_join(holed[0], holed[1], FRAME, max_gap_s=1.0)
+        segment_plan.check_rendition("720p", holed, FRAME, 160, 8.0, 0.06)
+    segment_plan.check_rendition("720p", holed, FRAME, 160, 8.0, 0.06, max_gap_s=1.0)
+    segment_plan.check_join(holed[0], holed[1], FRAME, max_gap_s=1.0)
     overlap = [seg("720p", 0, 0.0, 4.0, 100), seg("720p", 1, 3.92, 4.08, 100)]
     with pytest.raises(TranscodeFailed, match="gap or overlap before segment 1"):
-        segments.check_rendition("720p", overlap, FRAME, 200, 8.0, 0.06, max_gap_s=1.0)
+        segment_plan.check_rendition("720p", overlap, FRAME, 200, 8.0, 0.06, max_gap_s=1.0)
     with pytest.raises(TranscodeFailed, match="starts at 3.920 s"):
-        segments.check_join(overlap[0], overlap[1], FRAME, max_gap_s=1.0)
+        segment_plan.check_join(overlap[0], overlap[1], FRAME, max_gap_s=1.0)
 
 
 def test_a_resumed_segment_must_start_where_the_reused_one_ended():
-    segments.check_join(cp("720p", 1), seg("720p", 2, 8.0), FRAME)
+    segment_plan.check_join(cp("720p", 1), seg("720p", 2, 8.0), FRAME)
     with pytest.raises(TranscodeFailed, match="720p segment 2 starts at 10.600 s, the previous one ends at 8.000 s"):
-        segments.check_join(cp("720p", 1), seg("720p", 2, 10.6), FRAME)
+        segment_plan.check_join(cp("720p", 1), seg("720p", 2, 10.6), FRAME)
 
 
 def test_media_playlist_lists_every_segment_with_its_duration():
-    assert segments.media_playlist([4.0, 4.0, 3.88]).splitlines() == [
+    assert segment_plan.media_playlist([4.0, 4.0, 3.88]).splitlines() == [
         "#EXTM3U", "#EXT-X-VERSION:3", "#EXT-X-TARGETDURATION:4", "#EXT-X-MEDIA-SEQUENCE:0",
         "#EXT-X-PLAYLIST-TYPE:VOD", "#EXT-X-INDEPENDENT-SEGMENTS",
         "#EXTINF:4.000000,", "seg_00000.ts", "#EXTINF:4.000000,", "seg_00001.ts", "#EXTINF:3.880000,", "seg_00002.ts",
         "#EXT-X-ENDLIST"]
-    assert "#EXT-X-TARGETDURATION:5" in segments.media_playlist([4.0, 4.04])
+    assert "#EXT-X-TARGETDURATION:5" in segment_plan.media_playlist([4.0, 4.04])
 
 
 def test_scan_refuses_bytes_that_are_not_mpeg_ts():
     with pytest.raises(TranscodeFailed, match="not MPEG-TS"):
-        segments.scan_ts(b"\x00" * 376)
+        ts_scan.scan_ts(b"\x00" * 376)
 
 
 def test_timeline_names_the_segments_a_success_reused_per_attempt():
@@ -199,12 +199,12 @@ def test_a_resume_seeks_half_a_frame_before_the_boundary_on_the_encoder_grid():
     from fractions import Fraction
 
     # 25 fps: boundary 11.999 s rounds to frame 300 (12 s); frames from 11.98 s round onto it.
-    assert segments.resume_seek_s(3, 4.0, Fraction(25)) == pytest.approx(11.98)
+    assert segment_plan.resume_seek_s(3, 4.0, Fraction(25)) == pytest.approx(11.98)
     # NTSC 30000/1001: boundary 3.999 s is frame 119.88 -> 120; the cut is at 119.5 frames.
-    assert segments.resume_seek_s(1, 4.0, Fraction(30000, 1001)) == pytest.approx(119.5 * 1001 / 30000)
+    assert segment_plan.resume_seek_s(1, 4.0, Fraction(30000, 1001)) == pytest.approx(119.5 * 1001 / 30000)
     # No rate known, or the first segment: the boundary itself.
-    assert segments.resume_seek_s(3, 4.0, None) == segments.boundary_s(3, 4.0)
-    assert segments.resume_seek_s(0, 4.0, Fraction(25)) == 0.0
+    assert segment_plan.resume_seek_s(3, 4.0, None) == segment_plan.boundary_s(3, 4.0)
+    assert segment_plan.resume_seek_s(0, 4.0, Fraction(25)) == 0.0
 
 
 def test_the_encoder_frame_rate_follows_ffmpegs_guess():

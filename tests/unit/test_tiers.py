@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
-from confluent_kafka import KafkaError, TopicPartition
 
 from domain.policy.tiers import after_claim, choose_tier, tier_of
 from processors.tiers import HeadBuffer
+from tapeline.ports import PartitionEnd, Record
 
 ALL = {"archive", "standard", "index"}
 
@@ -66,55 +64,35 @@ def test_tier_of_a_work_topic():
     assert tier_of("t1234.work.transcode.archive") == "archive"
 
 
-@dataclass
-class FakeMessage:
-    _topic: str
-    _partition: int
-    _offset: int
-    _ts: int
-
-    def topic(self):
-        return self._topic
-
-    def partition(self):
-        return self._partition
-
-    def offset(self):
-        return self._offset
-
-    def timestamp(self):
-        return (1, self._ts)
-
-    def error(self):
-        return None
+def FakeMessage(topic: str, partition: int, offset: int, timestamp_ms: int) -> Record:
+    """A work record as the `Reader` port returns it."""
+    return Record(topic=topic, partition=partition, offset=offset, key=None, value=None, headers=None,
+                  timestamp_ms=timestamp_ms)
 
 
-@dataclass
-class FakeEnd(FakeMessage):
+def FakeEnd(topic: str, partition: int, offset: int = 0, *_ignored) -> PartitionEnd:
     """A partition-end event (`enable.partition.eof`)."""
-
-    def error(self):
-        return KafkaError(KafkaError._PARTITION_EOF)
+    return PartitionEnd(topic, partition, offset)
 
 
 class FakeConsumer:
-    """What HeadBuffer calls on a confluent-kafka Consumer, recorded."""
+    """What HeadBuffer calls on a `Reader` (tapeline/ports.py), recorded."""
 
     def __init__(self, assigned):
-        self.assigned = [TopicPartition(t, p) for t, p in assigned]
+        self.assigned = list(assigned)
         self.paused, self.calls = set(), []
 
     def assignment(self):
         return self.assigned
 
-    def pause(self, tps):
-        self.paused |= {(tp.topic, tp.partition) for tp in tps}
+    def pause(self, partitions):
+        self.paused |= set(partitions)
 
-    def resume(self, tps):
-        self.paused -= {(tp.topic, tp.partition) for tp in tps}
+    def resume(self, partitions):
+        self.paused -= set(partitions)
 
-    def seek(self, tp):
-        self.calls.append(("seek", tp.topic, tp.partition, tp.offset))
+    def seek(self, topic, partition, offset):
+        self.calls.append(("seek", topic, partition, offset))
 
 
 def test_head_buffer_keeps_one_head_per_partition_and_resumes_everything_it_paused():
@@ -128,10 +106,10 @@ def test_head_buffer_keeps_one_head_per_partition_and_resumes_everything_it_paus
     assert consumer.calls == [("seek", i, 0, 12)]  # a second record of a headed partition is rewound
     assert consumer.paused == {(a, 0), (i, 0), (i, 1)} and buffer.waiting() == {"archive", "index"}
     taken = buffer.take("index")
-    assert (taken.partition(), taken.offset()) == (1, 7)  # the oldest head of the tier
+    assert (taken.partition, taken.offset) == (1, 7)  # the oldest head of the tier
     buffer.release(taken)
     assert consumer.paused == {(a, 0), (i, 0)}
-    buffer.forget([TopicPartition(i, 0)])
+    buffer.forget([(i, 0)])
     assert consumer.paused == {(a, 0)} and buffer.waiting() == {"archive"}
     buffer.take("archive")
     buffer.clear()  # before leaving the group: a pause would outlive the assignment

@@ -1,0 +1,86 @@
+"""What a stage attempt's end writes, decided without I/O: the events of a graceful hand-over
+(`yield_events`), of a failure and its retry decision (`failure_events`, the rule is
+`domain/policy/retry.py`), of the next attempt queued (`next_attempt_events`), and how an outcome is
+counted (`attempt_outcome`). Pure: the attempt's identity (its `clock` stamps every event), its work
+item and the settings come in, `(topic, event)` pairs go out; `processors/worker.py` commits them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from domain import events as ev
+from domain.policy.retry import Action, retry_decision, retry_scheduled
+from processors.runtime import AttemptIdentity, Outgoing
+from tapeline.settings import Settings
+
+
+def attempt_outcome(outgoing: list[Outgoing]) -> tuple[str, str]:
+    """(outcome, error class) of a committed completion: failed with the `AttemptFailed`'s class,
+    yielded, or succeeded (class empty). Pure."""
+    for _, event in outgoing:
+        if isinstance(event, ev.AttemptFailed):
+            return "failed", event.error_class
+        if isinstance(event, ev.AttemptYielded):
+            return "yielded", ""
+    return "succeeded", ""
+
+
+def next_attempt_events(settings: Settings, identity: AttemptIdentity, item: ev.WorkItem,
+                        next_attempt: int) -> list[Outgoing]:
+    """`StageQueued` + the `WorkItem` of the same stage's next attempt (same inputs), stamped by the
+    identity's clock. Pure."""
+    clock, stage = identity.clock, identity.stage
+    common = dict(job_id=item.job_id, recorded_by=identity.recorded_by, correlation_id=item.correlation_id,
+                  causation_id=item.event_id, claim_token=identity.claim_token)
+    work_topic = settings.work_topic(stage, item.tier)
+    return [
+        (settings.jobs_topic, ev.StageQueued.new(clock.stamp(), stage=stage, attempt=next_attempt, tier=item.tier,
+                                                 work_topic=work_topic, **common)),
+        (work_topic, ev.WorkItem.new(clock.stamp(),
+            stage=stage, attempt=next_attempt, tier=item.tier, source_key=item.source_key,
+            inputs=item.inputs, renditions=item.renditions, audio_playlist_key=item.audio_playlist_key,
+            media_duration_s=item.media_duration_s, checkpoint_refs=item.checkpoint_refs,
+            x264_preset=item.x264_preset, degraded=item.degraded, **common)),
+    ]
+
+
+def yield_events(settings: Settings, identity: AttemptIdentity, item: ev.WorkItem, reason: str) -> list[Outgoing]:
+    """A graceful hand-over: `AttemptYielded`, then the next attempt queued at once. Pure."""
+    return [(settings.jobs_topic, identity.event(ev.AttemptYielded, reason=reason))] + \
+        next_attempt_events(settings, identity, item, item.attempt + 1)
+
+
+def failure_events(settings: Settings, identity: AttemptIdentity, item: ev.WorkItem, uncounted: int,
+                   error_class: str, reason: str, cooldown_s: float | None = None) -> list[Outgoing]:
+    """`AttemptFailed` and what follows from the retry decision (retry, fail, dead-letter). Pure.
+
+    `uncounted`: the item's attempt numbers that do not count against the budget (yields,
+    deferrals, attempts before an operator's replay). `cooldown_s`: a provider's own `Retry-After`
+    (seconds); a provider_throttled retry waits exactly that long instead of the policy's backoff
+    (docs/design.md: "a throttling provider after its cooldown").
+    """
+    jobs, stage, clock = settings.jobs_topic, identity.stage, identity.clock
+    used = item.attempt - uncounted
+    decision = retry_decision(error_class, used, settings.retry_policy())
+    if cooldown_s is not None and decision.action is Action.RETRY:
+        decision = dataclasses.replace(decision, delay_s=cooldown_s)  # the provider said when
+    if decision.action is Action.RETRY:  # attempt numbers keep rising past uncounted ones (yields, deferrals)
+        decision = dataclasses.replace(decision, next_attempt=item.attempt + 1)
+    out: list[Outgoing] = [(jobs, identity.event(ev.AttemptFailed, error_class=error_class,
+                                                 retryable=decision.action is not Action.FAIL, reason=reason))]
+    common = dict(job_id=item.job_id, recorded_by=identity.recorded_by, correlation_id=item.correlation_id,
+                  causation_id=item.event_id, claim_token=identity.claim_token)
+    if decision.action is Action.FAIL:
+        out.append((jobs, ev.JobFailed.new(clock.stamp(), stage=stage, attempt=item.attempt, error_class=error_class,
+                                           reason=reason, **common)))
+    elif decision.action is Action.DEAD_LETTER:
+        dead = ev.JobDeadLettered.new(clock.stamp(), stage=stage, attempt=item.attempt, error_class=error_class,
+                                      reason=reason, attempts=used, evidence=f"{jobs} job {item.job_id}", **common)
+        out += [(jobs, dead), (settings.dlq_topic, dead)]  # the lifecycle fact + its dead-letter record
+    else:
+        out.append((jobs, retry_scheduled(decision.delay_s, clock.stamp(), stage=stage, attempt=item.attempt,
+                                          next_attempt=decision.next_attempt, error_class=error_class, **common)))
+        if decision.delay_s <= 0:  # at once; otherwise the watchdog dispatches it when due
+            out += next_attempt_events(settings, identity, item, decision.next_attempt)
+    return out

@@ -1,0 +1,58 @@
+"""What the processors need to know about stored objects without an S3 client: the published
+prefix, a file's sha256, and `StorageGauge` (the bucket's cached size, over any `ObjectStorage`).
+`tapeline.objectstore` (the boto3 adapter) re-exports all three.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tapeline.settings import Settings
+
+if TYPE_CHECKING:
+    from tapeline.ports import ObjectStorage
+
+PUBLISHED_PREFIX = "published/"
+"""Where published outputs live (`published/{job_id}/...`); the only publicly readable prefix."""
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+
+class StorageGauge:
+    """The bucket's total bytes, measured by listing it at most once per `storage_usage_cache_s`
+    (thread-safe). `bytes()` raises `StorageError` when the listing fails."""
+
+    def __init__(self, settings: Settings, store: "ObjectStorage") -> None:
+        """`store`: any `ObjectStorage` (its `total_bytes` is what is measured)."""
+        self.settings = settings
+        self.store = store
+        self._lock = threading.Lock()
+        self._value: int | None = None
+        self._at = 0.0
+
+    def measure(self) -> int:
+        """List the whole bucket now; its total size in bytes."""
+        return self.store.total_bytes()
+
+    def bytes(self) -> int:
+        with self._lock:
+            if self._value is None or time.monotonic() - self._at >= self.settings.storage_usage_cache_s:
+                self._value, self._at = self.measure(), time.monotonic()
+            return self._value
+
+    def over_limit(self) -> bool:
+        """True when a limit is set and the (cached) measurement is at or past it."""
+        limit = self.settings.storage_limit_bytes
+        return limit is not None and self.bytes() >= limit
