@@ -35,6 +35,19 @@ class OperatorActions(Protocol):
     def resolve_review(self, job_id: str, operator: str, reason: str, posted_ref: str | None) -> str: ...
 
 
+class WebhookEndpoints(Protocol):
+    """A submitter's webhook endpoints (`webhook_endpoints`, written as the login role). Refusals are
+    `domain.errors.WebhookRefused`; the secret is returned by `register` only."""
+
+    def register(self, submitter: str, url: str, event_types: Sequence[str], secret: str | None) -> dict: ...
+
+    def endpoints(self, submitter: str | None) -> list[dict]: ...
+
+    def set_enabled(self, endpoint_id: str, enabled: bool, reason: str | None) -> bool: ...
+
+    def remove(self, endpoint_id: str) -> bool: ...
+
+
 class Intake(Protocol):
     """The HTTP intake (`POST /uploads`): a router, opened with the app and closed with it."""
 

@@ -63,6 +63,43 @@ class OperatorService:
         return resolve_review(self.settings, job_id, operator, reason, posted_ref, adapters=self.adapters())
 
 
+class WebhookService:
+    """`projections.ports.WebhookEndpoints` over `tapeline/webhooks.py`, one PostgreSQL session per
+    call as the login role (the read API's role cannot write)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def _call(self, fn, *args, **kwargs):
+        from tapeline.postgres import PostgresJobStore
+
+        store = PostgresJobStore(self.settings)
+        try:
+            return fn(store, *args, **kwargs)
+        finally:
+            store.close()
+
+    def register(self, submitter: str, url: str, event_types: Sequence[str], secret: str | None) -> dict:
+        from tapeline import webhooks
+
+        return self._call(webhooks.register, self.settings, submitter, url, list(event_types), secret=secret)
+
+    def endpoints(self, submitter: str | None) -> list[dict]:
+        from tapeline import webhooks
+
+        return self._call(webhooks.endpoints, submitter)
+
+    def set_enabled(self, endpoint_id: str, enabled: bool, reason: str | None) -> bool:
+        from tapeline import webhooks
+
+        return self._call(webhooks.set_enabled, endpoint_id, enabled, reason)
+
+    def remove(self, endpoint_id: str) -> bool:
+        from tapeline import webhooks
+
+        return self._call(webhooks.remove, endpoint_id)
+
+
 class HttpIntake:
     """`projections.ports.Intake` over `producers/http_intake.py`: `POST /uploads` writes as the
     login role (it writes `intake_uploads`), not as the read API's read-only role."""
@@ -84,7 +121,8 @@ def build_app(settings: Settings) -> FastAPI:
     """The whole `tapeline serve` app for `settings`: read API, dashboard, actions and intake."""
     from projections.api import create_app
 
-    return create_app(settings, actions=OperatorService(settings), intake=HttpIntake(settings))
+    return create_app(settings, actions=OperatorService(settings), intake=HttpIntake(settings),
+                      webhooks=WebhookService(settings))
 
 
 def serve(settings: Settings, host: str | None = None, port: int | None = None, log_level: str = "info") -> None:
@@ -102,7 +140,7 @@ def serve(settings: Settings, host: str | None = None, port: int | None = None, 
 
 
 WORKER_ROLES = ("transcode", "publish")
-PROCESSOR_ROLES = ("projector", "intake", "transcode", "publish", "watchdog")
+PROCESSOR_ROLES = ("projector", "intake", "transcode", "publish", "watchdog", "notify")
 
 
 def processor_adapters(settings: Settings, role: str, health: HealthState) -> dict:
@@ -128,6 +166,11 @@ def build_processor(role: str, settings: Settings, health: HealthState):
         from tapeline.postgres import PostgresJobStore
 
         return Watchdog(settings, leader=PostgresJobStore(settings), **processor_adapters(settings, role, health))
+    if role == "notify":
+        from processors.notify import Notifier
+        from tapeline.postgres import PostgresJobStore
+
+        return Notifier(settings, leader=PostgresJobStore(settings), **processor_adapters(settings, role, health))
     if role == "intake":
         from processors.intake import IntakeProcessor
         from processors.media import FfmpegTool
