@@ -349,8 +349,14 @@ class RetryScheduled(Event):
 
 
 class JobFailed(Event):
+    """Terminal, not retryable. From `tapeline dlq fail`: `operator`, the `dead_letter_id` and whether
+    the submitter's quota is credited back (`refunded`)."""
+
     error_class: str
     reason: str
+    operator: str | None = None
+    dead_letter_id: str | None = None
+    refunded: bool = False
 
 
 class JobDeadLettered(Event):

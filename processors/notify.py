@@ -70,7 +70,7 @@ BATCH = 500
 
 DELIVERY_EVENTS = ("NotificationIntended", "NotificationDelivered", "NotificationFailed", "NotificationDeadLettered")
 
-PAYLOAD_FIELDS = ("master_url", "media_duration_s", "error_class", "reason", "operator", "upload_id")
+PAYLOAD_FIELDS = ("master_url", "media_duration_s", "error_class", "reason", "operator", "upload_id", "refunded")
 """Fields of the notified lifecycle event copied into the webhook's `data` (when it has them)."""
 
 

@@ -22,6 +22,15 @@ class ReplayOutcome(Protocol):
     detail: str
 
 
+class FailOutcome(Protocol):
+    """One dead letter's `dlq fail`: the job, whether it was failed now (and refunded), and a sentence."""
+
+    job_id: str | None
+    failed: bool
+    refunded: bool
+    detail: str
+
+
 class OperatorActions(Protocol):
     """Operator actions; each emits events and never writes a projection.
 
@@ -29,6 +38,8 @@ class OperatorActions(Protocol):
     """
 
     def replay_dead_letters(self, ids: Sequence[str], operator: str, reason: str) -> list[ReplayOutcome]: ...
+
+    def fail_dead_letters(self, ids: Sequence[str], operator: str, reason: str, refund: bool) -> list[FailOutcome]: ...
 
     def cancel_job(self, job_id: str, operator: str, reason: str) -> str: ...
 

@@ -50,6 +50,12 @@ class OperatorService:
 
         return replay_dead_letters(self.settings, list(ids), operator, reason, adapters=self.adapters())
 
+    def fail_dead_letters(self, ids: Sequence[str], operator: str, reason: str, refund: bool) -> list:
+        """`processors.operator.fail_dead_letters`."""
+        from processors.operator import fail_dead_letters
+
+        return fail_dead_letters(self.settings, list(ids), operator, reason, refund, adapters=self.adapters())
+
     def cancel_job(self, job_id: str, operator: str, reason: str) -> str:
         """`processors.operator.cancel_job`."""
         from processors.operator import cancel_job

@@ -323,9 +323,12 @@ SELECT count(*) AS total, count(*) FILTER (WHERE replayed_at IS NULL) AS pending
 SELECT now() AS now;
 
 -- name: submitter_jobs_between
--- Jobs accepted (not rejected) from one submitter's uploads made in [since, until) (broker time).
+-- Jobs accepted (not rejected) from one submitter's uploads made in [since, until) (broker time), less those an operator failed with a refund (an applied JobFailed with refunded: `tapeline dlq fail --refund`).
 SELECT count(*) AS jobs FROM uploads u JOIN job_state j ON j.job_id = u.job_id
-WHERE u.submitter = %(submitter)s AND u.broker_ts >= %(since)s AND u.broker_ts < %(until)s AND j.state <> 'rejected';
+WHERE u.submitter = %(submitter)s AND u.broker_ts >= %(since)s AND u.broker_ts < %(until)s AND j.state <> 'rejected'
+  AND NOT (j.state = 'failed' AND EXISTS (SELECT 1 FROM lifecycle_evidence f WHERE f.job_id = j.job_id
+                                          AND f.event_type = 'JobFailed' AND f.applied
+                                          AND (f.payload->>'refunded')::boolean));
 
 -- name: referenced_object_keys
 -- Object keys a recorded checkpoint (applied, not superseded, not duplicate) or an applied transcode completion of the given jobs names (the watchdog's cleanup keeps them).
@@ -517,7 +520,7 @@ WHERE endpoint_id = %(endpoint_id)s RETURNING endpoint_id;
 DELETE FROM webhook_endpoints WHERE endpoint_id = %(endpoint_id)s RETURNING endpoint_id;
 
 -- name: notify_new_deliveries
--- Lifecycle events a customer wants notified of and not yet intended for that endpoint: applied events of the types in %(event_types)s (mapped to %(notification_types)s) of jobs whose upload's submitter has an enabled endpoint registered at or before the event, oldest first.
+-- Lifecycle events a customer wants notified of and not yet intended for that endpoint (not the JobReplayed that `tapeline dlq fail` writes before its JobFailed): applied events of the types in %(event_types)s (mapped to %(notification_types)s) of jobs whose upload's submitter has an enabled endpoint registered at or before the event, oldest first.
 SELECT e.event_id, e.event_type, e.job_id, e.dedup_key, e.broker_ts, m.notification_type, ep.endpoint_id
 FROM lifecycle_evidence e
 JOIN unnest(%(event_types)s::text[], %(notification_types)s::text[]) AS m(event_type, notification_type)
@@ -529,6 +532,9 @@ WHERE e.event_type IN ('JobCompleted', 'JobRejected', 'JobFailed', 'JobDeadLette
                        'JobCancelled') AND e.applied
   AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.source_dedup_key = e.dedup_key
                   AND d.endpoint_id = ep.endpoint_id)
+  -- the JobReplayed of `tapeline dlq fail` only carries its JobFailed (its cause), which is notified
+  AND NOT (e.event_type = 'JobReplayed' AND EXISTS (SELECT 1 FROM lifecycle_evidence f WHERE f.job_id = e.job_id
+                                                     AND f.event_type = 'JobFailed' AND f.causation_id = e.event_id))
 ORDER BY e.broker_ts, e.event_id LIMIT %(limit)s;
 
 -- name: notify_due_deliveries
