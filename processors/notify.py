@@ -40,7 +40,7 @@ import threading
 import time
 from collections import Counter as Tally
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Callable
 
 import httpx
@@ -207,13 +207,10 @@ class Notifier:
         kinds = list(NOTIFICATION_TYPES)
         new = self.jobs.all("notify_new_deliveries", {"event_types": kinds,
                                                        "notification_types": [NOTIFICATION_TYPES[k] for k in kinds],
+                                                       "since": now - timedelta(seconds=settings.notify_lookback_s),
                                                        "limit": BATCH})
         if new:
-            intended = [self._event(ev.NotificationIntended, row["job_id"], (did := delivery_id(row["dedup_key"],
-                                                                                               row["endpoint_id"])),
-                                    delivery_id=did, endpoint_id=row["endpoint_id"],
-                                    notification_type=row["notification_type"], source_event_id=row["event_id"],
-                                    source_dedup_key=row["dedup_key"]) for row in new]
+            intended = [self._intended(row) for row in new]
             self._record(self.jobs, intended, "notify.intended")
             log.info("notifications intended", count=len(intended))
         # Step 2
@@ -316,6 +313,13 @@ class Notifier:
         return "failed"
 
     # -- helpers ------------------------------------------------------------------------------------
+    def _intended(self, row: dict[str, Any]) -> ev.Event:
+        """The `NotificationIntended` of one (lifecycle event, endpoint) row of `notify_new_deliveries`."""
+        msg_id = delivery_id(row["dedup_key"], row["endpoint_id"])
+        return self._event(ev.NotificationIntended, row["job_id"], msg_id, delivery_id=msg_id,
+                           endpoint_id=row["endpoint_id"], notification_type=row["notification_type"],
+                           source_event_id=row["event_id"], source_dedup_key=row["dedup_key"])
+
     def _event(self, cls: type[ev.Event], job_id: str, sequence: str, **fields: Any) -> ev.Event:
         return cls.new(self.clock.stamp(), job_id=job_id, stage="notify", attempt=0,
                        recorded_by=self.runtime.recorded_by, correlation_id=job_id, sequence=sequence,

@@ -155,6 +155,9 @@ class Settings(BaseSettings):
                     "about 27.6 h); past its end the delivery is dead-lettered")
     notify_disable_after_s: float = Field(432000.0, gt=0, description="An endpoint failing without a success this "
                                                                       "long (5 days) is disabled")
+    notify_lookback_s: float = Field(604800.0, gt=0, description="Lifecycle events appended longer ago than this "
+                                                                  "(7 days) are not notified: it bounds the notifier's "
+                                                                  "scan (a notifier down longer misses them)")
     notify_poll_s: float = Field(1.0, gt=0, description="How often the notifier looks for new and due deliveries")
     notify_response_limit_bytes: int = Field(4096, ge=0, description="At most this much of an endpoint's answer is "
                                                                      "read (kept in the failure reason)")

@@ -520,7 +520,7 @@ WHERE endpoint_id = %(endpoint_id)s RETURNING endpoint_id;
 DELETE FROM webhook_endpoints WHERE endpoint_id = %(endpoint_id)s RETURNING endpoint_id;
 
 -- name: notify_new_deliveries
--- Lifecycle events a customer wants notified of and not yet intended for that endpoint (not the JobReplayed that `tapeline dlq fail` writes before its JobFailed): applied events of the types in %(event_types)s (mapped to %(notification_types)s) of jobs whose upload's submitter has an enabled endpoint registered at or before the event, oldest first.
+-- Lifecycle events a customer wants notified of and not yet intended for that endpoint (not the JobReplayed that `tapeline dlq fail` writes before its JobFailed): applied events of the types in %(event_types)s (mapped to %(notification_types)s) of jobs whose upload's submitter has an enabled endpoint registered at or before the event, appended at or after %(since)s (the lookback: it bounds the scan), oldest first.
 SELECT e.event_id, e.event_type, e.job_id, e.dedup_key, e.broker_ts, m.notification_type, ep.endpoint_id
 FROM lifecycle_evidence e
 JOIN unnest(%(event_types)s::text[], %(notification_types)s::text[]) AS m(event_type, notification_type)
@@ -529,7 +529,7 @@ JOIN uploads u ON u.job_id = e.job_id
 JOIN webhook_endpoints ep ON ep.submitter = u.submitter AND ep.enabled AND e.broker_ts >= ep.created_at
     AND m.notification_type = ANY (ep.event_types)
 WHERE e.event_type IN ('JobCompleted', 'JobRejected', 'JobFailed', 'JobDeadLettered', 'NeedsReview', 'JobReplayed',
-                       'JobCancelled') AND e.applied
+                       'JobCancelled') AND e.applied AND e.broker_ts >= %(since)s
   AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.source_dedup_key = e.dedup_key
                   AND d.endpoint_id = ep.endpoint_id)
   -- the JobReplayed of `tapeline dlq fail` only carries its JobFailed (its cause), which is notified
