@@ -22,6 +22,7 @@ import pytest
 
 from domain.policy.webhooks import delivery_id
 from producers.submit import upload
+from tapeline.chaos import audit_notifications
 from tapeline.crashpoints import NOTIFY_CRASH_POINTS
 from tapeline.samples import sample_video
 from tests.conftest import Pipeline, tapeline_cli, wait_for
@@ -82,8 +83,8 @@ def test_every_notify_crash_point_leaves_one_recorded_delivery_and_one_webhook_i
 
     fired = {path.name for path in once.iterdir()}
     assert set(NOTIFY_CRASH_POINTS) <= fired, f"not covered: {sorted(set(NOTIFY_CRASH_POINTS) - fired)}"
-    assert receiver.unverified == []
     events = committed_events(settings)
+    assert audit_notifications(events, receiver.ids_of("/hook"), len(receiver.unverified)) == []
     completed = {e.job_id: e for e in events if e.event_type == "JobCompleted"}
     for job_id, point in jobs.items():
         msg_id = delivery_id(completed[job_id].dedup_key, endpoint["endpoint_id"])

@@ -66,3 +66,25 @@ def test_event_types_are_checked():
     assert check_event_types(["job.failed", "job.failed"]) == ["job.failed"]
     with pytest.raises(ValueError, match="job.exploded"):
         check_event_types(["job.exploded"])
+
+
+def test_the_notification_audit_names_each_broken_promise():
+    from domain import events as ev
+    from tapeline.chaos import audit_notifications
+    from tests.fakeclock import FixedClock
+
+    clock = FixedClock()
+
+    def event(cls, msg_id, **fields):
+        common = dict(job_id="j", stage="notify", attempt=0, recorded_by="t", correlation_id="j", sequence=msg_id,
+                      delivery_id=msg_id, endpoint_id="ep", notifier_token="n")
+        return cls.new(clock.stamp(), **common, **fields)
+
+    intended = [event(ev.NotificationIntended, m, notification_type="job.completed", source_event_id="e",
+                      source_dedup_key=m) for m in ("a", "b", "c")]
+    delivered = [event(ev.NotificationDelivered, m, try_number=1, http_status=200, elapsed_s=0.1) for m in ("a", "b")]
+    assert audit_notifications(intended + delivered, {"a": [1, 2], "b": [1]}, 0) == []  # "a" redelivered: allowed
+    assert audit_notifications(intended + delivered + delivered[:1], {"a": [1], "b": [1], "x": [1]}, 2) == [
+        "2 POST(s) not signed with the endpoint's secret", "a: 2 NotificationDelivered committed",
+        "x: received, not recorded delivered", "x: received without a NotificationIntended"]
+    assert audit_notifications(intended + delivered, {"a": [1]}, 0) == ["b: recorded delivered, never received"]
