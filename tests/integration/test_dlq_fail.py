@@ -10,6 +10,9 @@ import time
 
 import pytest
 
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
 from producers.submit import publish, upload
 from tapeline.samples import sample_video
 from tests.conftest import Pipeline, tapeline_cli, wait_for
@@ -17,6 +20,7 @@ from tests.faults.test_worker_faults import wait_state
 from tests.integration.helpers import committed_events, of_job
 from tests.integration.receiver import Receiver, body_of
 from tests.integration.test_dead_letters import dlq_list
+from tapeline.wiring import build_app
 
 pytestmark = pytest.mark.integration
 
@@ -52,6 +56,17 @@ def test_failing_a_dead_letter_with_a_refund_credits_the_quota_once_and_tells_th
         again = tapeline_cli(settings, "dlq", "fail", letter_id, "--refund", "--why", "again", "--operator", "ops2")
         assert again.returncode == 0, again.stderr
         assert "unchanged, already failed by ops at" in again.stdout and "(quota refunded)" in again.stdout
+        # the same action in the admin API and the dashboard's dead-letter form: nothing more changes
+        with TestClient(build_app(settings.model_copy(update={"admin_token": SecretStr("t0ken")})),
+                        base_url="http://localhost") as web:
+            form = {"dead_letter_id": letter_id, "operator": "ops3", "why": "again", "refund": "yes"}
+            assert web.post("/ui/dead-letters/fail", data={**form, "token": "wrong"}).status_code == 401
+            done = web.post("/ui/dead-letters/fail", data={**form, "token": "t0ken"}, follow_redirects=False)
+            assert done.status_code == 303 and done.headers["location"].startswith(f"/jobs/{job_id}?")
+            api = web.post("/api/dead-letters/fail", headers={"Authorization": "Bearer t0ken"},
+                           json={"dead_letter_id": letter_id, "operator": "ops4", "why": "again", "refund": True})
+            assert api.status_code == 200 and api.json()["done"] is False, api.text
+            assert "already failed by ops at" in api.json()["detail"]
         swept = tapeline_cli(settings, "dlq", "fail", "--all", "--reason", "storage_transient", "--refund",
                              "--why", "sweep")
         assert swept.returncode == 0 and "nothing to fail" in swept.stdout, swept.stdout
