@@ -164,3 +164,10 @@ class NotCancellable(TapelineError):
     """The job has already ended; nothing reopens or cancels an ended job."""
 
     error_class = "invalid_input"
+
+
+class WebhookRefused(TapelineError):
+    """The webhook endpoint cannot be registered or reached: its URL is malformed or resolves to an
+    address that is not allowed (private, loopback, link-local, ...; see `domain/policy/webhooks.py`)."""
+
+    error_class = "invalid_input"

@@ -349,8 +349,14 @@ class RetryScheduled(Event):
 
 
 class JobFailed(Event):
+    """Terminal, not retryable. From `tapeline dlq fail`: `operator`, the `dead_letter_id` and whether
+    the submitter's quota is credited back (`refunded`)."""
+
     error_class: str
     reason: str
+    operator: str | None = None
+    dead_letter_id: str | None = None
+    refunded: bool = False
 
 
 class JobDeadLettered(Event):
@@ -464,3 +470,60 @@ class DeadLetter(Event):
     error_class: str
     error: str
     processor: str
+
+
+
+class NotificationIntended(Event):
+    """The notifier will notify endpoint `endpoint_id` of one lifecycle event of the job
+    (processors/notify.py); `delivery_id` is the `webhook-id` of every POST of it."""
+
+    delivery_id: str
+    endpoint_id: str
+    notification_type: str
+    source_event_id: str
+    source_dedup_key: str
+    notifier_token: str
+
+
+class NotificationDelivered(Event):
+    """The endpoint answered 2xx to try `try_number` of the delivery: it is never sent again."""
+
+    delivery_id: str
+    endpoint_id: str
+    try_number: int
+    http_status: int
+    elapsed_s: float
+    notifier_token: str
+
+
+class NotificationFailed(Event):
+    """Try `try_number` of the delivery failed; the next is due at `retry_at` (None: dead-lettered)."""
+
+    delivery_id: str
+    endpoint_id: str
+    try_number: int
+    http_status: int | None = None
+    reason: str
+    retry_at: datetime | None = None
+    notifier_token: str
+
+
+class NotificationDeadLettered(Event):
+    """The delivery's retries are spent: it is not sent again."""
+
+    delivery_id: str
+    endpoint_id: str
+    tries: int
+    reason: str
+    notifier_token: str
+
+
+class WebhookEndpointDisabled(Event):
+    """An endpoint failing without a success since `failing_since` for too long was disabled."""
+
+    endpoint_id: str
+    submitter: str
+    failing_since: datetime
+    reason: str
+    notifier_token: str
+

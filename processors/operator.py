@@ -1,5 +1,5 @@
-"""Operator actions: replay a dead-lettered job with a fresh attempt budget, resolve a job in
-needs_review, cancel a job.
+"""Operator actions: replay a dead-lettered job with a fresh attempt budget, fail one for good
+(optionally crediting the submitter's quota back), resolve a job in needs_review, cancel a job.
 
 Each action is a pure `*_events(row, ...)` core and an impure runner that reads the job's row from a
 caught-up projection and commits the events in one Kafka transaction on `<app>.operator.<job_id>`
@@ -321,3 +321,106 @@ def cancel_job(settings: Settings, job_id: str, operator: str, reason: str, *, a
         runtime.close()
     log.info("job cancelled", job_id=job_id, operator=operator, stage=row["stage"], attempt=row["attempt"])
     return f"cancelled ({row['stage']} attempt {row['attempt']}, was {row['state']})"
+
+
+def fail_events(row: dict[str, Any] | None, dead_letter_id: str, operator: str, reason: str, refund: bool,
+                settings: Settings, recorded_by: str, *, clock: Clock) -> list[Outgoing]:
+    """The events that end a dead-lettered job as failed for good, stamped by `clock`. Pure.
+
+    The fold reopens a dead-lettered job only by `JobReplayed`, so: `JobReplayed` (operator, "to fail
+    it for good: reason", the dead letter, which leaves the pending list) + `JobFailed` (the dead
+    letter's error class, "failed for good by OPERATOR: reason", `operator`, `dead_letter_id`,
+    `refunded`; caused by that JobReplayed) in one transaction, both on the dead-lettered attempt: no
+    attempt is queued. `refunded` takes the job out of its submitter's daily quota count (the
+    `submitter_jobs_between` query), once, whatever is repeated: the job is counted or it is not.
+    Returns [] when the job is not dead_lettered.
+    """
+    if row is None or row["state"] != "dead_lettered":
+        return []
+    common = dict(job_id=row["job_id"], stage=row["stage"], attempt=row["attempt"], recorded_by=recorded_by,
+                  correlation_id=row["upload_id"])
+    replayed = ev.JobReplayed.new(clock.stamp(), operator=operator, reason=f"to fail it for good: {reason}",
+                                  dead_letter_id=dead_letter_id, **common)
+    failed = ev.JobFailed.new(clock.stamp(), sequence="operator", error_class=row["error_class"] or "unknown",
+                              reason=f"failed for good by {operator}: {reason}"
+                                     + (" (quota refunded)" if refund else ""),
+                              operator=operator, dead_letter_id=dead_letter_id, refunded=refund,
+                              causation_id=replayed.event_id, **common)
+    return [(settings.jobs_topic, replayed), (settings.jobs_topic, failed)]
+
+
+@dataclass(frozen=True)
+class FailOutcome:
+    """What `fail_dead_letters` did with one dead letter: `failed` now (`refunded` or not) or not,
+    with a sentence saying what or why not."""
+
+    dead_letter_id: str
+    job_id: str | None
+    failed: bool
+    refunded: bool
+    detail: str
+
+
+def already_failed(runtime: Runtime, job_id: str, state: str) -> str:
+    """Why a job is not failed again: "already failed by OP at T (quota refunded)" or its state."""
+    timeline = read.timeline(runtime.db, job_id)
+    done = [r for r in timeline if r["event_type"] == "JobFailed" and r["applied"]]
+    if state == "failed" and done:
+        payload = done[-1].get("payload") or {}
+        refunded = " (quota refunded)" if payload.get("refunded") else " (no refund)"
+        return f"already failed {done_by(timeline, ('JobFailed',))}{refunded}: nothing changed"
+    return f"job is {state}, not dead_lettered: nothing changed"
+
+
+def fail_dead_letters(settings: Settings, ids: list[str], operator: str, reason: str, refund: bool, *,
+                      adapters: ActionAdapters) -> list[FailOutcome]:
+    """End each dead-lettered job in `ids` as failed for good (see `fail_events`), one Kafka
+    transaction per job on `<app>.operator.<job_id>` (opened before the caught-up read: racing
+    actions on a job take effect once). Idempotent: a job already failed is left alone and the
+    outcome says by whom and whether its quota was refunded. Raises `NotReplayable` for an unknown
+    id or a record dead letter, before anything is produced."""
+    runtime = Runtime(settings, "operator", events=adapters.events, jobs=adapters.jobs)
+    outcomes: list[FailOutcome] = []
+    try:
+        letters = []
+        for dead_letter_id in ids:
+            letter = read.dead_letter(runtime.db, dead_letter_id)
+            if letter is None:
+                raise NotReplayable(f"no dead letter {dead_letter_id!r} (see `tapeline dlq list`)")
+            if letter["kind"] != "job":
+                raise NotReplayable(f"dead letter {dead_letter_id} is an undecodable record ({letter['error']}); "
+                                    f"it has no job to fail")
+            letters.append(letter)
+        for letter in letters:
+            outcomes.append(_fail_one(settings, runtime, letter, operator, reason, refund, adapters.clock))
+    finally:
+        runtime.close()
+    return outcomes
+
+
+def _fail_one(settings: Settings, runtime: Runtime, letter: dict[str, Any], operator: str, reason: str,
+              refund: bool, clock: Clock) -> FailOutcome:
+    job_id = letter["job_id"]
+    producer = runtime.events.transactional_producer(operator_transactional_id(settings, job_id))  # first: fences
+    fenced = False
+    try:
+        row = runtime.job_row(job_id)  # then the caught-up read (module docstring)
+        seen = applied_count(runtime, job_id, ("JobFailed", "JobReplayed"))
+        delay_point("operator.after_read")
+        outgoing = fail_events(row, letter["id"], operator, reason, refund, settings, runtime.recorded_by, clock=clock)
+        if not outgoing:
+            return FailOutcome(letter["id"], job_id, False, False,
+                               already_failed(runtime, job_id, row["state"] if row else "unknown"))
+        try:
+            transact(producer, lambda: runtime.produce(producer, outgoing), name="operator.fail")
+        except Fenced:
+            fenced = True
+            detail = winner(runtime, job_id, ("JobFailed", "JobReplayed"), seen, settings.caught_up_timeout_s)
+            return FailOutcome(letter["id"], job_id, False, False, detail)
+    finally:
+        if not fenced:
+            producer.flush(5)
+    log.info("dead-lettered job failed for good", dead_letter_id=letter["id"], job_id=job_id, operator=operator,
+             refunded=refund)
+    return FailOutcome(letter["id"], job_id, True, refund,
+                       "failed for good" + ("; the submitter's quota is credited back" if refund else ""))

@@ -50,13 +50,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from projections import api_actions, api_pages, api_reads
+from projections import api_actions, api_pages, api_reads, api_webhooks
 from projections.api_deps import Web, require_admin
 from projections.api_models import answers
 from projections.edge import CONTENT_SECURITY_POLICY, Answer, EdgeGuard, FlashSigner, allowed_hosts, script_hashes
 from projections.edge import problem as edge_problem
 from projections.glossary import STALL_KINDS, glossary
-from projections.ports import Intake, OperatorActions
+from projections.ports import Intake, OperatorActions, WebhookEndpoints
 from tapeline import read
 from projections.provider_status import provider_overview
 from projections.problems import problems_router
@@ -67,7 +67,7 @@ from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.api")
 HERE = Path(__file__).resolve().parent
-ROUTERS = (api_reads.router, api_actions.router, api_pages.router)
+ROUTERS = (api_reads.router, api_actions.router, api_webhooks.router, api_pages.router)
 """The routers `create_app` includes, in this order: the JSON reads (`api_reads.py`), the operator
 actions and their dashboard forms (`api_actions.py`), the dashboard's pages (`api_pages.py`)."""
 
@@ -214,10 +214,12 @@ class ApiMetrics:
                                     "has not applied, seconds (0 when caught up)", value=lag["seconds"])
 
 
-def create_app(settings: Settings, *, actions: OperatorActions | None = None, intake: Intake | None = None) -> FastAPI:
+def create_app(settings: Settings, *, actions: OperatorActions | None = None, intake: Intake | None = None,
+               webhooks: WebhookEndpoints | None = None) -> FastAPI:
     """The app for `settings`. The pool opens on startup (after `check_reader`) and closes on shutdown.
 
-    `actions` carries out operator actions (without it every action answers 503); `intake` adds
+    `actions` carries out operator actions (without it every action answers 503); `webhooks` registers
+    customer webhook endpoints (`/api/webhooks`; without it they answer 503); `intake` adds
     `POST /uploads`. `tapeline.wiring.build_app` passes both. The routes are in `ROUTERS`; they
     reach this app's pool, settings and actions through `app.state.web` (`api_deps.Web`).
     """
@@ -254,7 +256,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
     lag = LagCache(settings, settings.lag_cache_s)
     metrics = ApiMetrics(lambda: context.pool, lag, providers=lambda conn: provider_overview(conn, settings))
     context = Web(settings=settings, lag=lag, metrics=metrics, flasher=FlashSigner.for_settings(settings),
-                  templates=templates, actions=actions)
+                  templates=templates, actions=actions, webhooks=webhooks)
     app.state.settings, app.state.metrics, app.state.web = settings, metrics, context
     if intake is not None:
         app.include_router(intake.router)  # POST /uploads: writes as the login role
@@ -348,5 +350,6 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
         return page_html
 
     app.include_router(api_actions.router)
+    app.include_router(api_webhooks.router)
     app.include_router(api_pages.router)
     return app

@@ -15,7 +15,7 @@ from fastapi.responses import RedirectResponse, Response
 from domain.errors import NotCancellable, NotReplayable, TapelineError
 from projections.api_deps import Web, client_of, job_or_404, page, require_admin, token_ok, web
 from projections.api_models import (ACTIONS, ID_MAX, NUL_FREE, OPERATOR_MAX, TOKEN_MAX, WHY_MAX, Action, ActionResult,
-                                    ReplayRequest, ResolveRequest)
+                                    FailRequest, ReplayRequest, ResolveRequest)
 from projections.ports import OperatorActions
 from tapeline import read
 
@@ -44,6 +44,22 @@ def do_replay(context: Web, dead_letter_id: str, operator: str, why: str, client
     _record(context, "replay", outcome.replayed, job_id=outcome.job_id, operator=operator, client=client)
     return ActionResult(action="replay", job_id=outcome.job_id, done=outcome.replayed, detail=outcome.detail,
                         next_attempt=outcome.next_attempt)
+
+
+def do_fail(context: Web, dead_letter_id: str, operator: str, why: str, refund: bool, client: str) -> ActionResult:
+    """Fail one dead-lettered job for good (optionally refunding its submitter's quota). Raises
+    HTTPException 404 for an unknown id, 409 for an undecodable-record dead letter, 503 without
+    operator actions; `done` is false (and `detail` says why) when it was already failed."""
+    with context.pool.connection() as conn:
+        letter = read.dead_letter(conn, dead_letter_id)
+    if letter is None:
+        raise HTTPException(404, f"no dead letter {dead_letter_id!r}")
+    if letter["kind"] != "job":
+        raise HTTPException(409, f"dead letter {dead_letter_id} is an undecodable record ({letter['error']}); "
+                                 "it has no job to fail")
+    [outcome] = wired(context).fail_dead_letters([dead_letter_id], operator, why, refund)
+    _record(context, "fail", outcome.failed, job_id=outcome.job_id, operator=operator, client=client, refund=refund)
+    return ActionResult(action="fail", job_id=outcome.job_id, done=outcome.failed, detail=outcome.detail)
 
 
 def do_cancel(context: Web, job_id: str, operator: str, why: str, client: str) -> ActionResult:
@@ -90,6 +106,16 @@ def replay(body: ReplayRequest, request: Request, context: Web = Depends(web)) -
     Idempotent: `done` is false when it was already replayed. 401 without the token, 404 for an
     unknown id, 409 for an undecodable-record dead letter."""
     return do_replay(context, body.dead_letter_id, body.operator, body.why, client_of(request))
+
+
+@router.post("/api/dead-letters/fail", tags=["actions"], response_model=ActionResult, responses=ACTIONS,
+             dependencies=[Depends(require_admin)])
+def fail_letter(body: FailRequest, request: Request, context: Web = Depends(web)) -> ActionResult:
+    """End a dead-lettered job as failed for good (`JobFailed` with operator and reason; the
+    customer's job.failed webhook); `refund` credits its submitter's daily quota back. Idempotent:
+    `done` is false when it was already failed. 401 without the token, 404 for an unknown id, 409 for
+    an undecodable-record dead letter."""
+    return do_fail(context, body.dead_letter_id, body.operator, body.why, body.refund, client_of(request))
 
 
 @router.post("/api/jobs/{job_id}/cancel", tags=["actions"], response_model=ActionResult, responses=ACTIONS,
@@ -153,6 +179,18 @@ def replay_form(request: Request, dead_letter_id: str = Form(..., max_length=ID_
         return do_replay(context, letter_id, operator, why, client_of(request))
 
     return form_action(request, context, "replay", token, "/dead-letters", replay)
+
+
+@router.post("/ui/dead-letters/fail", include_in_schema=False)
+def fail_form(request: Request, dead_letter_id: str = Form(..., max_length=ID_MAX, pattern=NUL_FREE),
+              token: str = Form("", max_length=TOKEN_MAX, pattern=NUL_FREE),
+              operator: str = Form(..., min_length=1, max_length=OPERATOR_MAX, pattern=NUL_FREE),
+              why: str = Form(..., min_length=1, max_length=WHY_MAX, pattern=NUL_FREE),
+              refund: str = Form("", max_length=8, pattern=NUL_FREE), context: Web = Depends(web)) -> Response:
+    """The dashboard's "Fail for good" (the dead-letter view's form)."""
+    return form_action(request, context, "fail", token, "/dead-letters",
+                       lambda: do_fail(context, dead_letter_id.strip(), operator, why, bool(refund),
+                                       client_of(request)))
 
 
 @router.post("/ui/jobs/{job_id}/cancel", include_in_schema=False)

@@ -20,7 +20,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from domain.errors import ServiceUnavailable
 from projections.edge import FlashSigner
-from projections.ports import OperatorActions
+from projections.ports import OperatorActions, WebhookEndpoints
 from projections.problems import problems_now
 from tapeline import read
 from tapeline.settings import Settings
@@ -41,6 +41,7 @@ class Web:
     flasher: FlashSigner
     templates: Jinja2Templates
     actions: OperatorActions | None = None
+    webhooks: WebhookEndpoints | None = None
     state: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -79,6 +79,11 @@ EVENTS: dict[str, str] = {
     "JobCancelled": "an operator cancelled the job",
     "JobReplayed": "an operator reopened a dead-lettered or reviewed job with a fresh attempt budget",
     "DeadLetter": "a record that could not be processed, kept raw with its source position and reason",
+    "NotificationIntended": "the notifier will send one signed webhook of this event to one customer endpoint",
+    "NotificationDelivered": "the customer's endpoint answered 2xx; this notification is never sent again",
+    "NotificationFailed": "one webhook POST failed (status, timeout or refused address); retried on a schedule",
+    "NotificationDeadLettered": "a webhook's retries (about a day) are spent; it is not sent again",
+    "WebhookEndpointDisabled": "a customer endpoint failed for too long without a success and was disabled",
     "WatchdogTick": "the watchdog's tick: it moves the log clock of every partition",
 }
 """Event types, as the timeline names them."""

@@ -118,7 +118,8 @@ def prepare_fresh(database_url: str, schema: str, live_schema: str, force: bool 
 
 
 PROJECTION_TABLES = ("projector_offsets", "lifecycle_evidence", "job_state", "applied_dedup_keys", "uploads",
-                     "dead_letters", "log_clock", "provider_calls", "provider_state", "intake_uploads")
+                     "dead_letters", "log_clock", "provider_calls", "provider_state", "intake_uploads",
+                     "webhook_endpoints", "webhook_deliveries")
 """Tables a replay or the projector fills; a schema with all of them empty holds nothing to lose."""
 
 
@@ -199,7 +200,7 @@ def swap(database_url: str, schema: str, live_schema: str, retired: str | None =
     replay leaves; a catch-up first completes it). Holds `SWAP_GUARD` exclusively, so no projector
     batch is in flight; the projector notices the new schema in its next batch and resumes from that
     schema's stored offsets. Settings tables that are not derived from the log (`stall_policy`, the
-    HTTP intake's `intake_uploads`) are copied from the old live schema. The old schema is kept under
+    HTTP intake's `intake_uploads`, the customers' `webhook_endpoints`) are copied from the old live schema. The old schema is kept under
     `retired` (default `<live>_retired_<UTC time to the second>`, with `_2`, `_3`... when a swap of
     the same second took that name) for a swap back or a DROP.
     """
@@ -232,6 +233,7 @@ def swap(database_url: str, schema: str, live_schema: str, retired: str | None =
             if schema_oid(conn, live_schema) is not None:
                 copied = _copy_table(conn, live_schema, schema, "stall_policy")
                 _copy_table(conn, live_schema, schema, "intake_uploads")  # the HTTP intake's claims and keys
+                _copy_table(conn, live_schema, schema, "webhook_endpoints")  # registrations and their secrets
                 conn.execute(qf("rename_schema", schema=live_schema, new_name=retired))
             conn.execute(qf("rename_schema", schema=schema, new_name=live_schema))
     return SwapResult(live=live_schema, retired=retired, stall_policy_copied=copied)

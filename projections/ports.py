@@ -22,6 +22,15 @@ class ReplayOutcome(Protocol):
     detail: str
 
 
+class FailOutcome(Protocol):
+    """One dead letter's `dlq fail`: the job, whether it was failed now (and refunded), and a sentence."""
+
+    job_id: str | None
+    failed: bool
+    refunded: bool
+    detail: str
+
+
 class OperatorActions(Protocol):
     """Operator actions; each emits events and never writes a projection.
 
@@ -30,9 +39,24 @@ class OperatorActions(Protocol):
 
     def replay_dead_letters(self, ids: Sequence[str], operator: str, reason: str) -> list[ReplayOutcome]: ...
 
+    def fail_dead_letters(self, ids: Sequence[str], operator: str, reason: str, refund: bool) -> list[FailOutcome]: ...
+
     def cancel_job(self, job_id: str, operator: str, reason: str) -> str: ...
 
     def resolve_review(self, job_id: str, operator: str, reason: str, posted_ref: str | None) -> str: ...
+
+
+class WebhookEndpoints(Protocol):
+    """A submitter's webhook endpoints (`webhook_endpoints`, written as the login role). Refusals are
+    `domain.errors.WebhookRefused`; the secret is returned by `register` only."""
+
+    def register(self, submitter: str, url: str, event_types: Sequence[str], secret: str | None) -> dict: ...
+
+    def endpoints(self, submitter: str | None) -> list[dict]: ...
+
+    def set_enabled(self, endpoint_id: str, enabled: bool, reason: str | None) -> bool: ...
+
+    def remove(self, endpoint_id: str) -> bool: ...
 
 
 class Intake(Protocol):

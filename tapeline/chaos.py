@@ -193,3 +193,32 @@ def audit(settings: Settings, jobs: dict[str, str], posts: list[dict[str, Any]])
                 result.violations.append(f"{label}: projection {column}={row[column]!r} but the log folds to "
                                          f"{folded.get(job_id, {}).get(column)!r}")
     return result
+
+
+def audit_notifications(events: list[ev.Event], posts: dict[str, list[Any]], unsigned: int) -> list[str]:
+    """Violations of the customer-notification promise (issue 23) in a run's committed lifecycle
+    events and what a receiver saw (`posts`: webhook-id -> the verified POSTs with it; `unsigned`:
+    POSTs whose Standard Webhooks signature did not verify). Pure. The promise: every delivery is
+    signed; every notification the receiver saw is recorded delivered exactly once; nothing is
+    recorded delivered that the receiver never saw; every intended notification is either recorded
+    delivered or not yet tried. A webhook-id seen more than once is allowed (a crash between the
+    receiver's 2xx and the record resends it with the same id, for the receiver to dedupe)."""
+    violations = [f"{unsigned} POST(s) not signed with the endpoint's secret"] if unsigned else []
+    delivered: dict[str, int] = {}
+    intended: set[str] = set()
+    for event in events:
+        if isinstance(event, ev.NotificationDelivered):
+            delivered[event.delivery_id] = delivered.get(event.delivery_id, 0) + 1
+        elif isinstance(event, ev.NotificationIntended):
+            intended.add(event.delivery_id)
+    for msg_id, count in delivered.items():
+        if count != 1:
+            violations.append(f"{msg_id}: {count} NotificationDelivered committed")
+        if msg_id not in posts:
+            violations.append(f"{msg_id}: recorded delivered, never received")
+    for msg_id in posts:
+        if msg_id not in delivered:
+            violations.append(f"{msg_id}: received, not recorded delivered")
+        if msg_id not in intended:
+            violations.append(f"{msg_id}: received without a NotificationIntended")
+    return violations

@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from tapeline import cli_jobs, cli_ops, cli_run
+from tapeline import cli_jobs, cli_ops, cli_run, cli_webhooks
 from tapeline.cli_common import console
 from tapeline.settings import Settings
 
@@ -38,6 +38,7 @@ app.command()(cli_jobs.stalled)
 app.command()(cli_jobs.timeline)
 app.add_typer(cli_ops.dlq_app, name="dlq")
 app.add_typer(cli_ops.review_app, name="review")
+app.add_typer(cli_webhooks.webhooks_app, name="webhooks")
 app.command()(cli_ops.cancel)
 app.command()(cli_run.serve)
 app.command()(cli_jobs.demo)

@@ -124,6 +124,43 @@ def dlq_replay(dead_letter_id: Optional[str] = typer.Argument(None, help="Dead l
         out.print(f"{o.dead_letter_id}: {'replayed, ' if o.replayed else 'skipped, '}{o.detail}", highlight=False)
 
 
+@dlq_app.command("fail")
+def dlq_fail(dead_letter_id: Optional[str] = typer.Argument(None, help="Dead letter id (or --all)"),
+             fail_all: bool = typer.Option(False, "--all", help="Every pending job dead letter (with --reason)"),
+             reason: Optional[str] = typer.Option(None, "--reason", help="With --all: only this error class"),
+             why: str = typer.Option(..., "--why", "-m", help="Why (recorded in JobFailed, told to the customer)"),
+             refund: bool = typer.Option(False, "--refund", help="Credit the submitter's daily quota back "
+                                                                 "(the job stops counting against it)"),
+             operator: Optional[str] = typer.Option(None, "--operator", help="Who fails it (default user@host)"),
+             as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+    """End dead-lettered jobs as failed for good: `JobFailed` with who and why (the customer's
+    job.failed webhook), optionally refunding the submitter's quota; the dead letter leaves the
+    pending list. Idempotent: a job already failed is left alone and the answer says by whom."""
+    from processors.operator import default_operator
+    from tapeline import read
+    from tapeline.wiring import OperatorService
+
+    if (dead_letter_id is None) == (not fail_all):
+        fail(TapelineError("give one dead letter id, or --all [--reason CLASS]"), 2)
+    settings = load_settings()
+    try:
+        if fail_all:
+            with read.open_reader(settings) as conn:
+                ids = [r["id"] for r in read.dead_letters(conn, reason=reason, pending=True) if r["kind"] == "job"]
+        else:
+            ids = [dead_letter_id]
+        outcomes = OperatorService(settings).fail_dead_letters(ids, operator or default_operator(), why, refund)
+    except TapelineError as exc:
+        fail(exc, 2 if "no dead letter" in str(exc) else 1)
+    if as_json:
+        out.print_json(json.dumps([vars(o) for o in outcomes]))
+        return
+    if not outcomes:
+        out.print("nothing to fail")
+    for o in outcomes:
+        out.print(f"{o.dead_letter_id}: {'failed, ' if o.failed else 'unchanged, '}{o.detail}", highlight=False)
+
+
 review_app = typer.Typer(help="Jobs in needs_review: a publish that could not be proven safe.", no_args_is_help=True)
 
 

@@ -14,7 +14,7 @@ from tapeline import logs
 from tapeline.cli_common import console, fail, load_settings
 from tapeline.settings import Settings
 
-ROLE_CHOICES = ("intake", "transcode", "publish", "projector", "watchdog", "all")
+ROLE_CHOICES = ("intake", "transcode", "publish", "projector", "watchdog", "notify", "all")
 
 
 def migrate() -> None:

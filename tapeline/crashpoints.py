@@ -43,6 +43,15 @@ PIPELINE_CRASH_POINTS: tuple[str, ...] = (
 """Every crash point one job passes through with a webhook provider configured, in pipeline order
 (`tests/faults/test_crash_points.py` kills the pipeline at each in turn)."""
 
+NOTIFY_CRASH_POINTS: tuple[str, ...] = (
+    # the notifier (processors/notify.py): NotificationIntended, the POST, its record
+    "notify.intended.after_produce", "notify.intended.after_commit",
+    "notify.before_post", "notify.after_post",  # after_post: the receiver answered, nothing recorded yet
+    "notify.delivered.after_produce", "notify.delivered.after_commit",
+)
+"""Every crash point one customer notification passes through, in order (`tests/faults/test_notify_crashes.py`
+kills the notifier at each in turn)."""
+
 
 _file_cache: tuple[float, frozenset[str]] = (-1.0, frozenset())
 

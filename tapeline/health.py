@@ -124,6 +124,19 @@ class HealthState:
         self.projection_lag_seconds = Gauge(
             "tapeline_projection_lag_seconds", "Projector: seconds since the broker appended the oldest record it has "
             "not applied (0 when caught up)", ["topic", "partition"], registry=self.registry)
+        self.webhook_posts = Counter("tapeline_webhook_posts", "Notifier: webhook POSTs made, by outcome "
+                                     "(delivered | failed)", ["outcome"], registry=self.registry)
+        self.webhook_post_seconds = Histogram("tapeline_webhook_post_seconds", "Notifier: one webhook POST, seconds",
+                                              buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+                                              registry=self.registry)
+        self.webhook_deliveries = Gauge("tapeline_webhook_deliveries", "Notifier: deliveries by state (pending | "
+                                        "retry_scheduled | delivered | dead_lettered)", ["state"],
+                                        registry=self.registry)
+        self.webhook_endpoints_failing = Gauge("tapeline_webhook_endpoints_failing", "Notifier: enabled endpoints "
+                                               "whose deliveries fail without a success since", registry=self.registry)
+        self.webhook_endpoints_disabled = Gauge("tapeline_webhook_endpoints_disabled", "Notifier: endpoints "
+                                                "disabled (by the notifier after failing too long, or by an operator)",
+                                                registry=self.registry)
 
     # Readiness.
     def mark_ready(self) -> None:

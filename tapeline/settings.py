@@ -148,6 +148,28 @@ class Settings(BaseSettings):
     webhook_probe_timeout_s: float = Field(30.0, description="How long a half-open breaker waits for its one "
                                                              "probe post before another attempt may probe, seconds")
 
+    # Customer notifications by webhook (processors/notify.py, the `notify` role).
+    notify_allow_private: bool = Field(False, description="Allow webhook endpoints that resolve to private, "
+                                                          "link-local or other non-global addresses (loopback included)")
+    notify_allow_loopback: bool = Field(False, description="Allow webhook endpoints on loopback addresses only "
+                                                           "(tests, a receiver on the same machine)")
+    notify_timeout_s: float = Field(10.0, gt=0, le=300, description="Timeout of one webhook POST (connect, write "
+                                                                    "and each read), seconds")
+    notify_max_in_flight_per_endpoint: int = Field(2, ge=1, description="POSTs in flight at once to one endpoint")
+    notify_workers: int = Field(8, ge=1, description="POSTs in flight at once across every endpoint")
+    notify_retry_schedule_s: tuple[float, ...] = Field(
+        (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0),
+        description="Wait after each failed try, seconds (JSON list; Standard Webhooks' schedule: 8 tries over "
+                    "about 27.6 h); past its end the delivery is dead-lettered")
+    notify_disable_after_s: float = Field(432000.0, gt=0, description="An endpoint failing without a success this "
+                                                                      "long (5 days) is disabled")
+    notify_lookback_s: float = Field(604800.0, gt=0, description="Lifecycle events appended longer ago than this "
+                                                                  "(7 days) are not notified: it bounds the notifier's "
+                                                                  "scan (a notifier down longer misses them)")
+    notify_poll_s: float = Field(1.0, gt=0, description="How often the notifier looks for new and due deliveries")
+    notify_response_limit_bytes: int = Field(4096, ge=0, description="At most this much of an endpoint's answer is "
+                                                                     "read (kept in the failure reason)")
+
     # Per-stage concurrency: worker processes of each stage that `tapeline run --role all` starts.
     transcode_workers: int = Field(1, ge=1, description="`run --role all`: transcode worker processes")
     publish_workers: int = Field(1, ge=1, description="`run --role all`: publish worker processes")

@@ -21,7 +21,7 @@ import structlog
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.supervisor")
-ROLES = ("projector", "intake", "transcode", "publish", "watchdog")
+ROLES = ("projector", "intake", "transcode", "publish", "watchdog", "notify")
 BACKOFF_S = (1, 2, 5, 10, 30)
 """Restart delays after consecutive crashes, seconds; a child that ran 60 s resets the count."""
 

@@ -50,6 +50,12 @@ class OperatorService:
 
         return replay_dead_letters(self.settings, list(ids), operator, reason, adapters=self.adapters())
 
+    def fail_dead_letters(self, ids: Sequence[str], operator: str, reason: str, refund: bool) -> list:
+        """`processors.operator.fail_dead_letters`."""
+        from processors.operator import fail_dead_letters
+
+        return fail_dead_letters(self.settings, list(ids), operator, reason, refund, adapters=self.adapters())
+
     def cancel_job(self, job_id: str, operator: str, reason: str) -> str:
         """`processors.operator.cancel_job`."""
         from processors.operator import cancel_job
@@ -61,6 +67,43 @@ class OperatorService:
         from processors.operator import resolve_review
 
         return resolve_review(self.settings, job_id, operator, reason, posted_ref, adapters=self.adapters())
+
+
+class WebhookService:
+    """`projections.ports.WebhookEndpoints` over `tapeline/webhooks.py`, one PostgreSQL session per
+    call as the login role (the read API's role cannot write)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def _call(self, fn, *args, **kwargs):
+        from tapeline.postgres import PostgresJobStore
+
+        store = PostgresJobStore(self.settings)
+        try:
+            return fn(store, *args, **kwargs)
+        finally:
+            store.close()
+
+    def register(self, submitter: str, url: str, event_types: Sequence[str], secret: str | None) -> dict:
+        from tapeline import webhooks
+
+        return self._call(webhooks.register, self.settings, submitter, url, list(event_types), secret=secret)
+
+    def endpoints(self, submitter: str | None) -> list[dict]:
+        from tapeline import webhooks
+
+        return self._call(webhooks.endpoints, submitter)
+
+    def set_enabled(self, endpoint_id: str, enabled: bool, reason: str | None) -> bool:
+        from tapeline import webhooks
+
+        return self._call(webhooks.set_enabled, endpoint_id, enabled, reason)
+
+    def remove(self, endpoint_id: str) -> bool:
+        from tapeline import webhooks
+
+        return self._call(webhooks.remove, endpoint_id)
 
 
 class HttpIntake:
@@ -84,7 +127,8 @@ def build_app(settings: Settings) -> FastAPI:
     """The whole `tapeline serve` app for `settings`: read API, dashboard, actions and intake."""
     from projections.api import create_app
 
-    return create_app(settings, actions=OperatorService(settings), intake=HttpIntake(settings))
+    return create_app(settings, actions=OperatorService(settings), intake=HttpIntake(settings),
+                      webhooks=WebhookService(settings))
 
 
 def serve(settings: Settings, host: str | None = None, port: int | None = None, log_level: str = "info") -> None:
@@ -102,7 +146,7 @@ def serve(settings: Settings, host: str | None = None, port: int | None = None, 
 
 
 WORKER_ROLES = ("transcode", "publish")
-PROCESSOR_ROLES = ("projector", "intake", "transcode", "publish", "watchdog")
+PROCESSOR_ROLES = ("projector", "intake", "transcode", "publish", "watchdog", "notify")
 
 
 def processor_adapters(settings: Settings, role: str, health: HealthState) -> dict:
@@ -140,6 +184,12 @@ def build_processor(role: str, settings: Settings, health: HealthState):
         from tapeline.postgres import PostgresJobStore
 
         return Watchdog(settings, leader=PostgresJobStore(settings), **processor_adapters(settings, role, health))
+    if role == "notify":
+        from processors.notify import Notifier
+        from tapeline.postgres import PostgresJobStore
+
+        return Notifier(settings, leader=PostgresJobStore(settings), new_store=lambda: PostgresJobStore(settings),
+                        **processor_adapters(settings, role, health))
     if role == "intake":
         from processors.intake import IntakeProcessor
         from processors.media import FfmpegTool

@@ -323,9 +323,12 @@ SELECT count(*) AS total, count(*) FILTER (WHERE replayed_at IS NULL) AS pending
 SELECT now() AS now;
 
 -- name: submitter_jobs_between
--- Jobs accepted (not rejected) from one submitter's uploads made in [since, until) (broker time).
+-- Jobs accepted (not rejected) from one submitter's uploads made in [since, until) (broker time), less those an operator failed with a refund (an applied JobFailed with refunded: `tapeline dlq fail --refund`).
 SELECT count(*) AS jobs FROM uploads u JOIN job_state j ON j.job_id = u.job_id
-WHERE u.submitter = %(submitter)s AND u.broker_ts >= %(since)s AND u.broker_ts < %(until)s AND j.state <> 'rejected';
+WHERE u.submitter = %(submitter)s AND u.broker_ts >= %(since)s AND u.broker_ts < %(until)s AND j.state <> 'rejected'
+  AND NOT (j.state = 'failed' AND EXISTS (SELECT 1 FROM lifecycle_evidence f WHERE f.job_id = j.job_id
+                                          AND f.event_type = 'JobFailed' AND f.applied
+                                          AND (f.payload->>'refunded')::boolean));
 
 -- name: referenced_object_keys
 -- Object keys a recorded checkpoint (applied, not superseded, not duplicate) or an applied transcode completion of the given jobs names (the watchdog's cleanup keeps them).
@@ -486,3 +489,94 @@ WHERE j.state = 'running';
 SELECT min(EXTRACT(EPOCH FROM j.retry_due_at - c.now))::double precision AS due_in_s
 FROM job_state j JOIN log_clock c ON c.partition = j.log_partition
 WHERE j.state = 'retry_scheduled' AND j.retry_due_at > c.now;
+
+-- name: webhook_endpoint_insert
+-- Register one webhook endpoint (migration 024); returns it without its secret.
+INSERT INTO webhook_endpoints (endpoint_id, submitter, url, secret, event_types)
+VALUES (%(endpoint_id)s, %(submitter)s, %(url)s, %(secret)s, %(event_types)s)
+RETURNING endpoint_id, submitter, url, event_types, enabled, created_at;
+
+-- name: webhook_endpoints_list
+-- Webhook endpoints (of one submitter when %(submitter)s is not null), oldest first, with their delivery counts by state; never the secret.
+SELECT e.endpoint_id, e.submitter, e.url, e.event_types, e.enabled, e.created_at, e.disabled_at, e.disabled_reason,
+       e.failing_since, e.last_success_at,
+       count(d.*) FILTER (WHERE d.state = 'delivered') AS delivered,
+       count(d.*) FILTER (WHERE d.state IN ('pending', 'retry_scheduled', 'failed')) AS pending,
+       count(d.*) FILTER (WHERE d.state = 'dead_lettered') AS dead_lettered
+FROM webhook_endpoints e LEFT JOIN webhook_deliveries d ON d.endpoint_id = e.endpoint_id
+WHERE %(submitter)s::text IS NULL OR e.submitter = %(submitter)s
+GROUP BY e.endpoint_id ORDER BY e.created_at, e.endpoint_id;
+
+-- name: webhook_endpoint_set_enabled
+-- Disable (with a reason) or re-enable one endpoint; re-enabling clears its failure streak. Returns the endpoint id, or nothing when unknown.
+UPDATE webhook_endpoints SET enabled = %(enabled)s,
+       disabled_at = CASE WHEN %(enabled)s THEN NULL ELSE coalesce(disabled_at, now()) END,
+       disabled_reason = CASE WHEN %(enabled)s THEN NULL ELSE %(reason)s END,
+       failing_since = CASE WHEN %(enabled)s THEN NULL ELSE failing_since END
+WHERE endpoint_id = %(endpoint_id)s RETURNING endpoint_id;
+
+-- name: webhook_endpoint_remove
+-- Remove one endpoint (its deliveries stay as history; the notifier dead-letters the ones not done). Returns the endpoint id, or nothing when unknown.
+DELETE FROM webhook_endpoints WHERE endpoint_id = %(endpoint_id)s RETURNING endpoint_id;
+
+-- name: notify_new_deliveries
+-- Lifecycle events a customer wants notified of and not yet intended for that endpoint (not the JobReplayed that `tapeline dlq fail` writes before its JobFailed): applied events of the types in %(event_types)s (mapped to %(notification_types)s) of jobs whose upload's submitter has an enabled endpoint registered at or before the event, appended at or after %(since)s (the lookback: it bounds the scan), oldest first.
+SELECT e.event_id, e.event_type, e.job_id, e.dedup_key, e.broker_ts, m.notification_type, ep.endpoint_id
+FROM lifecycle_evidence e
+JOIN unnest(%(event_types)s::text[], %(notification_types)s::text[]) AS m(event_type, notification_type)
+    ON m.event_type = e.event_type
+JOIN uploads u ON u.job_id = e.job_id
+JOIN webhook_endpoints ep ON ep.submitter = u.submitter AND ep.enabled AND e.broker_ts >= ep.created_at
+    AND m.notification_type = ANY (ep.event_types)
+WHERE e.event_type IN ('JobCompleted', 'JobRejected', 'JobFailed', 'JobDeadLettered', 'NeedsReview', 'JobReplayed',
+                       'JobCancelled') AND e.applied AND e.broker_ts >= %(since)s
+  AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.source_dedup_key = e.dedup_key
+                  AND d.endpoint_id = ep.endpoint_id)
+  -- the JobReplayed of `tapeline dlq fail` only carries its JobFailed (its cause), which is notified
+  AND NOT (e.event_type = 'JobReplayed' AND EXISTS (SELECT 1 FROM lifecycle_evidence f WHERE f.job_id = e.job_id
+                                                     AND f.event_type = 'JobFailed' AND f.causation_id = e.event_id))
+ORDER BY e.broker_ts, e.event_id LIMIT %(limit)s;
+
+-- name: notify_due_deliveries
+-- Deliveries to send now: pending, or a retry due at or before %(now)s, to enabled endpoints; oldest first.
+SELECT d.delivery_id, d.job_id, d.endpoint_id, d.state, d.tries
+FROM webhook_deliveries d JOIN webhook_endpoints ep ON ep.endpoint_id = d.endpoint_id AND ep.enabled
+WHERE d.state = 'pending' OR (d.state = 'retry_scheduled' AND d.next_try_at <= %(now)s)
+ORDER BY coalesce(d.next_try_at, d.intended_at), d.delivery_id LIMIT %(limit)s;
+
+-- name: notify_orphaned_deliveries
+-- Deliveries not done whose endpoint was removed: the notifier dead-letters them.
+SELECT d.delivery_id, d.job_id, d.endpoint_id, d.tries FROM webhook_deliveries d
+WHERE d.state IN ('pending', 'retry_scheduled', 'failed')
+  AND NOT EXISTS (SELECT 1 FROM webhook_endpoints ep WHERE ep.endpoint_id = d.endpoint_id)
+LIMIT %(limit)s;
+
+-- name: notify_delivery
+-- One delivery with what its POST needs: the endpoint (url, secret, enabled) and the lifecycle event notified (type, broker time, payload).
+SELECT d.*, ep.url, ep.secret, ep.enabled, ep.submitter, e.event_type AS source_event_type,
+       e.broker_ts AS source_broker_ts, e.payload AS source_payload, e.stage AS source_stage,
+       e.attempt AS source_attempt
+FROM webhook_deliveries d
+LEFT JOIN webhook_endpoints ep ON ep.endpoint_id = d.endpoint_id
+LEFT JOIN LATERAL (SELECT * FROM lifecycle_evidence x WHERE x.event_id = d.source_event_id LIMIT 1) e ON true
+WHERE d.delivery_id = %(delivery_id)s;
+
+-- name: apply_webhook_delivery
+-- Apply one Notification* event (its evidence payload, type and envelope values) to webhook_deliveries, as the projector's trigger does.
+SELECT apply_webhook_delivery(%(payload)s::jsonb, %(event_type)s, %(job_id)s, %(occurred_at)s);
+
+-- name: webhook_endpoint_failed
+-- Start (or continue) an endpoint's failure streak at %(now)s; returns when it began and whether the endpoint is enabled.
+UPDATE webhook_endpoints SET failing_since = coalesce(failing_since, %(now)s)
+WHERE endpoint_id = %(endpoint_id)s RETURNING failing_since, enabled, submitter;
+
+-- name: webhook_endpoint_succeeded
+-- End an endpoint's failure streak: it answered 2xx at %(now)s.
+UPDATE webhook_endpoints SET failing_since = NULL, last_success_at = %(now)s WHERE endpoint_id = %(endpoint_id)s;
+
+-- name: webhook_delivery_states
+-- Deliveries by state, and endpoints enabled and failing (for the notifier's gauges).
+SELECT (SELECT coalesce(jsonb_object_agg(state, n), '{}'::jsonb)
+        FROM (SELECT state, count(*) AS n FROM webhook_deliveries GROUP BY state) s) AS states,
+       (SELECT count(*) FROM webhook_endpoints WHERE enabled AND failing_since IS NOT NULL) AS failing_endpoints,
+       (SELECT count(*) FROM webhook_endpoints WHERE NOT enabled) AS disabled_endpoints;

@@ -40,11 +40,53 @@ $$;
 
 COMMENT ON FUNCTION public.apply_provider_breaker_changed(p jsonb, change_event_id text, change_job_id text, change_occurred_at timestamp with time zone) IS 'Apply one ProviderBreakerChanged (its evidence payload, event_id, job_id, occurred_at) to provider_state. Idempotent: keeps the change with the highest (version, event_id)';
 
+CREATE FUNCTION public.apply_webhook_delivery(p jsonb, kind text, change_job_id text, change_occurred_at timestamp with time zone) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF kind = 'NotificationIntended' THEN
+        INSERT INTO webhook_deliveries (delivery_id, job_id, endpoint_id, notification_type, source_event_id,
+                                        source_dedup_key, state, intended_at, updated_at)
+        VALUES (p->>'delivery_id', change_job_id, p->>'endpoint_id', p->>'notification_type',
+                p->>'source_event_id', p->>'source_dedup_key', 'pending', change_occurred_at, change_occurred_at)
+        ON CONFLICT DO NOTHING;
+    ELSIF kind = 'NotificationDelivered' THEN
+        UPDATE webhook_deliveries SET state = 'delivered', tries = greatest(tries, (p->>'try_number')::integer),
+               last_status = (p->>'http_status')::integer, last_reason = NULL, next_try_at = NULL,
+               delivered_at = change_occurred_at, updated_at = change_occurred_at
+        WHERE delivery_id = p->>'delivery_id' AND state NOT IN ('delivered', 'dead_lettered');
+    ELSIF kind = 'NotificationFailed' THEN
+        UPDATE webhook_deliveries SET
+               state = CASE WHEN p->>'retry_at' IS NULL THEN 'failed' ELSE 'retry_scheduled' END,
+               tries = greatest(tries, (p->>'try_number')::integer), last_status = (p->>'http_status')::integer,
+               last_reason = p->>'reason', next_try_at = (p->>'retry_at')::timestamptz,
+               updated_at = change_occurred_at
+        WHERE delivery_id = p->>'delivery_id' AND state NOT IN ('delivered', 'dead_lettered')
+          AND tries < (p->>'try_number')::integer;
+    ELSIF kind = 'NotificationDeadLettered' THEN
+        UPDATE webhook_deliveries SET state = 'dead_lettered', next_try_at = NULL, last_reason = p->>'reason',
+               updated_at = change_occurred_at
+        WHERE delivery_id = p->>'delivery_id' AND state NOT IN ('delivered', 'dead_lettered');
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION public.apply_webhook_delivery(p jsonb, kind text, change_job_id text, change_occurred_at timestamp with time zone) IS 'Apply one Notification* event (its evidence payload, event type, job_id, occurred_at) to webhook_deliveries. Idempotent; delivered and dead_lettered rows never change';
+
 CREATE FUNCTION public.provider_state_from_evidence() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
     PERFORM apply_provider_breaker_changed(NEW.payload::jsonb, NEW.event_id, NEW.job_id, NEW.occurred_at);
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION public.webhook_deliveries_from_evidence() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM apply_webhook_delivery(NEW.payload::jsonb, NEW.event_type, NEW.job_id, NEW.occurred_at);
     RETURN NULL;
 END
 $$;
@@ -1064,6 +1106,57 @@ COMMENT ON COLUMN public.waiting_jobs.error_class IS 'Error class of the failure
 
 COMMENT ON COLUMN public.waiting_jobs.reason IS 'Why the previous attempt ended (its failure, stall or yield), as the job row records it';
 
+CREATE TABLE public.webhook_deliveries (
+    delivery_id text NOT NULL,
+    job_id text NOT NULL,
+    endpoint_id text NOT NULL,
+    notification_type text NOT NULL,
+    source_event_id text NOT NULL,
+    source_dedup_key text NOT NULL,
+    state text NOT NULL,
+    tries integer DEFAULT 0 NOT NULL,
+    last_status integer,
+    last_reason text,
+    next_try_at timestamp with time zone,
+    intended_at timestamp with time zone NOT NULL,
+    delivered_at timestamp with time zone,
+    updated_at timestamp with time zone NOT NULL
+);
+
+COMMENT ON TABLE public.webhook_deliveries IS 'One customer notification per (lifecycle event, endpoint), folded from the Notification* events';
+
+COMMENT ON COLUMN public.webhook_deliveries.delivery_id IS 'The webhook-id header: msg_ + uuid5 of the lifecycle event''s dedup key and the endpoint id, stable across retries';
+
+COMMENT ON COLUMN public.webhook_deliveries.state IS 'pending | retry_scheduled | failed (dead letter follows) | delivered | dead_lettered';
+
+COMMENT ON COLUMN public.webhook_deliveries.tries IS 'POSTs recorded so far';
+
+COMMENT ON COLUMN public.webhook_deliveries.next_try_at IS 'retry_scheduled: when the next POST is due (the notifier''s clock)';
+
+CREATE TABLE public.webhook_endpoints (
+    endpoint_id text NOT NULL,
+    submitter text NOT NULL,
+    url text NOT NULL,
+    secret text NOT NULL,
+    event_types text[] NOT NULL,
+    enabled boolean DEFAULT true NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    disabled_at timestamp with time zone,
+    disabled_reason text,
+    failing_since timestamp with time zone,
+    last_success_at timestamp with time zone
+);
+
+COMMENT ON TABLE public.webhook_endpoints IS 'Registration state, not a projection: each submitter''s webhook endpoints (tapeline webhooks add)';
+
+COMMENT ON COLUMN public.webhook_endpoints.secret IS 'Signing secret (Standard Webhooks whsec_...); never shown after registration';
+
+COMMENT ON COLUMN public.webhook_endpoints.event_types IS 'Notification types wanted (job.completed, job.rejected, job.failed, job.dead_lettered, job.needs_review, job.replayed, job.cancelled)';
+
+COMMENT ON COLUMN public.webhook_endpoints.created_at IS 'Only lifecycle events at or after this broker time are notified';
+
+COMMENT ON COLUMN public.webhook_endpoints.failing_since IS 'When its deliveries started failing without a success since (null: healthy); past notify_disable_after_s it is disabled';
+
 CREATE TABLE tapeline_control.swap_guard (
 );
 
@@ -1114,6 +1207,12 @@ ALTER TABLE ONLY public.stall_policy
 ALTER TABLE ONLY public.uploads
     ADD CONSTRAINT uploads_pkey PRIMARY KEY (upload_id);
 
+ALTER TABLE ONLY public.webhook_deliveries
+    ADD CONSTRAINT webhook_deliveries_pkey PRIMARY KEY (delivery_id);
+
+ALTER TABLE ONLY public.webhook_endpoints
+    ADD CONSTRAINT webhook_endpoints_pkey PRIMARY KEY (endpoint_id);
+
 CREATE INDEX dead_letters_job ON public.dead_letters USING btree (job_id);
 
 CREATE UNIQUE INDEX intake_uploads_key ON public.intake_uploads USING btree (submitter, idempotency_key) WHERE (idempotency_key IS NOT NULL);
@@ -1134,10 +1233,20 @@ CREATE INDEX job_state_state ON public.job_state USING btree (state, updated_at)
 
 CREATE INDEX lifecycle_evidence_job ON public.lifecycle_evidence USING btree (job_id, broker_ts);
 
+CREATE INDEX lifecycle_evidence_notifiable ON public.lifecycle_evidence USING btree (broker_ts) WHERE ((event_type = ANY (ARRAY['JobCompleted'::text, 'JobRejected'::text, 'JobFailed'::text, 'JobDeadLettered'::text, 'NeedsReview'::text, 'JobReplayed'::text, 'JobCancelled'::text])) AND applied);
+
 CREATE INDEX lifecycle_evidence_provider_events ON public.lifecycle_evidence USING btree (event_type, broker_ts) WHERE (event_type = ANY (ARRAY['Published'::text, 'PublishDeferred'::text, 'ProviderBreakerChanged'::text]));
 
 CREATE INDEX provider_calls_window ON public.provider_calls USING btree (provider, reserved_at);
 
 CREATE INDEX uploads_submitter_time ON public.uploads USING btree (submitter, broker_ts);
 
+CREATE INDEX webhook_deliveries_due ON public.webhook_deliveries USING btree (next_try_at) WHERE (state = ANY (ARRAY['pending'::text, 'retry_scheduled'::text]));
+
+CREATE UNIQUE INDEX webhook_deliveries_source ON public.webhook_deliveries USING btree (source_dedup_key, endpoint_id);
+
+CREATE INDEX webhook_endpoints_submitter ON public.webhook_endpoints USING btree (submitter) WHERE enabled;
+
 CREATE TRIGGER provider_breaker_changed AFTER INSERT ON public.lifecycle_evidence FOR EACH ROW WHEN (((new.event_type = 'ProviderBreakerChanged'::text) AND (NOT new.duplicate))) EXECUTE FUNCTION public.provider_state_from_evidence();
+
+CREATE TRIGGER webhook_delivery_changed AFTER INSERT ON public.lifecycle_evidence FOR EACH ROW WHEN (((new.event_type = ANY (ARRAY['NotificationIntended'::text, 'NotificationDelivered'::text, 'NotificationFailed'::text, 'NotificationDeadLettered'::text])) AND (NOT new.duplicate))) EXECUTE FUNCTION public.webhook_deliveries_from_evidence();

@@ -387,7 +387,8 @@ def test_metrics_and_openapi(client, world):
             "/api/jobs/{job_id}/checkpoints", "/api/stalled", "/api/dead-letters", "/api/dead-letters/{dead_letter_id}",
             "/api/review", "/api/lag", "/api/overview", "/api/dead-letters/replay", "/api/jobs/{job_id}/cancel",
             "/api/jobs/{job_id}/resolve-review", "/health/live", "/health/ready", "/metrics", "/uploads",
-            "/api/providers", "/api/problems"} == set(paths)
+            "/api/providers", "/api/problems", "/api/dead-letters/fail", "/api/webhooks", "/api/webhooks/{endpoint_id}",
+            "/api/webhooks/{endpoint_id}/disable", "/api/webhooks/{endpoint_id}/enable"} == set(paths)
     assert [p["name"] for p in paths["/api/jobs"]["get"]["parameters"]] == \
         ["state", "stage", "priority", "since", "until", "limit", "offset"]
     assert paths["/api/jobs/{job_id}/cancel"]["post"]["requestBody"]["content"]["application/json"]["schema"] == \
@@ -528,3 +529,26 @@ def test_the_job_page_offers_cancel_only_while_the_job_has_not_ended(client, wor
     states = {name: client.get(f"/api/jobs/{job.job_id}").json()["job"]["state"] for name, job in jobs.items()}
     assert offered == {name: state not in TERMINAL_STATES for name, state in states.items()}
     assert set(offered.values()) == {True, False}, states  # both kinds are in the world
+
+
+def test_webhook_endpoints_through_the_admin_api(client):
+    """Issue 23 item 1: register (the secret in this answer only), list (never the secret), disable,
+    enable, remove; a private address is refused with 422; every call needs the admin token."""
+    assert client.post("/api/webhooks", json={"submitter": "api-sub", "url": "http://8.8.8.8/hook"}).status_code == 401
+    refused = client.post("/api/webhooks", headers=ADMIN,
+                          json={"submitter": "api-sub", "url": "http://169.254.169.254/latest/meta-data"})
+    assert refused.status_code == 422 and "link-local" in refused.text
+    made = client.post("/api/webhooks", headers=ADMIN, json={"submitter": "api-sub", "url": "http://8.8.8.8/hook",
+                                                             "event_types": ["job.completed"]})
+    assert made.status_code == 201, made.text
+    endpoint = made.json()
+    assert endpoint["secret"].startswith("whsec_") and endpoint["event_types"] == ["job.completed"]
+    listed = client.get("/api/webhooks", params={"submitter": "api-sub"}, headers=ADMIN)
+    assert [e["endpoint_id"] for e in listed.json()] == [endpoint["endpoint_id"]]
+    assert endpoint["secret"] not in listed.text and "secret" not in listed.json()[0]
+    path = f"/api/webhooks/{endpoint['endpoint_id']}"
+    assert client.post(f"{path}/disable", headers=ADMIN, json={"why": "test"}).json()["enabled"] is False
+    assert client.get("/api/webhooks", params={"submitter": "api-sub"}, headers=ADMIN).json()[0]["disabled_reason"] == "test"
+    assert client.post(f"{path}/enable", headers=ADMIN).json()["enabled"] is True
+    assert client.delete(path, headers=ADMIN).json()["removed"] is True
+    assert client.delete(path, headers=ADMIN).status_code == 404

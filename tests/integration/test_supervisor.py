@@ -15,8 +15,8 @@ pytestmark = pytest.mark.integration
 
 
 def test_killed_child_is_restarted_and_jobs_still_complete(isolated, pipeline):
-    roles = wait_for(lambda: (lambda c: c if len(c) == 5 else None)(pipeline.children()), 30, "five children")
-    assert set(roles) == {"projector", "intake", "transcode", "publish", "watchdog"}
+    roles = wait_for(lambda: (lambda c: c if len(c) == 6 else None)(pipeline.children()), 30, "six children")
+    assert set(roles) == {"projector", "intake", "transcode", "publish", "watchdog", "notify"}
     os.kill(roles["transcode"], signal.SIGKILL)
     restarted = wait_for(lambda: (lambda c: c if c.get("transcode") not in (None, roles["transcode"]) else None)(
         pipeline.children()), 30, "the transcode child to be restarted")

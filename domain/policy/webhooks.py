@@ -1,0 +1,108 @@
+"""Customer notifications by webhook: the pure rules (processors/notify.py runs them).
+
+- which lifecycle events notify, under which Standard Webhooks type (`NOTIFICATION_TYPES`);
+- the `webhook-id` of a delivery (`delivery_id`): derived from the lifecycle event's dedup key and the
+  endpoint, so every retry of one notification, through any crash or redeploy, carries the same id;
+- which addresses an endpoint may resolve to (`refused_address`): only globally routable ones
+  unless private ones are allowed;
+- the retry schedule (`next_try`) and when a failing endpoint is disabled (`should_disable`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from urllib.parse import urlsplit
+
+NOTIFICATION_TYPES: dict[str, str] = {
+    "JobCompleted": "job.completed",
+    "JobRejected": "job.rejected",
+    "JobFailed": "job.failed",
+    "JobDeadLettered": "job.dead_lettered",
+    "NeedsReview": "job.needs_review",
+    "JobReplayed": "job.replayed",
+    "JobCancelled": "job.cancelled",
+}
+"""Lifecycle event type -> notification type (the `type` of the delivered JSON)."""
+
+ALL_TYPES: tuple[str, ...] = tuple(NOTIFICATION_TYPES.values())
+
+DELIVERY_NAMESPACE = uuid.UUID("4b0c8f1e-6d0a-5c55-9a43-1d2f6a8e7c10")
+"""Namespace of `delivery_id`. Never change it: receivers dedupe on the ids derived from it."""
+
+DEFAULT_RETRY_SCHEDULE_S: tuple[float, ...] = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
+"""Waits after the 1st, 2nd, ... failed try (Standard Webhooks' / Svix's schedule: 5 s, 5 min, 30 min,
+2 h, 5 h, 10 h, 10 h): eight tries over about 27.6 hours, then the delivery is dead-lettered."""
+
+
+def delivery_id(source_dedup_key: str, endpoint_id: str) -> str:
+    """The `webhook-id` of the notification of one lifecycle event (its dedup key) to one endpoint."""
+    return "msg_" + uuid.uuid5(DELIVERY_NAMESPACE, f"{source_dedup_key}|{endpoint_id}").hex
+
+
+def check_event_types(types: list[str] | tuple[str, ...]) -> list[str]:
+    """The wanted types, checked (empty: every type). Raises ValueError naming an unknown one."""
+    unknown = [t for t in types if t not in ALL_TYPES]
+    if unknown:
+        raise ValueError(f"unknown event type(s) {', '.join(unknown)}; choose from {', '.join(ALL_TYPES)}")
+    return list(dict.fromkeys(types)) if types else list(ALL_TYPES)
+
+
+def check_url_shape(url: str) -> tuple[str, int]:
+    """(host, port) of an endpoint URL; raises ValueError unless it is http(s) with a host and no
+    credentials."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"webhook URL must be http or https, not {parts.scheme or 'none'!r}")
+    if not parts.hostname:
+        raise ValueError("webhook URL has no host")
+    if parts.username or parts.password:
+        raise ValueError("webhook URL must not carry credentials")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        raise ValueError(f"webhook URL has a bad port: {exc}") from exc
+    return parts.hostname, port
+
+
+def refused_address(address: str, *, allow_private: bool = False, allow_loopback: bool = False) -> str | None:
+    """Why an endpoint may not be reached at `address` (an IP literal), or None when it may.
+
+    Only globally routable addresses are allowed: private (10/8, 172.16/12, 192.168/16, fc00::/7),
+    loopback, link-local (169.254/16: cloud metadata; fe80::/10), shared (100.64/10), multicast,
+    reserved and unspecified ones are refused unless `allow_private` (every non-global address) or,
+    for loopback only, `allow_loopback`. An IPv4-mapped IPv6 address is judged as its IPv4 one."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_global and not ip.is_multicast:
+        return None
+    if allow_private:
+        return None
+    if ip.is_loopback:
+        return None if allow_loopback else f"{ip} is a loopback address"
+    kind = ("link-local" if ip.is_link_local else "unspecified" if ip.is_unspecified else "multicast" if ip.is_multicast
+            else "private" if ip.is_private else "reserved" if ip.is_reserved else "not globally routable")
+    return f"{ip} is a {kind} address"
+
+
+@dataclass(frozen=True)
+class NextTry:
+    """After a failed try: retry at `retry_at`, or (None) dead-letter the delivery."""
+
+    retry_at: datetime | None
+
+
+def next_try(try_number: int, now: datetime, schedule_s: tuple[float, ...]) -> NextTry:
+    """After try `try_number` (1-based) failed at `now`: the next one is due `schedule_s[try_number - 1]`
+    seconds later; past the schedule's end the delivery is dead-lettered."""
+    if try_number - 1 < len(schedule_s):
+        return NextTry(now + timedelta(seconds=schedule_s[try_number - 1]))
+    return NextTry(None)
+
+
+def should_disable(failing_since: datetime | None, now: datetime, disable_after_s: float) -> bool:
+    """Whether an endpoint failing without a success since `failing_since` is disabled at `now`."""
+    return failing_since is not None and (now - failing_since).total_seconds() >= disable_after_s

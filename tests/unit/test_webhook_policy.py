@@ -1,0 +1,90 @@
+"""The pure rules of customer notifications (domain/policy/webhooks.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from domain.policy.webhooks import (ALL_TYPES, DEFAULT_RETRY_SCHEDULE_S, check_event_types, check_url_shape,
+                                    delivery_id, next_try, refused_address, should_disable)
+from tapeline.settings import Settings
+
+NOW = datetime(2026, 12, 4, 12, 0, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize("address, kind", [
+    ("10.0.0.1", "private"), ("172.16.0.1", "private"), ("192.168.1.1", "private"),
+    ("169.254.169.254", "link-local"), ("fe80::1", "link-local"), ("fd00::1", "private"),
+    ("127.0.0.1", "loopback"), ("::1", "loopback"), ("0.0.0.0", "unspecified"), ("100.64.0.1", "not globally"),
+    ("224.0.0.1", "multicast"), ("::ffff:10.0.0.1", "private")])
+def test_non_global_addresses_are_refused(address, kind):
+    why = refused_address(address)
+    assert why is not None and kind in why
+    assert refused_address(address, allow_private=True) is None
+
+
+def test_loopback_alone_may_be_allowed():
+    assert refused_address("127.0.0.1", allow_loopback=True) is None
+    assert refused_address("10.0.0.1", allow_loopback=True) is not None
+
+
+@pytest.mark.parametrize("address", ["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946", "8.8.8.8"])
+def test_global_addresses_are_allowed(address):
+    assert refused_address(address) is None
+
+
+@pytest.mark.parametrize("url", ["ftp://x/y", "http:///nohost", "https://user:pw@example.com/", "http://x:99999/"])
+def test_malformed_urls_are_refused(url):
+    with pytest.raises(ValueError):
+        check_url_shape(url)
+
+
+def test_the_webhook_id_is_stable_per_event_and_endpoint():
+    key = "job-1:publish:1:JobCompleted"
+    assert delivery_id(key, "ep_a") == delivery_id(key, "ep_a")
+    assert delivery_id(key, "ep_a") != delivery_id(key, "ep_b") != delivery_id(key + "x", "ep_b")
+    assert delivery_id(key, "ep_a").startswith("msg_")
+
+
+def test_the_default_schedule_is_standard_webhooks_and_lasts_about_a_day():
+    assert Settings().notify_retry_schedule_s == DEFAULT_RETRY_SCHEDULE_S
+    assert 24 * 3600 < sum(DEFAULT_RETRY_SCHEDULE_S) < 30 * 3600
+    assert next_try(1, NOW, DEFAULT_RETRY_SCHEDULE_S).retry_at == NOW + timedelta(seconds=5)
+    assert next_try(7, NOW, DEFAULT_RETRY_SCHEDULE_S).retry_at == NOW + timedelta(hours=10)
+    assert next_try(8, NOW, DEFAULT_RETRY_SCHEDULE_S).retry_at is None  # the 8th try failed: dead-lettered
+
+
+def test_an_endpoint_is_disabled_only_after_failing_long_enough():
+    assert not should_disable(None, NOW, 60)
+    assert not should_disable(NOW - timedelta(seconds=59), NOW, 60)
+    assert should_disable(NOW - timedelta(seconds=60), NOW, 60)
+
+
+def test_event_types_are_checked():
+    assert check_event_types([]) == list(ALL_TYPES)
+    assert check_event_types(["job.failed", "job.failed"]) == ["job.failed"]
+    with pytest.raises(ValueError, match="job.exploded"):
+        check_event_types(["job.exploded"])
+
+
+def test_the_notification_audit_names_each_broken_promise():
+    from domain import events as ev
+    from tapeline.chaos import audit_notifications
+    from tests.fakeclock import FixedClock
+
+    clock = FixedClock()
+
+    def event(cls, msg_id, **fields):
+        common = dict(job_id="j", stage="notify", attempt=0, recorded_by="t", correlation_id="j", sequence=msg_id,
+                      delivery_id=msg_id, endpoint_id="ep", notifier_token="n")
+        return cls.new(clock.stamp(), **common, **fields)
+
+    intended = [event(ev.NotificationIntended, m, notification_type="job.completed", source_event_id="e",
+                      source_dedup_key=m) for m in ("a", "b", "c")]
+    delivered = [event(ev.NotificationDelivered, m, try_number=1, http_status=200, elapsed_s=0.1) for m in ("a", "b")]
+    assert audit_notifications(intended + delivered, {"a": [1, 2], "b": [1]}, 0) == []  # "a" redelivered: allowed
+    assert audit_notifications(intended + delivered + delivered[:1], {"a": [1], "b": [1], "x": [1]}, 2) == [
+        "2 POST(s) not signed with the endpoint's secret", "a: 2 NotificationDelivered committed",
+        "x: received, not recorded delivered", "x: received without a NotificationIntended"]
+    assert audit_notifications(intended + delivered, {"a": [1]}, 0) == ["b: recorded delivered, never received"]
