@@ -363,7 +363,7 @@ class FailOutcome:
 
 def already_failed(runtime: Runtime, job_id: str, state: str) -> str:
     """Why a job is not failed again: "already failed by OP at T (quota refunded)" or its state."""
-    timeline = read.timeline(runtime.db, job_id)
+    timeline = runtime.jobs.all("job_timeline", {"job_id": job_id})
     done = [r for r in timeline if r["event_type"] == "JobFailed" and r["applied"]]
     if state == "failed" and done:
         payload = done[-1].get("payload") or {}
@@ -384,7 +384,7 @@ def fail_dead_letters(settings: Settings, ids: list[str], operator: str, reason:
     try:
         letters = []
         for dead_letter_id in ids:
-            letter = read.dead_letter(runtime.db, dead_letter_id)
+            letter = _dead_letter(runtime.jobs, dead_letter_id)
             if letter is None:
                 raise NotReplayable(f"no dead letter {dead_letter_id!r} (see `tapeline dlq list`)")
             if letter["kind"] != "job":

@@ -1127,11 +1127,31 @@ COMMENT ON TABLE public.webhook_deliveries IS 'One customer notification per (li
 
 COMMENT ON COLUMN public.webhook_deliveries.delivery_id IS 'The webhook-id header: msg_ + uuid5 of the lifecycle event''s dedup key and the endpoint id, stable across retries';
 
+COMMENT ON COLUMN public.webhook_deliveries.job_id IS 'The job the notification is about';
+
+COMMENT ON COLUMN public.webhook_deliveries.endpoint_id IS 'The endpoint it goes to (webhook_endpoints)';
+
+COMMENT ON COLUMN public.webhook_deliveries.notification_type IS 'job.completed, job.failed, ... (the lifecycle event it tells of)';
+
+COMMENT ON COLUMN public.webhook_deliveries.source_event_id IS 'The event_id of the lifecycle event it tells of';
+
+COMMENT ON COLUMN public.webhook_deliveries.source_dedup_key IS 'The dedup key of the lifecycle event it tells of (part of the webhook-id)';
+
 COMMENT ON COLUMN public.webhook_deliveries.state IS 'pending | retry_scheduled | failed (dead letter follows) | delivered | dead_lettered';
 
 COMMENT ON COLUMN public.webhook_deliveries.tries IS 'POSTs recorded so far';
 
+COMMENT ON COLUMN public.webhook_deliveries.last_status IS 'HTTP status of the last POST (null: no answer)';
+
+COMMENT ON COLUMN public.webhook_deliveries.last_reason IS 'Why the last POST failed';
+
 COMMENT ON COLUMN public.webhook_deliveries.next_try_at IS 'retry_scheduled: when the next POST is due (the notifier''s clock)';
+
+COMMENT ON COLUMN public.webhook_deliveries.intended_at IS 'When NotificationIntended was recorded';
+
+COMMENT ON COLUMN public.webhook_deliveries.delivered_at IS 'When the endpoint answered 2xx (NotificationDelivered)';
+
+COMMENT ON COLUMN public.webhook_deliveries.updated_at IS 'When the last Notification* event of it was applied';
 
 CREATE TABLE public.webhook_endpoints (
     endpoint_id text NOT NULL,
@@ -1149,13 +1169,27 @@ CREATE TABLE public.webhook_endpoints (
 
 COMMENT ON TABLE public.webhook_endpoints IS 'Registration state, not a projection: each submitter''s webhook endpoints (tapeline webhooks add)';
 
+COMMENT ON COLUMN public.webhook_endpoints.endpoint_id IS 'The endpoint''s id, ep_<random>';
+
+COMMENT ON COLUMN public.webhook_endpoints.submitter IS 'Whose jobs it hears of: the identity of uploads.submitter';
+
+COMMENT ON COLUMN public.webhook_endpoints.url IS 'Where notifications are POSTed (checked: no private, loopback or link-local address unless a setting allows it)';
+
 COMMENT ON COLUMN public.webhook_endpoints.secret IS 'Signing secret (Standard Webhooks whsec_...); never shown after registration';
 
 COMMENT ON COLUMN public.webhook_endpoints.event_types IS 'Notification types wanted (job.completed, job.rejected, job.failed, job.dead_lettered, job.needs_review, job.replayed, job.cancelled)';
 
+COMMENT ON COLUMN public.webhook_endpoints.enabled IS 'Whether notifications are sent to it (false: disabled by an operator or after failing too long)';
+
 COMMENT ON COLUMN public.webhook_endpoints.created_at IS 'Only lifecycle events at or after this broker time are notified';
 
+COMMENT ON COLUMN public.webhook_endpoints.disabled_at IS 'When it was disabled (null: enabled)';
+
+COMMENT ON COLUMN public.webhook_endpoints.disabled_reason IS 'Why it was disabled';
+
 COMMENT ON COLUMN public.webhook_endpoints.failing_since IS 'When its deliveries started failing without a success since (null: healthy); past notify_disable_after_s it is disabled';
+
+COMMENT ON COLUMN public.webhook_endpoints.last_success_at IS 'When a delivery to it last got a 2xx';
 
 CREATE TABLE tapeline_control.swap_guard (
 );

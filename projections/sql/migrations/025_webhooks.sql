@@ -30,6 +30,13 @@ COMMENT ON COLUMN webhook_endpoints.secret IS 'Signing secret (Standard Webhooks
 COMMENT ON COLUMN webhook_endpoints.event_types IS 'Notification types wanted (job.completed, job.rejected, job.failed, job.dead_lettered, job.needs_review, job.replayed, job.cancelled)';
 COMMENT ON COLUMN webhook_endpoints.created_at IS 'Only lifecycle events at or after this broker time are notified';
 COMMENT ON COLUMN webhook_endpoints.failing_since IS 'When its deliveries started failing without a success since (null: healthy); past notify_disable_after_s it is disabled';
+COMMENT ON COLUMN webhook_endpoints.endpoint_id IS 'The endpoint''s id, ep_<random>';
+COMMENT ON COLUMN webhook_endpoints.submitter IS 'Whose jobs it hears of: the identity of uploads.submitter';
+COMMENT ON COLUMN webhook_endpoints.url IS 'Where notifications are POSTed (checked: no private, loopback or link-local address unless a setting allows it)';
+COMMENT ON COLUMN webhook_endpoints.enabled IS 'Whether notifications are sent to it (false: disabled by an operator or after failing too long)';
+COMMENT ON COLUMN webhook_endpoints.disabled_at IS 'When it was disabled (null: enabled)';
+COMMENT ON COLUMN webhook_endpoints.disabled_reason IS 'Why it was disabled';
+COMMENT ON COLUMN webhook_endpoints.last_success_at IS 'When a delivery to it last got a 2xx';
 
 CREATE TABLE webhook_deliveries (
     delivery_id       text PRIMARY KEY,           -- the webhook-id header
@@ -54,6 +61,16 @@ COMMENT ON COLUMN webhook_deliveries.delivery_id IS 'The webhook-id header: msg_
 COMMENT ON COLUMN webhook_deliveries.state IS 'pending | retry_scheduled | failed (dead letter follows) | delivered | dead_lettered';
 COMMENT ON COLUMN webhook_deliveries.tries IS 'POSTs recorded so far';
 COMMENT ON COLUMN webhook_deliveries.next_try_at IS 'retry_scheduled: when the next POST is due (the notifier''s clock)';
+COMMENT ON COLUMN webhook_deliveries.job_id IS 'The job the notification is about';
+COMMENT ON COLUMN webhook_deliveries.endpoint_id IS 'The endpoint it goes to (webhook_endpoints)';
+COMMENT ON COLUMN webhook_deliveries.notification_type IS 'job.completed, job.failed, ... (the lifecycle event it tells of)';
+COMMENT ON COLUMN webhook_deliveries.source_event_id IS 'The event_id of the lifecycle event it tells of';
+COMMENT ON COLUMN webhook_deliveries.source_dedup_key IS 'The dedup key of the lifecycle event it tells of (part of the webhook-id)';
+COMMENT ON COLUMN webhook_deliveries.last_status IS 'HTTP status of the last POST (null: no answer)';
+COMMENT ON COLUMN webhook_deliveries.last_reason IS 'Why the last POST failed';
+COMMENT ON COLUMN webhook_deliveries.intended_at IS 'When NotificationIntended was recorded';
+COMMENT ON COLUMN webhook_deliveries.delivered_at IS 'When the endpoint answered 2xx (NotificationDelivered)';
+COMMENT ON COLUMN webhook_deliveries.updated_at IS 'When the last Notification* event of it was applied';
 
 CREATE FUNCTION apply_webhook_delivery(p jsonb, kind text, change_job_id text, change_occurred_at timestamptz)
     RETURNS void LANGUAGE plpgsql AS $$
