@@ -216,7 +216,12 @@ def main() -> int:
                     run -= 1
                     continue
                 ffmpeg = ffmpeg[0]
-                os.kill(ffmpeg, signal.SIGSTOP)
+                try:
+                    os.kill(ffmpeg, signal.SIGSTOP)
+                except ProcessLookupError:  # that ffmpeg ended between the poll and the signal: again
+                    redone = run_again(redone, f"run {run} (hang): its ffmpeg ended before it could be stopped")
+                    run -= 1
+                    continue
                 t0 = time.time()
                 t_stall = wait(lambda: event_time(settings, job, "StallDetected", kind="no_progress"), 60, "no_progress")
                 figures["hang_detect"].append(t_stall - t0)

@@ -83,7 +83,7 @@ def register(body: EndpointRequest, context: Web = Depends(web)) -> Registered:
     return Registered(**row)
 
 
-@router.get("/api/webhooks", tags=["webhooks"], response_model=list[Endpoint], responses=answers(401, 503),
+@router.get("/api/webhooks", tags=["webhooks"], response_model=list[Endpoint], responses=answers(400, 401, 422, 503),
             dependencies=[Depends(require_admin)])
 def endpoints(submitter: str | None = Query(None, max_length=OPERATOR_MAX, pattern=NUL_FREE),
               context: Web = Depends(web)) -> list[Endpoint]:

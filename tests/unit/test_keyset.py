@@ -1,4 +1,4 @@
-"""`projections.bulk.KeySet`, the bulk replay's compact set of applied dedup keys, behaves as a set of str."""
+"""`projections.fold_state.KeySet` (also `bulk.KeySet`), the bulk replay's compact set of applied dedup keys, behaves as a set of str."""
 
 from __future__ import annotations
 
