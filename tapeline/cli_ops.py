@@ -100,18 +100,11 @@ def dlq_replay(dead_letter_id: Optional[str] = typer.Argument(None, help="Dead l
     """Reopen dead-lettered jobs: `JobReplayed` + the next attempt, with a fresh attempt budget.
     Idempotent: a dead letter already replayed, or a job no longer dead-lettered, is left alone."""
     from processors.operator import default_operator
-    from tapeline import read
     from tapeline.wiring import OperatorService
 
-    if (dead_letter_id is None) == (not replay_all):
-        fail(TapelineError("give one dead letter id, or --all [--reason CLASS]"), 2)
     settings = load_settings()
     try:
-        if replay_all:
-            with read.open_reader(settings) as conn:
-                ids = [r["id"] for r in read.dead_letters(conn, reason=reason, pending=True) if r["kind"] == "job"]
-        else:
-            ids = [dead_letter_id]
+        ids = _chosen_dead_letters(settings, dead_letter_id, replay_all, reason)
         outcomes = OperatorService(settings).replay_dead_letters(ids, operator or default_operator(), why)
     except TapelineError as exc:
         fail(exc, 2 if "no dead letter" in str(exc) else 1)
@@ -122,6 +115,20 @@ def dlq_replay(dead_letter_id: Optional[str] = typer.Argument(None, help="Dead l
         out.print("nothing to replay")
     for o in outcomes:
         out.print(f"{o.dead_letter_id}: {'replayed, ' if o.replayed else 'skipped, '}{o.detail}", highlight=False)
+
+
+def _chosen_dead_letters(settings, dead_letter_id: str | None, every: bool, reason: str | None) -> list[str]:
+    """The dead letter ids a `dlq replay`/`dlq fail` acts on: the one given, or with `every` (--all)
+    each pending job dead letter (of error class `reason`, if given). Exits 2 unless exactly one of
+    an id and --all is given."""
+    from tapeline import read
+
+    if (dead_letter_id is None) == (not every):
+        fail(TapelineError("give one dead letter id, or --all [--reason CLASS]"), 2)
+    if not every:
+        return [dead_letter_id]
+    with read.open_reader(settings) as conn:
+        return [r["id"] for r in read.dead_letters(conn, reason=reason, pending=True) if r["kind"] == "job"]
 
 
 @dlq_app.command("fail")
@@ -137,18 +144,11 @@ def dlq_fail(dead_letter_id: Optional[str] = typer.Argument(None, help="Dead let
     job.failed webhook), optionally refunding the submitter's quota; the dead letter leaves the
     pending list. Idempotent: a job already failed is left alone and the answer says by whom."""
     from processors.operator import default_operator
-    from tapeline import read
     from tapeline.wiring import OperatorService
 
-    if (dead_letter_id is None) == (not fail_all):
-        fail(TapelineError("give one dead letter id, or --all [--reason CLASS]"), 2)
     settings = load_settings()
     try:
-        if fail_all:
-            with read.open_reader(settings) as conn:
-                ids = [r["id"] for r in read.dead_letters(conn, reason=reason, pending=True) if r["kind"] == "job"]
-        else:
-            ids = [dead_letter_id]
+        ids = _chosen_dead_letters(settings, dead_letter_id, fail_all, reason)
         outcomes = OperatorService(settings).fail_dead_letters(ids, operator or default_operator(), why, refund)
     except TapelineError as exc:
         fail(exc, 2 if "no dead letter" in str(exc) else 1)
