@@ -218,14 +218,8 @@ class KafkaWriter:
             if error is None and on_delivery is not None:
                 on_delivery(message.topic(), message.partition(), message.offset())
 
-        try:
-            self.client.produce(topic, key=key, value=value, partition=partition, on_delivery=delivered)
-        except KafkaException as exc:
-            raise log_error(exc) from exc
-        except SystemError as exc:
-            if isinstance(exc.__cause__, KafkaException):
-                raise log_error(exc.__cause__) from exc
-            raise
+        self._call(lambda: self.client.produce(topic, key=key, value=value, partition=partition,
+                                               on_delivery=delivered))
 
     def flush(self, timeout_s: float) -> int:
         return self._call(self.client.flush, timeout_s)
