@@ -43,7 +43,7 @@ from domain import events as ev
 from domain.errors import ServiceUnavailable, StorageError
 from tapeline.health import HealthState
 from tapeline.objects import StorageGauge
-from tapeline.ports import Clock, EventLog, JobStore, ObjectStorage
+from tapeline.ports import Clock, EventLog, EventLogError, JobStore, ObjectStorage
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.watchdog")
@@ -258,19 +258,22 @@ class Watchdog:
     def tick(self, runtime: Runtime, producer) -> RunResult | None:
         """Steps 1-5 once. Returns what was decided, or None when the projection was not caught up."""
         settings, jobs_topic = self.settings, self.settings.jobs_topic
-        partitions = runtime.partitions(jobs_topic)
         self.ticks += 1
-        # Step 1
+        # Steps 1 and 2. The log refusing a call (a partition without a leader while a broker is
+        # replaced, a coordinator moving) makes the tick blind, never the watchdog exit: it judges
+        # nothing it cannot see caught up, and tries again next tick (a fenced writer still stops).
         sequence = time.time_ns() // 1_000_000
-        transact(producer, lambda: [runtime.produce_to(producer, jobs_topic, p, ev.WatchdogTick.new(self.clock.stamp(), 
-            job_id=f"tick:{p}", stage="watchdog", attempt=0, recorded_by=runtime.recorded_by,
-            correlation_id="watchdog", partition=p, sequence=sequence)) for p in range(partitions)],
-                 name="watchdog.tick")
-        # Step 2
         try:
+            partitions = runtime.partitions(jobs_topic)
+            # Step 1
+            transact(producer, lambda: [runtime.produce_to(producer, jobs_topic, p, ev.WatchdogTick.new(self.clock.stamp(),
+                job_id=f"tick:{p}", stage="watchdog", attempt=0, recorded_by=runtime.recorded_by,
+                correlation_id="watchdog", partition=p, sequence=sequence)) for p in range(partitions)],
+                     name="watchdog.tick")
+            # Step 2
             for p in range(partitions):
                 runtime.wait_caught_up(p, max(2.0, settings.tick_s * 4))
-        except ServiceUnavailable as exc:
+        except (ServiceUnavailable, EventLogError) as exc:
             log.warning("projection not caught up: judging nothing this tick", error=str(exc))
             self.health.watchdog_ticks.labels(result="blind").inc()
             return None
