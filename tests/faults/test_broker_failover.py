@@ -45,6 +45,13 @@ than an election, queued work whose partition had no leader would be re-driven (
 stall, which costs no attempt)."""
 
 
+KNOWN = ("known, open (issue 24 item 2; docs/operating.md 'A replicated Kafka'): in about 3 runs of 20 on a "
+         "loaded machine a worker's heartbeats did not land for a whole lease after the election, or the jobs had "
+         "not ended 300 s after the node returned")
+"""Why this module's kill test may end as an expected failure: only these two outcomes; a duplicate,
+a lost job or a projection that differs from the log fails it."""
+
+
 def _free_base_port() -> int:
     """A port p with p .. p+5 free on 127.0.0.1 (three brokers and three controllers, `Settings.kafka_nodes`),
     from a random start (two runs of this module at once pick different blocks)."""
@@ -127,10 +134,6 @@ def test_the_cluster_replicates_every_topic_three_times(cluster):
         assert all(len(p.replicas) == 3 and len(p.isrs) == 3 for p in topics[topic].partitions.values()), topic
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open (issue 24 item 2, see docs/operating.md 'A replicated Kafka'): in about 3 runs of 20 on a loaded machine "
-    "a worker's heartbeats did not land for the whole lease after the election (a lease_expired stall, one attempt "
-    "lost) or the jobs had not ended 300 s after the node returned; duplicates and lost jobs were 0 in every run"))
 def test_killing_the_lifecycle_leader_mid_run_loses_and_duplicates_nothing(cluster, tmp_path):
     provider = ProviderProcess(tmp_path)
     settings = cluster.model_copy(update={**CLUSTER_TIMING, "webhook_url": provider.url,
@@ -156,6 +159,8 @@ def test_killing_the_lifecycle_leader_mid_run_loses_and_duplicates_nothing(clust
         try:
             wait_for(lambda: all(_state(settings, j) in ("completed", "dead_lettered", "needs_review") for j in jobs),
                      300, "every job to end")
+        except pytest.fail.Exception:
+            pytest.xfail(f"{KNOWN}: jobs not ended 300 s after the node returned")
         finally:
             print("job states:", {label: _state(settings, j) for j, label in jobs.items()},
                   "kafka:", {k: v for k, v in stack.status(settings)["kafka"].items() if k != "nodes"})
@@ -168,7 +173,8 @@ def test_killing_the_lifecycle_leader_mid_run_loses_and_duplicates_nothing(clust
               f"stalls {[(s.kind, s.detail) for s in stalls]}")
         assert result.violations == [] and result.duplicates == 0 and result.lost == 0
         assert result.completed == len(jobs)
-        assert stalls == [], "the broker outage caused a stall"
+        if stalls:
+            pytest.xfail(f"{KNOWN}: the outage cost a stall: {[(s.kind, s.detail) for s in stalls]}")
     finally:
         pipeline.stop()
         provider.stop()
