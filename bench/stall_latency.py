@@ -216,6 +216,7 @@ def main() -> int:
                     run -= 1
                     continue
                 ffmpeg = ffmpeg[0]
+                attempt_stopped = row["attempt"]
                 try:
                     os.kill(ffmpeg, signal.SIGSTOP)
                 except ProcessLookupError:  # that ffmpeg ended between the poll and the signal: again
@@ -223,7 +224,21 @@ def main() -> int:
                     run -= 1
                     continue
                 t0 = time.time()
-                t_stall = wait(lambda: event_time(settings, job, "StallDetected", kind="no_progress"), 60, "no_progress")
+                try:
+                    t_stall = wait(lambda: event_time(settings, job, "StallDetected", kind="no_progress"), 60,
+                                   "no_progress")
+                except SystemExit:
+                    # Said with the job's row: a job that moved on without that ffmpeg (it ended or
+                    # another attempt runs) is a fault that found nothing to act on; anything else fails.
+                    row = (query(settings, "SELECT * FROM job_state WHERE job_id = %s", job) or [None])[0]
+                    os.kill(ffmpeg, signal.SIGCONT)
+                    seen = {k: row.get(k) for k in ("state", "stage", "attempt", "progress_frames", "progress_at",
+                                                     "last_heartbeat_at", "progress_grace_s", "leased_until")} if row else None
+                    if row is None or row["state"] != "running" or row["attempt"] != attempt_stopped:
+                        redone = run_again(redone, f"run {run} (hang): the job moved on without the stopped ffmpeg ({seen})")
+                        run -= 1
+                        continue
+                    raise SystemExit(f"run {run} (hang): no no_progress within 60 s of SIGSTOP; the job's row: {seen}")
                 figures["hang_detect"].append(t_stall - t0)
                 os.kill(ffmpeg, signal.SIGCONT)
                 print(f"run {run} (hang): no_progress detected {t_stall - t0:.2f} s after SIGSTOP")

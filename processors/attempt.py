@@ -10,10 +10,16 @@ import threading
 import time
 from typing import Any, Iterator
 
+import structlog
+
 from domain import events as ev
 from domain.errors import Fenced
+from tapeline.ports import EventLogError, WriterFenced
 from domain.policy.claim import superseded_reason
 from processors.runtime import AttemptIdentity, Outgoing, Runtime, transact
+
+
+log = structlog.get_logger("tapeline.attempt")
 
 
 class Attempt:
@@ -27,6 +33,8 @@ class Attempt:
         self.uncounted = uncounted
         self.heartbeats = 0
         self.last_heartbeat = time.monotonic()
+        self.heartbeat_failures = 0
+        """Heartbeats the log refused (each tried again at the next call)."""
         self.claimed_at = time.monotonic()  # for the stage duration histogram
         self._transacting = threading.RLock()  # one transaction at a time on the producer (`keepalive`)
 
@@ -85,10 +93,23 @@ class Attempt:
         if time.monotonic() - self.last_heartbeat < self.runtime.settings.heartbeat_s:
             return
         self.heartbeats += 1
-        self.last_heartbeat = time.monotonic()
-        self.send([(self.runtime.settings.jobs_topic, self.identity.event(
-            ev.Heartbeat, sequence=self.heartbeats, frames_done=frames_done, frames_total=frames_total,
-            out_time_s=out_time_s, speed=speed, progress_grace_s=progress_grace_s))], point=point)
+        started = time.monotonic()
+        try:
+            self.send([(self.runtime.settings.jobs_topic, self.identity.event(
+                ev.Heartbeat, sequence=self.heartbeats, frames_done=frames_done, frames_total=frames_total,
+                out_time_s=out_time_s, speed=speed, progress_grace_s=progress_grace_s))], point=point)
+        except WriterFenced:
+            raise
+        except EventLogError as exc:
+            # The log refused this one (a partition or the transaction coordinator without a leader
+            # while a broker is replaced): the attempt goes on and the next call tries again, since
+            # `last_heartbeat` did not move. Only the lease bounds how long heartbeats may fail; a
+            # newer owner still stops it (`Fenced` from `transact`, or `check_still_owner`).
+            self.heartbeat_failures += 1
+            log.warning("heartbeat not written; the next one tries again", job_id=self.identity.job_id,
+                        attempt=self.identity.attempt, failures=self.heartbeat_failures, error=str(exc))
+            return
+        self.last_heartbeat = started
         self.check_still_owner()
 
     def prove_ownership(self) -> None:
