@@ -78,22 +78,6 @@ class StackPaths:
         return self.kafka / "libs"
 
     @property
-    def kafka_data(self) -> Path:
-        return self.kafka / "data"
-
-    @property
-    def kafka_properties(self) -> Path:
-        return self.kafka / "server.properties"
-
-    @property
-    def kafka_log(self) -> Path:
-        return self.kafka / "kafka.log"
-
-    @property
-    def kafka_pid(self) -> Path:
-        return self.kafka / "kafka.pid"
-
-    @property
     def s3(self) -> Path:
         return self.home / "s3"
 
@@ -239,10 +223,6 @@ def _owned_pid(pid_file: Path, markers: tuple[str, ...]) -> int | None:
     if argv is None or not all(any(marker in arg for arg in argv) for marker in markers):
         return None
     return pid
-
-
-def _kafka_markers(paths: StackPaths) -> tuple[str, ...]:
-    return ("kafka.Kafka", str(paths.kafka_properties))
 
 
 def _s3_markers(settings: Settings) -> tuple[str, ...]:

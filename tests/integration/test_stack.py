@@ -31,6 +31,7 @@ from tapeline.stack.cli import stack_app
 from tapeline.stack import (
     StackError,
     StackPaths,
+    kafka_nodes,
     _s3_client,
     check_ffmpeg,
     down,
@@ -256,19 +257,20 @@ def test_down_signals_only_processes_the_stack_recorded(tmp_path: Path) -> None:
     stale pid files, and not touch PostgreSQL (stack.json records no cluster)."""
     settings = Settings(home=tmp_path / "home", s3_endpoint="http://127.0.0.1:1")
     paths = StackPaths(settings.home.resolve())
+    [node] = kafka_nodes(settings, paths)  # the one-node layout: files directly in <home>/kafka/
     paths.kafka.mkdir(parents=True)
     paths.s3.mkdir(parents=True)
     sleeper = "import time; time.sleep(120)"
     # Looks exactly like the broker the stack launches: argv holds kafka.Kafka and its properties path.
-    ours = subprocess.Popen([sys.executable, "-c", sleeper, "kafka.Kafka", str(paths.kafka_properties)])
+    ours = subprocess.Popen([sys.executable, "-c", sleeper, "kafka.Kafka", str(node.properties)])
     stranger = subprocess.Popen([sys.executable, "-c", sleeper])
     try:
-        paths.kafka_pid.write_text(f"{ours.pid}\n")
+        node.pid_file.write_text(f"{ours.pid}\n")
         paths.s3_pid.write_text(f"{stranger.pid}\n")  # a recycled pid: not moto_server
         down(settings)
         ours.wait(timeout=20)  # stopped by SIGTERM
         assert stranger.poll() is None, "down signalled a process the stack did not start"
-        assert not paths.kafka_pid.exists() and not paths.s3_pid.exists()
+        assert not node.pid_file.exists() and not paths.s3_pid.exists()
         assert "postgres" not in json.loads(paths.state.read_text() if paths.state.exists() else "{}")
         down(settings)  # again: nothing recorded, nothing to do
         assert stranger.poll() is None
