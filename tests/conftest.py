@@ -68,35 +68,53 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
-def isolated(base_settings: Settings) -> Iterator[Settings]:
-    """A module's own topics (small partition counts), app name and database on the shared services."""
+def isolated_settings(base_settings: Settings, tag: str, database_url: str, **update: Any) -> Settings:
+    """`base_settings` with topics, app name and database of their own (`tag`), small partition
+    counts, and the test defaults (`update` overrides)."""
+    return base_settings.model_copy(update={"topic_prefix": f"t{tag}", "app_name": f"tapeline-test-{tag}",
+                                            "database_url": database_url, **SMALL_TOPICS,
+                                            # the bucket is shared by every test: never sweep others' objects
+                                            "cleanup_orphans": False,
+                                            # many tests resubmit one sample and count its transcode
+                                            # attempts; tests/integration/test_bounded_work.py turns it on
+                                            "reuse_results": False, **update})
+
+
+@contextlib.contextmanager
+def own_database(base_settings: Settings, tag: str) -> Iterator[str]:
+    """A fresh database `tapeline_test_<tag>` on the shared PostgreSQL, migrated; yields its URL and
+    drops it afterwards (a leftover session of another role leaks it: printed, the test stands)."""
     from tapeline import stack
 
-    tag = uuid.uuid4().hex[:8]
     dbname = f"tapeline_test_{tag}"
     with psycopg.connect(base_settings.database_url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{dbname}"')
     params = conninfo_to_dict(base_settings.database_url)
     url = (f"postgresql://{params.get('user')}:{params.get('password')}@{params.get('host', '127.0.0.1')}:"
            f"{params.get('port', 5432)}/{dbname}")
-    settings = base_settings.model_copy(update={"topic_prefix": f"t{tag}", "app_name": f"tapeline-test-{tag}",
-                                                "database_url": url, **SMALL_TOPICS,
-                                                # the bucket is shared by every test: never sweep others' objects
-                                                "cleanup_orphans": False,
-                                                # many tests resubmit one sample and count its transcode
-                                                # attempts; tests/integration/test_bounded_work.py turns it on
-                                                "reuse_results": False})
-    stack.ensure_topics(settings)
-    migrate(settings.database_url)
-    yield settings
-    leftover = stack.delete_topics(settings)
-    if leftover:
-        print(f"could not delete test topics {leftover}")
     try:
-        stack.drop_database(base_settings.database_url, dbname)
-    except psycopg.Error as exc:  # a leftover session of another role: the database leaks, the test stands
-        print(f"could not drop test database {dbname}: {exc}")
+        migrate(url)
+        yield url
+    finally:
+        try:
+            stack.drop_database(base_settings.database_url, dbname)
+        except psycopg.Error as exc:
+            print(f"could not drop test database {dbname}: {exc}")
+
+
+@pytest.fixture(scope="module")
+def isolated(base_settings: Settings) -> Iterator[Settings]:
+    """A module's own topics (small partition counts), app name and database on the shared services."""
+    from tapeline import stack
+
+    tag = uuid.uuid4().hex[:8]
+    with own_database(base_settings, tag) as url:
+        settings = isolated_settings(base_settings, tag, url)
+        stack.ensure_topics(settings)
+        yield settings
+        leftover = stack.delete_topics(settings)
+        if leftover:
+            print(f"could not delete test topics {leftover}")
 
 
 class Pipeline:

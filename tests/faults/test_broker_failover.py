@@ -19,15 +19,13 @@ from typing import Iterator
 import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient
-from psycopg.conninfo import make_conninfo
 
 from domain import events as ev
 from tapeline import stack
 from tapeline.chaos import ProviderProcess, audit, committed_messages
 from domain.codec import default_codec
-from tapeline.postgres import migrate
 from tapeline.settings import Settings
-from tests.conftest import SMALL_TOPICS, Pipeline, wait_for
+from tests.conftest import Pipeline, isolated_settings, own_database, wait_for
 from tests.faults.conftest import FAULT_TIMING
 from tests.faults.test_worker_faults import submit
 from tests.integration.roles import tiny_clips
@@ -78,24 +76,15 @@ def cluster(base_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -
     and database; PostgreSQL and S3 are the shared ones. The cluster is stopped at the end."""
     base = _free_base_port()
     tag = uuid.uuid4().hex[:8]
-    dbname = f"tapeline_test_{tag}"
-    with psycopg.connect(base_settings.database_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{dbname}"')
-    settings = base_settings.model_copy(update={
-        "home": tmp_path_factory.mktemp("cluster3"), "kafka_bootstrap": f"127.0.0.1:{base}",
-        "kafka_controller_port": base + 1, "kafka_brokers": 3, "topic_prefix": f"t{tag}",
-        "app_name": f"tapeline-test-{tag}", "database_url": make_conninfo(base_settings.database_url, dbname=dbname),
-        **SMALL_TOPICS, "cleanup_orphans": False, "reuse_results": False})
-    try:
-        stack.up(settings)
-        migrate(settings.database_url)
-        yield settings
-    finally:
-        stack.down(settings)
+    with own_database(base_settings, tag) as url:
+        settings = isolated_settings(base_settings, tag, url, home=tmp_path_factory.mktemp("cluster3"),
+                                     kafka_bootstrap=f"127.0.0.1:{base}", kafka_controller_port=base + 1,
+                                     kafka_brokers=3)
         try:
-            stack.drop_database(base_settings.database_url, dbname)
-        except psycopg.Error as exc:
-            print(f"could not drop test database {dbname}: {exc}")
+            stack.up(settings)
+            yield settings
+        finally:
+            stack.down(settings)
 
 
 def _leaders(settings: Settings, topic: str) -> dict[int, int]:
