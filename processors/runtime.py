@@ -7,13 +7,14 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import structlog
 
 from tapeline.ports import (Clock, EventLog, EventLogError, JobStore, Offset, ReadError, Reader, Record,
-                            TransactionMustAbort, Writer, WriterFenced)
+                            TransactionMustAbort, Writer, WriterFenced, WriterStuck)
 from domain import events as ev
 from domain.codec import default_codec
 from tapeline.partitioner import partition_for
@@ -152,17 +153,41 @@ def dead_letter_record(message: Record, error: Exception, processor: str, record
                              headers=message.headers, error_class=error_class, clock=clock)
 
 
+COMMIT_RETRY_S = 60.0
+"""How long `transact` keeps repeating a commit that failed with a retriable error (librdkafka's
+`_TIMED_OUT` while a partition or the transaction coordinator has no leader), seconds. Longer than
+a leader election (about 12 s here, `broker.session.timeout.ms` + the election) and than the
+processors' default `transaction.timeout.ms` (10 s), after which the coordinator aborts the
+transaction itself; shorter than the default lease (120 s), so a writer that cannot commit gives
+up, aborts and says so well before its attempt would be judged stalled."""
+
+
 def transact(producer: Writer, produce: Callable[[], None], *, consumer: Reader | None = None,
-             offsets: list[Offset] | None = None, timeout_s: float = 30.0, name: str = "transaction") -> None:
-    """Run one Kafka transaction.
+             offsets: list[Offset] | None = None, timeout_s: float = 30.0, name: str = "transaction",
+             commit_retry_s: float = COMMIT_RETRY_S) -> None:
+    """Run one Kafka transaction; it is committed or, when this raises, aborted (or fenced).
 
     `name` prefixes the crash points `<name>.before_produce`, `.after_produce`, `.after_send_offsets`,
     `.after_commit` (tests only, see `tapeline.crashpoints`).
 
     Step 1. begin; Step 2. `produce()` the records; Step 3. when `offsets` are given, add them with
-    the reader's group metadata (`Writer.send_offsets`); Step 4. commit. A retriable commit error is
-    retried; `TransactionMustAbort` aborts and re-raises; `WriterFenced` re-raises as `Fenced` (a
-    newer owner exists: the caller must stop, never retry); another `EventLogError` re-raises as it is.
+    the reader's group metadata (`Writer.send_offsets`); Step 4. commit. How errors are handled
+    (docs/design.md "Kafka errors: retried, aborted, fenced"):
+
+    - a retriable commit error is repeated for up to `commit_retry_s` seconds (librdkafka: "the
+      application may call commit_transaction() again"), then raised as it is;
+    - `WriterFenced` (a newer producer with this transactional id, or the producer's fatal error)
+      is raised as `Fenced`: the caller must stop and never retry; nothing is aborted (a fenced
+      producer can neither commit nor abort);
+    - `WriterStuck` (a call that never returned) is raised as it is, nothing aborted: the caller
+      abandons the writer and makes a new one;
+    - anything else (`TransactionMustAbort`, a non-retriable or exhausted `EventLogError`, an
+      exception of `produce()` or a crash point's) aborts the open transaction and is raised as it
+      is, so the producer can begin the next transaction. An abort that fails too is logged; the
+      original error is raised.
+
+    Raises:
+        Fenced, EventLogError (`TransactionMustAbort`, `WriterStuck` included), or whatever `produce()` raised.
     """
     crash_point(f"{name}.before_produce")
     # Step 1
@@ -178,29 +203,31 @@ def transact(producer: Writer, produce: Callable[[], None], *, consumer: Reader 
             producer.send_offsets(offsets, consumer.group_metadata(), timeout_s)
             crash_point(f"{name}.after_send_offsets")
         # Step 4
+        give_up_at = time.monotonic() + commit_retry_s
         while True:
             try:
                 producer.commit_transaction(timeout_s)
-                producer.poll(0)  # serve delivery reports (offsets written) now
-                crash_point(f"{name}.after_commit")
-                return
+                break
             except EventLogError as exc:
-                if exc.retriable:
-                    continue
-                raise
+                if not exc.retriable or isinstance(exc, (TransactionMustAbort, WriterFenced)) \
+                        or time.monotonic() >= give_up_at:
+                    raise
+                log.warning("transaction commit not confirmed; committing again", transaction=name, error=str(exc),
+                            gives_up_in_s=round(give_up_at - time.monotonic(), 1))
     except WriterFenced as exc:
         raise Fenced(f"producer fenced: {exc}") from exc
-    except TransactionMustAbort:
-        producer.abort_transaction(timeout_s)
-        raise
-    except EventLogError:
-        raise
-    except BaseException:
+    except WriterStuck:
+        raise  # a call still runs on the writer: neither abort nor anything else; the caller replaces it
+    except BaseException as exc:
         try:
             producer.abort_transaction(timeout_s)
-        except EventLogError:
-            pass
+        except WriterFenced:
+            pass  # nothing left to abort: the next call on this producer says it is fenced
+        except EventLogError as abort_error:
+            log.warning("transaction abort failed too", transaction=name, error=str(exc), abort_error=str(abort_error))
         raise
+    producer.poll(0)  # serve delivery reports (offsets written) now
+    crash_point(f"{name}.after_commit")
 
 
 def poll_record(consumer: Reader, health=None, timeout_s: float = 0.5) -> Record | None:

@@ -7,6 +7,7 @@ Kafka's default (murmur2) partitioner, so Java clients and our own lookups agree
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -15,8 +16,12 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from domain.errors import ServiceUnavailable
 from tapeline.partitioner import murmur2, partition_for  # noqa: F401 (the partitioner's home is client-free)
 from tapeline.ports import (EventLogError, Offset, Partition, PartitionEnd, ReadError, Record, TransactionMustAbort,
-                            WriterFenced, broker_time)  # noqa: F401 - broker_time: `kafka.broker_time` as before
+                            WriterFenced, WriterStuck, broker_time)  # noqa: F401 - broker_time: `kafka.broker_time` as before
 from tapeline.settings import Settings
+
+
+SEND_OFFSETS_GRACE_S = 5.0
+"""Seconds `KafkaWriter.send_offsets` waits past the call's own timeout before it calls the writer stuck."""
 
 
 def consumer(settings: Settings, group_id: str, **overrides: Any) -> Consumer:
@@ -225,8 +230,31 @@ class KafkaWriter:
         return self._call(self.client.flush, timeout_s)
 
     def send_offsets(self, offsets: list[Offset], group_metadata: Any, timeout_s: float) -> None:
-        self._call(self.client.send_offsets_to_transaction, [TopicPartition(*o) for o in offsets], group_metadata,
-                   timeout_s)
+        """`send_offsets_to_transaction`, bounded: librdkafka 2.16 ignores the call's timeout while it
+        waits for a group coordinator (issues #5456, #5511: a killed broker that was the coordinator
+        is dropped from the metadata and the request is never sent again), which held an intake for
+        good after a broker's death. The call runs in a thread of its own; if it has not returned
+        `SEND_OFFSETS_GRACE_S` seconds after `timeout_s`, `WriterStuck` is raised and the thread is
+        left to it (a daemon; the producer stays referenced by it, so it is never destroyed under
+        the running call)."""
+        outcome: list[BaseException | None] = []
+
+        def call() -> None:
+            try:
+                self._call(self.client.send_offsets_to_transaction, [TopicPartition(*o) for o in offsets],
+                           group_metadata, timeout_s)
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                outcome.append(exc)
+
+        thread = threading.Thread(target=call, name="send-offsets", daemon=True)
+        thread.start()
+        thread.join(timeout_s + SEND_OFFSETS_GRACE_S)
+        if not outcome:
+            raise WriterStuck(f"send_offsets_to_transaction did not return within {timeout_s + SEND_OFFSETS_GRACE_S:.0f} s "
+                              "(librdkafka issues #5456/#5511); this writer is abandoned")
+        if outcome[0] is not None:
+            raise outcome[0]
 
     def commit_transaction(self, timeout_s: float) -> None:
         self._call(self.client.commit_transaction, timeout_s)

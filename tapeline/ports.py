@@ -175,6 +175,14 @@ class TransactionMustAbort(EventLogError):
     """The writer's open transaction cannot commit any more: abort it, then it may begin another."""
 
 
+class WriterStuck(EventLogError):
+    """A call on the writer did not return within its timeout plus a grace (a client bug: librdkafka
+    issues #5456 and #5511, `send_offsets_to_transaction` waiting for ever on a group coordinator
+    that died). The call still runs, so this writer can neither commit nor abort: abandon it and
+    make a new one; its open transaction is aborted by the coordinator after the transaction
+    timeout, or at once when a writer with the same transactional id is initialised."""
+
+
 class WriterFenced(EventLogError):
     """A newer writer with the same transactional id took over (or the writer hit a fatal error):
     this writer can never write again."""
