@@ -30,7 +30,7 @@ from tapeline.objects import sha256_file
 from domain.policy import intake as policy
 from domain.policy.intake import preflight
 from tapeline.settings import Settings
-from tapeline.ports import Clock, EventLog, JobStore, MediaTool, ObjectStorage, Record
+from tapeline.ports import Clock, EventLog, EventLogError, JobStore, MediaTool, ObjectStorage, Record, WriterStuck
 
 log = structlog.get_logger("tapeline.intake")
 RECORD_BACKOFF_CAP_S = 30.0
@@ -204,7 +204,8 @@ class IntakeProcessor:
         consumer = self.events.consumer(f"{settings.app_name}.intake")
         # The pid keeps two intake processes on one host from fencing each other; consume-produce
         # transactions are fenced by the consumer group's generation (KIP-447), not by a stable id.
-        producer = self.events.transactional_producer(f"{settings.app_name}.intake.{settings.instance_id}.{os.getpid()}")
+        transactional_id = f"{settings.app_name}.intake.{settings.instance_id}.{os.getpid()}"
+        producer = self.events.transactional_producer(transactional_id)
         consumer.subscribe([settings.uploads_topic])
         self.health.mark_ready()
         failures: dict[tuple[str, int, int], int] = {}
@@ -228,15 +229,38 @@ class IntakeProcessor:
                     try:
                         transact(producer, lambda: runtime.produce(producer, outgoing), consumer=consumer,
                                  offsets=offsets, name="intake")
+                    except WriterStuck as exc:
+                        # A new writer with the same id fences the stuck one and aborts what it left open.
+                        log.error("intake writer stuck; replacing it and reading the record again",
+                                  error=str(exc), **message.where)
+                        self.reread(consumer, position)
+                        producer = self.events.transactional_producer(transactional_id)
+                        continue
+                    except EventLogError as exc:
+                        # Aborted (a leader or the coordinator moving, the group rebalancing): read
+                        # the record again from its position; the decision is made again against the
+                        # caught-up projection, so an unknown commit outcome decides nothing twice.
+                        log.warning("intake transaction aborted; reading the record again", error=str(exc), **message.where)
+                        self.reread(consumer, position)
+                        stop.wait(1.0)
+                        continue
                     except Exception:
-                        # Aborted: read the record again from the last committed position.
-                        consumer.seek(*position)
+                        self.reread(consumer, position)
                         raise
                     self.processed += 1
                     self.health.job_done()
         finally:
             consumer.close()
             runtime.close()
+
+    @staticmethod
+    def reread(consumer, position: tuple[str, int, int]) -> None:
+        """Seek back to `position` so the record is read again; a partition revoked meanwhile is
+        simply not ours any more (its next owner reads from the committed offset)."""
+        try:
+            consumer.seek(*position)
+        except EventLogError as exc:
+            log.info("record not re-read here: its partition moved", error=str(exc))
 
     def after_failure(self, runtime: Runtime, message: Record, error: Exception, failures: int,
                       stop: threading.Event) -> list[Outgoing] | None:

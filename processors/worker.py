@@ -40,7 +40,7 @@ from tapeline import logs
 from domain.errors import DecodeError, Fenced, SchemaError, ServiceUnavailable, TapelineError
 from tapeline.health import HealthState
 from tapeline.settings import Settings
-from tapeline.ports import (Clock, EventLog, EventLogError, JobStore, ObjectStorage, Offset, Partition, PartitionEnd,
+from tapeline.ports import (Clock, EventLog, EventLogError, WriterStuck, JobStore, ObjectStorage, Offset, Partition, PartitionEnd,
                             ReadError, Reader, Record)
 
 log = structlog.get_logger("tapeline.worker")
@@ -321,6 +321,8 @@ class StageWorker:
                      consumer=consumer, offsets=offsets, name=f"{self.stage}.dead_letter")
         except (EventLogError, Fenced) as exc:
             log.warning("dead-lettering aborted; the record will be read again", error=str(exc))
+            if isinstance(exc, WriterStuck):
+                self.dlq_producer = None  # abandoned: the next dead letter makes a new one
             try:
                 consumer.seek(message.topic, message.partition, message.offset)
             except EventLogError:
@@ -344,7 +346,7 @@ class StageWorker:
             log.exception("attempt failed with an unexpected error")
             outgoing = self.failure_events(attempt, "unknown", f"{type(exc).__name__}: {exc}")
         try:
-            attempt.send(outgoing)
+            attempt.send_outcome(outgoing)
         except Fenced:
             log.warning("fenced at completion; nothing committed")
             self.fenced(attempt)
