@@ -13,10 +13,11 @@ from typing import Any, Iterator
 import structlog
 
 from domain import events as ev
-from domain.errors import Fenced
+from domain.errors import Fenced, ServiceUnavailable
 from tapeline.ports import EventLogError, WriterFenced
 from domain.policy.claim import superseded_reason
 from processors.runtime import AttemptIdentity, Outgoing, Runtime, transact
+from tapeline.partitioner import partition_for
 
 
 log = structlog.get_logger("tapeline.attempt")
@@ -44,6 +45,61 @@ class Attempt:
         with self._transacting:
             transact(self.producer, lambda: self.runtime.produce(self.producer, outgoing),
                      name=point or f"{self.identity.stage}.{outgoing[0][1].event_type if outgoing else 'empty'}")
+
+    def send_outcome(self, outgoing: list[Outgoing], retry_for_s: float | None = None) -> None:
+        """`send` the attempt's outcome (its last transaction), again and again while the log refuses
+        it (a partition or the transaction coordinator without a leader during an election), for up
+        to `retry_for_s` seconds (default: the lease), so a broker's death never costs a finished
+        attempt. Before each new try it reconciles: once the projection has caught up with the
+        job's partition, an outcome already recorded (a commit whose answer was lost) is not
+        written twice, and an attempt no longer the job's owner stops with `Fenced`.
+
+        Raises:
+            Fenced: a newer owner (the writer's or the projection's word).
+            EventLogError: still refused after `retry_for_s` seconds.
+        """
+        if not outgoing:
+            return
+        give_up_at = time.monotonic() + (self.runtime.settings.lease_s if retry_for_s is None else retry_for_s)
+        pause_s = 0.5
+        while True:
+            try:
+                self.send(outgoing)
+                return
+            except EventLogError as exc:
+                refused = exc
+            while True:  # reconcile before writing the same events again
+                if time.monotonic() >= give_up_at:
+                    raise refused
+                log.warning("attempt outcome not written; trying again", job_id=self.identity.job_id,
+                            attempt=self.identity.attempt, error=str(refused), retry_in_s=pause_s)
+                time.sleep(pause_s)
+                pause_s = min(pause_s * 2, 4.0)
+                recorded = self.outcome_recorded(outgoing)
+                if recorded is True:
+                    log.info("attempt outcome was recorded after all", job_id=self.identity.job_id)
+                    return
+                if recorded is False:
+                    break
+
+    def outcome_recorded(self, outgoing: list[Outgoing]) -> bool | None:
+        """Whether the first event of `outgoing` is in the projection, read once the projector has
+        caught up with the job's partition (so a committed transaction is seen); None while that
+        cannot be told (the log or the projection does not answer). Raises `Fenced` when the
+        projection shows another owner."""
+        identity, settings = self.identity, self.runtime.settings
+        try:
+            partition = partition_for(identity.job_id, self.runtime.partitions(settings.jobs_topic))
+            self.runtime.wait_caught_up(partition, min(10.0, settings.caught_up_timeout_s))
+            found = self.runtime.jobs.one("event_recorded", {"job_id": identity.job_id,
+                                                             "event_id": outgoing[0][1].event_id})
+        except (ServiceUnavailable, EventLogError) as exc:
+            log.info("cannot tell yet whether the attempt outcome was recorded", error=str(exc))
+            return None
+        if found and found["recorded"]:
+            return True
+        self.check_still_owner()
+        return False
 
     @contextlib.contextmanager
     def keepalive(self, frames_done: int, out_time_s: float, frames_total: int | None,

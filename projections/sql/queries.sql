@@ -127,6 +127,11 @@ LIMIT %(limit)s;
 -- How many committed events of one type a job has (evidence, duplicates included).
 SELECT count(*) AS n FROM lifecycle_evidence WHERE job_id = %(job_id)s AND event_type = %(event_type)s;
 
+-- name: event_recorded
+-- Whether the projection holds the committed event `event_id` of a job (a writer that does not know
+-- whether its commit landed asks before it writes the same events again).
+SELECT EXISTS (SELECT 1 FROM lifecycle_evidence WHERE job_id = %(job_id)s AND event_id = %(event_id)s) AS recorded;
+
 -- name: advance_log_clock
 -- Move one partition's log clock forward (never backwards).
 INSERT INTO log_clock (partition, now) VALUES (%(partition)s, %(now)s)
