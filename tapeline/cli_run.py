@@ -3,7 +3,9 @@ main CLI in `tapeline/cli.py`)."""
 
 from __future__ import annotations
 
+import faulthandler
 import signal
+import sys
 import threading
 from typing import Optional
 
@@ -37,6 +39,9 @@ def run_role(settings: Settings, role: str) -> int:
     from tapeline.wiring import build_processor
 
     stop = threading.Event()
+    # `kill -USR1 <pid>` writes every thread's Python stack to the process's stderr (the run log): how
+    # to see where a processor that answers its health check but does nothing is waiting.
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     health = HealthState(role, settings.instance_id)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: (health.mark_draining(), stop.set()))
