@@ -46,13 +46,15 @@ class Attempt:
             transact(self.producer, lambda: self.runtime.produce(self.producer, outgoing),
                      name=point or f"{self.identity.stage}.{outgoing[0][1].event_type if outgoing else 'empty'}")
 
-    def send_outcome(self, outgoing: list[Outgoing], retry_for_s: float | None = None) -> None:
-        """`send` the attempt's outcome (its last transaction), again and again while the log refuses
-        it (a partition or the transaction coordinator without a leader during an election), for up
-        to `retry_for_s` seconds (default: the lease), so a broker's death never costs a finished
-        attempt. Before each new try it reconciles: once the projection has caught up with the
-        job's partition, an outcome already recorded (a commit whose answer was lost) is not
-        written twice, and an attempt no longer the job's owner stops with `Fenced`.
+    def record(self, outgoing: list[Outgoing], retry_for_s: float | None = None) -> None:
+        """`send` events the attempt must not lose (a checkpoint, a publish intent or result, the
+        outcome), again and again while the log refuses them (a partition or the transaction
+        coordinator without a leader during an election), for up to `retry_for_s` seconds
+        (default: the lease), so a broker's death never costs an attempt. Before each new try it
+        reconciles: once the projection has caught up with the job's partition, events already
+        recorded (a commit whose answer was lost) are not written twice, and an attempt no longer
+        the job's owner stops with `Fenced`. Heartbeats use `send` (a refused one is simply tried
+        again at the next beat).
 
         Raises:
             Fenced: a newer owner (the writer's or the projection's word).
@@ -71,18 +73,18 @@ class Attempt:
             while True:  # reconcile before writing the same events again
                 if time.monotonic() >= give_up_at:
                     raise refused
-                log.warning("attempt outcome not written; trying again", job_id=self.identity.job_id,
+                log.warning("attempt events not written; trying again", job_id=self.identity.job_id,
                             attempt=self.identity.attempt, error=str(refused), retry_in_s=pause_s)
                 time.sleep(pause_s)
                 pause_s = min(pause_s * 2, 4.0)
-                recorded = self.outcome_recorded(outgoing)
+                recorded = self.events_recorded(outgoing)
                 if recorded is True:
-                    log.info("attempt outcome was recorded after all", job_id=self.identity.job_id)
+                    log.info("attempt events were recorded after all", job_id=self.identity.job_id)
                     return
                 if recorded is False:
                     break
 
-    def outcome_recorded(self, outgoing: list[Outgoing]) -> bool | None:
+    def events_recorded(self, outgoing: list[Outgoing]) -> bool | None:
         """Whether the first event of `outgoing` is in the projection, read once the projector has
         caught up with the job's partition (so a committed transaction is seen); None while that
         cannot be told (the log or the projection does not answer). Raises `Fenced` when the
@@ -94,7 +96,7 @@ class Attempt:
             found = self.runtime.jobs.one("event_recorded", {"job_id": identity.job_id,
                                                              "event_id": outgoing[0][1].event_id})
         except (ServiceUnavailable, EventLogError) as exc:
-            log.info("cannot tell yet whether the attempt outcome was recorded", error=str(exc))
+            log.info("cannot tell yet whether the attempt events were recorded", error=str(exc))
             return None
         if found and found["recorded"]:
             return True

@@ -71,7 +71,7 @@ class PublishWorker(StageWorker):
         started = time.monotonic()
         origin = OriginProvider(store)
         # Step 1
-        attempt.send([(jobs, attempt.event(ev.PublishIntended, provider=PROVIDER,
+        attempt.record([(jobs, attempt.event(ev.PublishIntended, provider=PROVIDER,
                                            idempotency_key=idempotency_key(identity.job_id, PROVIDER)))])
         # Step 2
         crash_point("publish.before_promote")
@@ -120,7 +120,7 @@ class PublishWorker(StageWorker):
         key = idempotency_key(identity.job_id, provider.name)
         jobs = self.settings.jobs_topic
         guard = ProviderGuard(attempt.runtime.jobs, provider.name, self.settings, identity.job_id,
-                              record=lambda events: attempt.send([(jobs, e) for e in events]), make_event=attempt.event, clock=self.clock)
+                              record=lambda events: attempt.record([(jobs, e) for e in events]), make_event=attempt.event, clock=self.clock)
         # The provider's own limits before any claim: an in-flight slot, then its breaker and quotas
         # (processors/provider_guard.py); a full one raises ProviderDeferred, nothing claimed or posted.
         with ProviderLimits(attempt.runtime.jobs, provider.name, self.settings.webhook_max_in_flight, clock=self.clock):
@@ -140,7 +140,7 @@ class PublishWorker(StageWorker):
                   origin_post: ProviderPost, key: str) -> ProviderPost:
         identity, jobs = attempt.identity, self.settings.jobs_topic
         # Step 3
-        attempt.send([(jobs, attempt.event(ev.PublishIntended, sequence=provider.name, provider=provider.name,
+        attempt.record([(jobs, attempt.event(ev.PublishIntended, sequence=provider.name, provider=provider.name,
                                            idempotency_key=key))])
         marker = marker_key(identity.job_id, provider.name)
         crash_point("publish.before_marker")

@@ -191,7 +191,10 @@ def transact(producer: Writer, produce: Callable[[], None], *, consumer: Reader 
     """
     crash_point(f"{name}.before_produce")
     # Step 1
-    producer.begin_transaction()
+    try:
+        producer.begin_transaction()
+    except WriterFenced as exc:  # e.g. the producer's fatal error from an earlier transaction
+        raise Fenced(f"producer fenced: {exc}") from exc
     try:
         # Step 2
         produce()
@@ -200,7 +203,9 @@ def transact(producer: Writer, produce: Callable[[], None], *, consumer: Reader 
         # Step 3
         if offsets:
             assert consumer is not None
-            producer.send_offsets(offsets, consumer.group_metadata(), timeout_s)
+            # At most 10 s (+ the writer's grace before it is called stuck): the group coordinator
+            # moves within an election; waiting longer only holds the records behind this one.
+            producer.send_offsets(offsets, consumer.group_metadata(), min(timeout_s, 10.0))
             crash_point(f"{name}.after_send_offsets")
         # Step 4
         give_up_at = time.monotonic() + commit_retry_s

@@ -273,7 +273,7 @@ class TranscodeWorker(StageWorker):
                     ev.CheckpointRecorded, sequence=self.checkpoints, segment_index=segment.index,
                     rendition=segment.rendition, object_key=key, sha256=segment.sha256, frames=segment.frames,
                     media_start_s=segment.start_s, media_duration_s=segment.duration_s)))
-            attempt.send(events)  # crash points transcode.CheckpointRecorded.*
+            attempt.record(events)  # crash points transcode.CheckpointRecorded.*
 
         def tick() -> None:
             record(watcher.poll())

@@ -346,7 +346,7 @@ class StageWorker:
             log.exception("attempt failed with an unexpected error")
             outgoing = self.failure_events(attempt, "unknown", f"{type(exc).__name__}: {exc}")
         try:
-            attempt.send_outcome(outgoing)
+            attempt.record(outgoing)
         except Fenced:
             log.warning("fenced at completion; nothing committed")
             self.fenced(attempt)

@@ -54,6 +54,11 @@ def transactional_producer(settings: Settings, transactional_id: str, *, init: b
         "bootstrap.servers": settings.kafka_bootstrap_servers,
         "transactional.id": transactional_id,
         "transaction.timeout.ms": settings.transaction_timeout_ms,  # well below the lease: a dead writer blocks readers briefly
+        # The client gives up on a record before the coordinator gives up on the transaction, so an
+        # election that outlasts it ends in a clean abort (then the writer tries again), not in the
+        # coordinator's own timeout abort, which librdkafka learns of as a fatal INVALID_TXN_STATE
+        # and which leaves the producer unusable (seen when a broker was killed mid-transaction).
+        "message.timeout.ms": max(1000, settings.transaction_timeout_ms * 2 // 3),
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 2,  # lifecycle events are few and small: latency over batching

@@ -1,6 +1,6 @@
 """An attempt's outcome the log refuses (issue 24: a broker killed while an attempt finishes). The
 worker used to let the error end its process, so a finished attempt was lost and run again after its
-lease. Now `Attempt.send_outcome` tries again, reconciling first: an outcome whose commit answer was
+lease. Now `Attempt.record` tries again, reconciling first: an outcome whose commit answer was
 lost but which landed is not written twice; a newer owner stops it."""
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def no_sleep(monkeypatch):
 def test_a_refused_outcome_is_written_once_the_log_answers():
     writer = Writer(EventLogError("Local: Timed out", retriable=False), EventLogError("Broker: Not enough replicas"))
     made, events = outcome(writer)
-    made.send_outcome(events)
+    made.record(events)
     assert len(writer.committed) == 1
 
 
@@ -101,7 +101,7 @@ def test_an_outcome_that_landed_although_its_commit_failed_is_not_written_again(
     writer = Writer(EventLogError("Local: Timed out", retriable=False), landed=1)
     jobs = Jobs(writer, answers=[True, True])  # the projection cannot tell twice, then it can
     made, events = outcome(writer, jobs)
-    made.send_outcome(events)
+    made.record(events)
     assert len(writer.committed) == 1
 
 
@@ -109,7 +109,7 @@ def test_a_newer_owner_stops_the_retries():
     writer = Writer(EventLogError("Local: Timed out", retriable=False))
     made, events = outcome(writer, Jobs(writer, owner="someone-else"))
     with pytest.raises(Fenced):
-        made.send_outcome(events)
+        made.record(events)
     assert writer.committed == []
 
 
@@ -117,5 +117,5 @@ def test_it_gives_up_after_its_bound():
     writer = Writer(*[EventLogError("Local: Timed out", retriable=False)] * 5)
     made, events = outcome(writer)
     with pytest.raises(EventLogError):
-        made.send_outcome(events, retry_for_s=0.0)
+        made.record(events, retry_for_s=0.0)
     assert writer.committed == []

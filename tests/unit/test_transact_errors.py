@@ -157,3 +157,17 @@ def test_send_offsets_errors_still_arrive_as_the_ports_errors():
     with pytest.raises(EventLogError) as raised:
         kafka.KafkaWriter(Refuses()).send_offsets([("t", 0, 1)], object(), 0.1)
     assert raised.value.retriable
+
+
+def test_a_writer_fenced_at_begin_says_fenced():
+    """A producer left in librdkafka's fatal state fails at `begin_transaction`: that is `Fenced`,
+    never an `EventLogError` a caller would try again."""
+    class Dead(Writer):
+        def begin_transaction(self) -> None:
+            raise WriterFenced("Failed to end transaction: Broker: Producer attempted a transactional operation "
+                               "in an invalid state")
+
+    writer = Dead()
+    with pytest.raises(Fenced):
+        run(writer)
+    assert writer.aborted == 0
