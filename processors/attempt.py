@@ -14,9 +14,9 @@ import structlog
 
 from domain import events as ev
 from domain.errors import Fenced, ServiceUnavailable
-from tapeline.ports import EventLogError, WriterFenced
+from tapeline.ports import EventLogError, WriterBroken, WriterFenced
 from domain.policy.claim import superseded_reason
-from processors.runtime import AttemptIdentity, Outgoing, Runtime, transact
+from processors.runtime import AttemptIdentity, Outgoing, Runtime, attempt_transactional_id, transact
 from tapeline.partitioner import partition_for
 
 
@@ -43,8 +43,34 @@ class Attempt:
         """Commit `outgoing` in one transaction on the attempt's producer. Raises `Fenced`.
         `point`: the transaction's crash-point name (default `{stage}.{first event type}`)."""
         with self._transacting:
-            transact(self.producer, lambda: self.runtime.produce(self.producer, outgoing),
-                     name=point or f"{self.identity.stage}.{outgoing[0][1].event_type if outgoing else 'empty'}")
+            try:
+                transact(self.producer, lambda: self.runtime.produce(self.producer, outgoing),
+                         name=point or f"{self.identity.stage}.{outgoing[0][1].event_type if outgoing else 'empty'}")
+            except Fenced as exc:
+                if not isinstance(exc.__cause__, WriterBroken):
+                    raise
+                self.renew_writer(exc)
+                raise EventLogError(f"the attempt's writer was unusable and is replaced; nothing written: {exc}") from exc
+
+    def renew_writer(self, broken: Exception) -> None:
+        """Replace the attempt's writer after the client declared it unusable (`WriterBroken`), once a
+        caught-up projection shows this attempt still owns the job: the new writer, with the same
+        transactional id, fences whatever held it. Raises `Fenced` (another owner) or `EventLogError`
+        (ownership cannot be checked yet, or no new writer: the next `send` tries again)."""
+        identity, settings = self.identity, self.runtime.settings
+        try:
+            partition = partition_for(identity.job_id, self.runtime.partitions(settings.jobs_topic))
+            self.runtime.wait_caught_up(partition, min(10.0, settings.caught_up_timeout_s))
+        except (ServiceUnavailable, EventLogError) as exc:
+            raise EventLogError(f"writer unusable ({broken}); ownership not checkable yet: {exc}") from exc
+        self.check_still_owner()
+        try:
+            self.producer = self.runtime.events.transactional_producer(
+                attempt_transactional_id(settings, identity.stage, identity.job_id))
+        except ServiceUnavailable as exc:
+            raise EventLogError(f"writer unusable ({broken}); no new one yet: {exc}") from exc
+        log.warning("attempt writer replaced after the client declared it unusable", job_id=identity.job_id,
+                    attempt=identity.attempt, error=str(broken))
 
     def record(self, outgoing: list[Outgoing], retry_for_s: float | None = None) -> None:
         """`send` events the attempt must not lose (a checkpoint, a publish intent or result, the

@@ -47,8 +47,9 @@ def record_backoff(failures: int, settings: Settings) -> float | None:
     tries (each try is bounded by the S3 calls' timeouts, `s3_max_attempts` x (connect + read
     timeout) per call on a silent endpoint, the download of at most `max_upload_bytes`, and
     `probe_timeout_s`). Defaults: 4 tries, 2 + 4 + 8 = 14 s of waiting. Every error counts, the
-    transient ones too: an outage longer than that dead-letters the uploads it meets, and
-    `tapeline dlq replay` sends them through again (docs/threat-model.md, issue 20)."""
+    transient ones too (an S3 or PostgreSQL outage longer than that dead-letters the uploads it
+    meets, and `tapeline dlq replay` sends them through again: docs/threat-model.md, issue 20),
+    except the event log's own refusals, which are no try (`IntakeProcessor.run`)."""
     if failures >= settings.intake_record_max_tries:
         return None
     return min(RECORD_BACKOFF_CAP_S, settings.intake_record_backoff_s * 2.0 ** (failures - 1))
@@ -218,6 +219,14 @@ class IntakeProcessor:
                     position = (message.topic, message.partition, message.offset)
                     try:
                         outgoing = self.handle(runtime, store, message)
+                    except EventLogError as exc:
+                        # The log itself refused (a partition without a leader during an election):
+                        # not this record's fault, and not a try of it (a dead letter needs the log
+                        # too). Read it again once the log answers.
+                        log.warning("the log refused while deciding; reading the record again", error=str(exc))
+                        self.reread(consumer, position)
+                        stop.wait(1.0)
+                        continue
                     except Exception as exc:  # transient infrastructure, or a bug on this one record
                         failures[position] = failures.get(position, 0) + 1
                         outgoing = self.after_failure(runtime, message, exc, failures[position], stop)

@@ -57,7 +57,7 @@ from tapeline import webhooks
 from tapeline.partitioner import partition_for
 from tapeline.crashpoints import crash_point
 from tapeline.health import HealthState
-from tapeline.ports import Clock, EventLog, JobStore
+from tapeline.ports import Clock, EventLog, EventLogError, JobStore
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.notify")
@@ -188,7 +188,7 @@ class Notifier:
                         self.leader.run("session_alive")
                     try:
                         self.step(pool, client)
-                    except ServiceUnavailable as exc:
+                    except (ServiceUnavailable, EventLogError) as exc:  # the transaction was aborted
                         log.warning("notifier step skipped", error=str(exc))
                     stop.wait(settings.notify_poll_s)
             finally:

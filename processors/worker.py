@@ -196,9 +196,10 @@ class StageWorker:
         assert self.buffer is not None
         try:
             attempt = self.claim(runtime, consumer, message)
-        except ServiceUnavailable as exc:
-            # The projection (or the broker) cannot answer: nothing was claimed. Read the item
-            # again after a pause rather than exit (no crash loop while the projector is down).
+        except (ServiceUnavailable, EventLogError) as exc:
+            # The projection or the log cannot answer (the projector is down; a partition has no
+            # leader while a broker is replaced): nothing was claimed. Read the item again after a
+            # pause rather than exit (no crash loop, no rejoin of the group).
             log.warning("cannot reconcile the work item now; reading it again", error=str(exc))
             try:
                 consumer.seek(message.topic, message.partition, message.offset)

@@ -16,7 +16,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from domain.errors import ServiceUnavailable
 from tapeline.partitioner import murmur2, partition_for  # noqa: F401 (the partitioner's home is client-free)
 from tapeline.ports import (EventLogError, Offset, Partition, PartitionEnd, ReadError, Record, TransactionMustAbort,
-                            WriterFenced, WriterStuck, broker_time)  # noqa: F401 - broker_time: `kafka.broker_time` as before
+                            WriterBroken, WriterFenced, WriterStuck, broker_time)  # noqa: F401 - broker_time: `kafka.broker_time` as before
 from tapeline.settings import Settings
 
 
@@ -113,11 +113,14 @@ def partition_count(client: Consumer | Producer, topic: str, timeout_s: float = 
 
 
 def log_error(exc: KafkaException) -> EventLogError:
-    """The port's error for a client error: `WriterFenced` (`is_fenced`), `TransactionMustAbort`
+    """The port's error for a client error: `WriterFenced` (`is_fenced` by a fenced code),
+    `WriterBroken` (`is_fenced` by another fatal error), `TransactionMustAbort`
     (`txn_requires_abort`), else an `EventLogError` that says whether it is `retriable`."""
     error = exc.args[0] if exc.args else None
     if is_fenced(exc):
-        return WriterFenced(str(exc))
+        if isinstance(error, KafkaError) and error.code() in FENCED_CODES:
+            return WriterFenced(str(exc))
+        return WriterBroken(str(exc))
     if isinstance(error, KafkaError) and error.txn_requires_abort():
         return TransactionMustAbort(str(exc), retriable=error.retriable())
     return EventLogError(str(exc), retriable=isinstance(error, KafkaError) and error.retriable())
@@ -337,8 +340,12 @@ def is_fenced(exc: KafkaException) -> bool:
     error = exc.args[0] if exc.args else None
     if not isinstance(error, KafkaError):
         return False
-    return error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
-                            KafkaError._FATAL) or error.fatal()
+    return error.code() in (*FENCED_CODES, KafkaError._FATAL) or error.fatal()
+
+
+FENCED_CODES = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+"""The error codes that mean a newer producer took the transactional id over (`WriterFenced`); any
+other fatal error is `WriterBroken`."""
 
 
 class KafkaAssignedReader:

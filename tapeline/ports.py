@@ -188,6 +188,14 @@ class WriterFenced(EventLogError):
     this writer can never write again."""
 
 
+class WriterBroken(WriterFenced):
+    """The client declared the writer unusable with a fatal error that is no newer owner's fence
+    (librdkafka answers an abort that follows a record's timeout with a fatal INVALID_TXN_STATE:
+    issues #3297, #4849). Like a fence it stops the writer; unlike a fence, its owner may replace
+    it, but only after a caught-up projection shows it still owns the transactional id, since the
+    new writer fences whatever else holds that id."""
+
+
 @runtime_checkable
 class Reader(Protocol):
     """A consumer of the event log in one group (from `EventLog.consumer`). Not thread-safe. Every

@@ -13,7 +13,7 @@ from processors.attempt import Attempt
 from processors.runtime import AttemptIdentity
 from tapeline.clock import system_clock
 from tapeline.health import HealthState
-from tapeline.ports import EventLogError
+from tapeline.ports import EventLogError, WriterBroken
 from tapeline.settings import Settings
 
 
@@ -64,6 +64,7 @@ class Runtime:
 
     def __init__(self, jobs: Jobs) -> None:
         self.jobs = jobs
+        self.events = Events()
 
     def partitions(self, topic: str) -> int:
         return 3
@@ -75,6 +76,17 @@ class Runtime:
     def produce(self, producer, outgoing) -> None:
         for topic, event in outgoing:
             producer.produce(topic, b"k", event.event_id, 0)
+
+
+class Events:
+    """`EventLog.transactional_producer`: a fresh, healthy writer (the renewed attempt writer)."""
+
+    def __init__(self) -> None:
+        self.made: list[tuple[str, Writer]] = []
+
+    def transactional_producer(self, transactional_id: str) -> Writer:
+        self.made.append((transactional_id, Writer()))
+        return self.made[-1][1]
 
 
 def outcome(writer: Writer, jobs: Jobs | None = None, **kwargs) -> tuple[Attempt, list]:
@@ -119,3 +131,27 @@ def test_it_gives_up_after_its_bound():
     with pytest.raises(EventLogError):
         made.record(events, retry_for_s=0.0)
     assert writer.committed == []
+
+
+class Broken(Writer):
+    """librdkafka's fatal state after a failed abort: every transaction fails at `begin`."""
+
+    def begin_transaction(self) -> None:
+        raise WriterBroken("Failed to end transaction: Broker: Producer attempted a transactional operation in an "
+                           "invalid state")
+
+
+def test_a_writer_the_client_declared_unusable_is_replaced_while_the_attempt_owns_the_job():
+    made, events = outcome(Broken())
+    made.record(events)
+    (transactional_id, renewed), = made.runtime.events.made
+    assert transactional_id == "tapeline.transcode.job" and made.producer is renewed
+    assert len(renewed.committed) == 1
+
+
+def test_an_unusable_writer_is_not_replaced_when_another_attempt_owns_the_job():
+    writer = Broken()
+    made, events = outcome(writer, Jobs(writer, owner="someone-else"))
+    with pytest.raises(Fenced):
+        made.record(events)
+    assert made.runtime.events.made == []
