@@ -23,6 +23,7 @@ KEYS = {
     "transcode": {"overhead_ratio", "waste_max_s", "segment_s"},
     "transcode_overhead": {"bare_s", "pipeline_s", "overhead_pct"},
     "intake": {"accepted_per_s", "p50_ms", "p99_ms"},
+    "broker_failover": {"pause_median_s", "pause_max_s", "elect_median_s", "duplicates", "lost"},
 }
 """Figures each benchmark's RESULT line must carry (the ones its docstring and docs cite)."""
 
@@ -41,6 +42,6 @@ def test_benchmark_smoke_ends_with_a_result_line(name: str, base_settings: Setti
     assert KEYS[name] <= set(outcome.figures), outcome.line
     numbers = {k: v for k, v in outcome.figures.items() if k in KEYS[name] and isinstance(v, float)}
     assert numbers and not any(math.isnan(v) for v in numbers.values()), outcome.line
-    if name == "chaos":
+    if name in ("chaos", "broker_failover"):
         assert outcome.figures["duplicates"] == 0 and outcome.figures["lost"] == 0
         assert outcome.figures["covered"] >= 1, "the smoke's crash point did not fire"
