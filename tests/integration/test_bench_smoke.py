@@ -44,4 +44,7 @@ def test_benchmark_smoke_ends_with_a_result_line(name: str, base_settings: Setti
     assert numbers and not any(math.isnan(v) for v in numbers.values()), outcome.line
     if name in ("chaos", "broker_failover"):
         assert outcome.figures["duplicates"] == 0 and outcome.figures["lost"] == 0
+    if name == "chaos":
         assert outcome.figures["covered"] >= 1, "the smoke's crash point did not fire"
+    if name == "broker_failover":
+        assert outcome.figures["kills"] == 1, "the smoke's node was not killed"
