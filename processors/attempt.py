@@ -22,6 +22,10 @@ from tapeline.partitioner import partition_for
 
 log = structlog.get_logger("tapeline.attempt")
 
+RECORD_RETRY_MIN_S = 300.0
+"""`Attempt.record` tries for at least this long, seconds, before it gives up (the worker then exits
+and the attempt is rescued as `worker_exited`)."""
+
 
 class Attempt:
     """One claimed attempt: its identity, its fenced producer and a heartbeat sequence."""
@@ -75,8 +79,11 @@ class Attempt:
     def record(self, outgoing: list[Outgoing], retry_for_s: float | None = None) -> None:
         """`send` events the attempt must not lose (a checkpoint, a publish intent or result, the
         outcome), again and again while the log refuses them (a partition or the transaction
-        coordinator without a leader during an election), for up to `retry_for_s` seconds
-        (default: the lease), so a broker's death never costs an attempt. Before each new try it
+        coordinator without a leader during an election, or the whole cluster below
+        `min.insync.replicas`), for up to `retry_for_s` seconds (default: twice the lease, at least
+        `RECORD_RETRY_MIN_S`; the watchdog does not judge a lease that ended during a log outage
+        until one lease after it, `domain.policy.stall.excused_by_outage`), so a broker outage
+        never costs an attempt. Before each new try it
         reconciles: once the projection has caught up with the job's partition, events already
         recorded (a commit whose answer was lost) are not written twice, and an attempt no longer
         the job's owner stops with `Fenced`. Heartbeats use `send` (a refused one is simply tried
@@ -88,7 +95,8 @@ class Attempt:
         """
         if not outgoing:
             return
-        give_up_at = time.monotonic() + (self.runtime.settings.lease_s if retry_for_s is None else retry_for_s)
+        lease_s = self.runtime.settings.lease_s
+        give_up_at = time.monotonic() + (max(2 * lease_s, RECORD_RETRY_MIN_S) if retry_for_s is None else retry_for_s)
         pause_s = 0.5
         while True:
             try:

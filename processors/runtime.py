@@ -183,8 +183,9 @@ def transact(producer: Writer, produce: Callable[[], None], *, consumer: Reader 
       abandons the writer and makes a new one;
     - anything else (`TransactionMustAbort`, a non-retriable or exhausted `EventLogError`, an
       exception of `produce()` or a crash point's) aborts the open transaction and is raised as it
-      is, so the producer can begin the next transaction. An abort that fails too is logged; the
-      original error is raised.
+      is, so the producer can begin the next transaction. A retriable abort failure is repeated for
+      up to `commit_retry_s` seconds; an abort that fails for good is logged; the original error is
+      raised.
 
     Raises:
         Fenced, EventLogError (`TransactionMustAbort`, `WriterStuck` included), or whatever `produce()` raised.
@@ -224,15 +225,32 @@ def transact(producer: Writer, produce: Callable[[], None], *, consumer: Reader 
     except WriterStuck:
         raise  # a call still runs on the writer: neither abort nor anything else; the caller replaces it
     except BaseException as exc:
-        try:
-            producer.abort_transaction(timeout_s)
-        except WriterFenced:
-            pass  # nothing left to abort: the next call on this producer says it is fenced
-        except EventLogError as abort_error:
-            log.warning("transaction abort failed too", transaction=name, error=str(exc), abort_error=str(abort_error))
+        _abort(producer, timeout_s, commit_retry_s, name, exc)
         raise
     producer.poll(0)  # serve delivery reports (offsets written) now
     crash_point(f"{name}.after_commit")
+
+
+def _abort(producer: Writer, timeout_s: float, retry_s: float, name: str, cause: BaseException) -> None:
+    """Abort the open transaction after `cause`; a retriable failure of the abort is repeated for up
+    to `retry_s` seconds (librdkafka: "the application may call abort_transaction() again"; a
+    `begin_transaction` while an abort is unfinished fails with `_CONFLICT`). Other failures are
+    logged, not raised: the caller raises `cause`."""
+    give_up_at = time.monotonic() + retry_s
+    while True:
+        try:
+            producer.abort_transaction(timeout_s)
+            return
+        except WriterFenced:
+            return  # nothing left to abort: the next call on this producer says it is fenced
+        except EventLogError as abort_error:
+            if abort_error.retriable and time.monotonic() < give_up_at:
+                log.warning("transaction abort not confirmed; aborting again", transaction=name,
+                            error=str(abort_error))
+                continue
+            log.warning("transaction abort failed too", transaction=name, error=str(cause),
+                        abort_error=str(abort_error))
+            return
 
 
 def poll_record(consumer: Reader, health=None, timeout_s: float = 0.5) -> Record | None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
 
@@ -36,7 +36,8 @@ import structlog
 
 from domain.policy.cleanup import SWEPT_PREFIXES, CleanupPlan, job_ids_of, plan_cleanup, retention_under_pressure
 from domain.policy.retry import Action, retry_decision, retry_scheduled, stall_error_class
-from domain.policy.stall import attempt_deadline, attempt_stall, handoff_redrive_due, next_wake_s, work_missing
+from domain.policy.stall import (LogOutage, attempt_deadline, attempt_stall, excused_by_outage, handoff_redrive_due,
+                                 next_wake_s, work_missing)
 from processors.runtime import Outgoing, Runtime, transact
 from domain.lifecycle import attempts_used
 from domain import events as ev
@@ -57,6 +58,11 @@ def leader_key(settings: Settings) -> str:
     schema of its projections. Two deployments sharing a database each get their own leader (a
     single key let the first one's watchdog stand the other's by for good: its stalls went unseen)."""
     return f"{settings.app_name}:{settings.db_schema}"
+
+
+SLOW_TICK_S = 5.0
+"""A tick's transaction that took longer than this, seconds, was held back by the log (a healthy one
+takes milliseconds): the watchdog counts the stretch as a log outage (`LogOutage`)."""
 
 
 class Verdict(str, Enum):
@@ -105,7 +111,7 @@ def queue_attempt(job: dict[str, Any], stage: str, attempt: int, common: dict[st
 
 def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], missing: list[dict[str, Any]],
              jobs: dict[str, dict[str, Any]], settings: Settings, recorded_by: str,
-             due: list[dict[str, Any]] = (), *, clock: Clock) -> RunResult:
+             due: list[dict[str, Any]] = (), *, clock: Clock, outage: LogOutage | None = None) -> RunResult:
     """Classify every stall and build the events that act on it. Pure: rows in, events out, each
     event stamped by `clock` (its time and event id; the verdicts never read it).
 
@@ -121,7 +127,9 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
     - a due retry (`RetryScheduled` whose time has come on the log clock): `StageQueued` + `WorkItem`
       of the next attempt, once (dedup keys);
     - a stalled handoff: `StallDetected(handoff)` and the same attempt's work item again;
-    - expected work missing: `StallDetected(expected_work_missing)` (reported once).
+    - expected work missing: `StallDetected(expected_work_missing)` (reported once);
+    - an attempt stall whose deadline fell after `outage` began is not judged until one lease after
+      the log came back (`excused_by_outage`).
     """
     result = RunResult()
     jobs_topic = settings.jobs_topic
@@ -140,6 +148,12 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
                                     thresholds=thresholds)
             if verdict is None:
                 result.count(Verdict.IGNORE)
+                continue
+            deadline = row.get("leased_until") if verdict.kind == "lease_expired" else \
+                row["last_progress_at"] + timedelta(seconds=thresholds.no_progress_timeout_s
+                                                    + (job.get("progress_grace_s") or 0.0))
+            if excused_by_outage(deadline, outage, row["log_now"], settings.lease_s):
+                result.count(Verdict.IGNORE)  # judged one lease after the log came back
                 continue
             kind, since_s = verdict.kind, verdict.since_s
         stage, attempt = row["stage"], row["attempt"]
@@ -217,6 +231,8 @@ class Watchdog:
         self.processed = 0
         self.last_result: RunResult | None = None
         self.due_in_s: list[float] = []  # deadlines after the last tick's log clock, seconds (`next_wake_s`)
+        self.refused_since: float | None = None  # monotonic: when the log began refusing (or holding) ticks
+        self.outage: LogOutage | None = None  # the last such stretch, in log time (`excused_by_outage`)
         self.health = health or HealthState("watchdog", settings.instance_id)  # `tapeline run` serves it
         self.gauge: StorageGauge | None = None  # the bucket's bytes, when a storage limit is set
         self.storage_pressure = False
@@ -263,6 +279,7 @@ class Watchdog:
         # replaced, a coordinator moving) makes the tick blind, never the watchdog exit: it judges
         # nothing it cannot see caught up, and tries again next tick (a fenced writer still stops).
         sequence = time.time_ns() // 1_000_000
+        tried_at = time.monotonic()
         try:
             partitions = runtime.partitions(jobs_topic)
             # Step 1
@@ -270,15 +287,26 @@ class Watchdog:
                 job_id=f"tick:{p}", stage="watchdog", attempt=0, recorded_by=runtime.recorded_by,
                 correlation_id="watchdog", partition=p, sequence=sequence)) for p in range(partitions)],
                      name="watchdog.tick")
+            if time.monotonic() - tried_at > SLOW_TICK_S and self.refused_since is None:
+                self.refused_since = tried_at  # the log held the tick back: an outage as much as a refusal
             # Step 2
             for p in range(partitions):
                 runtime.wait_caught_up(p, max(2.0, settings.tick_s * 4))
         except (ServiceUnavailable, EventLogError) as exc:
+            if isinstance(exc, EventLogError) and self.refused_since is None:
+                self.refused_since = tried_at
             log.warning("projection not caught up: judging nothing this tick", error=str(exc))
             self.health.watchdog_ticks.labels(result="blind").inc()
             return None
         # Step 3
         db = runtime.jobs
+        if self.refused_since is not None:  # the log accepts writes again: remember the outage
+            newest = db.one("log_clock_newest")["now"]
+            refused_s = time.monotonic() - self.refused_since
+            self.outage = LogOutage(began_at=newest - timedelta(seconds=refused_s), ended_at=newest)
+            self.refused_since = None
+            log.warning("the log refused the watchdog's ticks; attempt stalls whose deadline fell after that are "
+                        "judged one lease after it came back", refused_s=round(refused_s, 1), until=str(newest))
         stalled = db.all("stalled_attempts")
         handoffs = db.all("handoffs_due")  # not those re-driven less than a timeout ago
         missing = db.all("expected_work_unreported")  # each reported once; listed until solved
@@ -286,7 +314,8 @@ class Watchdog:
         ids = list({r["job_id"] for r in stalled + handoffs + due})
         jobs = {r["job_id"]: r for r in db.all("job_state_by_ids", {"job_ids": ids})} if ids else {}
         # Step 4
-        result = run_once(stalled, handoffs, missing, jobs, settings, runtime.recorded_by, due=due, clock=self.clock)
+        result = run_once(stalled, handoffs, missing, jobs, settings, runtime.recorded_by, due=due, clock=self.clock,
+                          outage=self.outage)
         self.due_in_s = deadlines_in_s(db, settings)
         # Step 5
         if result.outgoing:

@@ -16,7 +16,10 @@ the lifecycle log; never a machine's clock):
 - a queued stage is a stalled `handoff` when nobody claimed it for `handoff_timeout_s` since it was
   queued (or last re-driven): the watchdog sends its work item again;
 - an upload is `expected_work_missing` when no job came of it within `intake_timeout_s` on the
-  newest log clock of all partitions.
+  newest log clock of all partitions;
+- but an attempt whose lease or progress deadline fell after a **log outage** began (the log
+  refused the watchdog's ticks: a broker outage) is not judged until one lease after the log
+  accepted writes again (`excused_by_outage`): its heartbeats could not be written either.
 
 The SQL views `stalled_attempts`, `stalled_handoffs` and `expected_work_missing` (migrations 016,
 019, 020) select the candidates with the same comparisons, so the watchdog reads few rows; the
@@ -121,3 +124,23 @@ def next_wake_s(*, tick_s: float, elapsed_s: float, due_in_s: list[float]) -> fl
     if upcoming:
         wait = min(wait, min(upcoming) + WAKE_MARGIN_S - elapsed_s)
     return max(0.0, wait)
+
+
+@dataclass(frozen=True)
+class LogOutage:
+    """A stretch in which the lifecycle log refused the watchdog's writes (its ticks failed or took
+    far longer than a tick: partitions or the transaction coordinator without a leader), in
+    log-clock time: `ended_at`, the newest log clock once a tick landed again, and `began_at`,
+    that minus how long the ticks were refused (measured by the watchdog on its monotonic clock)."""
+
+    began_at: datetime
+    ended_at: datetime
+
+
+def excused_by_outage(deadline: datetime, outage: LogOutage | None, now: datetime, lease_s: float) -> bool:
+    """Whether a stall whose `deadline` (an attempt's `leased_until`, or its last progress plus the
+    no-progress allowance) fell after a log outage began is not judged at log-clock time `now`: not
+    until one lease (`lease_s`, seconds) after the log accepted writes again, since the attempt's
+    heartbeats were refused as the watchdog's ticks were. A worker that is really gone is still
+    caught, one lease later. Pure. Issue 24: a broker outage itself must not cost an attempt."""
+    return outage is not None and deadline >= outage.began_at and now < outage.ended_at + timedelta(seconds=lease_s)

@@ -132,6 +132,10 @@ SELECT count(*) AS n FROM lifecycle_evidence WHERE job_id = %(job_id)s AND event
 -- whether its commit landed asks before it writes the same events again).
 SELECT EXISTS (SELECT 1 FROM lifecycle_evidence WHERE job_id = %(job_id)s AND event_id = %(event_id)s) AS recorded;
 
+-- name: log_clock_newest
+-- The newest log clock of all partitions (broker time), or now() before any record was projected.
+SELECT coalesce(max(now), now()) AS now FROM log_clock;
+
 -- name: advance_log_clock
 -- Move one partition's log clock forward (never backwards).
 INSERT INTO log_clock (partition, now) VALUES (%(partition)s, %(now)s)

@@ -6,9 +6,8 @@ on it. Each test injects one broker fault with real signals while jobs transcode
 (a) SIGKILL the node leading most lifecycle partitions, start it 3 s after the new leaders;
 (b) SIGKILL the active controller (the KRaft quorum's leader), start it again;
 (c) stop a broker cleanly (SIGTERM) for longer than the lease, then start it again;
-(d) SIGKILL two of the three nodes (below min.insync.replicas, and no controller quorum), start
-    one 15 s later and the other after that (with a 90 s lease: the whole outage, recovery
-    included, took 25-47 s here).
+(d) SIGKILL two of the three nodes (below min.insync.replicas, and no controller quorum) for
+    35 s, longer than the lease, then start one and the other after that.
 
 Every job must end once (one `JobCompleted`, one output set, one post at a provider that does not
 dedupe), the projection must equal a fold of the log, the outage must cost no `StallDetected`, and
@@ -195,18 +194,18 @@ def test_two_brokers_down_block_the_pipeline_and_it_resumes_when_one_returns(clu
             faults.signal_node(settings, victim, signal.SIGKILL)
         for victim in victims:
             faults.wait_node_exited(settings, victim)
-        time.sleep(15)  # no controller quorum and one in-sync replica: nothing can commit
+        time.sleep(35)  # longer than the lease; no controller quorum, one in-sync replica: nothing commits
         faults.start_node(settings, victims[0])
         wait_for(lambda: faults.active_controller(settings) in (survivor, victims[0]), 90, "a controller quorum again")
         time.sleep(5)
         faults.start_node(settings, victims[1])
-        print(f"nodes {victims} killed; {victims[0]} back after 15 s, {victims[1]} after "
+        print(f"nodes {victims} killed; {victims[0]} back after 35 s, {victims[1]} after "
               f"{time.time() - killed_at:.1f} s")
         return killed_at
 
     # Two nodes down stop every write for the outage and then a controller election, a broker
-    # registration and the partitions' elections: 25-47 s on this machine with 15 s down. A lease
-    # shorter than that would rightly see the attempts' heartbeats missing for a whole lease (a
-    # `lease_expired` stall: docs/operating.md "A replicated Kafka"); this test gives the lease
-    # room (90 s) to show that an outage shorter than the lease costs nothing.
-    _through_a_fault(cluster, tmp_path, clips, "two-down", kill_two, lease_s=90.0, no_progress_timeout_s=90.0)
+    # registration and the partitions' elections: about 50 s with 35 s down, longer than the 30 s
+    # lease. The workers' heartbeats were refused as the watchdog's ticks were, so the watchdog
+    # judges no lease that ended meanwhile until one lease after the log came back
+    # (`excused_by_outage`), and the attempts ride through.
+    _through_a_fault(cluster, tmp_path, clips, "two-down", kill_two)

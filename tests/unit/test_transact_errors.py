@@ -171,3 +171,15 @@ def test_a_writer_fenced_at_begin_says_fenced():
     with pytest.raises(Fenced):
         run(writer)
     assert writer.aborted == 0
+
+
+def test_an_abort_that_is_not_confirmed_is_repeated_so_the_next_begin_works():
+    """A retriable abort failure left librdkafka's abort running: the next `begin_transaction` failed
+    with `_CONFLICT` ("Conflicting abort_transaction API call is already in progress")."""
+    writer = Writer(flush=[EventLogError("Broker: Not enough in-sync replicas", retriable=False)],
+                    abort=[EventLogError("Local: Timed out", retriable=True)] * 2)
+    with pytest.raises(EventLogError, match="in-sync replicas"):
+        run(writer)
+    assert (writer.aborted, writer.open) == (1, False)
+    run(writer)
+    assert writer.committed == 1

@@ -143,3 +143,31 @@ def test_every_event_is_stamped_by_the_clock_it_is_given():
     result = run_once([stalled()], [], [], {"j1": job()}, SETTINGS, "w", clock=clock)
     stamps = [(event.occurred_at, event.event_id) for _, event in result.outgoing]
     assert stamps == [(NOW + timedelta(hours=1), f"wd-{i}") for i in range(1, len(stamps) + 1)]
+
+
+def test_a_lease_that_ended_during_a_log_outage_is_judged_one_lease_after_the_log_came_back():
+    """Issue 24: two brokers down for longer than the lease refused the workers' heartbeats and the
+    watchdog's ticks alike; the lease that ended meanwhile is not a lost worker until one lease after
+    the log accepted writes again (then it is, if no heartbeat came)."""
+    from domain.policy.stall import LogOutage
+
+    lease = SETTINGS.lease_s
+    outage = LogOutage(began_at=NOW - timedelta(seconds=40), ended_at=NOW - timedelta(seconds=1))
+    excused = run_once([stalled()], [], [], {"j1": job()}, SETTINGS, "w", clock=CLOCK, outage=outage)
+    assert excused.outgoing == [] and excused.counts["ignore"] == 1
+    later = {**stalled(), "log_now": outage.ended_at + timedelta(seconds=lease + 1)}
+    judged = run_once([later], [], [], {"j1": job()}, SETTINGS, "w", clock=CLOCK, outage=outage)
+    assert judged.counts["retry"] == 1
+    # a lease that had ended before the outage began is a stall all the same
+    before = {**stalled(), "leased_until": outage.began_at - timedelta(seconds=1)}
+    assert run_once([before], [], [], {"j1": job()}, SETTINGS, "w", clock=CLOCK, outage=outage).counts["retry"] == 1
+
+
+def test_frozen_progress_during_a_log_outage_waits_too():
+    from domain.policy.stall import LogOutage
+
+    frozen = {**stalled(kind="no_progress"), "leased_until": NOW + timedelta(seconds=60),
+              "last_progress_at": NOW - timedelta(seconds=SETTINGS.no_progress_timeout_s + 5)}
+    outage = LogOutage(began_at=NOW - timedelta(seconds=30), ended_at=NOW - timedelta(seconds=2))
+    assert run_once([frozen], [], [], {"j1": job()}, SETTINGS, "w", clock=CLOCK).counts["retry"] == 1
+    assert run_once([frozen], [], [], {"j1": job()}, SETTINGS, "w", clock=CLOCK, outage=outage).outgoing == []

@@ -81,3 +81,38 @@ def test_a_log_that_refuses_a_call_makes_the_tick_blind_not_the_watchdog_exit(ru
 def test_a_fenced_watchdog_still_stops():
     with pytest.raises(Fenced):
         watchdog().tick(Runtime(), Writer(WriterFenced("a newer watchdog took over")))
+
+
+class Jobs:
+    """The projection after the log came back: empty views and a log clock."""
+
+    def __init__(self, newest) -> None:
+        self.newest = newest
+
+    def one(self, name: str, params: dict | None = None) -> dict:
+        return {"now": self.newest}  # log_clock_newest and log_clock_oldest
+
+    def all(self, name: str, params: dict | None = None) -> list:
+        return []
+
+
+def test_refused_ticks_are_remembered_as_a_log_outage_once_a_tick_lands(monkeypatch):
+    """Issue 24 (two brokers down for longer than the lease): the stretch the log refused the ticks
+    becomes a `LogOutage` in log time, which `run_once` uses to excuse leases that ended in it."""
+    from datetime import datetime, timedelta, timezone
+
+    import processors.watchdog as watchdog_module
+
+    monkeypatch.setattr(watchdog_module, "deadlines_in_s", lambda db, settings: [])
+    dog = Watchdog(Settings(cleanup_orphans=False), leader=None, jobs=None, events=None, storage=None,
+                   clock=system_clock, health=HealthState("watchdog", "test"))
+    assert dog.tick(Runtime(), Writer(EventLogError("Broker: Not enough in-sync replicas"))) is None
+    assert dog.refused_since is not None and dog.outage is None
+    dog.refused_since -= 40.0  # as if the refusals began 40 s ago
+    dog.next_cleanup_at = float("inf")  # no bucket here
+    back = Runtime()
+    back.jobs = Jobs(datetime(2026, 12, 5, 5, 48, 13, tzinfo=timezone.utc))
+    assert dog.tick(back, Writer()) is not None
+    assert dog.refused_since is None
+    assert dog.outage.ended_at == back.jobs.newest
+    assert timedelta(seconds=40) <= dog.outage.ended_at - dog.outage.began_at < timedelta(seconds=45)
