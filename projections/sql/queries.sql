@@ -520,7 +520,7 @@ WHERE endpoint_id = %(endpoint_id)s RETURNING endpoint_id;
 DELETE FROM webhook_endpoints WHERE endpoint_id = %(endpoint_id)s RETURNING endpoint_id;
 
 -- name: notify_new_deliveries
--- Lifecycle events a customer wants notified of and not yet intended for that endpoint (not the JobReplayed that `tapeline dlq fail` writes before its JobFailed): applied events of the types in %(event_types)s (mapped to %(notification_types)s) of jobs whose upload's submitter has an enabled endpoint registered at or before the event, appended at or after %(since)s (the lookback: it bounds the scan), oldest first.
+-- Lifecycle events a customer wants notified of and not yet intended for that endpoint (a JobReplayed only once an event it caused is projected, and not the one `tapeline dlq fail` writes before its JobFailed): applied events of the types in %(event_types)s (mapped to %(notification_types)s) of jobs whose upload's submitter has an enabled endpoint registered at or before the event, appended at or after %(since)s (the lookback: it bounds the scan), oldest first.
 SELECT e.event_id, e.event_type, e.job_id, e.dedup_key, e.broker_ts, m.notification_type, ep.endpoint_id
 FROM lifecycle_evidence e
 JOIN unnest(%(event_types)s::text[], %(notification_types)s::text[]) AS m(event_type, notification_type)
@@ -532,9 +532,14 @@ WHERE e.event_type IN ('JobCompleted', 'JobRejected', 'JobFailed', 'JobDeadLette
                        'JobCancelled') AND e.applied AND e.broker_ts >= %(since)s
   AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.source_dedup_key = e.dedup_key
                   AND d.endpoint_id = ep.endpoint_id)
-  -- the JobReplayed of `tapeline dlq fail` only carries its JobFailed (its cause), which is notified
-  AND NOT (e.event_type = 'JobReplayed' AND EXISTS (SELECT 1 FROM lifecycle_evidence f WHERE f.job_id = e.job_id
-                                                     AND f.event_type = 'JobFailed' AND f.causation_id = e.event_id))
+  -- A JobReplayed is committed with what it causes (causation_id = its event id): the next StageQueued,
+  -- Published + JobCompleted, or the JobFailed of `tapeline dlq fail`, which is notified instead. The
+  -- projector may apply one transaction in two batches, so it is notified only once what it caused is
+  -- projected too, and never when that is a JobFailed.
+  AND (e.event_type <> 'JobReplayed'
+       OR (EXISTS (SELECT 1 FROM lifecycle_evidence c WHERE c.job_id = e.job_id AND c.causation_id = e.event_id)
+           AND NOT EXISTS (SELECT 1 FROM lifecycle_evidence f WHERE f.job_id = e.job_id AND f.event_type = 'JobFailed'
+                           AND f.causation_id = e.event_id)))
 ORDER BY e.broker_ts, e.event_id LIMIT %(limit)s;
 
 -- name: notify_due_deliveries
