@@ -307,7 +307,7 @@ class Notifier:
                                    failing_since=streak["failing_since"], reason=why))
         self._record(store, out, "notify.failed")
         if disable:
-            webhooks.set_enabled(store, row["endpoint_id"], False, out[-1].reason)
+            webhooks.set_enabled(store, row["endpoint_id"], False, out[-1].reason, for_failing=True)
             log.warning("webhook endpoint disabled", endpoint_id=row["endpoint_id"], reason=out[-1].reason)
         log.info("webhook failed", delivery_id=row["delivery_id"], job_id=row["job_id"],
                  endpoint_id=row["endpoint_id"], try_number=try_number, reason=result.reason,
@@ -366,3 +366,4 @@ class Notifier:
             self.health.webhook_deliveries.labels(state=state).set(row["states"].get(state, 0))
         self.health.webhook_endpoints_failing.set(row["failing_endpoints"])
         self.health.webhook_endpoints_disabled.set(row["disabled_endpoints"])
+        self.health.webhook_endpoints_disabled_failing.set(row["disabled_failing_endpoints"])

@@ -128,7 +128,18 @@ def build_app(settings: Settings) -> FastAPI:
     from projections.api import create_app
 
     return create_app(settings, actions=OperatorService(settings), intake=HttpIntake(settings),
-                      webhooks=WebhookService(settings))
+                      webhooks=WebhookService(settings), storage_bytes=storage_meter(settings))
+
+
+def storage_meter(settings: Settings):
+    """The bucket's bytes for the dashboard's strip (`StorageGauge.bytes` over a fresh `ObjectStore`,
+    cached `storage_usage_cache_s`), or None when no `storage_limit_bytes` is set."""
+    if settings.storage_limit_bytes is None:
+        return None
+    from tapeline.objects import StorageGauge
+    from tapeline.objectstore import ObjectStore
+
+    return StorageGauge(settings, ObjectStore(settings)).bytes
 
 
 def serve(settings: Settings, host: str | None = None, port: int | None = None, log_level: str = "info") -> None:

@@ -508,11 +508,11 @@ WHERE %(submitter)s::text IS NULL OR e.submitter = %(submitter)s
 GROUP BY e.endpoint_id ORDER BY e.created_at, e.endpoint_id;
 
 -- name: webhook_endpoint_set_enabled
--- Disable (with a reason) or re-enable one endpoint; re-enabling clears its failure streak. Returns the endpoint id, or nothing when unknown.
+-- Disable (with a reason) or re-enable one endpoint; re-enabling clears its failure streak, and so does an operator's disable (%(for_failing)s false): only the notifier's disable for failing (%(for_failing)s true) keeps it, which is what the TapelineWebhookEndpointDisabled alert and the dashboard's strip count. Returns the endpoint id, or nothing when unknown.
 UPDATE webhook_endpoints SET enabled = %(enabled)s,
        disabled_at = CASE WHEN %(enabled)s THEN NULL ELSE coalesce(disabled_at, now()) END,
        disabled_reason = CASE WHEN %(enabled)s THEN NULL ELSE %(reason)s END,
-       failing_since = CASE WHEN %(enabled)s THEN NULL ELSE failing_since END
+       failing_since = CASE WHEN %(enabled)s OR NOT %(for_failing)s THEN NULL ELSE failing_since END
 WHERE endpoint_id = %(endpoint_id)s RETURNING endpoint_id;
 
 -- name: webhook_endpoint_remove
@@ -571,17 +571,30 @@ WHERE d.delivery_id = %(delivery_id)s;
 SELECT apply_webhook_delivery(%(payload)s::jsonb, %(event_type)s, %(job_id)s, %(occurred_at)s);
 
 -- name: webhook_endpoint_failed
--- Start (or continue) an endpoint's failure streak at %(now)s; returns when it began and whether the endpoint is enabled.
-UPDATE webhook_endpoints SET failing_since = coalesce(failing_since, %(now)s)
+-- Start (or continue) an endpoint's failure streak at %(now)s (not for an endpoint disabled meanwhile: an operator's disable ended it); returns when it began and whether the endpoint is enabled.
+UPDATE webhook_endpoints SET failing_since = CASE WHEN enabled THEN coalesce(failing_since, %(now)s) ELSE failing_since END
 WHERE endpoint_id = %(endpoint_id)s RETURNING failing_since, enabled, submitter;
 
 -- name: webhook_endpoint_succeeded
 -- End an endpoint's failure streak: it answered 2xx at %(now)s.
 UPDATE webhook_endpoints SET failing_since = NULL, last_success_at = %(now)s WHERE endpoint_id = %(endpoint_id)s;
 
+-- name: webhook_endpoints_in_trouble
+-- Endpoints failing without a success since failing_since (enabled), or disabled while failing (the notifier disables keeping failing_since; an operator's disable clears it), oldest streak first; each with its deliveries not delivered since the streak began and up to %(jobs)s of their job ids, newest first. Never the secret.
+SELECT e.endpoint_id, e.submitter, e.enabled, e.failing_since,
+       (SELECT count(*) FROM webhook_deliveries d WHERE d.endpoint_id = e.endpoint_id AND d.state <> 'delivered'
+          AND d.updated_at >= e.failing_since) AS waiting,
+       ARRAY(SELECT j.job_id FROM (SELECT d.job_id, max(d.updated_at) AS at FROM webhook_deliveries d
+                                   WHERE d.endpoint_id = e.endpoint_id AND d.state <> 'delivered'
+                                     AND d.updated_at >= e.failing_since GROUP BY d.job_id) j
+             ORDER BY j.at DESC, j.job_id LIMIT %(jobs)s) AS jobs
+FROM webhook_endpoints e WHERE e.failing_since IS NOT NULL
+ORDER BY e.failing_since, e.endpoint_id;
+
 -- name: webhook_delivery_states
 -- Deliveries by state, and endpoints enabled and failing (for the notifier's gauges).
 SELECT (SELECT coalesce(jsonb_object_agg(state, n), '{}'::jsonb)
         FROM (SELECT state, count(*) AS n FROM webhook_deliveries GROUP BY state) s) AS states,
        (SELECT count(*) FROM webhook_endpoints WHERE enabled AND failing_since IS NOT NULL) AS failing_endpoints,
-       (SELECT count(*) FROM webhook_endpoints WHERE NOT enabled) AS disabled_endpoints;
+       (SELECT count(*) FROM webhook_endpoints WHERE NOT enabled) AS disabled_endpoints,
+       (SELECT count(*) FROM webhook_endpoints WHERE NOT enabled AND failing_since IS NOT NULL) AS disabled_failing_endpoints;

@@ -18,6 +18,8 @@ from domain import events as ev
 from processors.runtime import transact
 from tapeline.wiring import build_runtime
 from projections.api import create_app
+from tapeline.objectstore import ObjectStore
+from tapeline.wiring import build_app
 from tests.conftest import settings_env, wait_for
 from tests.integration.test_read_api import Job, job_row
 
@@ -83,3 +85,19 @@ def test_a_dead_letter_and_a_silent_watchdog_are_on_the_strip_with_their_links(i
             proc.wait(30)
         log.close()
         print((tmp_path / "processors.log").read_text(errors="replace")[-3000:])
+
+
+def test_object_storage_at_its_budget_is_on_the_strip_as_tapeline_serve_wires_it(isolated):
+    """`tapeline serve` (build_app) measures the real bucket for the strip; past storage_limit_bytes the
+    line says uploads are refused, with a budget far above the bucket there is no line."""
+    ObjectStore(isolated).put_if_absent(f"strip/{isolated.app_name}", b"x" * 10, "text/plain")  # never an empty bucket
+    for limit, shown in ((1, True), (10**15, False)):
+        settings = isolated.model_copy(update={"storage_limit_bytes": limit})
+        with TestClient(build_app(settings), base_url="http://localhost") as client:
+            line = strip(client, "/").get("storage_full")
+            assert (line is not None) is shown, line
+            served = {p["kind"]: p for p in client.get("/api/problems").json()["problems"]}
+            assert ("storage_full" in served) is shown
+            if shown:
+                assert "new uploads are refused (507)" in line and f"of {limit} bytes" in line
+                assert served["storage_full"]["href"] == "/"
