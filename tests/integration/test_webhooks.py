@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 
+import psycopg
 import pytest
 
 from domain.policy.webhooks import delivery_id
@@ -15,6 +16,7 @@ from tapeline.samples import sample_video
 from tests.conftest import Pipeline, tapeline_cli, wait_for
 from tests.integration.helpers import committed_events, of_job
 from tests.integration.receiver import Receiver, body_of
+from tapeline.postgres import migrate
 from tests.integration.roles import rows
 from tests.integration.test_problems_strip import strip
 from tapeline.wiring import build_app
@@ -176,3 +178,15 @@ def test_a_replay_rebuilds_the_deliveries_from_the_log(settings, pipeline):
                              "FROM rebuilt.webhook_deliveries ORDER BY delivery_id")
     assert rebuilt == live
 
+
+def test_the_read_only_role_never_reads_a_secret(settings, receiver):
+    """The dashboard and Grafana log in as the reader role: they see endpoints, never their secrets,
+    and `tapeline migrate` (grant_reader) keeps it so after the default privileges granted the table."""
+    register(settings, receiver, "/hidden", "erin", [200])
+    for _ in range(2):  # a second migrate changes nothing
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            migrate(settings.database_url, settings.db_schema)
+            conn.execute(f"SET ROLE {settings.reader_role}")
+            assert conn.execute("SELECT count(*) FROM webhook_endpoints WHERE submitter = 'erin'").fetchone()[0] == 1
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT secret FROM webhook_endpoints")
