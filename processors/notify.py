@@ -14,7 +14,8 @@ never notifies anyone. Each loop:
           `webhook-id`, derived from the event's dedup key and the endpoint), in one transaction;
   Step 2. dead-letter the deliveries of removed endpoints;
   Step 3. hand every due delivery (pending, or a retry whose time came) to a thread, at most
-          `notify_max_in_flight_per_endpoint` per endpoint and `notify_workers` in all.
+          `notify_max_in_flight_per_endpoint` per endpoint and `notify_workers` in all (the query
+          reads only that many per endpoint, so a slow endpoint's backlog never hides another's).
 One delivery (`deliver`), reconcile then act:
   a. wait until the projection has applied the job's lifecycle partition (up to its last stable
      offset and past this process's own writes), then read the delivery: delivered or dead-lettered
@@ -225,7 +226,8 @@ class Notifier:
                                                  tries=row["tries"], reason="the endpoint was removed")],
                          "notify.dead_lettered")
         # Step 3
-        for row in self.jobs.all("notify_due_deliveries", {"now": now, "limit": BATCH}):
+        for row in self.jobs.all("notify_due_deliveries", {"now": now, "limit": BATCH,
+                                                           "per_endpoint": settings.notify_max_in_flight_per_endpoint}):
             with self._state_lock:
                 if (row["delivery_id"] in self.in_flight or len(self.in_flight) >= settings.notify_workers
                         or self.per_endpoint[row["endpoint_id"]] >= settings.notify_max_in_flight_per_endpoint):

@@ -543,11 +543,15 @@ WHERE e.event_type IN ('JobCompleted', 'JobRejected', 'JobFailed', 'JobDeadLette
 ORDER BY e.broker_ts, e.event_id LIMIT %(limit)s;
 
 -- name: notify_due_deliveries
--- Deliveries to send now: pending, or a retry due at or before %(now)s, to enabled endpoints; oldest first.
-SELECT d.delivery_id, d.job_id, d.endpoint_id, d.state, d.tries
-FROM webhook_deliveries d JOIN webhook_endpoints ep ON ep.endpoint_id = d.endpoint_id AND ep.enabled
-WHERE d.state = 'pending' OR (d.state = 'retry_scheduled' AND d.next_try_at <= %(now)s)
-ORDER BY coalesce(d.next_try_at, d.intended_at), d.delivery_id LIMIT %(limit)s;
+-- Deliveries to send now: pending, or a retry due at or before %(now)s, to enabled endpoints; the oldest %(per_endpoint)s of each endpoint (no more can be in flight to it), so an endpoint with many due deliveries never hides another's; oldest first.
+SELECT delivery_id, job_id, endpoint_id, state, tries FROM (
+    SELECT d.delivery_id, d.job_id, d.endpoint_id, d.state, d.tries, coalesce(d.next_try_at, d.intended_at) AS due,
+           row_number() OVER (PARTITION BY d.endpoint_id
+                              ORDER BY coalesce(d.next_try_at, d.intended_at), d.delivery_id) AS nth
+    FROM webhook_deliveries d JOIN webhook_endpoints ep ON ep.endpoint_id = d.endpoint_id AND ep.enabled
+    WHERE d.state = 'pending' OR (d.state = 'retry_scheduled' AND d.next_try_at <= %(now)s)) due
+WHERE nth <= %(per_endpoint)s
+ORDER BY due, delivery_id LIMIT %(limit)s;
 
 -- name: notify_orphaned_deliveries
 -- Deliveries not done whose endpoint was removed: the notifier dead-letters them.

@@ -1,4 +1,6 @@
-"""What the notifier intends does not depend on where the projector's batches end (issue 23): the
+"""The notifier's queries against real PostgreSQL (issue 23).
+
+What the notifier intends does not depend on where the projector's batches end: the
 operator writes `JobReplayed` with what it causes in one Kafka transaction, but the projector may
 apply that transaction in two batches. Real PostgreSQL, the projector's own `apply_batch` and the
 notifier's own query (`notify_new_deliveries`), with the operator's own event builders.
@@ -6,6 +8,8 @@ notifier's own query (`notify_new_deliveries`), with the operator's own event bu
 Between the two batches of `tapeline dlq fail` (JobReplayed, then JobFailed) a subscriber to
 `job.replayed` must not be told of a replay: the job is being failed, and `job.failed` follows. A
 real replay (JobReplayed, then the next StageQueued) is notified once its second half is projected.
+
+And a slow endpoint's backlog never hides another endpoint's due delivery from the notifier's page.
 """
 
 from __future__ import annotations
@@ -106,3 +110,28 @@ def test_a_replay_is_notified_only_with_what_it_caused_and_never_before_a_dlq_fa
         assert wanted(conn) == [(failing, "JobFailed")], "a replay notified before what it caused is projected"
         apply_batch(conn, [second])
         assert wanted(conn) == sorted([(failing, "JobFailed"), (replaying, "JobReplayed")])
+
+
+def test_a_backlog_at_one_endpoint_never_hides_another_endpoints_due_delivery(isolated):
+    """Step 3 of the notifier reads at most `limit` due deliveries: a slow or failing endpoint with a
+    long backlog (older than everything else) must not fill that page, or every other customer waits
+    behind it. The notifier's own query, real PostgreSQL."""
+    settings = isolated.model_copy(update={"notify_allow_loopback": True})
+    store = PostgresJobStore(settings)
+    store.open()
+    try:
+        slow = webhooks.register(store, settings, "slowpoke", "http://127.0.0.1:9/slow", ["job.completed"])
+        fast = webhooks.register(store, settings, "zippy", "http://127.0.0.1:9/fast", ["job.completed"])
+    finally:
+        store.close()
+    with connect(settings.database_url, schema=settings.db_schema, autocommit=True) as conn:
+        conn.row_factory = psycopg.rows.dict_row
+        for n, endpoint in [(i, slow) for i in range(20)] + [(20, fast)]:  # the slow endpoint's backlog is older
+            conn.execute("INSERT INTO webhook_deliveries (delivery_id, job_id, endpoint_id, notification_type, "
+                         "source_event_id, source_dedup_key, state, intended_at, updated_at) "
+                         "VALUES (%s, %s, %s, 'job.completed', %s, %s, 'pending', %s, %s)",
+                         (f"msg_{n}", f"job-{n}", endpoint["endpoint_id"], f"e{n}", f"k{n}",
+                          T0 + timedelta(seconds=n), T0 + timedelta(seconds=n)))
+        due = conn.execute(q("notify_due_deliveries"), {"now": T0 + timedelta(hours=1), "limit": 5,
+                                                        "per_endpoint": 2}).fetchall()
+    assert [row["delivery_id"] for row in due] == ["msg_0", "msg_1", "msg_20"]
