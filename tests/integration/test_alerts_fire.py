@@ -107,7 +107,7 @@ def test_a_dead_letter_fires_its_alert_in_alertmanager(isolated, tmp_path):
         assert waited >= 55, f"the rule's for: 1m was honoured (fired {waited:.0f} s after the dead letter)"
         assert alert["labels"]["severity"] == "warning"
         assert alert["annotations"]["summary"] == "1 dead letter(s) waiting for an operator"
-        assert alert["annotations"]["dashboard"] == "/dead-letters"
+        assert alert["annotations"]["dashboard"] == f"{base}/dead-letters"  # a link to tapeline serve's page
         assert alert["status"]["state"] == "active"
         print(f"{ALERT} fired {waited:.0f} s after the dead letter appeared, {time.monotonic() - started:.0f} s in all")
     finally:

@@ -29,6 +29,7 @@ def test_the_written_configuration_passes_promtool(tmp_path: Path):
     body = json.loads(config.read_text())
     assert body["rule_files"] == [str(ALERT_RULES)]
     assert body["global"]["evaluation_interval"] == "1000ms"
+    assert body["global"]["external_labels"] == {"tapeline_dashboard": f"http://{settings.serve_host}:{settings.serve_port}"}
     assert body["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == [f"127.0.0.1:{settings.alertmanager_port}"]
 
 
