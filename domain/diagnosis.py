@@ -146,6 +146,12 @@ def diagnose(job: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
         return made(f"{last[0].upper()}{last[1:]}; attempt {job.get('retry_next_attempt')} is scheduled{when}.",
                     "Nothing to do: it retries by itself.", False, f"{error_class} is retryable")
     if state == "failed":
+        ended = next((e for e in reversed(events) if e["event_type"] == "JobFailed"), None)
+        payload = (ended or {}).get("payload") or {}
+        if payload.get("operator"):  # `tapeline dlq fail`: an operator's decision, whatever the error class
+            return made(f"Dead-lettered at {stage} ({error_class}), then {reason}.",
+                        "Nothing to do: nothing reopens a failed job; the submitter may send the file again.", True,
+                        "an operator ended it for good")
         return made(f"Failed for good at {stage}: {error_class}: {reason}.",
                     "Do not replay: ask the submitter for a corrected file.", True,
                     f"{error_class} is not retryable: the same input fails the same way every time")

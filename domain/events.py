@@ -367,6 +367,11 @@ class JobDeadLettered(Event):
 
 
 class JobReplayed(Event):
+    """An operator reopened a dead-lettered or needs-review job. Always committed in one transaction
+    with the events it causes (their `causation_id` is its event id): the next `StageQueued`, or
+    `Published` + `JobCompleted` (a review resolved as posted), or the `JobFailed` of `dlq fail`.
+    The notifier relies on it (`notify_new_deliveries`)."""
+
     operator: str
     reason: str
     dead_letter_id: str | None = None

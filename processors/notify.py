@@ -14,7 +14,8 @@ never notifies anyone. Each loop:
           `webhook-id`, derived from the event's dedup key and the endpoint), in one transaction;
   Step 2. dead-letter the deliveries of removed endpoints;
   Step 3. hand every due delivery (pending, or a retry whose time came) to a thread, at most
-          `notify_max_in_flight_per_endpoint` per endpoint and `notify_workers` in all.
+          `notify_max_in_flight_per_endpoint` per endpoint and `notify_workers` in all (the query
+          reads only that many per endpoint, so a slow endpoint's backlog never hides another's).
 One delivery (`deliver`), reconcile then act:
   a. wait until the projection has applied the job's lifecycle partition (up to its last stable
      offset and past this process's own writes), then read the delivery: delivered or dead-lettered
@@ -225,7 +226,8 @@ class Notifier:
                                                  tries=row["tries"], reason="the endpoint was removed")],
                          "notify.dead_lettered")
         # Step 3
-        for row in self.jobs.all("notify_due_deliveries", {"now": now, "limit": BATCH}):
+        for row in self.jobs.all("notify_due_deliveries", {"now": now, "limit": BATCH,
+                                                           "per_endpoint": settings.notify_max_in_flight_per_endpoint}):
             with self._state_lock:
                 if (row["delivery_id"] in self.in_flight or len(self.in_flight) >= settings.notify_workers
                         or self.per_endpoint[row["endpoint_id"]] >= settings.notify_max_in_flight_per_endpoint):
@@ -307,7 +309,7 @@ class Notifier:
                                    failing_since=streak["failing_since"], reason=why))
         self._record(store, out, "notify.failed")
         if disable:
-            webhooks.set_enabled(store, row["endpoint_id"], False, out[-1].reason)
+            webhooks.set_enabled(store, row["endpoint_id"], False, out[-1].reason, for_failing=True)
             log.warning("webhook endpoint disabled", endpoint_id=row["endpoint_id"], reason=out[-1].reason)
         log.info("webhook failed", delivery_id=row["delivery_id"], job_id=row["job_id"],
                  endpoint_id=row["endpoint_id"], try_number=try_number, reason=result.reason,
@@ -366,3 +368,4 @@ class Notifier:
             self.health.webhook_deliveries.labels(state=state).set(row["states"].get(state, 0))
         self.health.webhook_endpoints_failing.set(row["failing_endpoints"])
         self.health.webhook_endpoints_disabled.set(row["disabled_endpoints"])
+        self.health.webhook_endpoints_disabled_failing.set(row["disabled_failing_endpoints"])

@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import psycopg
 import structlog
@@ -59,7 +59,7 @@ from projections.glossary import STALL_KINDS, glossary
 from projections.ports import Intake, OperatorActions, WebhookEndpoints
 from tapeline import read
 from projections.provider_status import provider_overview
-from projections.problems import problems_router
+from projections.problems import Sources, problems_router
 from tapeline.postgres import session_options, connect, q, qf
 from domain.errors import ConfigurationError, ServiceUnavailable, TapelineError
 from domain.lifecycle import TERMINAL_STATES
@@ -123,24 +123,32 @@ class LagCache:
         self._lock = threading.Lock()
         self._consumer = None
         self._value: dict[str, Any] | None = None
-        self._at = 0.0
+        self._failed: ServiceUnavailable | None = None
+        self._at = -float("inf")
 
-    def get(self, conn: psycopg.Connection) -> dict[str, Any]:
-        """`LagReport.as_dict()`; raises `ServiceUnavailable` when Kafka does not answer."""
+    def get(self, conn: psycopg.Connection, timeout_s: float = 10.0) -> dict[str, Any]:
+        """`LagReport.as_dict()`; raises `ServiceUnavailable` when Kafka does not answer within
+        `timeout_s`, and at once, for `max_age_s`, after it did not (so the problems strip, which
+        asks on every page, does not hold every page while Kafka is down)."""
         from confluent_kafka import KafkaException
 
         from tapeline.lag import lag_reader, measure
 
         with self._lock:
-            if self._value is not None and time.monotonic() - self._at < self.max_age_s:
-                return self._value
+            if time.monotonic() - self._at < self.max_age_s:
+                if self._failed is not None:
+                    raise self._failed
+                if self._value is not None:
+                    return self._value
             if self._consumer is None:
                 self._consumer = lag_reader(self.settings)
             try:
-                report = measure(self.settings, conn, self._consumer, timeout_s=10.0)
+                report = measure(self.settings, conn, self._consumer, timeout_s=timeout_s)
             except KafkaException as exc:
-                raise ServiceUnavailable(f"Kafka at {self.settings.kafka_bootstrap} did not answer: {exc}") from exc
-            self._value, self._at = report.as_dict(), time.monotonic()
+                self._failed, self._at = ServiceUnavailable(f"Kafka at {self.settings.kafka_bootstrap} did not "
+                                                            f"answer: {exc}"), time.monotonic()
+                raise self._failed from exc
+            self._value, self._failed, self._at = report.as_dict(), None, time.monotonic()
             return self._value
 
     def close(self) -> None:
@@ -215,11 +223,12 @@ class ApiMetrics:
 
 
 def create_app(settings: Settings, *, actions: OperatorActions | None = None, intake: Intake | None = None,
-               webhooks: WebhookEndpoints | None = None) -> FastAPI:
+               webhooks: WebhookEndpoints | None = None, storage_bytes: Callable[[], int] | None = None) -> FastAPI:
     """The app for `settings`. The pool opens on startup (after `check_reader`) and closes on shutdown.
 
     `actions` carries out operator actions (without it every action answers 503); `webhooks` registers
-    customer webhook endpoints (`/api/webhooks`; without it they answer 503); `intake` adds
+    customer webhook endpoints (`/api/webhooks`; without it they answer 503); `storage_bytes` measures
+    the bucket for the problems strip (None: storage is not shown there); `intake` adds
     `POST /uploads`. `tapeline.wiring.build_app` passes both. The routes are in `ROUTERS`; they
     reach this app's pool, settings and actions through `app.state.web` (`api_deps.Web`).
     """
@@ -256,11 +265,12 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
     lag = LagCache(settings, settings.lag_cache_s)
     metrics = ApiMetrics(lambda: context.pool, lag, providers=lambda conn: provider_overview(conn, settings))
     context = Web(settings=settings, lag=lag, metrics=metrics, flasher=FlashSigner.for_settings(settings),
-                  templates=templates, actions=actions, webhooks=webhooks)
+                  templates=templates, actions=actions, webhooks=webhooks,
+                  sources=Sources(lag=lambda conn: lag.get(conn, timeout_s=3.0), storage_bytes=storage_bytes))
     app.state.settings, app.state.metrics, app.state.web = settings, metrics, context
     if intake is not None:
         app.include_router(intake.router)  # POST /uploads: writes as the login role
-    app.include_router(problems_router(lambda: context.pool, settings))  # GET /api/problems (projections/problems.py)
+    app.include_router(problems_router(lambda: context.pool, settings, context.sources))  # GET /api/problems
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next):

@@ -21,7 +21,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from domain.errors import ServiceUnavailable
 from projections.edge import FlashSigner
 from projections.ports import OperatorActions, WebhookEndpoints
-from projections.problems import problems_now
+from projections.problems import Sources, problems_now
 from tapeline import read
 from tapeline.settings import Settings
 
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Web:
-    """One app's context: its settings, projection lag cache, metrics, flash signer, templates and
-    operator actions (None: every action answers 503); `pool`, the read-only connection pool, is set
+    """One app's context: its settings, projection lag cache, metrics, flash signer, templates,
+    operator actions (None: every action answers 503) and the problems strip's `sources`; `pool`, the read-only connection pool, is set
     when the app starts (`create_app`'s lifespan)."""
 
     settings: Settings
@@ -42,6 +42,7 @@ class Web:
     templates: Jinja2Templates
     actions: OperatorActions | None = None
     webhooks: WebhookEndpoints | None = None
+    sources: Sources = field(default_factory=Sources)
     state: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -105,5 +106,5 @@ def page(request: Request, template: str, status_code: int = 200, **context: Any
     app = web(request)
     flash = app.flasher.shown(request.query_params)  # only outcomes this server signed (FlashSigner)
     return app.templates.TemplateResponse(request, template, {"message": flash["msg"], "error": flash["err"],
-                                                              "problems": problems_now(lambda: app.pool, app.settings),
+                                                              "problems": problems_now(lambda: app.pool, app.settings, app.sources),
                                                               **context}, status_code=status_code)

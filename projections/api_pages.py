@@ -61,3 +61,10 @@ def stalled_page(request: Request, conn: psycopg.Connection = Depends(db)) -> HT
 def dead_letters_page(request: Request, conn: psycopg.Connection = Depends(db)) -> HTMLResponse:
     """The 200 newest dead letters, with the replay form."""
     return page(request, "dead_letters.html", letters=[letter_json(r) for r in read.dead_letters(conn, limit=200)])
+
+
+@router.get("/webhooks", response_class=HTMLResponse, include_in_schema=False)
+def webhooks_page(request: Request, conn: psycopg.Connection = Depends(db)) -> HTMLResponse:
+    """Customer webhook endpoints (`read.webhook_endpoints`): enabled or why not, failing since when,
+    deliveries by state; never a secret. Read-only: `tapeline webhooks` and `/api/webhooks` change them."""
+    return page(request, "webhooks.html", endpoints=read.webhook_endpoints(conn))

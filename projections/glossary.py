@@ -169,6 +169,16 @@ TERMS: dict[str, str] = {
     "audio": "the source's audio stream: codec and its own duration (it may differ from the video's)",
     "handling": "what the transcode does about what is unusual in the source",
     "created (UTC)": "broker time the job was accepted",
+    "endpoint": "a customer webhook endpoint's id (ep_...), as tapeline webhooks list shows it",
+    "submitter": "whose jobs the endpoint hears of: the identity of tapeline submit --submitter or an intake token",
+    "url": "where the notifications are POSTed, signed (Standard Webhooks)",
+    "events": "the notification types the endpoint wants (job.completed, job.failed, ...)",
+    "failing since": "when its deliveries began to fail without a success since; past notify_disable_after_s "
+                     "the notifier disables it",
+    "last success": "when a delivery to it last got a 2xx answer",
+    "delivered": "notifications it answered with a 2xx (each sent once, whatever crashes)",
+    "pending": "notifications not delivered yet: waiting for their first try or a retry",
+    "dead": "notifications dead-lettered: out of tries (about a day), or the endpoint was removed",
     # the platform's own words
     "log clock": "the broker time of the newest event in a partition of the lifecycle log; leases and stalls "
                  "are judged on it, never on a machine's clock",

@@ -195,30 +195,63 @@ def audit(settings: Settings, jobs: dict[str, str], posts: list[dict[str, Any]])
     return result
 
 
-def audit_notifications(events: list[ev.Event], posts: dict[str, list[Any]], unsigned: int) -> list[str]:
-    """Violations of the customer-notification promise (issue 23) in a run's committed lifecycle
-    events and what a receiver saw (`posts`: webhook-id -> the verified POSTs with it; `unsigned`:
-    POSTs whose Standard Webhooks signature did not verify). Pure. The promise: every delivery is
-    signed; every notification the receiver saw is recorded delivered exactly once; nothing is
-    recorded delivered that the receiver never saw; every intended notification is either recorded
-    delivered or not yet tried. A webhook-id seen more than once is allowed (a crash between the
-    receiver's 2xx and the record resends it with the same id, for the receiver to dedupe)."""
+def audit_notifications(events: list[ev.Event], posts: dict[str, list[Any]], unsigned: int,
+                        settled: bool = False) -> list[str]:
+    """Violations of the customer-notification promise (issue 23: exactly one successful delivery per
+    event, every delivery signed) in a run's committed lifecycle events and what a receiver saw
+    (`posts`: webhook-id -> the verified POSTs with it, dicts with the `status` the receiver answered
+    and its wall-clock `at`, seconds; `unsigned`: POSTs whose Standard Webhooks signature did not
+    verify). Pure. The promise:
+
+    - every POST is signed (`unsigned` is 0);
+    - one notification per (lifecycle event, endpoint): every `NotificationIntended` of it carries the
+      same webhook-id;
+    - every notification recorded delivered is recorded so exactly once, and the receiver answered
+      one of its POSTs 2xx; nothing the receiver answered 2xx is left unrecorded;
+    - nothing is POSTed after its delivery was recorded (its committed `NotificationDelivered`);
+    - nothing is received that was never intended;
+    - `settled` (the run ended with every endpoint answering 2xx): every intended notification is
+      recorded delivered.
+    A webhook-id answered 2xx more than once is allowed: a crash between the receiver's 2xx and the
+    record resends it with the same id, for the receiver to dedupe (the Standard Webhooks convention).
+    """
     violations = [f"{unsigned} POST(s) not signed with the endpoint's secret"] if unsigned else []
-    delivered: dict[str, int] = {}
-    intended: set[str] = set()
+    delivered: dict[str, list[ev.Event]] = {}
+    intended: dict[str, set[tuple[str, str]]] = {}
+    notification: dict[tuple[str, str], set[str]] = {}
     for event in events:
         if isinstance(event, ev.NotificationDelivered):
-            delivered[event.delivery_id] = delivered.get(event.delivery_id, 0) + 1
+            delivered.setdefault(event.delivery_id, []).append(event)
         elif isinstance(event, ev.NotificationIntended):
-            intended.add(event.delivery_id)
-    for msg_id, count in delivered.items():
-        if count != 1:
-            violations.append(f"{msg_id}: {count} NotificationDelivered committed")
-        if msg_id not in posts:
+            source = (event.source_dedup_key, event.endpoint_id)
+            intended.setdefault(event.delivery_id, set()).add(source)
+            notification.setdefault(source, set()).add(event.delivery_id)
+    for (source, endpoint), ids in notification.items():
+        if len(ids) != 1:
+            violations.append(f"{source} to {endpoint}: {len(ids)} webhook-ids {sorted(ids)}")
+    for msg_id, records in delivered.items():
+        if len(records) != 1:
+            violations.append(f"{msg_id}: {len(records)} NotificationDelivered committed")
+        received = posts.get(msg_id, [])
+        if not received:
             violations.append(f"{msg_id}: recorded delivered, never received")
-    for msg_id in posts:
-        if msg_id not in delivered:
-            violations.append(f"{msg_id}: received, not recorded delivered")
+        elif not any(_ok(post) for post in received):
+            violations.append(f"{msg_id}: recorded delivered, never answered 2xx")
+        done_at = min(r.occurred_at for r in records).timestamp()
+        late = [post for post in received if isinstance(post, dict) and post.get("at", 0.0) > done_at]
+        if late:
+            violations.append(f"{msg_id}: {len(late)} POST(s) after its delivery was recorded")
+    for msg_id, received in posts.items():
+        if msg_id not in delivered and any(_ok(post) for post in received):
+            violations.append(f"{msg_id}: answered 2xx, not recorded delivered")
         if msg_id not in intended:
             violations.append(f"{msg_id}: received without a NotificationIntended")
+    if settled:
+        violations += [f"{msg_id}: intended, never recorded delivered" for msg_id in intended if msg_id not in delivered]
     return violations
+
+
+def _ok(post: Any) -> bool:
+    """Whether the receiver answered this POST 2xx (a POST without a recorded status counts as 2xx)."""
+    status = post.get("status", 200) if isinstance(post, dict) else 200
+    return 200 <= status < 300

@@ -61,7 +61,8 @@ def dlq_list(reason: Optional[str] = typer.Option(None, "--reason", help="Only t
     for r in rows:
         table.add_row(r["id"], r["kind"], r["stage"] or "-", r["error_class"] or "-", _letter_attempts(r),
                       r["broker_ts"].strftime("%Y-%m-%d %H:%M:%S") if r["broker_ts"] else "-",
-                      f"by {r['replayed_by']}" if r["replayed_at"] else "no", escape((r["error"] or "")[:80]))
+                      escape(f"by {r['replayed_by']}: {(r['replay_reason'] or '')[:60]}") if r["replayed_at"] else "no",
+                      escape((r["error"] or "")[:80]))
     out.print(table)
 
 

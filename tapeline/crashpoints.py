@@ -45,12 +45,15 @@ PIPELINE_CRASH_POINTS: tuple[str, ...] = (
 
 NOTIFY_CRASH_POINTS: tuple[str, ...] = (
     # the notifier (processors/notify.py): NotificationIntended, the POST, its record
-    "notify.intended.after_produce", "notify.intended.after_commit",
+    "notify.intended.before_produce", "notify.intended.after_produce", "notify.intended.after_commit",
     "notify.before_post", "notify.after_post",  # after_post: the receiver answered, nothing recorded yet
-    "notify.delivered.after_produce", "notify.delivered.after_commit",
+    "notify.delivered.before_produce", "notify.delivered.after_produce", "notify.delivered.after_commit",
+    # a POST the receiver answered 500: its NotificationFailed (with the retry time), then the retry
+    "notify.failed.before_produce", "notify.failed.after_produce", "notify.failed.after_commit",
 )
 """Every crash point one customer notification passes through, in order (`tests/faults/test_notify_crashes.py`
-kills the notifier at each in turn)."""
+kills the notifier at each in turn; at the `notify.failed.*` points the receiver answers the first POST
+500)."""
 
 
 _file_cache: tuple[float, frozenset[str]] = (-1.0, frozenset())

@@ -137,6 +137,9 @@ class HealthState:
         self.webhook_endpoints_disabled = Gauge("tapeline_webhook_endpoints_disabled", "Notifier: endpoints "
                                                 "disabled (by the notifier after failing too long, or by an operator)",
                                                 registry=self.registry)
+        self.webhook_endpoints_disabled_failing = Gauge(
+            "tapeline_webhook_endpoints_disabled_failing", "Notifier: endpoints it disabled after failing for "
+            "notify_disable_after_s, until enabled or removed", registry=self.registry)
 
     # Readiness.
     def mark_ready(self) -> None:

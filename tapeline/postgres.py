@@ -209,10 +209,16 @@ def _rowset(rows: list[dict[str, Any]]) -> set[tuple]:
     return {tuple(sorted(row.items())) for row in rows}
 
 
+HIDDEN_COLUMNS: dict[str, tuple[str, ...]] = {"webhook_endpoints": ("secret",)}
+"""Columns the read-only role never reads (the dashboard's and Grafana's login): a webhook endpoint's
+signing secret is shown once, at registration, and never again. The reader gets SELECT on the
+table's other columns only."""
+
+
 def grant_reader(conn: psycopg.Connection, schema: str, role: str = READER_ROLE) -> list[str]:
     """What migration 010 grants `role`, made again where missing: USAGE on `schema`, SELECT on each of
-    its tables and views, and SELECT on tables the migrating user creates there later (default
-    privileges). Nothing when the role does not exist (010 then said who must create it). Idempotent:
+    its tables and views but the `HIDDEN_COLUMNS` (taken back where the default privileges granted
+    them), and SELECT on tables the migrating user creates there later (default privileges). Nothing when the role does not exist (010 then said who must create it). Idempotent:
     grants only what is missing (a GRANT rewrites the catalog row even when it changes nothing).
     Returns what it granted, e.g. `["USAGE ON SCHEMA x", "SELECT ON x.job_state"]`.
     """
@@ -224,10 +230,24 @@ def grant_reader(conn: psycopg.Connection, schema: str, role: str = READER_ROLE)
             conn.execute(qf("grant_schema_usage", schema=schema, role=role))
             granted.append(f"USAGE ON SCHEMA {schema}")
         missing = [name for (name,) in conn.execute(
-            q("relations_not_readable_by"), {"schema": schema, "role": role})]
+            q("relations_not_readable_by"), {"schema": schema, "role": role}) if name not in HIDDEN_COLUMNS]
         for name in missing:
             conn.execute(qf("grant_select_on", schema=schema, relation=name, role=role))
             granted.append(f"SELECT ON {schema}.{name}")
+        for name, hidden in HIDDEN_COLUMNS.items():
+            relation = f'"{schema}"."{name}"'
+            present, readable = conn.execute(q("table_select_granted"), {"relation": relation, "role": role}).fetchone()
+            if not present:
+                continue
+            if readable:  # the default privileges granted the whole table when a migration created it
+                conn.execute(qf("revoke_select_on", schema=schema, relation=name, role=role))
+                granted.append(f"no SELECT ON {schema}.{name}.{', '.join(hidden)}")
+            columns = [col for (col,) in conn.execute(q("columns_not_readable_by"), {
+                "relation": relation, "role": role, "hidden": list(hidden)})]
+            if columns:
+                conn.execute(qf("grant_select_columns_on", columns=identifiers(columns), schema=schema,
+                                relation=name, role=role))
+                granted.append(f"SELECT ON {schema}.{name} ({', '.join(columns)})")
         defaults = conn.execute(q("default_select_granted"), {"schema": schema, "role": role}).fetchone()[0]
         if not defaults:
             conn.execute(qf("grant_default_select", schema=schema, role=role))

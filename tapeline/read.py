@@ -204,6 +204,19 @@ def dead_letters(conn: psycopg.Connection, reason: str | None = None, pending: b
     return [letter_attempts(row) for row in rows]
 
 
+def webhook_endpoints_in_trouble(conn: psycopg.Connection, jobs: int = 5) -> list[dict[str, Any]]:
+    """Customer webhook endpoints failing without a success (enabled) or disabled by the notifier for
+    failing (`failing_since` kept), oldest streak first: endpoint_id, submitter, enabled,
+    failing_since, waiting (deliveries not delivered since the streak began) and `jobs` (up to
+    `jobs` job ids of those deliveries, newest first). Never the secret."""
+    return conn.execute(q("webhook_endpoints_in_trouble"), {"jobs": jobs}).fetchall()
+
+
+def webhook_endpoints(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    """Every webhook endpoint with its delivery counts (`webhook_endpoints_list`), never the secret."""
+    return conn.execute(q("webhook_endpoints_list"), {"submitter": None}).fetchall()
+
+
 def dead_letter(conn: psycopg.Connection, dead_letter_id: str) -> dict[str, Any] | None:
     """One dead letter, raw bytes included, or None; `attempts` as `letter_attempts` says."""
     row = conn.execute(q("dead_letter_by_id"), {"id": dead_letter_id}).fetchone()

@@ -86,10 +86,14 @@ def endpoints(jobs: JobStore, submitter: str | None = None) -> list[dict[str, An
     return jobs.all("webhook_endpoints_list", {"submitter": submitter})
 
 
-def set_enabled(jobs: JobStore, endpoint_id: str, enabled: bool, reason: str | None = None) -> bool:
-    """Disable (with `reason`) or re-enable an endpoint; False when it does not exist."""
+def set_enabled(jobs: JobStore, endpoint_id: str, enabled: bool, reason: str | None = None, *,
+                for_failing: bool = False) -> bool:
+    """Disable (with `reason`) or re-enable an endpoint; False when it does not exist. Re-enabling, and
+    an operator's disable, end its failure streak; the notifier's disable for failing
+    (`for_failing=True`) keeps it, so the endpoint counts as disabled for failing (its alert and the
+    dashboard's strip) until someone enables or removes it."""
     return jobs.one("webhook_endpoint_set_enabled", {"endpoint_id": endpoint_id, "enabled": enabled,
-                                                     "reason": reason}) is not None
+                                                     "reason": reason, "for_failing": for_failing}) is not None
 
 
 def remove(jobs: JobStore, endpoint_id: str) -> bool:

@@ -128,7 +128,38 @@ def build_app(settings: Settings) -> FastAPI:
     from projections.api import create_app
 
     return create_app(settings, actions=OperatorService(settings), intake=HttpIntake(settings),
-                      webhooks=WebhookService(settings))
+                      webhooks=WebhookService(settings), storage_bytes=storage_meter(settings))
+
+
+def storage_meter(settings: Settings):
+    """The bucket's bytes for the dashboard's strip, or None when no `storage_limit_bytes` is set:
+    `StorageGauge.bytes` over an `ObjectStore` of its own that gives up after one try of at most 3 s
+    per call, a measurement and a failure each reused for `storage_usage_cache_s`, so an S3 endpoint
+    that does not answer costs one page one short wait, not every page the client's full retries."""
+    if settings.storage_limit_bytes is None:
+        return None
+    import time
+
+    from tapeline.objects import StorageGauge
+    from tapeline.objectstore import ObjectStore
+
+    quick = settings.model_copy(update={"s3_max_attempts": 1, "s3_read_timeout_s": min(3.0, settings.s3_read_timeout_s),
+                                        "s3_connect_timeout_s": min(3.0, settings.s3_connect_timeout_s)})
+    gauge = StorageGauge(quick, ObjectStore(quick))
+    failed: list[tuple[float, Exception]] = []
+
+    def measure() -> int:
+        if failed and time.monotonic() - failed[-1][0] < settings.storage_usage_cache_s:
+            raise failed[-1][1]
+        try:
+            value = gauge.bytes()
+        except Exception as exc:  # StorageError; kept to answer at once until the cache age passes
+            failed[:] = [(time.monotonic(), exc)]
+            raise
+        failed.clear()
+        return value
+
+    return measure
 
 
 def serve(settings: Settings, host: str | None = None, port: int | None = None, log_level: str = "info") -> None:

@@ -56,6 +56,26 @@ SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace W
 -- Grant SELECT on {schema}.{relation} to role {role}.
 GRANT SELECT ON {schema}.{relation} TO {role};
 
+-- name: table_select_granted
+-- Whether relation %(relation)s exists and role %(role)s has table-level SELECT on it: (present, readable).
+SELECT to_regclass(%(relation)s) IS NOT NULL AS present,
+       coalesce(has_table_privilege(%(role)s, to_regclass(%(relation)s), 'SELECT'), false) AS readable;
+
+-- name: revoke_select_on
+-- Revoke SELECT on {schema}.{relation} (and its column grants) from role {role}.
+REVOKE SELECT ON {schema}.{relation} FROM {role};
+
+-- name: columns_not_readable_by
+-- Columns of relation %(relation)s, other than %(hidden)s, that role %(role)s may not SELECT, in column order.
+SELECT a.attname FROM pg_attribute a WHERE a.attrelid = to_regclass(%(relation)s) AND a.attnum > 0
+    AND NOT a.attisdropped AND a.attname <> ALL (%(hidden)s::text[])
+    AND NOT has_column_privilege(%(role)s, a.attrelid, a.attnum, 'SELECT')
+    ORDER BY a.attnum;
+
+-- name: grant_select_columns_on
+-- Grant SELECT on columns {columns} of {schema}.{relation} to role {role}.
+GRANT SELECT ({columns}) ON {schema}.{relation} TO {role};
+
 -- name: default_select_granted
 -- Whether the current user's default privileges in schema %(schema)s already grant SELECT on new tables to %(role)s.
 SELECT EXISTS (SELECT 1 FROM pg_default_acl d JOIN pg_namespace n ON n.oid = d.defaclnamespace,

@@ -517,11 +517,11 @@ WHERE %(submitter)s::text IS NULL OR e.submitter = %(submitter)s
 GROUP BY e.endpoint_id ORDER BY e.created_at, e.endpoint_id;
 
 -- name: webhook_endpoint_set_enabled
--- Disable (with a reason) or re-enable one endpoint; re-enabling clears its failure streak. Returns the endpoint id, or nothing when unknown.
+-- Disable (with a reason) or re-enable one endpoint; re-enabling clears its failure streak, and so does an operator's disable (%(for_failing)s false): only the notifier's disable for failing (%(for_failing)s true) keeps it, which is what the TapelineWebhookEndpointDisabled alert and the dashboard's strip count. Returns the endpoint id, or nothing when unknown.
 UPDATE webhook_endpoints SET enabled = %(enabled)s,
        disabled_at = CASE WHEN %(enabled)s THEN NULL ELSE coalesce(disabled_at, now()) END,
        disabled_reason = CASE WHEN %(enabled)s THEN NULL ELSE %(reason)s END,
-       failing_since = CASE WHEN %(enabled)s THEN NULL ELSE failing_since END
+       failing_since = CASE WHEN %(enabled)s OR NOT %(for_failing)s THEN NULL ELSE failing_since END
 WHERE endpoint_id = %(endpoint_id)s RETURNING endpoint_id;
 
 -- name: webhook_endpoint_remove
@@ -529,7 +529,7 @@ WHERE endpoint_id = %(endpoint_id)s RETURNING endpoint_id;
 DELETE FROM webhook_endpoints WHERE endpoint_id = %(endpoint_id)s RETURNING endpoint_id;
 
 -- name: notify_new_deliveries
--- Lifecycle events a customer wants notified of and not yet intended for that endpoint (not the JobReplayed that `tapeline dlq fail` writes before its JobFailed): applied events of the types in %(event_types)s (mapped to %(notification_types)s) of jobs whose upload's submitter has an enabled endpoint registered at or before the event, appended at or after %(since)s (the lookback: it bounds the scan), oldest first.
+-- Lifecycle events a customer wants notified of and not yet intended for that endpoint (a JobReplayed only once an event it caused is projected, and not the one `tapeline dlq fail` writes before its JobFailed): applied events of the types in %(event_types)s (mapped to %(notification_types)s) of jobs whose upload's submitter has an enabled endpoint registered at or before the event, appended at or after %(since)s (the lookback: it bounds the scan), oldest first.
 SELECT e.event_id, e.event_type, e.job_id, e.dedup_key, e.broker_ts, m.notification_type, ep.endpoint_id
 FROM lifecycle_evidence e
 JOIN unnest(%(event_types)s::text[], %(notification_types)s::text[]) AS m(event_type, notification_type)
@@ -541,17 +541,26 @@ WHERE e.event_type IN ('JobCompleted', 'JobRejected', 'JobFailed', 'JobDeadLette
                        'JobCancelled') AND e.applied AND e.broker_ts >= %(since)s
   AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.source_dedup_key = e.dedup_key
                   AND d.endpoint_id = ep.endpoint_id)
-  -- the JobReplayed of `tapeline dlq fail` only carries its JobFailed (its cause), which is notified
-  AND NOT (e.event_type = 'JobReplayed' AND EXISTS (SELECT 1 FROM lifecycle_evidence f WHERE f.job_id = e.job_id
-                                                     AND f.event_type = 'JobFailed' AND f.causation_id = e.event_id))
+  -- A JobReplayed is committed with what it causes (causation_id = its event id): the next StageQueued,
+  -- Published + JobCompleted, or the JobFailed of `tapeline dlq fail`, which is notified instead. The
+  -- projector may apply one transaction in two batches, so it is notified only once what it caused is
+  -- projected too, and never when that is a JobFailed.
+  AND (e.event_type <> 'JobReplayed'
+       OR (EXISTS (SELECT 1 FROM lifecycle_evidence c WHERE c.job_id = e.job_id AND c.causation_id = e.event_id)
+           AND NOT EXISTS (SELECT 1 FROM lifecycle_evidence f WHERE f.job_id = e.job_id AND f.event_type = 'JobFailed'
+                           AND f.causation_id = e.event_id)))
 ORDER BY e.broker_ts, e.event_id LIMIT %(limit)s;
 
 -- name: notify_due_deliveries
--- Deliveries to send now: pending, or a retry due at or before %(now)s, to enabled endpoints; oldest first.
-SELECT d.delivery_id, d.job_id, d.endpoint_id, d.state, d.tries
-FROM webhook_deliveries d JOIN webhook_endpoints ep ON ep.endpoint_id = d.endpoint_id AND ep.enabled
-WHERE d.state = 'pending' OR (d.state = 'retry_scheduled' AND d.next_try_at <= %(now)s)
-ORDER BY coalesce(d.next_try_at, d.intended_at), d.delivery_id LIMIT %(limit)s;
+-- Deliveries to send now: pending, or a retry due at or before %(now)s, to enabled endpoints; the oldest %(per_endpoint)s of each endpoint (no more can be in flight to it), so an endpoint with many due deliveries never hides another's; oldest first.
+SELECT delivery_id, job_id, endpoint_id, state, tries FROM (
+    SELECT d.delivery_id, d.job_id, d.endpoint_id, d.state, d.tries, coalesce(d.next_try_at, d.intended_at) AS due,
+           row_number() OVER (PARTITION BY d.endpoint_id
+                              ORDER BY coalesce(d.next_try_at, d.intended_at), d.delivery_id) AS nth
+    FROM webhook_deliveries d JOIN webhook_endpoints ep ON ep.endpoint_id = d.endpoint_id AND ep.enabled
+    WHERE d.state = 'pending' OR (d.state = 'retry_scheduled' AND d.next_try_at <= %(now)s)) due
+WHERE nth <= %(per_endpoint)s
+ORDER BY due, delivery_id LIMIT %(limit)s;
 
 -- name: notify_orphaned_deliveries
 -- Deliveries not done whose endpoint was removed: the notifier dead-letters them.
@@ -575,17 +584,30 @@ WHERE d.delivery_id = %(delivery_id)s;
 SELECT apply_webhook_delivery(%(payload)s::jsonb, %(event_type)s, %(job_id)s, %(occurred_at)s);
 
 -- name: webhook_endpoint_failed
--- Start (or continue) an endpoint's failure streak at %(now)s; returns when it began and whether the endpoint is enabled.
-UPDATE webhook_endpoints SET failing_since = coalesce(failing_since, %(now)s)
+-- Start (or continue) an endpoint's failure streak at %(now)s (not for an endpoint disabled meanwhile: an operator's disable ended it); returns when it began and whether the endpoint is enabled.
+UPDATE webhook_endpoints SET failing_since = CASE WHEN enabled THEN coalesce(failing_since, %(now)s) ELSE failing_since END
 WHERE endpoint_id = %(endpoint_id)s RETURNING failing_since, enabled, submitter;
 
 -- name: webhook_endpoint_succeeded
 -- End an endpoint's failure streak: it answered 2xx at %(now)s.
 UPDATE webhook_endpoints SET failing_since = NULL, last_success_at = %(now)s WHERE endpoint_id = %(endpoint_id)s;
 
+-- name: webhook_endpoints_in_trouble
+-- Endpoints failing without a success since failing_since (enabled), or disabled while failing (the notifier disables keeping failing_since; an operator's disable clears it), oldest streak first; each with its deliveries not delivered since the streak began and up to %(jobs)s of their job ids, newest first. Never the secret.
+SELECT e.endpoint_id, e.submitter, e.enabled, e.failing_since,
+       (SELECT count(*) FROM webhook_deliveries d WHERE d.endpoint_id = e.endpoint_id AND d.state <> 'delivered'
+          AND d.updated_at >= e.failing_since) AS waiting,
+       ARRAY(SELECT j.job_id FROM (SELECT d.job_id, max(d.updated_at) AS at FROM webhook_deliveries d
+                                   WHERE d.endpoint_id = e.endpoint_id AND d.state <> 'delivered'
+                                     AND d.updated_at >= e.failing_since GROUP BY d.job_id) j
+             ORDER BY j.at DESC, j.job_id LIMIT %(jobs)s) AS jobs
+FROM webhook_endpoints e WHERE e.failing_since IS NOT NULL
+ORDER BY e.failing_since, e.endpoint_id;
+
 -- name: webhook_delivery_states
 -- Deliveries by state, and endpoints enabled and failing (for the notifier's gauges).
 SELECT (SELECT coalesce(jsonb_object_agg(state, n), '{}'::jsonb)
         FROM (SELECT state, count(*) AS n FROM webhook_deliveries GROUP BY state) s) AS states,
        (SELECT count(*) FROM webhook_endpoints WHERE enabled AND failing_since IS NOT NULL) AS failing_endpoints,
-       (SELECT count(*) FROM webhook_endpoints WHERE NOT enabled) AS disabled_endpoints;
+       (SELECT count(*) FROM webhook_endpoints WHERE NOT enabled) AS disabled_endpoints,
+       (SELECT count(*) FROM webhook_endpoints WHERE NOT enabled AND failing_since IS NOT NULL) AS disabled_failing_endpoints;

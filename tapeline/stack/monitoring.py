@@ -79,16 +79,26 @@ def scrape_targets(settings: Settings) -> list[dict[str, Any]]:
     return groups
 
 
+def dashboard_url(settings: Settings) -> str:
+    """Where a browser on this machine reaches `tapeline serve` with these settings (`http://HOST:PORT`,
+    no trailing slash; a wildcard bind address is reached at 127.0.0.1)."""
+    host = "127.0.0.1" if settings.serve_host in ("0.0.0.0", "::", "") else settings.serve_host
+    return f"http://{host}:{settings.serve_port}"
+
+
 def prometheus_config(settings: Settings, targets_file: Path) -> dict[str, Any]:
     """The local Prometheus's configuration as a dict (pure; written as YAML-compatible JSON).
 
     Scrape and evaluation every `monitoring_interval_s` seconds, the shipped rules, the local
-    Alertmanager, and the targets read from `targets_file` (file_sd, re-read when it changes).
+    Alertmanager, the targets read from `targets_file` (file_sd, re-read when it changes), and the
+    external label `tapeline_dashboard` (`tapeline serve`'s address) the alerts' links start with.
     """
     interval = f"{max(1, round(settings.monitoring_interval_s * 1000))}ms"
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval,
-                   "scrape_timeout": f"{max(1, round(min(settings.monitoring_interval_s, 10.0) * 1000))}ms"},
+                   "scrape_timeout": f"{max(1, round(min(settings.monitoring_interval_s, 10.0) * 1000))}ms",
+                   # the rules' `dashboard` links are this + the page (compose/alerts.yml)
+                   "external_labels": {"tapeline_dashboard": dashboard_url(settings)}},
         "rule_files": [str(ALERT_RULES)],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [_address(settings, "alertmanager")]}]}]},
         "scrape_configs": [{"job_name": "tapeline",

@@ -4,13 +4,17 @@ real pipeline (`tapeline run --role all`), the notifier is killed with SIGKILL a
 supervision restarts it, and at the end:
 
 - every crash point fired;
+- the chaos audit (`tapeline/chaos.py` `audit_notifications`) finds nothing: every POST signed, one
+  webhook-id per notified event, each recorded delivered exactly once after a 2xx, nothing POSTed
+  after its record, every intended notification delivered;
 - every job's notification is recorded delivered exactly once (one committed `NotificationDelivered`
   per webhook-id in the log) and the projection says delivered;
-- the receiver (a real HTTP server verifying every Standard Webhooks signature) saw every POST
-  signed, and only ever one webhook-id per notification: one POST, or two with the same id where the
-  crash came after the receiver's 2xx and before the record (`notify.after_post`,
-  `notify.delivered.after_produce`: the transaction holding the record was aborted). Receivers dedupe
-  those by webhook-id, as the convention asks.
+- the receiver (a real HTTP server verifying every Standard Webhooks signature) saw only ever one
+  webhook-id per notification and exactly one 2xx for it, except where the crash came after the
+  receiver's 2xx and before the record (`notify.after_post`, `notify.delivered.before_produce` and
+  `.after_produce`: the record's transaction never began or was aborted): two 2xx with the same id, which receivers dedupe by
+  webhook-id, as the convention asks. At the `notify.failed.*` points the first POST is answered 500:
+  one failure, then one success.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from tests.integration.roles import rows
 
 pytestmark = pytest.mark.integration
 
-REDELIVERED = {"notify.after_post", "notify.delivered.after_produce"}
+REDELIVERED = {"notify.after_post", "notify.delivered.before_produce", "notify.delivered.after_produce"}
 """Crashes after the receiver answered 2xx and before the answer was committed: the same
 notification is sent again, with the same webhook-id."""
 
@@ -69,6 +73,8 @@ def test_every_notify_crash_point_leaves_one_recorded_delivery_and_one_webhook_i
 
     try:
         for point in NOTIFY_CRASH_POINTS:
+            calls = receiver.calls["/hook"]  # the next POST is this job's first: 500 at a failure point
+            receiver.scripts["/hook"] = [200] * calls + ([500, 200] if point.startswith("notify.failed.") else [200])
             points_file.write_text(point + "\n")
             job_id = submit_as(settings, "zed")
             jobs[job_id] = point
@@ -84,7 +90,7 @@ def test_every_notify_crash_point_leaves_one_recorded_delivery_and_one_webhook_i
     fired = {path.name for path in once.iterdir()}
     assert set(NOTIFY_CRASH_POINTS) <= fired, f"not covered: {sorted(set(NOTIFY_CRASH_POINTS) - fired)}"
     events = committed_events(settings)
-    assert audit_notifications(events, receiver.ids_of("/hook"), len(receiver.unverified)) == []
+    assert audit_notifications(events, receiver.ids_of("/hook"), len(receiver.unverified), settled=True) == []
     completed = {e.job_id: e for e in events if e.event_type == "JobCompleted"}
     for job_id, point in jobs.items():
         msg_id = delivery_id(completed[job_id].dedup_key, endpoint["endpoint_id"])
@@ -93,7 +99,9 @@ def test_every_notify_crash_point_leaves_one_recorded_delivery_and_one_webhook_i
         intended = {e.dedup_key for e in events if e.event_type == "NotificationIntended" and e.delivery_id == msg_id}
         assert len(intended) == 1, (point, intended)
         posts = receiver.ids_of("/hook").get(msg_id, [])
-        assert len(posts) == (2 if point in REDELIVERED else 1), (point, len(posts))
+        answered = [p["status"] for p in posts]
+        expected = [200, 200] if point in REDELIVERED else [500, 200] if point.startswith("notify.failed.") else [200]
+        assert answered == expected, (point, answered)
         assert {p["headers"]["webhook-id"] for p in posts} == {msg_id}
     # no POST for anything but these notifications, and one row per notification in the projection
     assert set(receiver.ids_of("/hook")) == {delivery_id(completed[j].dedup_key, endpoint["endpoint_id"]) for j in jobs}

@@ -51,6 +51,7 @@ class Receiver:
                 if isinstance(answer, tuple):
                     _, seconds, status = answer
                     time.sleep(seconds)
+                record["status"] = status  # what it answered (a hung answer may never reach the notifier)
                 try:
                     self.send_response(status)
                     self.send_header("content-length", "2")

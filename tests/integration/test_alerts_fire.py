@@ -6,7 +6,8 @@ Prometheus and Alertmanager, a record the projector cannot read becomes a dead l
 Only the scrape and evaluation interval is shortened (TAPELINE_MONITORING_INTERVAL_S=5 s instead of
 15 s; not less: a scrape of the API's /metrics takes over a second on a busy 2-core machine, and a
 scrape that times out makes the series stale, which restarts the rule's `for:`), so the alert fires
-a little over a minute after the dead letter appears. Prometheus, Alertmanager,
+a little over a minute after the dead letter appears; and a real job whose transcode no worker
+claims (a handoff stall) fires TapelineHandoffStalled after its `for: 5m`. Prometheus, Alertmanager,
 the projector and `tapeline serve` are real processes; the services are the shared Kafka and
 PostgreSQL (`stack up` reuses them and, with its own home directory, stops only what it started).
 """
@@ -24,6 +25,7 @@ import time
 import httpx
 import pytest
 
+from tapeline.samples import sample_video
 from tests.conftest import settings_env, wait_for
 from tests.integration.test_dead_letters import produce_raw
 
@@ -107,7 +109,7 @@ def test_a_dead_letter_fires_its_alert_in_alertmanager(isolated, tmp_path):
         assert waited >= 55, f"the rule's for: 1m was honoured (fired {waited:.0f} s after the dead letter)"
         assert alert["labels"]["severity"] == "warning"
         assert alert["annotations"]["summary"] == "1 dead letter(s) waiting for an operator"
-        assert alert["annotations"]["dashboard"] == "/dead-letters"
+        assert alert["annotations"]["dashboard"] == f"{base}/dead-letters"  # a link to tapeline serve's page
         assert alert["status"]["state"] == "active"
         print(f"{ALERT} fired {waited:.0f} s after the dead letter appeared, {time.monotonic() - started:.0f} s in all")
     finally:
@@ -130,3 +132,69 @@ def firing(port: int) -> dict | None:
     """The active TapelineDeadLettersPending alert Alertmanager holds, or None."""
     alerts = httpx.get(f"http://127.0.0.1:{port}/api/v2/alerts", params={"active": "true"}, timeout=5).json()
     return next((a for a in alerts if a["labels"].get("alertname") == ALERT), None)
+
+
+HANDOFF = "TapelineHandoffStalled"
+
+
+def test_a_stalled_real_job_fires_its_alert_in_alertmanager(isolated, tmp_path):
+    """A real job stalls: intake accepts it and queues its transcode, but no transcode worker runs. The
+    real watchdog (ticking the log clock) sees the handoff stall and re-sends the work item, the
+    API's /metrics reports `tapeline_stalls{kind="handoff"}`, the dashboard's strip links the job at
+    once, and after the shipped rule's `for: 5m` Alertmanager's API lists TapelineHandoffStalled
+    firing, with a link to the Stalled page. About six minutes."""
+    settings = isolated.model_copy(update={"handoff_timeout_s": 10.0, "tick_interval_s": 1.0})
+    prometheus, alertmanager, api = free_port(), free_port(), free_port()
+    env = {**settings_env(settings), "TAPELINE_HOME": str(tmp_path / "home"), "TAPELINE_MONITORING_INTERVAL_S": "5",
+           "TAPELINE_PROMETHEUS_PORT": str(prometheus), "TAPELINE_ALERTMANAGER_PORT": str(alertmanager),
+           "TAPELINE_SERVE_PORT": str(api)}
+    up = cli(env, "stack", "up", "--with-monitoring")
+    assert up.returncode == 0, up.stdout + up.stderr
+    processes = []
+    try:
+        for name, args in (("projector", ["run", "--role", "projector"]), ("intake", ["run", "--role", "intake"]),
+                           ("watchdog", ["run", "--role", "watchdog"]), ("serve", ["serve"])):
+            log = open(tmp_path / f"{name}.log", "ab")
+            processes.append((name, log, subprocess.Popen([sys.executable, "-m", "tapeline.cli", *args], env=env,
+                                                          stdout=log, stderr=log, start_new_session=True)))
+        base = f"http://127.0.0.1:{api}"
+        submitted = cli(env, "submit", str(sample_video("carphone_pristine.mp4")), "--json")
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = json.loads(submitted.stdout)["job_id"]
+
+        def handoffs() -> float | None:
+            try:
+                for line in httpx.get(f"{base}/metrics", timeout=5).text.splitlines():
+                    if line.startswith('tapeline_stalls{kind="handoff"}'):
+                        return float(line.split()[1])
+            except httpx.HTTPError:
+                return None
+            return None
+        wait_for(lambda: (handoffs() or 0) >= 1, 120, "the job's handoff stall in the API's /metrics")
+        appeared = time.monotonic()
+        strip = {p["kind"]: p for p in httpx.get(f"{base}/api/problems", timeout=10).json()["problems"]}
+        assert {"job_id": job_id, "href": f"/jobs/{job_id}"} in strip["stalled_handoffs"]["jobs"], strip
+
+        def fired():
+            alerts = httpx.get(f"http://127.0.0.1:{alertmanager}/api/v2/alerts", params={"active": "true"},
+                               timeout=5).json()
+            return next((a for a in alerts if a["labels"].get("alertname") == HANDOFF), None)
+        alert = wait_for(fired, 420, f"{HANDOFF} in Alertmanager's /api/v2/alerts", interval_s=2.0)
+        waited = time.monotonic() - appeared
+        assert waited >= 290, f"the rule's for: 5m was honoured (fired {waited:.0f} s after the stall)"
+        assert alert["annotations"]["summary"] == "1 queued stage(s) nobody claimed for 5 minutes"
+        assert alert["annotations"]["dashboard"] == f"{base}/stalled"
+        events = json.loads(cli(env, "timeline", job_id, "--json").stdout)
+        assert any(e["event_type"] == "StallDetected" for e in events), "the watchdog saw the stall and re-sent"
+        print(f"{HANDOFF} fired {waited:.0f} s after the stall appeared")
+    finally:
+        for name, log, proc in processes:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            log.close()
+            print(f"--- {name}\n" + (tmp_path / f"{name}.log").read_text(errors="replace")[-1500:])
+        print(cli(env, "stack", "down").stderr)

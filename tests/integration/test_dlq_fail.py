@@ -74,6 +74,8 @@ def test_failing_a_dead_letter_with_a_refund_credits_the_quota_once_and_tells_th
         failed = wait_state(settings, job_id, "failed", timeout_s=30)
         assert failed["reason"] == "failed for good by ops: source is corrupt (quota refunded)"
         assert dlq_list(settings, "--pending") == []
+        table = tapeline_cli(settings, "dlq", "list").stdout  # says it was failed, not just "replayed"
+        assert "by ops: to fail it" in table, table
         # the quota is credited back once: one more job of erin's is accepted, the next one is not
         credited = submit_as(settings, "erin")
         wait_for(lambda: of_job(committed_events(settings), credited, "JobAccepted"), 60, "the credited job's JobAccepted")

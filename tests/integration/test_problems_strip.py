@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -18,6 +19,9 @@ from domain import events as ev
 from processors.runtime import transact
 from tapeline.wiring import build_runtime
 from projections.api import create_app
+from tapeline.objectstore import ObjectStore
+from tapeline.wiring import build_app, storage_meter
+from tests.integration.test_alerts_fire import free_port
 from tests.conftest import settings_env, wait_for
 from tests.integration.test_read_api import Job, job_row
 
@@ -83,3 +87,42 @@ def test_a_dead_letter_and_a_silent_watchdog_are_on_the_strip_with_their_links(i
             proc.wait(30)
         log.close()
         print((tmp_path / "processors.log").read_text(errors="replace")[-3000:])
+
+
+def test_object_storage_at_its_budget_is_on_the_strip_as_tapeline_serve_wires_it(isolated):
+    """`tapeline serve` (build_app) measures the real bucket for the strip; past storage_limit_bytes the
+    line says uploads are refused, with a budget far above the bucket there is no line."""
+    ObjectStore(isolated).put_if_absent(f"strip/{isolated.app_name}", b"x" * 10, "text/plain")  # never an empty bucket
+    for limit, shown in ((1, True), (10**15, False)):
+        settings = isolated.model_copy(update={"storage_limit_bytes": limit})
+        with TestClient(build_app(settings), base_url="http://localhost") as client:
+            line = strip(client, "/").get("storage_full")
+            assert (line is not None) is shown, line
+            served = {p["kind"]: p for p in client.get("/api/problems").json()["problems"]}
+            assert ("storage_full" in served) is shown
+            if shown:
+                assert "new uploads are refused (507)" in line and f"of {limit} bytes" in line
+                assert served["storage_full"]["href"] == "/"
+
+
+def test_kafka_and_s3_that_do_not_answer_are_said_in_the_strip_without_holding_the_pages(isolated):
+    """The strip measures the projection lag (Kafka) and the bucket (S3) on every page: when neither
+    answers, the page still comes, promptly, says what could not be measured and shows the rest; the
+    next pages do not wait again while the failure is fresh."""
+    closed = free_port()  # nothing listens there
+    settings = isolated.model_copy(update={"storage_limit_bytes": 1, "s3_endpoint": f"http://127.0.0.1:{closed}",
+                                           "kafka_bootstrap": f"127.0.0.1:{closed}", "lag_cache_s": 60.0,
+                                           "storage_usage_cache_s": 60.0})
+    with TestClient(create_app(settings, storage_bytes=storage_meter(settings)), base_url="http://localhost") as client:
+        started = time.monotonic()
+        first = client.get("/api/problems").json()
+        took = time.monotonic() - started
+        assert took < 20.0, took  # the metadata request's own timeout (10 s), not the clients' full retries
+        assert "projection lag unmeasurable" in first["error"] and "object storage unmeasurable" in first["error"]
+        with TestClient(create_app(isolated), base_url="http://localhost") as healthy:  # the projections' lines
+            assert {p["kind"] for p in first["problems"]} == {p["kind"] for p in healthy.get("/api/problems").json()["problems"]}
+        for path in ("/", "/jobs", "/api/problems"):
+            started = time.monotonic()
+            assert client.get(path).status_code == 200
+            assert time.monotonic() - started < 2.0, path
+        assert "object storage unmeasurable" in client.get("/").text

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 
+import psycopg
 import pytest
 
 from domain.policy.webhooks import delivery_id
@@ -15,7 +16,11 @@ from tapeline.samples import sample_video
 from tests.conftest import Pipeline, tapeline_cli, wait_for
 from tests.integration.helpers import committed_events, of_job
 from tests.integration.receiver import Receiver, body_of
+from tapeline.postgres import migrate
 from tests.integration.roles import rows
+from tests.integration.test_problems_strip import strip
+from tapeline.wiring import build_app
+from fastapi.testclient import TestClient
 
 pytestmark = pytest.mark.integration
 
@@ -148,6 +153,18 @@ def test_an_endpoint_failing_throughout_is_dead_lettered_and_disabled(settings, 
     listed = json.loads(tapeline_cli(settings, "webhooks", "list", "--submitter", "dave", "--json").stdout)
     assert listed[0]["enabled"] is False and "failing without a success" in listed[0]["disabled_reason"]
     assert listed[0]["dead_lettered"] == 1
+    # the dashboard's strip names it with its job (and TapelineWebhookEndpointDisabled's gauge counts it)
+    with TestClient(build_app(settings), base_url="http://localhost") as web:
+        line = strip(web, "/").get("webhook_endpoints_disabled")
+        assert line is not None and f"{endpoint['endpoint_id']} of dave" in line, strip(web, "/")
+        assert f'href="/jobs/{job["job_id"]}"' in line and 'href="/webhooks"' in line
+        page = web.get("/webhooks").text
+        assert endpoint["endpoint_id"] in page and "failing without a success" in page
+        assert endpoint["secret"] not in page
+        # enabled again: off the strip (its failure streak ends); an operator's own disable is not a problem
+        assert tapeline_cli(settings, "webhooks", "enable", endpoint["endpoint_id"]).returncode == 0
+        assert tapeline_cli(settings, "webhooks", "disable", endpoint["endpoint_id"], "--why", "asked").returncode == 0
+        assert not {k for k in strip(web, "/") if k.startswith("webhook")}, strip(web, "/")
 
 
 def test_a_replay_rebuilds_the_deliveries_from_the_log(settings, pipeline):
@@ -160,3 +177,16 @@ def test_a_replay_rebuilds_the_deliveries_from_the_log(settings, pipeline):
     rebuilt = rows(settings, "SELECT delivery_id, job_id, endpoint_id, state, tries, last_status "
                              "FROM rebuilt.webhook_deliveries ORDER BY delivery_id")
     assert rebuilt == live
+
+
+def test_the_read_only_role_never_reads_a_secret(settings, receiver):
+    """The dashboard and Grafana log in as the reader role: they see endpoints, never their secrets,
+    and `tapeline migrate` (grant_reader) keeps it so after the default privileges granted the table."""
+    register(settings, receiver, "/hidden", "erin", [200])
+    for _ in range(2):  # a second migrate changes nothing
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            migrate(settings.database_url, settings.db_schema)
+            conn.execute(f"SET ROLE {settings.reader_role}")
+            assert conn.execute("SELECT count(*) FROM webhook_endpoints WHERE submitter = 'erin'").fetchone()[0] == 1
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT secret FROM webhook_endpoints")

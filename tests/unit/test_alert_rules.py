@@ -50,3 +50,4 @@ def test_every_alert_is_tested_reads_exported_metrics_and_links_a_runbook_sectio
         runbook = rule["annotations"]["runbook"]
         assert runbook.startswith("docs/operating.md#") and runbook.split("#", 1)[1] in anchors, (name, runbook)
         assert rule["annotations"]["summary"] and rule["labels"]["severity"] in ("warning", "critical")
+        assert rule["annotations"]["dashboard"].startswith("{{ $externalLabels.tapeline_dashboard }}/"), name

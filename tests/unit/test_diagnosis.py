@@ -82,6 +82,18 @@ def test_a_permanent_failure():
         "Do not replay: ask the submitter for a corrected file.")
 
 
+def test_a_job_an_operator_failed_for_good_says_who_not_that_its_class_is_permanent():
+    events = [event("JobDeadLettered", error_class="storage_transient"), event("JobReplayed", operator="ops"),
+              event("JobFailed", error_class="storage_transient", operator="ops", refunded=True,
+                    reason="failed for good by ops: corrupt (quota refunded)")]
+    found = diagnose(row("failed", error_class="storage_transient",
+                         reason="failed for good by ops: corrupt (quota refunded)"), events, [], NOW)
+    assert found.summary == ("Dead-lettered at transcode (storage_transient), then failed for good by ops: corrupt "
+                             "(quota refunded).")
+    assert (found.permanent, found.why) == (True, "an operator ended it for good")
+    assert "not retryable" not in found.summary + found.action
+
+
 def test_dead_lettered_after_retries_is_replayable_once_the_cause_is_fixed():
     events = [event("AttemptFailed", attempt=n, error_class="storage_transient", reason="S3 answered 503")
               for n in (1, 2, 3)] + [event("JobDeadLettered", attempt=3, error_class="storage_transient")]

@@ -25,10 +25,11 @@ def test_the_written_configuration_passes_promtool(tmp_path: Path):
     assert binary, "promtool is missing: `apt-get install -y prometheus` (scripts/bootstrap.sh installs it)"
     checked = subprocess.run([binary, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 13 rules found" in checked.stdout + checked.stderr, checked.stdout + checked.stderr
+    assert "SUCCESS: 14 rules found" in checked.stdout + checked.stderr, checked.stdout + checked.stderr
     body = json.loads(config.read_text())
     assert body["rule_files"] == [str(ALERT_RULES)]
     assert body["global"]["evaluation_interval"] == "1000ms"
+    assert body["global"]["external_labels"] == {"tapeline_dashboard": f"http://{settings.serve_host}:{settings.serve_port}"}
     assert body["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == [f"127.0.0.1:{settings.alertmanager_port}"]
 
 

@@ -86,5 +86,17 @@ def test_the_notification_audit_names_each_broken_promise():
     assert audit_notifications(intended + delivered, {"a": [1, 2], "b": [1]}, 0) == []  # "a" redelivered: allowed
     assert audit_notifications(intended + delivered + delivered[:1], {"a": [1], "b": [1], "x": [1]}, 2) == [
         "2 POST(s) not signed with the endpoint's secret", "a: 2 NotificationDelivered committed",
-        "x: received, not recorded delivered", "x: received without a NotificationIntended"]
+        "x: answered 2xx, not recorded delivered", "x: received without a NotificationIntended"]
     assert audit_notifications(intended + delivered, {"a": [1]}, 0) == ["b: recorded delivered, never received"]
+    at = delivered[0].occurred_at.timestamp()
+    ok, failed = {"status": 200, "at": at - 1}, {"status": 500, "at": at - 2}
+    # a 500 then a 200 is one success; a POST after the record, a 2xx never recorded, a lost one: each named
+    assert audit_notifications(intended + delivered, {"a": [failed, ok], "b": [ok]}, 0, settled=False) == []
+    assert audit_notifications(intended + delivered, {"a": [failed], "b": [ok, {"status": 200, "at": at + 5}],
+                                                      "c": [ok]}, 0, settled=True) == [
+        "a: recorded delivered, never answered 2xx", "b: 1 POST(s) after its delivery was recorded",
+        "c: answered 2xx, not recorded delivered", "c: intended, never recorded delivered"]
+    twice = event(ev.NotificationIntended, "z", notification_type="job.completed", source_event_id="e",
+                  source_dedup_key="a")  # the event of "a" intended again under another webhook-id
+    assert audit_notifications(intended + delivered + [twice], {"a": [1], "b": [1]}, 0) == [
+        "a to ep: 2 webhook-ids ['a', 'z']"]
