@@ -91,6 +91,11 @@ class StorageError(TapelineError):
     error_class = "storage_transient"
 
 
+class ObjectMissing(StorageError):
+    """The object asked for does not exist (the store answered 404 / `NoSuchKey`). Told apart by
+    type, never by the message: a message holds the key, and a key may hold "404"."""
+
+
 class OutputConflict(StorageError):
     """A key Tapeline writes once already holds other bytes (class `output_conflict`: not retried,
     dead-lettered at once for an operator)."""

@@ -24,7 +24,7 @@ from domain import events as ev
 from domain.codec import Codec
 from tapeline import logs
 from domain.errors import (DecodeError, InvalidInput, MediaError, QuotaExceeded, SchemaError,
-                             StorageError, TapelineError)
+                             ObjectMissing, TapelineError)
 from tapeline.health import HealthState
 from tapeline.objects import sha256_file
 from domain.policy import intake as policy
@@ -116,10 +116,8 @@ def inspect_upload(store: ObjectStorage, upload: ev.UploadCompleted, settings: S
                                 f"{upload.size_bytes}")
         try:
             store.download(upload.object_key, path)
-        except StorageError as exc:
-            if "404" in str(exc) or "Not Found" in str(exc) or "NoSuchKey" in str(exc):
-                return InvalidInput(f"source object {upload.object_key} does not exist")
-            raise
+        except ObjectMissing:
+            return InvalidInput(f"source object {upload.object_key} does not exist")
         size = path.stat().st_size
         if size != upload.size_bytes:
             return InvalidInput(f"truncated upload: the stored source is {size} bytes, the upload declared "

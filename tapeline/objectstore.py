@@ -18,7 +18,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError
 
-from domain.errors import OutputConflict, StorageError
+from domain.errors import ObjectMissing, OutputConflict, StorageError
 from tapeline.objects import PUBLISHED_PREFIX, StorageGauge, sha256_file  # noqa: F401 (client-free home)
 from tapeline.settings import Settings
 
@@ -134,7 +134,11 @@ class ObjectStore:
     def download(self, key: str, path: Path) -> None:
         try:
             self.s3.download_file(self.bucket, key, str(path))
-        except (BotoCoreError, ClientError) as exc:
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                raise ObjectMissing(f"download of {key} failed: no such object") from exc
+            raise StorageError(f"download of {key} failed: {exc}") from exc
+        except BotoCoreError as exc:
             raise StorageError(f"download of {key} failed: {exc}") from exc
 
     def get_bytes(self, key: str) -> bytes:

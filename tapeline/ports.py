@@ -406,7 +406,8 @@ class ObjectStorage(Protocol):
         ...
 
     def download(self, key: str, path: Path) -> None:
-        """Write the object `key` to the local file `path`."""
+        """Write the object `key` to the local file `path`. Raises `ObjectMissing` when there is no
+        such object, `StorageError` for any other storage failure."""
         ...
 
     def delete(self, key: str) -> None:

@@ -21,6 +21,7 @@ import httpx
 import psycopg
 import pytest
 
+from domain.errors import ObjectMissing, StorageError
 from processors.intake import record_hold_bound_s
 from producers.submit import publish, upload_completed
 from tapeline.read import open_reader
@@ -194,6 +195,22 @@ def test_the_read_back_finds_what_the_store_did_not_keep(hardened, clip):
     assert "differs" in store.stored_mismatch(intact, len(clip), "0" * 64)
     assert "not in the bucket" in store.stored_mismatch(f"uploads/{uuid.uuid4()}/none.mp4", len(clip), sha)
     store.delete_many([lost, corrupt, intact])
+
+
+def test_a_download_error_is_classified_by_its_code_not_by_a_key_that_holds_404(hardened, clip, tmp_path):
+    """A corrupt object whose key holds "404" (a random upload id does, about one time in 140) is a
+    transient storage failure, retried; only a missing object is `ObjectMissing`. Seen in CI: the
+    message of a checksum failure names the key, and the intake once matched "404" in it, so it
+    rejected the upload as missing instead of retrying and dead-lettering it."""
+    store = ObjectStore(hardened)
+    corrupt = f"uploads/d8d1a088-6d1d-4042-9a2d-{uuid.uuid4().hex[:12]}/bad.mp4"
+    corrupt_object(hardened, corrupt, len(clip))
+    with pytest.raises(StorageError) as failed:
+        store.download(corrupt, tmp_path / "corrupt")
+    assert not isinstance(failed.value, ObjectMissing) and "404" in str(failed.value)
+    with pytest.raises(ObjectMissing):
+        store.download(f"uploads/{uuid.uuid4()}/none-404.mp4", tmp_path / "none")
+    store.delete_many([corrupt])
 
 
 STALLED_SOCKETS = 70
