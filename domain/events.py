@@ -273,11 +273,19 @@ class JobAccepted(Event):
     degraded: bool = False
     degraded_reason: str | None = None
     x264_preset: str | None = None
+    pipeline: str | None = None
+    pipeline_stages: list[str] = Field(default_factory=list)
 
 
 class JobRejected(Event):
     upload_id: str
     error_class: str
+    reason: str
+
+
+class StageSkipped(Event):
+    """An optional stage (the envelope's `stage`, attempt 0) was not run for the job, and why."""
+
     reason: str
 
 
@@ -461,6 +469,7 @@ class WorkItem(Event):
     checkpoint_refs: list[str] = Field(default_factory=list)
     x264_preset: str | None = None
     degraded: bool = False
+    pipeline_stages: list[str] = Field(default_factory=list)
 
 
 class DeadLetter(Event):

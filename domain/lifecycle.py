@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from domain import events as ev
 from domain.lifecycle_data import LIFECYCLE, Ending
+from domain.pipeline import stage_position
 
 # The lifecycle data lives in schemas/lifecycle.json (read by domain/lifecycle_data.py here and by
 # native/build.rs for the Rust engine): change it there.
@@ -98,9 +99,17 @@ def evolve(row: dict[str, Any] | None, event: ev.Event, broker_ts: datetime) -> 
         elif advanced:
             new.update(progress_grace_s=None)
     elif isinstance(event, ev.AttemptSucceeded):
-        if event.stage == "transcode":
-            new.update(outputs=_dump(event.outputs), ladder=_dump(event.renditions),
-                       audio_playlist_key=event.audio_playlist_key)
+        stages = row.get("pipeline_stages")
+        if not stages:  # a job accepted before profiles: the old rule, transcode's outputs only
+            if event.stage == "transcode":
+                new.update(outputs=_dump(event.outputs), ladder=_dump(event.renditions),
+                           audio_playlist_key=event.audio_playlist_key)
+        elif event.stage in stages and event.stage != stages[-1]:
+            # Every stage but the last hands its outputs on: they add to the job's (what the last
+            # stage, publish, promotes); a stage that made renditions (transcode) sets the ladder.
+            new.update(outputs=(row.get("outputs") or []) + _dump(event.outputs))
+            if event.renditions:
+                new.update(ladder=_dump(event.renditions), audio_playlist_key=event.audio_playlist_key)
         new.update(leased_until=None)
     elif isinstance(event, (ev.AttemptFailed,)):
         new.update(error_class=event.error_class, reason=event.reason, leased_until=None)
@@ -146,13 +155,19 @@ def attempts_used(row: dict[str, Any], attempt: int | None = None) -> int:
     return current - (row.get("budget_base") or 0) - (row.get("yields") or 0)
 
 
+def position(row: dict[str, Any], stage: str | None, attempt: int) -> tuple[int, int]:
+    """(where `stage` comes in the job's pipeline, `attempt`): the order of a job's attempts. The
+    position is `pipeline.stage_position` in the row's recorded `pipeline_stages` (a job accepted
+    before profiles: the fixed `STAGE_ORDER`)."""
+    return stage_position(stage, row.get("pipeline_stages")), attempt
+
+
 def _newer_attempt(row: dict[str, Any], event: ev.Event) -> bool:
-    return (STAGE_ORDER.get(event.stage, 0), event.attempt) > (STAGE_ORDER.get(row["stage"], 0), row["attempt"])
+    return position(row, event.stage, event.attempt) > position(row, row["stage"], row["attempt"])
 
 
 def _older_attempt(row: dict[str, Any], event: ev.AttemptStarted) -> bool:
-    current = (STAGE_ORDER.get(row["stage"], 0), row["attempt"])
-    return (STAGE_ORDER.get(event.stage, 0), event.attempt) < current
+    return position(row, event.stage, event.attempt) < position(row, row["stage"], row["attempt"])
 
 
 def _new_row(event: ev.Event, broker_ts: datetime, **values: Any) -> dict[str, Any]:
@@ -171,7 +186,8 @@ def _accepted(event: ev.JobAccepted, broker_ts: datetime) -> dict[str, Any]:
                     source_duration_s=media.duration_s, source_width=media.display_width,
                     source_height=media.display_height, ladder=_dump(event.ladder),
                     profile_fingerprint=event.profile_fingerprint, degraded=event.degraded,
-                    degraded_reason=event.degraded_reason, x264_preset=event.x264_preset)
+                    degraded_reason=event.degraded_reason, x264_preset=event.x264_preset,
+                    pipeline=event.pipeline, pipeline_stages=event.pipeline_stages or None)
 
 
 JOB_STATE_COLUMNS: tuple[str, ...] = LIFECYCLE.job_state_columns

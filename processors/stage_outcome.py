@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from domain import events as ev
+from domain import pipeline
 from domain.policy.retry import Action, retry_decision, retry_scheduled
 from processors.runtime import AttemptIdentity, Outgoing
 from tapeline.settings import Settings
@@ -41,7 +42,40 @@ def next_attempt_events(settings: Settings, identity: AttemptIdentity, item: ev.
             stage=stage, attempt=next_attempt, tier=item.tier, source_key=item.source_key,
             inputs=item.inputs, renditions=item.renditions, audio_playlist_key=item.audio_playlist_key,
             media_duration_s=item.media_duration_s, checkpoint_refs=item.checkpoint_refs,
-            x264_preset=item.x264_preset, degraded=item.degraded, **common)),
+            x264_preset=item.x264_preset, degraded=item.degraded, pipeline_stages=item.pipeline_stages, **common)),
+    ]
+
+
+def handoff_events(settings: Settings, identity: AttemptIdentity, item: ev.WorkItem, *,
+                   inputs: list[ev.OutputFile], renditions: list[ev.Rendition] | None = None,
+                   audio_playlist_key: str | None = None, media_duration_s: float | None = None) -> list[Outgoing]:
+    """What follows a successful attempt of `identity.stage` in the job's pipeline (its recorded
+    stages, `item.pipeline_stages`; `pipeline.LEGACY_STAGES` for an older item): a `StageSkipped`
+    (with its reason) for each optional stage a degraded job skips, then `StageQueued` + the
+    `WorkItem` (attempt 1) of the next stage, carrying `inputs` (what publish promotes), the
+    renditions, the audio playlist and the media duration. Nothing after the last stage. Pure.
+    The caller puts its `AttemptSucceeded` first; the whole list commits in one transaction."""
+    clock, stages = identity.clock, pipeline.job_stages(item.pipeline_stages)
+    nxt, skipped = pipeline.following_stage(stages, identity.stage, item.degraded)
+    common = dict(job_id=item.job_id, claim_token=identity.claim_token, recorded_by=identity.recorded_by,
+                  correlation_id=item.correlation_id, causation_id=item.event_id)
+    out: list[Outgoing] = [
+        (settings.jobs_topic, ev.StageSkipped.new(clock.stamp(), stage=stage, attempt=0, reason=(
+            "optional stage skipped: the job runs degraded (the degradation ladder: its tier's backlog was "
+            "above the threshold at intake; JobAccepted.degraded_reason says by how much)"), **common))
+        for stage in skipped]
+    if nxt is None:
+        return out
+    work_topic = settings.work_topic(nxt, item.tier)
+    renditions = list(item.renditions if renditions is None else renditions)
+    return out + [
+        (settings.jobs_topic, ev.StageQueued.new(clock.stamp(), stage=nxt, attempt=1, tier=item.tier,
+                                                 work_topic=work_topic, **common)),
+        (work_topic, ev.WorkItem.new(clock.stamp(), stage=nxt, attempt=1, tier=item.tier, source_key=item.source_key,
+                                     inputs=list(inputs), renditions=renditions,
+                                     audio_playlist_key=audio_playlist_key, media_duration_s=media_duration_s,
+                                     x264_preset=item.x264_preset, degraded=item.degraded,
+                                     pipeline_stages=item.pipeline_stages, **common)),
     ]
 
 

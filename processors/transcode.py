@@ -174,20 +174,14 @@ class TranscodeWorker(StageWorker):
         renditions = [r.model_copy(update={"playlist_key": playlist_keys[r.name]}) for r in item.renditions]
         audio_key = playlist_keys.get(AUDIO)
         jobs = settings.jobs_topic
-        publish_topic = settings.work_topic("publish", item.tier)
-        common = dict(job_id=identity.job_id, claim_token=identity.claim_token, recorded_by=identity.recorded_by,
-                      correlation_id=identity.correlation_id, causation_id=identity.causation_id)
         log.info("transcoded", job_id=identity.job_id, renditions=names, elapsed_s=round(elapsed_s, 3),
                  objects=len(outputs), reused=len(plan.reused))
         return [
             (jobs, attempt.event(ev.AttemptSucceeded, outputs=outputs, renditions=renditions,
                                  audio_playlist_key=audio_key, media_duration_s=probe.duration_s,
                                  elapsed_s=elapsed_s)),
-            (jobs, ev.StageQueued.new(self.clock.stamp(), stage="publish", attempt=1, tier=item.tier, work_topic=publish_topic, **common)),
-            (publish_topic, ev.WorkItem.new(self.clock.stamp(), stage="publish", attempt=1, tier=item.tier, source_key=item.source_key,
-                                            inputs=outputs, renditions=renditions, audio_playlist_key=audio_key,
-                                            media_duration_s=probe.duration_s, **common)),
-        ]
+        ] + self.hand_on(attempt, inputs=list(item.inputs) + outputs, renditions=renditions,
+                         audio_playlist_key=audio_key, media_duration_s=probe.duration_s)
 
     def seek_grace_s(self, source: Path, start_index: int, frame_rate: Fraction | None,
                      video_stream: int | None) -> float | None:

@@ -41,6 +41,7 @@ from domain.policy.stall import (LogOutage, attempt_deadline, attempt_stall, exc
 from processors.runtime import Outgoing, Runtime, transact
 from domain.lifecycle import attempts_used
 from domain import events as ev
+from domain import pipeline
 from domain.errors import ServiceUnavailable, StorageError
 from tapeline.health import HealthState
 from tapeline.objects import StorageGauge
@@ -86,17 +87,24 @@ class RunResult:
 
 
 def _work_item(job: dict[str, Any], stage: str, attempt: int, common: dict[str, Any], clock: Clock) -> ev.WorkItem:
-    """The work item of `stage` attempt `attempt`, rebuilt from the job's projected row, stamped by `clock`."""
+    """The work item of `stage` attempt `attempt`, rebuilt from the job's projected row, stamped by `clock`.
+
+    What a stage's item carries beyond the source and the ladder is what its declaration `needs`
+    (`domain/pipeline.py`): `inputs` (the outputs earlier stages handed on, `job_state.outputs`),
+    `audio_playlist_key`, `x264_preset`. A stage that makes the renditions (it needs the preset)
+    gets the ladder without playlist keys or URLs. An unknown stage gets no extras."""
+    declared = pipeline.BY_NAME.get(stage)
+    needs = declared.needs if declared is not None else frozenset()
     ladder = [ev.Rendition(**r) for r in (job.get("ladder") or [])]
-    inputs = [ev.OutputFile(**o) for o in (job.get("outputs") or [])] if stage == "publish" else []
-    if stage == "transcode":
+    inputs = [ev.OutputFile(**o) for o in (job.get("outputs") or [])] if "inputs" in needs else []
+    if "x264_preset" in needs:
         ladder = [r.model_copy(update={"playlist_key": None, "url": None}) for r in ladder]
     return ev.WorkItem.new(clock.stamp(), stage=stage, attempt=attempt, tier=job.get("priority") or "standard",
                            source_key=job.get("source_key") or "", inputs=inputs, renditions=ladder,
-                           audio_playlist_key=job.get("audio_playlist_key") if stage == "publish" else None,
+                           audio_playlist_key=job.get("audio_playlist_key") if "audio_playlist_key" in needs else None,
                            media_duration_s=job.get("source_duration_s"),
-                           x264_preset=job.get("x264_preset") if stage == "transcode" else None,
-                           degraded=bool(job.get("degraded")), **common)
+                           x264_preset=job.get("x264_preset") if "x264_preset" in needs else None,
+                           degraded=bool(job.get("degraded")), pipeline_stages=job.get("pipeline_stages") or [], **common)
 
 
 def queue_attempt(job: dict[str, Any], stage: str, attempt: int, common: dict[str, Any],

@@ -36,6 +36,7 @@ from domain.policy.tiers import after_claim, choose_tier, tier_of
 from processors.tiers import HeadBuffer
 from domain.lifecycle import attempts_used
 from domain import events as ev
+from domain import pipeline
 from tapeline import logs
 from domain.errors import DecodeError, Fenced, SchemaError, ServiceUnavailable, TapelineError
 from tapeline.health import HealthState
@@ -276,7 +277,7 @@ class StageWorker:
         identity = AttemptIdentity(job_id=item.job_id, stage=self.stage, attempt=item.attempt,
                                    claim_token=new_claim_token(), recorded_by=runtime.recorded_by,
                                    correlation_id=item.correlation_id, causation_id=item.event_id, clock=self.clock)
-        started = identity.event(ev.AttemptStarted, lease_s=self.settings.lease_s, worker=runtime.recorded_by,
+        started = identity.event(ev.AttemptStarted, lease_s=self.lease_s, worker=runtime.recorded_by,
                                  work_topic=message.topic, work_partition=message.partition,
                                  work_offset=message.offset)
         # Step 4
@@ -300,7 +301,7 @@ class StageWorker:
                  check_and_commit_ms=commit_ms)
         self.current = Attempt(runtime, identity, producer, item,
                                uncounted=item.attempt - attempts_used(row, item.attempt))
-        self.health.set_attempt(item.job_id, self.stage, item.attempt, identity.claim_token, self.settings.lease_s)
+        self.health.set_attempt(item.job_id, self.stage, item.attempt, identity.claim_token, self.lease_s)
         return self.current
 
     def dead_letter(self, runtime: Runtime, consumer: Reader, message: Record, error: Exception,
@@ -362,6 +363,18 @@ class StageWorker:
     def fenced(self, attempt: Attempt) -> None:
         self.health.count_attempt(self.stage, "fenced", "", time.monotonic() - attempt.claimed_at)
         self.health.mark_fenced(f"fenced: a newer attempt owns job {attempt.identity.job_id}")
+
+    @property
+    def lease_s(self) -> float:
+        """The lease of this stage's attempts: its declaration's (`domain/pipeline.py`), else the setting."""
+        declared = pipeline.BY_NAME.get(self.stage)
+        return declared.lease_s if declared is not None and declared.lease_s else self.settings.lease_s
+
+    def hand_on(self, attempt: Attempt, **fields: Any) -> list[Outgoing]:
+        """`stage_outcome.handoff_events` for `attempt`: what follows its success in the job's
+        pipeline (skips of optional stages, the next stage queued), to return after its
+        `AttemptSucceeded`. `fields`: `inputs`, `renditions`, `audio_playlist_key`, `media_duration_s`."""
+        return outcome.handoff_events(self.settings, attempt.identity, attempt.item, **fields)
 
     def next_attempt_events(self, attempt: Attempt, next_attempt: int) -> list[Outgoing]:
         """`stage_outcome.next_attempt_events` for `attempt`."""

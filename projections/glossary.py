@@ -58,6 +58,7 @@ EVENTS: dict[str, str] = {
     "JobRejected": "intake refused the upload (invalid or unsupported media, limits, the submitter's quota)",
     "ResultReused": "the outputs of an earlier job with the same source and profile were reused; no transcode",
     "StageQueued": "a stage attempt was queued for a worker",
+    "StageSkipped": "an optional stage was not run for the job (e.g. the degradation ladder), with the reason",
     "WorkItem": "the unit of work a worker claims from a work topic",
     "AttemptStarted": "a worker claimed the attempt: a new claim token and lease",
     "Heartbeat": "the worker renewed its lease and reported progress (frames, media seconds, speed)",

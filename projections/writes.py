@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 EVIDENCE_COLUMNS = lifecycle.EVIDENCE_COLUMNS
 PAYLOAD_OMITS = lifecycle.PAYLOAD_OMITS
-JSON_COLUMNS = frozenset({"ladder", "outputs", "renditions"})
+JSON_COLUMNS = frozenset({"ladder", "outputs", "renditions", "pipeline_stages"})
 
 
 def _upsert_job_sql() -> psql.Composed:

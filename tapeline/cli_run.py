@@ -14,9 +14,11 @@ import typer
 from domain.errors import TapelineError
 from tapeline import logs
 from tapeline.cli_common import console, fail, load_settings
+from domain.pipeline import STAGE_NAMES
 from tapeline.settings import Settings
 
-ROLE_CHOICES = ("intake", "transcode", "publish", "projector", "watchdog", "notify", "all")
+ROLE_CHOICES = ("intake", *STAGE_NAMES, "projector", "watchdog", "notify", "all")
+"""Every role of `tapeline run --role`: each stage of the registry (`domain/pipeline.py`) is one."""
 
 
 def migrate() -> None:
@@ -83,8 +85,7 @@ def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f
             raise typer.Exit(supervisor.supervise(supervisor.ROLES, grace_s=settings.shutdown_grace_s,
                                                   health_port_base=settings.health_port_base,
                                                   backoff_s=settings.restart_backoff_s,
-                                                  workers={"transcode": settings.transcode_workers,
-                                                           "publish": settings.publish_workers},
+                                                  workers={stage: settings.workers_of(stage) for stage in STAGE_NAMES},
                                                   on_exit=rescue_on_exit(settings)))
         raise typer.Exit(run_role(settings, role))
     except TapelineError as exc:

@@ -13,28 +13,15 @@ import signal
 import time
 from pathlib import Path
 
+from domain import pipeline
 from domain.errors import TapelineError
 
 PIPELINE_CRASH_POINTS: tuple[str, ...] = (
     # intake: UploadCompleted -> JobAccepted + StageQueued + WorkItem, with the upload's offset
     "intake.before_produce", "intake.after_produce", "intake.after_send_offsets", "intake.after_commit",
-    # transcode: claim (AttemptStarted + the work item's offset), heartbeats, segment checkpoints
-    # (each after its S3 upload), completion
-    "transcode.claim.after_produce", "transcode.claim.after_send_offsets", "transcode.claim.after_commit",
-    "transcode.Heartbeat.after_produce", "transcode.Heartbeat.after_commit",
-    "transcode.CheckpointRecorded.before_produce",  # the segment is in S3, not yet recorded
-    "transcode.CheckpointRecorded.after_produce", "transcode.CheckpointRecorded.after_commit",
-    "transcode.AttemptSucceeded.before_produce",  # every output in S3, nothing recorded
-    "transcode.AttemptSucceeded.after_produce", "transcode.AttemptSucceeded.after_commit",
-    # publish: claim, intent, origin promotion (S3 writes), claim marker (S3 write), proof of
-    # ownership, provider call, completion
-    "publish.claim.after_produce", "publish.claim.after_send_offsets", "publish.claim.after_commit",
-    "publish.PublishIntended.after_produce", "publish.PublishIntended.after_commit",
-    "publish.before_promote", "publish.after_promote",
-    "publish.before_marker", "publish.after_marker",
-    "publish.Heartbeat.after_produce", "publish.Heartbeat.after_commit",
-    "publish.before_provider_call", "publish.after_provider_call",
-    "publish.AttemptSucceeded.after_produce", "publish.AttemptSucceeded.after_commit",
+    # every stage of the default profile, in order: claim (AttemptStarted + the work item's offset),
+    # heartbeats, checkpoints, its declared side effects, completion (domain/pipeline.py stage_crash_points)
+    *(point for stage in pipeline.profile_stages(pipeline.DEFAULT_PROFILE) for point in pipeline.stage_crash_points(stage)),
     # projector: the PostgreSQL transaction of a batch (rows + offsets)
     "projector.before_commit", "projector.after_commit",
     # watchdog: ticks and its decisions

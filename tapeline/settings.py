@@ -11,13 +11,14 @@ import socket
 from pathlib import Path
 from typing import Literal
 
+from domain import pipeline
 from domain.policy.tiers import TIERS
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
-Stage = Literal["transcode", "publish"]
+Stage = Literal[pipeline.STAGE_NAMES]  # type: ignore[valid-type]  # every registered stage (domain/pipeline.py)
 Tier = Literal["archive", "standard", "index"]
 
 
@@ -173,6 +174,8 @@ class Settings(BaseSettings):
     # Per-stage concurrency: worker processes of each stage that `tapeline run --role all` starts.
     transcode_workers: int = Field(1, ge=1, description="`run --role all`: transcode worker processes")
     publish_workers: int = Field(1, ge=1, description="`run --role all`: publish worker processes")
+    stage_workers: dict[str, int] = Field(default_factory=dict, description="`run --role all`: worker processes of "
+                                          "any other registered stage (stage -> count, default 1 each)")
     worker_name: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_.#-]{1,64}$",
         description="This worker's stable name on its host (`tapeline run --role all` names its children transcode, "
@@ -352,6 +355,12 @@ class Settings(BaseSettings):
     def dlq_topic(self) -> str:
         return f"{self.topic_prefix}.dlq"
 
+    def workers_of(self, stage: str) -> int:
+        """`run --role all`: worker processes of `stage` (`transcode_workers`, `publish_workers`, else
+        `stage_workers[stage]`, default 1)."""
+        legacy = {"transcode": self.transcode_workers, "publish": self.publish_workers}
+        return legacy[stage] if stage in legacy else max(1, self.stage_workers.get(stage, 1))
+
     def work_topic(self, stage: str, tier: str) -> str:
         """Work topic of one stage and priority tier, e.g. `tapeline.work.transcode.standard`."""
         return f"{self.topic_prefix}.work.{stage}.{tier}"
@@ -363,7 +372,7 @@ class Settings(BaseSettings):
         """Every topic name with its partition count."""
         topics = {self.uploads_topic: self.uploads_partitions, self.jobs_topic: self.jobs_partitions,
                   self.dlq_topic: self.jobs_partitions}
-        for stage in ("transcode", "publish"):
+        for stage in pipeline.STAGE_NAMES:
             for topic in self.work_topics(stage):
                 topics[topic] = self.work_partitions
         return topics

@@ -18,10 +18,14 @@ from typing import Callable
 
 import structlog
 
+from domain import pipeline
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.supervisor")
-ROLES = ("projector", "intake", "transcode", "publish", "watchdog", "notify")
+CORE_ROLES = ("projector", "intake", "transcode", "publish", "watchdog", "notify")
+ROLES = CORE_ROLES + tuple(s for s in pipeline.STAGE_NAMES if s not in CORE_ROLES)
+"""The children of `run --role all`: the core roles in their old order (their health ports never
+move), then every other stage of the registry (`domain/pipeline.py`) in registry order."""
 BACKOFF_S = (1, 2, 5, 10, 30)
 """Restart delays after consecutive crashes, seconds; a child that ran 60 s resets the count."""
 

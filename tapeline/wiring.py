@@ -11,10 +11,12 @@ PostgreSQL's `PostgresJobStore`, S3's `ObjectStore`, the system clock) for `tape
 
 from __future__ import annotations
 
+import importlib
 from typing import Sequence
 
 from typing import TYPE_CHECKING
 
+from domain.pipeline import STAGE_NAMES, spec as pipeline_spec
 from tapeline.health import HealthState
 from tapeline.settings import Settings
 
@@ -176,8 +178,8 @@ def serve(settings: Settings, host: str | None = None, port: int | None = None, 
                 log_level=log_level, access_log=False)
 
 
-WORKER_ROLES = ("transcode", "publish")
-PROCESSOR_ROLES = ("projector", "intake", "transcode", "publish", "watchdog", "notify")
+WORKER_ROLES = STAGE_NAMES
+PROCESSOR_ROLES = ("projector", "intake", *STAGE_NAMES, "watchdog", "notify")
 
 
 def processor_adapters(settings: Settings, role: str, health: HealthState) -> dict:
@@ -226,15 +228,15 @@ def build_processor(role: str, settings: Settings, health: HealthState):
         from processors.media import FfmpegTool
 
         return IntakeProcessor(settings, media=FfmpegTool(), **processor_adapters(settings, role, health))
-    if role == "transcode":
-        from processors.media import FfmpegTool
-        from processors.transcode import TranscodeWorker
+    if role in STAGE_NAMES:  # a stage of the registry (domain/pipeline.py): its worker class, by name
+        declared = pipeline_spec(role)
+        module, _, name = declared.worker.partition(":")
+        worker = getattr(importlib.import_module(module), name)
+        if declared.uses_media_tool:
+            from processors.media import FfmpegTool
 
-        return TranscodeWorker(settings, media=FfmpegTool(), **processor_adapters(settings, role, health))
-    if role == "publish":
-        from processors.publish import PublishWorker
-
-        return PublishWorker(settings, **processor_adapters(settings, role, health))
+            return worker(settings, media=FfmpegTool(), **processor_adapters(settings, role, health))
+        return worker(settings, **processor_adapters(settings, role, health))
     processor = {"projector": build_projector}[role](settings)
     processor.health = health
     return processor

@@ -94,7 +94,7 @@ def parse_text_rows(chunks: list[bytes]) -> list[dict]:
                 row[column] = datetime.fromisoformat(field + ":00")
             elif column == "degraded":
                 row[column] = field == "t"
-            elif column in ("ladder", "outputs", "renditions"):
+            elif column in writes.JSON_COLUMNS:
                 row[column] = json.loads(field)
             else:
                 row[column] = field
@@ -112,7 +112,7 @@ def unescape(field: str) -> str:
 
 def python_row(values: tuple) -> dict:
     row = dict(zip(lifecycle.JOB_STATE_COLUMNS, values))
-    for column in ("ladder", "outputs", "renditions"):
+    for column in writes.JSON_COLUMNS:
         if row[column] is not None:
             row[column] = row[column].obj
     return row

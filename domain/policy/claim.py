@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from domain import events as ev
-from domain.lifecycle import STAGE_ORDER, TERMINAL_STATES
+from domain.lifecycle import TERMINAL_STATES, position
 
 
 def should_skip(row: dict[str, Any] | None, item: ev.WorkItem) -> str | None:
@@ -23,8 +23,8 @@ def should_skip(row: dict[str, Any] | None, item: ev.WorkItem) -> str | None:
         return "unknown job"
     if row["state"] in TERMINAL_STATES:
         return f"job already ended ({row['state']})"
-    current = (STAGE_ORDER.get(row["stage"], 0), row["attempt"])
-    wanted = (STAGE_ORDER.get(item.stage, 0), item.attempt)
+    current = position(row, row["stage"], row["attempt"])
+    wanted = position(row, item.stage, item.attempt)
     if wanted < current:
         return f"stale work item: job is at {row['stage']} attempt {row['attempt']}"
     if wanted == current and row["state"] == "running" and row.get("claim_token"):
@@ -40,7 +40,7 @@ def projection_behind(row: dict[str, Any] | None, item: ev.WorkItem) -> bool:
         return True
     if row["state"] in TERMINAL_STATES:
         return False
-    return (STAGE_ORDER.get(row["stage"], 0), row["attempt"]) < (STAGE_ORDER.get(item.stage, 0), item.attempt)
+    return position(row, row["stage"], row["attempt"]) < position(row, item.stage, item.attempt)
 
 
 def superseded_reason(row: dict[str, Any] | None, stage: str, attempt: int, claim_token: str) -> str | None:
@@ -52,7 +52,7 @@ def superseded_reason(row: dict[str, Any] | None, stage: str, attempt: int, clai
         return None
     if row["state"] in TERMINAL_STATES:
         return f"job ended ({row['state']})"
-    if (STAGE_ORDER.get(row["stage"], 0), row["attempt"]) > (STAGE_ORDER.get(stage, 0), attempt):
+    if position(row, row["stage"], row["attempt"]) > position(row, stage, attempt):
         return f"superseded by {row['stage']} attempt {row['attempt']}"
     if row["attempt"] == attempt and row.get("claim_token") not in (None, claim_token):
         return "another claim owns this attempt"

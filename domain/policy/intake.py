@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol, Sequence
 
 from domain import events as ev
+from domain import pipeline
 from domain.errors import InvalidInput, LimitsExceeded, MediaError, TapelineError
 from domain.policy.tiers import TIERS
 
@@ -107,13 +108,17 @@ def decide(existing: dict[str, Any] | None, upload: ev.UploadCompleted, probe: e
     if profile is None:
         raise ValueError("an accepted upload needs its output profile")
     ladder = list(profile.ladder)
-    work_topic = settings.work_topic("transcode", upload.priority)
+    pipeline_name = pipeline.profile_for_tier(upload.priority)
+    stages = list(pipeline.profile_stages(pipeline_name))
+    first = stages[0]
+    work_topic = settings.work_topic(first, upload.priority)
     accepted = ev.JobAccepted.new(stamp(), stage="intake", attempt=0, upload_id=upload.upload_id,
                                   source_key=upload.object_key, source_sha256=upload.sha256,
                                   source_size_bytes=upload.size_bytes, priority=upload.priority,
                                   profile=upload.profile, media=probe, ladder=ladder,
                                   profile_fingerprint=profile.fingerprint, degraded=profile.degraded,
-                                  degraded_reason=profile.reason, x264_preset=profile.x264_preset, **common)
+                                  degraded_reason=profile.reason, x264_preset=profile.x264_preset,
+                                  pipeline=pipeline_name, pipeline_stages=stages, **common)
     if reusable is not None:
         duration = reusable.media_duration_s if reusable.media_duration_s is not None else probe.duration_s
         return [
@@ -127,10 +132,10 @@ def decide(existing: dict[str, Any] | None, upload: ev.UploadCompleted, probe: e
         ]
     return [
         (jobs, accepted),
-        (jobs, ev.StageQueued.new(stamp(), stage="transcode", attempt=1, tier=upload.priority,
+        (jobs, ev.StageQueued.new(stamp(), stage=first, attempt=1, tier=upload.priority,
                                   work_topic=work_topic, **common)),
-        (work_topic, ev.WorkItem.new(stamp(), stage="transcode", attempt=1, tier=upload.priority,
+        (work_topic, ev.WorkItem.new(stamp(), stage=first, attempt=1, tier=upload.priority,
                                      source_key=upload.object_key, inputs=[], renditions=ladder,
                                      media_duration_s=probe.duration_s, x264_preset=profile.x264_preset,
-                                     degraded=profile.degraded, **common)),
+                                     degraded=profile.degraded, pipeline_stages=stages, **common)),
     ]

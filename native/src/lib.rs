@@ -137,6 +137,37 @@ fn stage_order(stage: Option<&str>) -> i64 {
     stage.and_then(|s| STAGE_ORDER.iter().position(|x| *x == s)).map_or(0, |i| i as i64)
 }
 
+/// The names of a `pipeline_stages` cell (a JSON array of stage names, as `json` writes it; stage
+/// names are plain identifiers, so no escapes); empty for null.
+fn stage_names(cell: &Cell) -> Vec<&str> {
+    match cell {
+        Cell::J(text) => text.trim().trim_start_matches('[').trim_end_matches(']').split(',')
+            .map(|p| p.trim().trim_matches('"')).filter(|p| !p.is_empty()).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// `pipeline.stage_position(stage, row["pipeline_stages"])`: 1 + the stage's index in the job's
+/// recorded stages, else `stage_order` (jobs accepted before profiles, and intake).
+fn stage_position(stage: Option<&str>, stages: &Cell) -> i64 {
+    if let Some(s) = stage {
+        if let Some(i) = stage_names(stages).iter().position(|x| *x == s) {
+            return i as i64 + 1;
+        }
+    }
+    stage_order(stage)
+}
+
+/// `(a or []) + b` for two JSON array cells (`a` may be null).
+fn json_concat(a: &Cell, b: Cell) -> Cell {
+    let inner = |c: &Cell| match c {
+        Cell::J(t) => t.trim().trim_start_matches('[').trim_end_matches(']').trim().to_string(),
+        _ => String::new(),
+    };
+    let parts: Vec<String> = [inner(a), inner(&b)].into_iter().filter(|p| !p.is_empty()).collect();
+    Cell::J(format!("[{}]", parts.join(",")))
+}
+
 /// `timedelta(seconds=s)` in microseconds, rounded as CPython rounds it; None where Python raises.
 fn timedelta_us(s: f64) -> Option<i64> {
     if !s.is_finite() || s.abs() > 1e15 {
@@ -801,6 +832,11 @@ impl Engine {
                     };
                     row[DEGRADED_REASON] = opt_s(ev.s("degraded_reason"));
                     row[X264_PRESET] = opt_s(ev.s("x264_preset"));
+                    row[PIPELINE] = opt_s(ev.s("pipeline"));
+                    row[PIPELINE_STAGES] = match ev.val("pipeline_stages") {
+                        Value::Array(a) if !a.is_empty() => ev.json_cell("pipeline_stages")?,
+                        _ => Cell::N,
+                    };
                 } else if kind == "JobRejected" {
                     new(&mut row);
                     row[STATE] = Cell::S(ST_REJECTED.into());
@@ -831,8 +867,8 @@ impl Engine {
                 }
             }
         }
-        let ev_pos = (stage_order(ev.s("stage")), ev.i("attempt").unwrap_or(0));
-        let row_pos = (stage_order(row[STAGE].s()), row[ATTEMPT].i_or0());
+        let ev_pos = (stage_position(ev.s("stage"), &row[PIPELINE_STAGES]), ev.i("attempt").unwrap_or(0));
+        let row_pos = (stage_position(row[STAGE].s(), &row[PIPELINE_STAGES]), row[ATTEMPT].i_or0());
         if kind == "AttemptStarted" && ev_pos < row_pos {
             return Ok((false, true));
         }
@@ -929,7 +965,21 @@ impl Engine {
                 }
             }
             "AttemptSucceeded" => {
-                if ev.s("stage") == Some("transcode") {
+                if !stage_names(&row[PIPELINE_STAGES]).is_empty() {
+                    // `lifecycle.evolve`: every stage but the last adds its outputs to the job's; one
+                    // that made renditions sets the ladder.
+                    let stages = stage_names(&row[PIPELINE_STAGES]);
+                    let stage = ev.s("stage");
+                    let hands_on = stage.is_some_and(|s| stages.contains(&s) && stages.last() != Some(&s));
+                    if hands_on {
+                        let outputs = ev.json_cell("outputs")?;
+                        row[OUTPUTS] = json_concat(&row[OUTPUTS], outputs);
+                        if matches!(ev.val("renditions"), Value::Array(r) if !r.is_empty()) {
+                            row[LADDER] = ev.json_cell("renditions")?;
+                            row[AUDIO_PLAYLIST_KEY] = s("audio_playlist_key");
+                        }
+                    }
+                } else if ev.s("stage") == Some("transcode") {
                     row[OUTPUTS] = ev.json_cell("outputs")?;
                     row[LADDER] = ev.json_cell("renditions")?;
                     row[AUDIO_PLAYLIST_KEY] = s("audio_playlist_key");

@@ -147,7 +147,9 @@ CREATE TABLE public.job_state (
     degraded_reason text,
     x264_preset text,
     reused_from text,
-    progress_grace_s double precision
+    progress_grace_s double precision,
+    pipeline text,
+    pipeline_stages jsonb
 );
 
 COMMENT ON TABLE public.job_state IS 'Current state of each job: a fold of its lifecycle events in log order (one row per job)';
@@ -158,7 +160,7 @@ COMMENT ON COLUMN public.job_state.upload_id IS 'The upload that created the job
 
 COMMENT ON COLUMN public.job_state.state IS 'The job''s state: one of lifecycle_states.state';
 
-COMMENT ON COLUMN public.job_state.stage IS 'Current stage: intake|transcode|publish';
+COMMENT ON COLUMN public.job_state.stage IS 'The current stage: intake or a stage of the registry (domain/pipeline.py), e.g. transcode, thumbnails, publish';
 
 COMMENT ON COLUMN public.job_state.attempt IS 'Current attempt number of stage, 1-based (0 at intake)';
 
@@ -247,6 +249,10 @@ COMMENT ON COLUMN public.job_state.x264_preset IS 'x264 preset of the job''s tra
 COMMENT ON COLUMN public.job_state.reused_from IS 'job whose published outputs this job reused (ResultReused); NULL when it transcoded';
 
 COMMENT ON COLUMN public.job_state.progress_grace_s IS 'Seconds added to no_progress_timeout_s for the current attempt while ffmpeg decodes silently to a resume point (NULL: none)';
+
+COMMENT ON COLUMN public.job_state.pipeline IS 'The pipeline profile the job runs (domain/pipeline.py PROFILES; NULL: accepted before profiles, transcode then publish)';
+
+COMMENT ON COLUMN public.job_state.pipeline_stages IS 'The job''s stages in order, as recorded by JobAccepted (a JSON array of names; NULL: transcode, publish)';
 
 CREATE TABLE public.lifecycle_ending_events (
     event_type text NOT NULL,

@@ -22,6 +22,7 @@ from typing import Any
 from rich.console import Console
 
 from tapeline.settings import PROJECT_ROOT, Settings
+from domain.pipeline import STAGE_NAMES
 from tapeline.supervisor import ROLES
 
 from tapeline.stack.base import StackError, StackPaths, _now, _owned_pid, _say, _spawn, _stop_pid, _update_state, _wait_ready
@@ -70,8 +71,7 @@ def scrape_targets(settings: Settings) -> list[dict[str, Any]]:
     base = settings.health_port_base or DEFAULT_HEALTH_PORT_BASE
     groups = [{"targets": [f"127.0.0.1:{base + i}"], "labels": {"job": "tapeline-processors", "role": role}}
               for i, role in enumerate(ROLES)]
-    extra = [("transcode", n) for n in range(2, settings.transcode_workers + 1)] + \
-            [("publish", n) for n in range(2, settings.publish_workers + 1)]
+    extra = [(name, n) for name in ROLES if name in STAGE_NAMES for n in range(2, settings.workers_of(name) + 1)]
     groups += [{"targets": [f"127.0.0.1:{base + len(ROLES) + i}"],
                 "labels": {"job": "tapeline-processors", "role": f"{role}#{n}"}} for i, (role, n) in enumerate(extra)]
     host = "127.0.0.1" if settings.serve_host in ("0.0.0.0", "::", "") else settings.serve_host

@@ -42,7 +42,11 @@ KINDS = tuple(sorted(ev.Event.registry))
 ENVELOPE = set(ev.Event.model_fields) | {"sequence"}
 REOPENING = {kind for kind, rule in LIFECYCLE.ending.items() if rule.state in LIFECYCLE.reopenable_states}
 """Ending events whose state an operator's JobReplayed reopens (JobDeadLettered, NeedsReview)."""
-STAGES = tuple(LIFECYCLE.stage_order)
+STAGES = ("intake", "archive", "transcode", "thumbnails", "publish")
+"""The stages writers move through: the old fixed order's and stages only a recorded pipeline orders."""
+PIPELINES = st.one_of(st.sampled_from([["transcode", "thumbnails", "publish"], ["transcode", "publish"],
+                                                  ["archive", "transcode", "thumbnails", "publish"], []]),
+                      st.lists(st.sampled_from(STAGES[1:] + ("x",)), max_size=4))
 LATE = datetime(9999, 12, 31, 22, tzinfo=timezone.utc)  # a lease from here overflows datetime
 UTC = timezone.utc
 SETUP = native.engine_setup()
@@ -67,6 +71,7 @@ OVERRIDES = {  # fields whose values the fold reads: drawn mostly where its rule
     ("StallDetected", "kind"): st.sampled_from(["handoff", "no_progress", "lease", "x"]),
     ("StallDetected", "since_s"): SMALL_FLOAT,
     ("AttemptSucceeded", "audio_playlist_key"): st.one_of(st.none(), TEXT),
+    ("JobAccepted", "pipeline_stages"): PIPELINES,
     ("AttemptFailed", "reason"): NUL_TEXT,
     ("StallDetected", "detail"): NUL_TEXT,
 }

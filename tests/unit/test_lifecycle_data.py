@@ -42,7 +42,7 @@ def test_the_fold_exports_the_file_under_its_old_names():
     assert fold.REOPENABLE_STATES == {"dead_lettered", "needs_review"}
     assert fold.TERMINAL_STATES == fold.FINAL_STATES | fold.REOPENABLE_STATES
     assert fold.STAGE_ORDER == {"intake": 0, "transcode": 1, "publish": 2}
-    assert fold.JOB_STATE_COLUMNS == LIFECYCLE.job_state_columns and len(fold.JOB_STATE_COLUMNS) == 48
+    assert fold.JOB_STATE_COLUMNS == LIFECYCLE.job_state_columns and len(fold.JOB_STATE_COLUMNS) == 50
     assert fold.STATES == LIFECYCLE.states
 
 
