@@ -39,9 +39,11 @@ from producers.submit import publish, upload  # noqa: E402
 from tapeline.chaos import ENDED_STATES, ProviderProcess, audit  # noqa: E402
 from tapeline.crashpoints import PIPELINE_CRASH_POINTS  # noqa: E402
 from tapeline.samples import sample_video  # noqa: E402
+from domain.pipeline import STAGE_NAMES  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402
 
-PAUSABLE = ("intake", "transcode", "publish", "projector", "watchdog")
+PAUSABLE = ("intake", *STAGE_NAMES, "projector", "watchdog")
+"""Roles a random SIGSTOP may pause: every stage of the registry (domain/pipeline.py) among them."""
 
 
 def states(settings: Settings, job_ids: list[str]) -> dict[str, str]:

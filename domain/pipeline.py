@@ -63,7 +63,7 @@ class StageSpec:
 
 STAGES: tuple[StageSpec, ...] = (
     StageSpec("transcode", "processors.transcode:TranscodeWorker", needs=frozenset({"x264_preset"}),
-              uses_media_tool=True, checkpoints=True, share=0.8),
+              uses_media_tool=True, checkpoints=True, share=0.85),
     StageSpec("publish", "processors.publish:PublishWorker", needs=frozenset({"inputs", "audio_playlist_key"}),
               final=True, share=0.1,
               side_effect_points=(("PublishIntended", "publish.before_promote"), ("PublishIntended", "publish.after_promote"),

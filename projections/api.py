@@ -30,6 +30,8 @@ says otherwise; durations are seconds.
 
 from __future__ import annotations
 
+from domain.pipeline import INTAKE, STAGE_NAMES
+
 import threading
 import time
 from pathlib import Path
@@ -258,6 +260,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(settings))
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals["glossary"] = glossary()  # hover explanations (dashboard.js explainTerms)
+    templates.env.globals["stages"] = (INTAKE, *STAGE_NAMES)  # the jobs filter: every registered stage
     templates.env.globals["ended_states"] = TERMINAL_STATES  # the lifecycle's final and reopenable states
     app.mount("/static/docs", StaticFiles(directory=str(Path(fastapi_offline.__file__).parent / "static")),
               name="docs-assets")

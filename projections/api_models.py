@@ -4,6 +4,8 @@ takes. No I/O: the routers (`api_reads.py`, `api_actions.py`, `api_pages.py`) us
 
 from __future__ import annotations
 
+from domain import pipeline
+
 import base64
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -15,7 +17,7 @@ from tapeline import read
 
 STATES = lifecycle.STATES  # schemas/lifecycle.json, in lifecycle order
 State = Literal[STATES]  # type: ignore[valid-type]  (a job state, checked by FastAPI)
-Stage = Literal[tuple(lifecycle.STAGE_ORDER)]  # type: ignore[valid-type]
+Stage = Literal[(pipeline.INTAKE, *pipeline.STAGE_NAMES)]  # type: ignore[valid-type]  # domain/pipeline.py
 PG_BIGINT_MAX = 2**63 - 1
 """The largest OFFSET PostgreSQL takes (bigint); a larger one would reach psycopg and fail there."""
 Priority = Literal["archive", "standard", "index"]

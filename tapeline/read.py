@@ -3,6 +3,10 @@ the HTTP intake's backpressure and the processors that consult current state."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
+from domain import pipeline
+
 import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -17,8 +21,26 @@ from domain.errors import ConfigurationError, ServiceUnavailable
 from tapeline.rows import TierBacklog, letter_attempts, tier_backlogs  # noqa: F401 (pure; re-exported)
 from tapeline.settings import Settings
 
-STAGE_SHARE = {"intake": (0.0, 0.05), "transcode": (0.05, 0.90), "publish": (0.90, 1.0)}
-"""Share of the whole job each stage represents in `percent_done`."""
+INTAKE_SHARE = 0.05
+
+
+def stage_shares(stages: Sequence[str] | None) -> dict[str, tuple[float, float]]:
+    """(low, high) share of the whole job each stage represents in `percent_done`: intake the first
+    5 %, the job's stages (`job_state.pipeline_stages`, `pipeline.LEGACY_STAGES` for an older job)
+    the rest, in order, weighted by their declarations' `share` (transcode 0.85, publish 0.10, so an
+    older job keeps 0.05-0.90-1.0). Pure."""
+    names = pipeline.job_stages(stages)
+    weights = [pipeline.BY_NAME[s].share if s in pipeline.BY_NAME else 0.0 for s in names]
+    scale = (1.0 - INTAKE_SHARE) / (sum(weights) or 1.0)
+    shares, low = {pipeline.INTAKE: (0.0, INTAKE_SHARE)}, INTAKE_SHARE
+    for name, weight in zip(names, weights):
+        shares[name] = (low, low + weight * scale)
+        low += weight * scale
+    return shares
+
+
+STAGE_SHARE = stage_shares(None)
+"""`stage_shares` of a job accepted before profiles (transcode, publish)."""
 
 
 def open_reader(settings: Settings) -> psycopg.Connection:
@@ -39,18 +61,20 @@ def job_row(conn: psycopg.Connection, job_id: str) -> dict[str, Any] | None:
 
 
 def percent_done(row: dict[str, Any]) -> float:
-    """0-100: stages weighted by `STAGE_SHARE`, transcode progress from media seconds encoded.
+    """0-100: stages weighted by `stage_shares`, a running media stage's (transcode, thumbnails)
+    progress from the media seconds its heartbeats report.
 
     Only a completed job is 100; a job that ended otherwise (cancelled, failed, dead-lettered, ...)
     shows where it stopped: the share of the stages before the one it was in (a job cancelled before
     it ever ran is 0)."""
     if row["state"] == "completed":
         return 100.0
-    low, high = STAGE_SHARE.get(row["stage"], (0.0, 0.05))
+    low, high = stage_shares(row.get("pipeline_stages")).get(row["stage"], (0.0, INTAKE_SHARE))
     if row["state"] in TERMINAL_STATES:
         return round(100.0 * low, 1)
     inside = 0.0
-    if row["state"] == "running" and row["stage"] == "transcode" and row.get("source_duration_s"):
+    declared = pipeline.BY_NAME.get(row["stage"])
+    if row["state"] == "running" and declared is not None and declared.uses_media_tool and row.get("source_duration_s"):
         inside = min(1.0, (row.get("progress_out_time_s") or 0.0) / row["source_duration_s"])
     return round(100.0 * (low + (high - low) * inside), 1)
 

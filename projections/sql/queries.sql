@@ -194,7 +194,12 @@ SELECT * FROM attempts WHERE job_id = %(job_id)s ORDER BY claim_offset;
 -- name: job_stage_durations
 -- A job's per-stage queue wait, run time and attempts (view stage_durations, migration 006).
 SELECT * FROM stage_durations WHERE job_id = %(job_id)s
-ORDER BY queued_at, CASE stage WHEN 'intake' THEN 0 WHEN 'transcode' THEN 1 ELSE 2 END;
+ORDER BY queued_at,
+         -- ties in pipeline order: the stage's place in the job's recorded stages (domain/pipeline.py),
+         -- else the fixed order of jobs accepted before profiles (intake, transcode, publish)
+         coalesce((SELECT p.i FROM job_state j, jsonb_array_elements_text(j.pipeline_stages) WITH ORDINALITY AS p(name, i)
+                   WHERE j.job_id = %(job_id)s AND p.name = stage LIMIT 1),
+                  CASE stage WHEN 'intake' THEN 0 WHEN 'transcode' THEN 1 ELSE 2 END);
 
 -- name: provider_gate_lock
 -- The provider's check-and-reserve lock (transaction-scoped), and the PostgreSQL clock every quota and cooldown uses.
