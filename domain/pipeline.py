@@ -64,6 +64,9 @@ class StageSpec:
 STAGES: tuple[StageSpec, ...] = (
     StageSpec("transcode", "processors.transcode:TranscodeWorker", needs=frozenset({"x264_preset"}),
               uses_media_tool=True, checkpoints=True, share=0.85),
+    StageSpec("thumbnails", "processors.thumbnails:ThumbnailsWorker", needs=frozenset({"inputs"}), optional=True,
+              uses_media_tool=True, share=0.05,
+              side_effect_points=(("Heartbeat", "thumbnails.before_upload"), ("Heartbeat", "thumbnails.after_upload"))),
     StageSpec("publish", "processors.publish:PublishWorker", needs=frozenset({"inputs", "audio_playlist_key"}),
               final=True, share=0.1,
               side_effect_points=(("PublishIntended", "publish.before_promote"), ("PublishIntended", "publish.after_promote"),
@@ -74,7 +77,7 @@ STAGES: tuple[StageSpec, ...] = (
 """Every stage, in the one order any profile may use them (a profile is a subsequence of it)."""
 
 PROFILES: dict[str, tuple[str, ...]] = {
-    "default": ("transcode", "publish"),
+    "default": ("transcode", "thumbnails", "publish"),
 }
 """Pipeline profile -> its stages in order (intake precedes each)."""
 

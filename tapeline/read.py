@@ -79,6 +79,24 @@ def percent_done(row: dict[str, Any]) -> float:
     return round(100.0 * (low + (high - low) * inside), 1)
 
 
+def published_artifacts(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The job's outputs that are not a rendition's (`job_state.outputs` beyond the renditions' and
+    the audio's folders: the poster, storyboard and WebVTT track of `thumbnails`, or any other
+    stage's), each `{"name": path beside the master playlist, "stage", "content_type", "sha256",
+    "size_bytes", "url"}`; `url` is where publish put it (beside `master_url`), None until then. Pure."""
+    folders = {r["name"] for r in (row.get("ladder") or []) + (row.get("renditions") or [])} | {"audio"}
+    base = row["master_url"].rsplit("/", 1)[0] + "/" if row.get("master_url") and not row.get("reused_from") else None
+    found = []
+    for output in row.get("outputs") or []:
+        parts = output["key"].split("/", 4)  # work/{job}/{stage}/{attempt}/{path}
+        if len(parts) != 5 or parts[0] != "work" or parts[4].split("/", 1)[0] in folders:
+            continue
+        found.append({"name": parts[4], "stage": parts[2], "content_type": output["content_type"],
+                      "sha256": output["sha256"], "size_bytes": output["size_bytes"],
+                      "url": base + parts[4] if base else None})
+    return found
+
+
 def job_summary(row: dict[str, Any]) -> dict[str, Any]:
     """The JSON object `tapeline submit --json` and `status --json` print for one job."""
     summary: dict[str, Any] = {"job_id": row["job_id"], "state": row["state"], "stage": row["stage"],
@@ -89,6 +107,8 @@ def job_summary(row: dict[str, Any]) -> dict[str, Any]:
     summary["master_url"] = row["master_url"]
     summary["outputs"] = [{"name": r["name"], "width": r["width"], "height": r["height"], "url": r.get("url")}
                           for r in (row["renditions"] or [])]
+    summary["artifacts"] = published_artifacts(row)  # thumbnails' poster, storyboard, WebVTT track, ...
+    summary["pipeline"] = row.get("pipeline")
     summary["percent"] = percent_done(row)
     # Issue 9: the tier, the degradation ladder and result reuse (migration 013).
     summary["priority"] = row.get("priority")

@@ -176,6 +176,9 @@ class Settings(BaseSettings):
     publish_workers: int = Field(1, ge=1, description="`run --role all`: publish worker processes")
     stage_workers: dict[str, int] = Field(default_factory=dict, description="`run --role all`: worker processes of "
                                           "any other registered stage (stage -> count, default 1 each)")
+    stage_options: dict[str, dict[str, float | int | str]] = Field(
+        default_factory=dict, description="Options of a registered stage (JSON, stage -> name -> value), read by "
+        "its own module with its own defaults, e.g. {\"thumbnails\": {\"interval_s\": 2, \"tile_width\": 160}}")
     worker_name: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_.#-]{1,64}$",
         description="This worker's stable name on its host (`tapeline run --role all` names its children transcode, "

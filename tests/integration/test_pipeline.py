@@ -1,10 +1,15 @@
-"""One real video through upload -> transcode -> publish on real Kafka, PostgreSQL, S3 and ffmpeg,
+"""One real video through upload -> transcode -> thumbnails -> publish (the `default` profile) on real Kafka, PostgreSQL, S3 and ffmpeg,
 with every processor running as a real child process (`tapeline run --role all`)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+import subprocess
 from pathlib import Path
+
+import httpx
 
 import psycopg
 import pytest
@@ -55,9 +60,15 @@ def test_real_video_is_transcoded_and_published(isolated, pipeline):
 
     # Exactly one committed JobCompleted; the lifecycle is complete and in order.
     events = of_job(committed_events(isolated), job_id)
-    assert [e.event_type for e in events if e.event_type != "CheckpointRecorded"] == [
-        "JobAccepted", "StageQueued", "AttemptStarted", "AttemptSucceeded", "StageQueued", "AttemptStarted",
-        "PublishIntended", "AttemptSucceeded", "Published", "JobCompleted"]
+    # The `default` profile: transcode -> thumbnails -> publish, recorded in JobAccepted.
+    assert [(e.event_type, e.stage) for e in events if e.event_type not in ("CheckpointRecorded", "Heartbeat")] == [
+        ("JobAccepted", "intake"), ("StageQueued", "transcode"), ("AttemptStarted", "transcode"),
+        ("AttemptSucceeded", "transcode"), ("StageQueued", "thumbnails"), ("AttemptStarted", "thumbnails"),
+        ("AttemptSucceeded", "thumbnails"), ("StageQueued", "publish"), ("AttemptStarted", "publish"),
+        ("PublishIntended", "publish"), ("AttemptSucceeded", "publish"), ("Published", "publish"),
+        ("JobCompleted", "publish")]
+    accepted = of_job(events, job_id, "JobAccepted")[0]
+    assert (accepted.pipeline, accepted.pipeline_stages) == ("default", ["transcode", "thumbnails", "publish"])
     # Every segment of every rendition was checkpointed between the claim and the success, and the
     # transcode outputs are exactly those segments plus one playlist per rendition.
     checkpoints = of_job(events, job_id, "CheckpointRecorded")
@@ -80,6 +91,7 @@ def test_real_video_is_transcoded_and_published(isolated, pipeline):
     assert keys_under(isolated, f"published/{job_id}/") == {o.key for o in published.outputs}
     transcoded = of_job(events, job_id, "AttemptSucceeded")[0]
     assert all(o.key.startswith(f"work/{job_id}/transcode/1/") for o in transcoded.outputs)
+    check_thumbnails(isolated, result, events, source_video_s)
 
     # The timeline shows every event with its attempt and broker timestamp.
     timeline = tapeline_cli(isolated, "timeline", job_id, "--json")
@@ -87,6 +99,47 @@ def test_real_video_is_transcoded_and_published(isolated, pipeline):
     rows = json.loads(timeline.stdout)
     assert [r["event_type"] for r in rows] == [e.event_type for e in events]
     assert all(r["broker_ts"] and r["attempt"] is not None for r in rows)
+
+
+def check_thumbnails(settings, result: dict, events: list, duration_s: float) -> None:
+    """The thumbnails stage's outputs, as a player reads them: published beside the master playlist,
+    listed by `submit --json`; the WebVTT track's cues run back to back over the whole duration and
+    each `#xywh` tile lies inside the storyboard sprite; the poster is a JPEG that is not blank."""
+    job_id = result["job_id"]
+    made = of_job(events, job_id, "AttemptSucceeded")[1]
+    assert made.stage == "thumbnails" and {o.key.rsplit("/", 1)[1] for o in made.outputs} == {
+        "poster.jpg", "storyboard.jpg", "storyboard.vtt"}
+    assert all(o.key.startswith(f"work/{job_id}/thumbnails/1/thumbnails/") for o in made.outputs)
+    base = result["master_url"].rsplit("/", 1)[0]
+    artifacts = {a["name"]: a for a in result["artifacts"]}
+    assert set(artifacts) == {"thumbnails/poster.jpg", "thumbnails/storyboard.jpg", "thumbnails/storyboard.vtt"}
+    for name, artifact in artifacts.items():
+        assert artifact["url"] == f"{base}/{name}" and artifact["stage"] == "thumbnails"
+        body = httpx.get(artifact["url"], timeout=30).raise_for_status().content
+        assert hashlib.sha256(body).hexdigest() == artifact["sha256"]
+    track = httpx.get(artifacts["thumbnails/storyboard.vtt"]["url"], timeout=30).text
+    sprite_w, sprite_h = image_size(artifacts["thumbnails/storyboard.jpg"]["url"])
+    cues = re.findall(r"(\d\d):(\d\d):(\d\d\.\d{3}) --> (\d\d):(\d\d):(\d\d\.\d{3})\n(\S+)#xywh=(\d+),(\d+),(\d+),(\d+)",
+                      track)
+    assert track.startswith("WEBVTT\n") and len(cues) == 3  # 5.3 s, a tile every 2 s
+    times = [(int(a) * 3600 + int(b) * 60 + float(c), int(d) * 3600 + int(e) * 60 + float(f))
+             for a, b, c, d, e, f, *_ in cues]
+    assert times[0][0] == 0.0 and times[-1][1] == pytest.approx(duration_s, abs=0.05)
+    assert all(end == start for (_, end), (start, _) in zip(times, times[1:]))
+    for *_, sprite, x, y, w, h in cues:
+        assert sprite == "storyboard.jpg"  # beside the track: published/<job>/thumbnails/
+        assert int(x) + int(w) <= sprite_w and int(y) + int(h) <= sprite_h and int(w) > 0 and int(h) > 0
+    poster_w, poster_h = image_size(artifacts["thumbnails/poster.jpg"]["url"])
+    assert (poster_w, poster_h) == (1280, 720)
+    # the published set is exactly what publish named: the renditions, the master and the thumbnails
+    assert {f"published/{job_id}/{name}" for name in artifacts} <= keys_under(settings, f"published/{job_id}/")
+
+
+def image_size(url: str) -> tuple[int, int]:
+    done = subprocess.run(["ffprobe", "-v", "error", "-show_entries", "stream=width,height", "-of", "csv=p=0", url],
+                          capture_output=True, text=True, timeout=60, check=True)
+    width, height = done.stdout.strip().split(",")
+    return int(width), int(height)
 
 
 def test_same_upload_event_three_times_yields_one_job(isolated, pipeline):
@@ -107,7 +160,7 @@ def test_same_upload_event_three_times_yields_one_job(isolated, pipeline):
     events = of_job(committed_events(isolated), job_id)
     assert len(of_job(events, job_id, "JobAccepted")) == 1
     assert len(of_job(events, job_id, "JobCompleted")) == 1
-    assert [e.stage for e in of_job(events, job_id, "AttemptStarted")] == ["transcode", "publish"]
+    assert [e.stage for e in of_job(events, job_id, "AttemptStarted")] == ["transcode", "thumbnails", "publish"]
     published = of_job(events, job_id, "AttemptSucceeded")[-1]
     assert keys_under(isolated, f"published/{job_id}/") == {o.key for o in published.outputs}
     assert keys_under(isolated, f"work/{job_id}/transcode/") == {

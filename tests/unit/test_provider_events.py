@@ -54,10 +54,10 @@ def test_stage_workers_are_extra_children_with_their_own_health_ports():
     assert [(name, role) for name, role, _ in plan] == [
         ("projector", "projector"), ("intake", "intake"), ("transcode", "transcode"), ("transcode#2", "transcode"),
         ("publish", "publish"), ("publish#2", "publish"), ("publish#3", "publish"), ("watchdog", "watchdog"),
-        ("notify", "notify")]
+        ("notify", "notify")] + [(role, role) for role in ROLES[6:]]  # then the registry's other stages
     ports = [child_env(role, 9400, extra)["TAPELINE_HEALTH_PORT"] for _, role, extra in plan]
     n = len(ROLES)
-    assert ports == [str(9400 + i) for i in (0, 1, 2, n, 3, n + 1, n + 2, 4, 5)]
+    assert ports == [str(9400 + i) for i in (0, 1, 2, n, 3, n + 1, n + 2, 4, 5, *range(6, n))]
     assert len(set(ports)) == len(ports)
     assert [name for name, _, _ in instances(ROLES)] == list(ROLES)  # default: one per role
 
