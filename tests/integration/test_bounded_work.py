@@ -5,6 +5,9 @@ so work can pile up before any worker exists. Tiny distinct clips (1 s, 160x90, 
 
 from __future__ import annotations
 
+from domain.pipeline import STAGE_NAMES
+
+import json
 import subprocess
 
 import pytest
@@ -21,7 +24,8 @@ from tests.integration.helpers import committed_events, keys_under, of_job
 from tests.integration.roles import Roles, all_in_state, rows, submit_upload, tiny_clips
 
 pytestmark = pytest.mark.integration
-SUPPORT = ("projector", "intake", "publish", "watchdog")
+SUPPORT = ("projector", "intake", *(s for s in STAGE_NAMES if s != "transcode"), "watchdog")
+"""Every role but transcode (the registry's other stages included: thumbnails, publish)."""
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +158,24 @@ def test_a_burst_degrades_later_index_jobs_and_full_quality_returns_once_drained
     assert b"subme=1" in x264_options(settings, f"published/{burst[4]}/48p/seg_00000.ts")  # superfast
     assert b"subme=2" in x264_options(settings, f"published/{after}/48p/seg_00000.ts")  # veryfast
     assert "degraded ladder: index backlog 4 > threshold 2: 48p at preset superfast" in status_text(settings, burst[4])
+    # The optional thumbnails stage ran for full-quality jobs and was skipped, as an event with its
+    # reason, for degraded ones; the timeline shows the skip.
+    events = committed_events(settings)
+    for job_id in burst + [after]:
+        mine = [e for e in events if e.job_id == job_id]
+        started = [e.stage for e in mine if e.event_type == "AttemptStarted"]
+        skipped = [e for e in mine if e.event_type == "StageSkipped"]
+        if accepted[job_id].degraded:
+            assert started == ["transcode", "publish"] and [e.stage for e in skipped] == ["thumbnails"]
+            assert "degraded" in skipped[0].reason
+        else:
+            assert started == ["transcode", "thumbnails", "publish"] and skipped == []
+    timeline = CliRunner().invoke(app, ["timeline", burst[4], "--json"], env=settings_env(settings))
+    assert timeline.exit_code == 0, timeline.output
+    shown = [r for r in json.loads(timeline.output) if r["event_type"] == "StageSkipped"]
+    assert [(r["stage"], r["payload"]["reason"].split(":")[0]) for r in shown] == [
+        ("thumbnails", "optional stage skipped")]
+    assert _detail(shown[0]).startswith("reason=optional stage skipped")  # the human timeline's detail column
 
 
 # Item 5: reuse of valid results.

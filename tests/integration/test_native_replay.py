@@ -48,6 +48,43 @@ def golden_values() -> list[tuple[bytes, bytes]]:
     return values
 
 
+def through_profile(job: list[ev.Event], degraded: bool = False) -> list[ev.Event]:
+    """`job` (a `bench.lifecycles` job: transcode -> publish, accepted before profiles) as a job of
+    the `default` profile: its JobAccepted records the pipeline, and between the transcode's success
+    and the publish it runs `thumbnails` (a heartbeat, three outputs, a zombie's late heartbeat
+    after publish took over), or, `degraded`, skips it with a `StageSkipped`."""
+    accepted = job[0].model_copy(update={"pipeline": "default", "pipeline_stages": ["transcode", "thumbnails", "publish"],
+                                         "degraded": degraded})
+    at = next(i for i, e in enumerate(job) if isinstance(e, ev.StageQueued) and e.stage == "publish")
+    done = job[at - 1]
+    assert isinstance(done, ev.AttemptSucceeded) and done.stage == "transcode"
+    common = dict(job_id=accepted.job_id, recorded_by="bench", correlation_id=accepted.upload_id)
+    stamp = system_clock.stamp
+    if degraded:
+        middle = [ev.StageSkipped.new(stamp(), stage="thumbnails", attempt=0, claim_token=done.claim_token,
+                                      reason="optional stage skipped: the job runs degraded", **common)]
+        return [accepted, *job[1:at], *middle, *job[at:]]
+    token = f"thumbs-{accepted.job_id[:8]}"
+    outputs = [ev.OutputFile(key=f"work/{accepted.job_id}/thumbnails/1/thumbnails/{name}", sha256="3" * 64,
+                             size_bytes=100, content_type=kind)
+               for name, kind in (("poster.jpg", "image/jpeg"), ("storyboard.jpg", "image/jpeg"),
+                                  ("storyboard.vtt", "text/vtt"))]
+    middle = [
+        ev.StageQueued.new(stamp(), stage="thumbnails", attempt=1, tier="standard", claim_token=done.claim_token,
+                           work_topic="work.thumbnails.standard", **common),
+        ev.AttemptStarted.new(stamp(), stage="thumbnails", attempt=1, claim_token=token, lease_s=60.0, worker="t0",
+                              work_topic="work.thumbnails.standard", work_partition=0, work_offset=0, **common),
+        ev.Heartbeat.new(stamp(), stage="thumbnails", attempt=1, claim_token=token, sequence=1, frames_done=10,
+                         out_time_s=2.0, **common),
+        ev.AttemptSucceeded.new(stamp(), stage="thumbnails", attempt=1, claim_token=token, outputs=outputs,
+                                renditions=[], media_duration_s=5.0, elapsed_s=0.5, **common),
+    ]
+    publish_queued = job[at].model_copy(update={"claim_token": token})
+    zombie = ev.Heartbeat.new(stamp(), stage="thumbnails", attempt=1, claim_token=token, sequence=2, frames_done=11,
+                              out_time_s=2.5, **common)  # after publish's claim: superseded
+    return [accepted, *job[1:at], *middle, publish_queued, job[at + 1], zombie, *job[at + 2:]]
+
+
 @pytest.fixture(scope="module")
 def log(isolated):
     producer = kafka.transactional_producer(isolated, f"{isolated.app_name}.native-writer")
@@ -65,7 +102,17 @@ def log(isolated):
     nan = lifecycles.job(random.Random(8), heartbeats=1, checkpoints=1)  # fold.evolve raises: a dead letter
     produce(isolated, producer, [e.model_copy(update={"lease_s": float("nan")}) if isinstance(e, ev.AttemptStarted)
                                  else e for e in nan])
+    # jobs of the `default` profile (a recorded pipeline: transcode -> thumbnails -> publish), one degraded
+    produce(isolated, producer, through_profile(lifecycles.job(random.Random(11), heartbeats=2, checkpoints=2))
+            + through_profile(lifecycles.job(random.Random(12), heartbeats=1, checkpoints=1), degraded=True)
+            + through_profile(lifecycles.job(random.Random(13), heartbeats=1, checkpoints=1, failed_attempts=1)))
     run_projector_until_caught_up(isolated)
+    profiled = rows(isolated, "SELECT job_id, state, pipeline, pipeline_stages, outputs FROM job_state "
+                              "WHERE pipeline IS NOT NULL ORDER BY job_id")
+    assert len(profiled) == 3 and all(r["pipeline_stages"] == ["transcode", "thumbnails", "publish"] for r in profiled)
+    assert all(r["state"] == "completed" for r in profiled), profiled
+    thumbs = [o["key"] for r in profiled for o in r["outputs"] if "/thumbnails/" in o["key"]]
+    assert len(thumbs) == 6  # two jobs ran thumbnails (three objects each, beside the transcode's); one skipped it
     return producer
 
 
