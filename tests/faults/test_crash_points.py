@@ -20,6 +20,7 @@ import uuid
 
 import pytest
 
+from domain import pipeline
 from tapeline.chaos import ENDED_STATES, ProviderProcess, audit
 from tapeline.crashpoints import PIPELINE_CRASH_POINTS
 from tapeline.samples import sample_video
@@ -35,8 +36,11 @@ provider does not dedupe, so the job waits for a person (never posted blindly)."
 
 
 def clip_for(point: str):
-    """Transcode heartbeats need an encode longer than a heartbeat interval; the rest the smallest clip."""
-    return sample_video("bigbuckbunny.mp4" if point.startswith("transcode.Heartbeat") else "carphone_pristine.mp4")
+    """A media stage's heartbeats (transcode, thumbnails: `uses_media_tool` in the registry) need its
+    ffmpeg to run longer than a heartbeat interval; the rest the smallest clip."""
+    stage, _, rest = point.partition(".")
+    media_heartbeat = rest.startswith("Heartbeat.") and stage in pipeline.BY_NAME and pipeline.spec(stage).uses_media_tool
+    return sample_video("bigbuckbunny.mp4" if media_heartbeat else "carphone_pristine.mp4")
 
 
 def test_every_crash_point_leaves_no_duplicate_and_no_lost_job(isolated, tmp_path):
