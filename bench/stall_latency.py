@@ -44,6 +44,7 @@ from bench.common import bench_settings, drop_bench_database  # noqa: E402
 from producers.submit import publish, upload  # noqa: E402
 from projections.writes import PAYLOAD_OMITS  # noqa: E402
 from tapeline.samples import sample_video  # noqa: E402
+from domain.pipeline import STAGE_NAMES  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402
 
 
@@ -192,7 +193,7 @@ def main() -> int:
     video = work / "long.mp4"
     subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-stream_loop", str(args.loops - 1), "-i", str(sample_video()), "-c", "copy",
                     "-y", str(video)], check=True)
-    processes = [start(role, settings, work) for role in ("projector", "intake", "watchdog", "publish")]
+    processes = [start(role, settings, work) for role in ("projector", "intake", "watchdog", *(s for s in STAGE_NAMES if s != "transcode"))]
     hosts = [start_host(settings, work) for _ in range(2)]
     figures: dict[str, list[float]] = {"worker_detect": [], "worker_restart": [], "host_detect": [],
                                        "host_restart": [], "hang_detect": [], "lease_left": [], "after_expiry": []}

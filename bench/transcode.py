@@ -36,6 +36,7 @@ from bench.common import bench_settings, drop_bench_database  # noqa: E402
 from bench.stall_latency import query, start, wait  # noqa: E402
 from producers.submit import publish, upload  # noqa: E402
 from tapeline.samples import sample_video  # noqa: E402
+from domain.pipeline import STAGE_NAMES  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402
 
 
@@ -101,7 +102,7 @@ def main() -> int:
     video = work / "long.mp4"
     subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-stream_loop", str(args.loops - 1), "-i", str(sample_video()),
                     "-c", "copy", "-y", str(video)], check=True)
-    processes = [start(role, settings, work) for role in ("projector", "intake", "watchdog", "publish")]
+    processes = [start(role, settings, work) for role in ("projector", "intake", "watchdog", *(s for s in STAGE_NAMES if s != "transcode"))]
     processes += [start("transcode", settings, work) for _ in range(2)]
     wastes, twice_total = [], 0
     try:

@@ -36,8 +36,9 @@ class StageSpec:
     which the watchdog fills in when it rebuilds a work item from the job's row (`inputs`: the
     outputs earlier stages recorded; `audio_playlist_key`; `x264_preset`); `optional`: under the
     degradation ladder (a degraded job) the stage is skipped with a `StageSkipped` event;
-    `lease_s` / `no_progress_s`: its default lease and no-progress timeout in seconds (None: the
-    settings' global ones); `side_effect_points`: the crash points its own code marks, in order, as
+    `lease_s`: its attempts' lease in seconds (None: the `lease_s` setting; the heartbeat interval
+    and the no-progress timeout stay the global settings, so a stage's lease should not be shorter);
+    `side_effect_points`: the crash points its own code marks, in order, as
     `(after_event, name)`: each is listed after the generic point `<stage>.<after_event>.after_commit`
     (or after the claim for `after_event` "claim"), so the crash-point list keeps pipeline order;
     `uses_media_tool`: the worker takes the ffmpeg tool; `checkpoints`: its work records
@@ -52,7 +53,6 @@ class StageSpec:
     needs: frozenset[str] = frozenset()
     optional: bool = False
     lease_s: float | None = None
-    no_progress_s: float | None = None
     side_effect_points: tuple[tuple[str, str], ...] = ()
     uses_media_tool: bool = False
     checkpoints: bool = False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from domain.pipeline import STAGE_NAMES
+
 import subprocess
 from pathlib import Path
 from typing import Iterator
@@ -13,6 +15,9 @@ from tapeline.samples import sample_video
 from tapeline.settings import Settings
 from tests.conftest import Pipeline
 
+OTHER_STAGES = tuple(s for s in STAGE_NAMES if s != "transcode")
+"""The registry's stages besides transcode (thumbnails, publish): what a test that runs its own
+transcode workers starts beside them so its jobs complete."""
 FAULT_TIMING = {"lease_s": 4.0, "heartbeat_interval_s": 0.5, "no_progress_timeout_s": 8.0, "handoff_timeout_s": 15.0,
                 "intake_timeout_s": 60.0, "tick_interval_s": 0.5, "caught_up_timeout_s": 20.0,
                 "x264_preset": "ultrafast", "transaction_timeout_ms": 3000, "kafka_session_timeout_ms": 3000,

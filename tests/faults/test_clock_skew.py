@@ -8,6 +8,8 @@ it (metadata requests time out at once with -120 s, hang with +120 s), so a work
 
 from __future__ import annotations
 
+from tests.faults.conftest import OTHER_STAGES
+
 import psycopg
 import pytest
 
@@ -18,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_skewed_worker_clocks_cause_no_false_stall_and_no_duplicate(fault_settings, roles, long_video):
-    for role in ("projector", "intake", "watchdog", "publish"):
+    for role in ("projector", "intake", "watchdog", *OTHER_STAGES):
         roles.start(role)
     roles.start("transcode", env={"TAPELINE_CLOCK_OFFSET_S": "120"})
     roles.start("transcode", env={"TAPELINE_CLOCK_OFFSET_S": "-120"})

@@ -14,7 +14,7 @@ from domain import events as ev
 from domain.codec import default_codec
 from tapeline.samples import sample_video
 from tests.conftest import Pipeline, tapeline_cli, wait_for
-from tests.faults.conftest import job_row
+from tests.faults.conftest import OTHER_STAGES, job_row
 from tapeline.chaos import ProviderProcess as ProviderServer
 from tests.faults.test_worker_faults import assert_completed_once, wait_state, wait_transcoding
 from tests.integration.helpers import committed_events, committed_messages, of_job
@@ -64,7 +64,8 @@ def test_the_same_upload_three_times_is_one_job(fault_settings, provider, tmp_pa
     finally:
         pipeline.stop()
     assert len(of_job(events, submission.job_id, "JobAccepted")) == 1  # the duplicates decided nothing
-    assert [e.attempt for e in of_job(events, submission.job_id, "AttemptStarted")] == [1, 1]  # transcode, publish
+    assert [(e.stage, e.attempt) for e in of_job(events, submission.job_id, "AttemptStarted")] == [
+        ("transcode", 1), ("thumbnails", 1), ("publish", 1)]
     assert len(provider.posts(submission.job_id)) == 1
     summary = json.loads(late.stdout)  # the late duplicate's view: the original job and its outputs
     assert summary["job_id"] == submission.job_id and summary["state"] == "completed"
@@ -96,7 +97,7 @@ def test_a_redelivered_work_item_is_skipped_while_running_and_after_completion(f
         log = pipeline.log_text()
     finally:
         pipeline.stop()
-    assert [e.stage for e in of_job(events, submission.job_id, "AttemptStarted")] == ["transcode", "publish"]
+    assert [e.stage for e in of_job(events, submission.job_id, "AttemptStarted")] == ["transcode", "thumbnails", "publish"]
     # The busy worker left the group, so the first copy waits for it; both end up skipped, never claimed.
     assert "job already ended (completed)" in log
     assert len(provider.posts(submission.job_id)) == 1
@@ -105,7 +106,7 @@ def test_a_redelivered_work_item_is_skipped_while_running_and_after_completion(f
 def test_two_workers_racing_for_one_work_item_make_one_attempt(fault_settings, roles, provider):
     settings = fault_settings.model_copy(update={"webhook_url": provider.url})
     roles.settings = settings
-    for role in ("projector", "intake", "publish", "watchdog"):
+    for role in ("projector", "intake", *OTHER_STAGES, "watchdog"):
         roles.start(role)
     submission = upload(settings, sample_video("carphone_pristine.mp4"))
     publish(settings, submission.event)
@@ -119,7 +120,8 @@ def test_two_workers_racing_for_one_work_item_make_one_attempt(fault_settings, r
     events = assert_completed_once(settings, submission.job_id)
     started = [e for e in of_job(events, submission.job_id, "AttemptStarted") if e.stage == "transcode"]
     assert len(started) == 1 and started[0].attempt == 1
-    assert len(of_job(events, submission.job_id, "AttemptSucceeded")) == 2  # transcode + publish, once each
+    assert [e.stage for e in of_job(events, submission.job_id, "AttemptSucceeded")] == [
+        "transcode", "thumbnails", "publish"]  # once each
     assert len(provider.posts(submission.job_id)) == 1
     assert len([e for e in committed_events(settings) if isinstance(e, ev.JobCompleted)
                 and e.job_id == submission.job_id]) == 1

@@ -11,6 +11,8 @@ reason shown by `tapeline timeline` and `tapeline submit --wait --json`.
 
 from __future__ import annotations
 
+from tests.faults.conftest import OTHER_STAGES
+
 import json
 import os
 import signal
@@ -79,7 +81,7 @@ def test_a_retryable_failure_on_every_attempt_ends_dead_lettered(fault_settings,
 def test_a_stopped_projector_makes_the_processors_wait_not_crash(fault_settings, roles):
     settings = fault_settings.model_copy(update={"caught_up_timeout_s": 2.0})
     roles.settings = settings
-    running = {role: roles.start(role) for role in ("intake", "transcode", "publish", "watchdog")}
+    running = {role: roles.start(role) for role in ("intake", "transcode", *OTHER_STAGES, "watchdog")}
     job_id = submit(settings, sample_video("carphone_pristine.mp4"))
     # Nothing can be reconciled against the projection (the watchdog's ticks alone keep it behind):
     # the intake (and a worker holding an item) reads its record again after a pause.
@@ -89,6 +91,6 @@ def test_a_stopped_projector_makes_the_processors_wait_not_crash(fault_settings,
     wait_state(settings, job_id, timeout_s=120)
     events = assert_completed_once(settings, job_id)
     assert {role: p.poll() for role, p in running.items()} == {role: None for role in running}  # never crashed
-    assert [(e.stage, e.attempt) for e in of_job(events, job_id, "AttemptStarted")] == [("transcode", 1),
-                                                                                        ("publish", 1)]
+    assert [(e.stage, e.attempt) for e in of_job(events, job_id, "AttemptStarted")] == [
+        ("transcode", 1), ("thumbnails", 1), ("publish", 1)]
     assert of_job(events, job_id, "AttemptFailed") == []

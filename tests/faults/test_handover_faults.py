@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from domain import pipeline
+from domain.pipeline import STAGE_NAMES
+
 import os
 import signal
 import time
@@ -9,7 +12,7 @@ import time
 import pytest
 
 from tests.conftest import wait_for
-from tests.faults.conftest import job_row
+from tests.faults.conftest import OTHER_STAGES, job_row
 from tests.faults.test_worker_faults import assert_completed_once, submit, wait_state, wait_transcoding
 from tests.integration.helpers import committed_events, of_job
 
@@ -17,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_sigstop_worker_past_its_lease_is_fenced_on_waking(fault_settings, roles, long_video):
-    for role in ("projector", "intake", "watchdog", "publish"):
+    for role in ("projector", "intake", "watchdog", *OTHER_STAGES):
         roles.start(role)
     first = roles.start("transcode")
     job_id = submit(fault_settings, long_video)
@@ -40,7 +43,7 @@ def test_sigstop_worker_past_its_lease_is_fenced_on_waking(fault_settings, roles
     stall_position = events.index(of_job(events, job_id, "StallDetected")[0])
     checkpointed_before_stall = {e.object_key for e in of_job(events[:stall_position], job_id, "CheckpointRecorded")
                                  if e.attempt == 1}
-    keys = [output["key"] for output in row["outputs"]]
+    keys = [output["key"] for output in row["outputs"] if output["key"].startswith(f"work/{job_id}/transcode/")]
     assert [k for k in keys if not (k.startswith(f"work/{job_id}/transcode/2/") or k in checkpointed_before_stall)] == []
     assert any(k.startswith(f"work/{job_id}/transcode/2/") for k in keys)
     wait_for(lambda: "fenced" in roles.logs() or "no longer owns" in roles.logs(), 30, "the zombie to stop itself")
@@ -51,7 +54,7 @@ def test_stopped_publish_processor_shows_a_stalled_handoff_and_completes_once_af
     from tapeline.samples import sample_video
     from tapeline import read
 
-    for role in ("projector", "intake", "watchdog", "transcode"):
+    for role in ("projector", "intake", "watchdog", *(s for s in STAGE_NAMES if s != "publish")):
         roles.start(role)
     job_id = submit(fault_settings, sample_video("carphone_pristine.mp4"))
     wait_for(lambda: (lambda r: r if r and r["stage"] == "publish" and r["state"] == "queued" else None)(
@@ -70,14 +73,15 @@ def test_stopped_publish_processor_shows_a_stalled_handoff_and_completes_once_af
     roles.start("publish")
     wait_state(fault_settings, job_id)
     events = assert_completed_once(fault_settings, job_id)
-    assert [(e.stage, e.attempt) for e in of_job(events, job_id, "AttemptStarted")] == [("transcode", 1), ("publish", 1)]
+    assert [(e.stage, e.attempt) for e in of_job(events, job_id, "AttemptStarted")] == [
+        (s, 1) for s in pipeline.profile_stages(pipeline.DEFAULT_PROFILE)]
     assert "handoff" in [s.kind for s in of_job(events, job_id, "StallDetected")]
 
 
 def test_idle_worker_starts_a_new_job_while_another_is_busy(fault_settings, roles, long_video):
     from tapeline.samples import sample_video
 
-    for role in ("projector", "intake", "watchdog", "publish", "transcode", "transcode"):
+    for role in ("projector", "intake", "watchdog", *OTHER_STAGES, "transcode", "transcode"):
         roles.start(role)
     long_job = submit(fault_settings, long_video)
     wait_transcoding(fault_settings, long_job)

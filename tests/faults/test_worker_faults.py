@@ -63,7 +63,7 @@ def test_kill_9_transcode_worker_mid_job(fault_settings, fault_pipeline, long_vi
     assert [(s.kind, s.stalled_attempt) for s in stalls] == [("worker_exited", 1)]
     assert "killed by SIGKILL" in stalls[0].detail
     started = [(e.stage, e.attempt) for e in of_job(events, job_id, "AttemptStarted")]
-    assert started == [("transcode", 1), ("transcode", 2), ("publish", 1)]
+    assert started == [("transcode", 1), ("transcode", 2), ("thumbnails", 1), ("publish", 1)]
     assert time.monotonic() - killed_at < 120
 
 

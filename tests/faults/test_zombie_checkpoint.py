@@ -16,6 +16,8 @@ name a zombie object, and the job completes once with whole renditions.
 
 from __future__ import annotations
 
+from tests.faults.conftest import OTHER_STAGES
+
 import hashlib
 import os
 import signal
@@ -46,7 +48,7 @@ def prefix_length(recorded: dict[str, set[int]]) -> int:
 
 
 def test_a_late_checkpoint_under_a_superseded_claim_is_never_reused(fault_settings, roles, long_video):
-    for role in ("projector", "intake", "watchdog", "publish"):
+    for role in ("projector", "intake", "watchdog", *OTHER_STAGES):
         roles.start(role)
     first = roles.start("transcode")
     job_id = submit(fault_settings, long_video)

@@ -236,8 +236,9 @@ def test_real_video_one_clean_attempt_per_stage(isolated, pipeline):
     for ts, e in log:
         first.setdefault((e.event_type, e.stage), (ts, e))
     rows = attempts_of(isolated, job_id, schema="public")
-    assert list(rows) == [("transcode", 1), ("publish", 1)]
-    for stage in ("transcode", "publish"):
+    stages = ("transcode", "thumbnails", "publish")  # the default profile
+    assert list(rows) == [(stage, 1) for stage in stages]
+    for stage in stages:
         started_ts, started = first[("AttemptStarted", stage)]
         succeeded_ts, _ = first[("AttemptSucceeded", stage)]
         row = rows[(stage, 1)]
@@ -252,7 +253,7 @@ def test_real_video_one_clean_attempt_per_stage(isolated, pipeline):
         assert row["duration_s"] == pytest.approx((succeeded_ts - started_ts).total_seconds(), abs=1e-6)
     durations = {r["stage"]: r for r in select(isolated, "SELECT * FROM stage_durations WHERE job_id = %s", job_id,
                                                  schema="public")}
-    assert sorted(durations) == ["publish", "transcode"]
+    assert sorted(durations) == sorted(stages)
     for stage, row in durations.items():
         queued_ts, _ = first[("StageQueued", stage)]
         started_ts, _ = first[("AttemptStarted", stage)]

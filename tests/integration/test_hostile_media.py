@@ -272,7 +272,7 @@ def completed_once(settings, path: Path) -> dict:
     summary = submit_json(settings, path)
     assert (summary["state"], summary["attempts"]) == ("completed", 1), summary
     starts = of_job(committed_events(settings), summary["job_id"], "AttemptStarted")
-    assert [(e.stage, e.attempt) for e in starts] == [("transcode", 1), ("publish", 1)]
+    assert [(e.stage, e.attempt) for e in starts] == [("transcode", 1), ("thumbnails", 1), ("publish", 1)]
     return summary
 
 

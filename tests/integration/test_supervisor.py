@@ -9,14 +9,16 @@ import signal
 import pytest
 
 from tapeline.samples import sample_video
+from tapeline.supervisor import ROLES
 from tests.conftest import tapeline_cli, wait_for
 
 pytestmark = pytest.mark.integration
 
 
 def test_killed_child_is_restarted_and_jobs_still_complete(isolated, pipeline):
-    roles = wait_for(lambda: (lambda c: c if len(c) == 6 else None)(pipeline.children()), 30, "six children")
-    assert set(roles) == {"projector", "intake", "transcode", "publish", "watchdog", "notify"}
+    roles = wait_for(lambda: (lambda c: c if len(c) == len(ROLES) else None)(pipeline.children()), 30,
+                     "one child per role")
+    assert set(roles) == {"projector", "intake", "transcode", "publish", "watchdog", "notify", "thumbnails"} == set(ROLES)
     os.kill(roles["transcode"], signal.SIGKILL)
     restarted = wait_for(lambda: (lambda c: c if c.get("transcode") not in (None, roles["transcode"]) else None)(
         pipeline.children()), 30, "the transcode child to be restarted")
