@@ -43,7 +43,9 @@ class StageSpec:
     (or after the claim for `after_event` "claim"), so the crash-point list keeps pipeline order;
     `uses_media_tool`: the worker takes the ffmpeg tool; `checkpoints`: its work records
     `CheckpointRecorded` events (crash points `<stage>.CheckpointRecorded.*`); `heartbeats`: it
-    heartbeats while it works (crash points `<stage>.Heartbeat.*`); `share`: its weight in a job's
+    heartbeats with progress of its own while it works (crash points `<stage>.Heartbeat.*` join the
+    list; False for a stage whose only heartbeats are `Attempt.keepalive`'s during a copy, archive: a
+    short job ends before the first one, and those transactions are the same code as every stage's); `share`: its weight in a job's
     0-100 progress (`tapeline.read.percent_done`); `final`: the stage that ends a job
     (`JobCompleted`, publish): its outputs are not carried to the job's row.
     """
@@ -62,6 +64,9 @@ class StageSpec:
 
 
 STAGES: tuple[StageSpec, ...] = (
+    StageSpec("archive", "processors.archive:ArchiveWorker", heartbeats=False, share=0.05,
+              side_effect_points=(("claim", "archive.before_put"), ("claim", "archive.after_put"),
+                                  ("claim", "archive.after_manifest"))),
     StageSpec("transcode", "processors.transcode:TranscodeWorker", needs=frozenset({"x264_preset"}),
               uses_media_tool=True, checkpoints=True, share=0.85),
     StageSpec("thumbnails", "processors.thumbnails:ThumbnailsWorker", needs=frozenset({"inputs"}), optional=True,
@@ -78,6 +83,7 @@ STAGES: tuple[StageSpec, ...] = (
 
 PROFILES: dict[str, tuple[str, ...]] = {
     "default": ("transcode", "thumbnails", "publish"),
+    "archive": ("archive", "transcode", "thumbnails", "publish"),
 }
 """Pipeline profile -> its stages in order (intake precedes each)."""
 
@@ -114,6 +120,20 @@ def profile_for_tier(tier: str) -> str:
     """The profile a job of priority tier `tier` runs: `tier` when a profile of that name exists
     (the `archive` tier's jobs run the `archive` profile once it is registered), else `default`."""
     return tier if tier in PROFILES else DEFAULT_PROFILE
+
+
+def profiled_stages() -> tuple[str, ...]:
+    """Every stage some profile runs, in registry order (`STAGES`)."""
+    used = {stage for stages in PROFILES.values() for stage in stages}
+    return tuple(s.name for s in STAGES if s.name in used)
+
+
+def profile_running(stage: str) -> str:
+    """The first profile (default first) whose stages include `stage`. Raises `UnknownStage`."""
+    for name in (DEFAULT_PROFILE, *PROFILES):
+        if stage in PROFILES[name]:
+            return name
+    raise UnknownStage(stage)
 
 
 def job_stages(recorded: Sequence[str] | None) -> tuple[str, ...]:

@@ -68,6 +68,14 @@ def published_prefix(job_id: str) -> str:
     return f"{PUBLISHED_PREFIX}{job_id}/"
 
 
+def promotable(outputs: list[ev.OutputFile]) -> list[ev.OutputFile]:
+    """The objects publish promotes, of the outputs earlier stages handed on: the attempt-scoped
+    ones (`work/{job}/{stage}/{attempt}/...`, renditions, thumbnails). Others stay where their stage
+    put them: the archive stage's copy of the source and its manifest (`archive/{job}/...`) are
+    preserved, never published. Pure."""
+    return [o for o in outputs if o.key.startswith("work/")]
+
+
 def relative_key(key: str) -> str:
     """`work/{job}/{stage}/{attempt}/720p/seg_00000.ts` -> `720p/seg_00000.ts`."""
     parts = key.split("/", 4)

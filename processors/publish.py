@@ -33,7 +33,7 @@ import time
 
 import structlog
 
-from processors.providers import (OriginProvider, ProviderLimits, ProviderPost, PublishRequest, WebhookProvider,
+from processors.providers import (OriginProvider, promotable, ProviderLimits, ProviderPost, PublishRequest, WebhookProvider,
                                   published_prefix)
 from processors.provider_guard import ProviderGuard, deferred_event
 from processors.runtime import Outgoing
@@ -75,7 +75,7 @@ class PublishWorker(StageWorker):
                                            idempotency_key=idempotency_key(identity.job_id, PROVIDER)))])
         # Step 2
         crash_point("publish.before_promote")
-        request = PublishRequest(job_id=identity.job_id, outputs=list(item.inputs), renditions=list(item.renditions),
+        request = PublishRequest(job_id=identity.job_id, outputs=promotable(item.inputs), renditions=list(item.renditions),
                                  audio_playlist_key=item.audio_playlist_key, media_duration_s=item.media_duration_s or 0.0)
         # Objects promoted count as the attempt's progress (frames_done/frames_total of its heartbeats).
         post = origin.publish(request, idempotency_key(identity.job_id, PROVIDER),

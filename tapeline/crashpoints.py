@@ -19,16 +19,18 @@ from domain.errors import TapelineError
 PIPELINE_CRASH_POINTS: tuple[str, ...] = (
     # intake: UploadCompleted -> JobAccepted + StageQueued + WorkItem, with the upload's offset
     "intake.before_produce", "intake.after_produce", "intake.after_send_offsets", "intake.after_commit",
-    # every stage of the default profile, in order: claim (AttemptStarted + the work item's offset),
-    # heartbeats, checkpoints, its declared side effects, completion (domain/pipeline.py stage_crash_points)
-    *(point for stage in pipeline.profile_stages(pipeline.DEFAULT_PROFILE) for point in pipeline.stage_crash_points(stage)),
+    # every stage a profile runs, in registry order (archive, transcode, thumbnails, publish): claim
+    # (AttemptStarted + the work item's offset), heartbeats, checkpoints, its declared side effects,
+    # completion (domain/pipeline.py stage_crash_points)
+    *(point for stage in pipeline.profiled_stages() for point in pipeline.stage_crash_points(stage)),
     # projector: the PostgreSQL transaction of a batch (rows + offsets)
     "projector.before_commit", "projector.after_commit",
     # watchdog: ticks and its decisions
     "watchdog.tick.after_produce", "watchdog.tick.after_commit",
 )
-"""Every crash point one job passes through with a webhook provider configured, in pipeline order
-(`tests/faults/test_crash_points.py` kills the pipeline at each in turn)."""
+"""Every crash point a job passes through with a webhook provider configured, in pipeline order (a
+stage outside the default profile, archive, is passed by a job of a profile that runs it:
+`tests/faults/test_crash_points.py` kills the pipeline at each in turn)."""
 
 NOTIFY_CRASH_POINTS: tuple[str, ...] = (
     # the notifier (processors/notify.py): NotificationIntended, the POST, its record

@@ -177,6 +177,63 @@ class ObjectStore:
                                  f"{sha[:12]}): another job or deployment wrote it; a retry would meet it again")
         return False
 
+    def put_file_if_absent(self, path: Path, key: str, content_type: str, sha256: str,
+                           metadata: dict[str, str] | None = None,
+                           on_bytes: Callable[[int], None] | None = None) -> bool:
+        """Store the local file `path` (hex `sha256`, computed by the caller) as `key` only if no object
+        is there (`If-None-Match: *`), streaming: one `PutObject` up to `multipart_chunk_bytes`, else a
+        multipart upload whose completion carries the condition (S3 evaluates it when the parts are
+        joined, so two writers cannot both create the key; a refused or failed multipart upload is
+        aborted). `on_bytes(n)` runs as bytes are sent. The sha256 is kept as object metadata.
+
+        Returns True when this call created `key`, False when an object with the same sha256 (read back,
+        not trusted from metadata) was already there. Raises `OutputConflict` when a different object
+        is there (it is never overwritten), `StorageError` for any other failure."""
+        size = path.stat().st_size
+        chunk = self.settings.multipart_chunk_bytes
+        meta = {"sha256": sha256, **(metadata or {})}
+        try:
+            if size <= chunk:
+                with path.open("rb") as f:
+                    self.s3.put_object(Bucket=self.bucket, Key=key, Body=_HashingReader(f, on_bytes).read(),
+                                       ContentType=content_type, Metadata=meta, IfNoneMatch="*")
+            else:
+                self._multipart_if_absent(path, key, content_type, meta, max(chunk, -(-size // 10_000)), on_bytes)
+            return True
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in ("PreconditionFailed", "412"):
+                raise StorageError(f"conditional put of {key} failed: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StorageError(f"conditional put of {key} failed: {exc}") from exc
+        differs = self.stored_mismatch(key, size, sha256)
+        if differs is not None:
+            raise OutputConflict(f"{key} already exists with different content ({differs}); it is never overwritten")
+        return False
+
+    def _multipart_if_absent(self, path: Path, key: str, content_type: str, metadata: dict[str, str],
+                             part_bytes: int, on_bytes: Callable[[int], None] | None) -> None:
+        """A multipart upload of `path` completed with `If-None-Match: *` (S3 allows 10,000 parts, so
+        `part_bytes` grows with the file). Aborted when anything fails; botocore errors go on."""
+        upload_id = self.s3.create_multipart_upload(Bucket=self.bucket, Key=key, ContentType=content_type,
+                                                    Metadata=metadata)["UploadId"]
+        try:
+            parts = []
+            with path.open("rb") as f:
+                reader = _HashingReader(f, on_bytes)
+                while block := reader.read(part_bytes):
+                    number = len(parts) + 1
+                    etag = self.s3.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id,
+                                               PartNumber=number, Body=block)["ETag"]
+                    parts.append({"PartNumber": number, "ETag": etag})
+            self.s3.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id, IfNoneMatch="*",
+                                              MultipartUpload={"Parts": parts})
+        except BaseException:
+            try:
+                self.s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+            except (BotoCoreError, ClientError):
+                pass  # a stale multipart upload is aborted by the watchdog's cleanup later
+            raise
+
     def create_exclusive(self, key: str, body: bytes, content_type: str = "application/json") -> bytes | None:
         """Create `key` only if no object is there (`If-None-Match: *`): None when this call created
         it, else the bytes of the object that was already there (a claim marker someone else holds).

@@ -393,6 +393,17 @@ class ObjectStorage(Protocol):
         """Store `body` as `key` unless it exists (a conditional write); whether it was stored."""
         ...
 
+    def put_file_if_absent(self, path: Path, key: str, content_type: str, sha256: str,
+                           metadata: dict[str, str] | None = None,
+                           on_bytes: Callable[[int], None] | None = None) -> bool:
+        """Store the file `path` (hex `sha256`) as `key` unless it exists, streaming; whether it was
+        stored (False: the same bytes were there). Raises `OutputConflict` for different bytes."""
+        ...
+
+    def stored_mismatch(self, key: str, size: int, sha256: str) -> str | None:
+        """Read `key` back: None when it has `size` bytes and hex `sha256`, else what differs."""
+        ...
+
     def create_exclusive(self, key: str, body: bytes, content_type: str = "application/json") -> bytes | None:
         """Create `key` with `body` only when absent: None when created, else the existing object's body."""
         ...

@@ -97,6 +97,13 @@ def published_artifacts(row: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
+def archived_objects(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The job's archived objects (the `archive` stage's copy of the source and its manifest, under
+    `archive/{job}/`, private: no URL), each `{"key", "content_type", "sha256", "size_bytes"}`. Pure."""
+    return [{name: output[name] for name in ("key", "content_type", "sha256", "size_bytes")}
+            for output in row.get("outputs") or [] if output["key"].startswith("archive/")]
+
+
 def job_summary(row: dict[str, Any]) -> dict[str, Any]:
     """The JSON object `tapeline submit --json` and `status --json` print for one job."""
     summary: dict[str, Any] = {"job_id": row["job_id"], "state": row["state"], "stage": row["stage"],
@@ -108,6 +115,7 @@ def job_summary(row: dict[str, Any]) -> dict[str, Any]:
     summary["outputs"] = [{"name": r["name"], "width": r["width"], "height": r["height"], "url": r.get("url")}
                           for r in (row["renditions"] or [])]
     summary["artifacts"] = published_artifacts(row)  # thumbnails' poster, storyboard, WebVTT track, ...
+    summary["archived"] = archived_objects(row)  # the archive profile's preserved source and manifest
     summary["pipeline"] = row.get("pipeline")
     summary["percent"] = percent_done(row)
     # Issue 9: the tier, the degradation ladder and result reuse (migration 013).

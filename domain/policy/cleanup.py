@@ -3,7 +3,7 @@
 `plan_cleanup` classifies every listed key (rows and listings in, a plan out); `Watchdog.tick` lists
 one page of keys per tick, reads the rows, and performs at most `cleanup_max_deletes` removals.
 
-- `published/...` is never removed (the planner refuses it whatever the rows say);
+- `published/...` and `archive/...` are never removed (the planner refuses them whatever the rows say);
 - `work/{job}/...` and `markers/{job}/...` of an ended job (completed with its master URL, failed,
   rejected, cancelled: nothing reopens those) are removed `cleanup_retention_s` after it ended;
 - a dead_lettered or needs_review job may be replayed: its marker and every key a recorded
@@ -40,7 +40,10 @@ class CleanupSettings(Protocol):
     storage_pressure_retention_s: float
 
     def model_copy(self, *, update: dict[str, Any]) -> "CleanupSettings": ...
-SWEPT_PREFIXES = ("work/", "markers/", "uploads/")  # never "published/"
+SWEPT_PREFIXES = ("work/", "markers/", "uploads/")  # never "published/" nor "archive/"
+NEVER_REMOVED = ("published/", "archive/")
+"""Prefixes the planner refuses whatever the rows say: published outputs and archived sources
+(processors/archive.py)."""
 
 
 class Disposition(str, Enum):
@@ -49,6 +52,7 @@ class Disposition(str, Enum):
     DELETE_ORPHAN = "delete_orphan"            # a job the projection does not know
     DELETE_UPLOAD = "delete_upload"            # a source that never became a job
     KEEP_PUBLISHED = "keep_published"
+    KEEP_ARCHIVED = "keep_archived"            # an archived source or its manifest: never removed
     KEEP_LIVE = "keep_live"
     KEEP_REFERENCED = "keep_referenced"
     KEEP_RETENTION = "keep_retention"          # ended, or an orphan, but not long enough ago
@@ -102,6 +106,8 @@ def classify(obj: StoredObject, jobs: dict[str, dict[str, Any]], referenced: set
     parts = obj.key.split("/")
     if obj.key.startswith("published/"):
         return Disposition.KEEP_PUBLISHED
+    if obj.key.startswith("archive/"):
+        return Disposition.KEEP_ARCHIVED
     if len(parts) < 3 or parts[0] not in ("work", "markers", "uploads") or not parts[1]:
         return Disposition.KEEP_UNKNOWN
     old = obj.last_modified + retention <= now
@@ -146,7 +152,7 @@ def plan_cleanup(objects: Iterable[StoredObject], jobs: dict[str, dict[str, Any]
     budget = max(0, settings.cleanup_max_deletes)
     stale = timedelta(seconds=settings.multipart_stale_s)
     for upload in multipart:
-        if upload.key.startswith("published/") or upload.initiated + stale > now:
+        if upload.key.startswith(NEVER_REMOVED) or upload.initiated + stale > now:
             continue
         if len(plan.abort) < budget:
             plan.abort.append(upload)

@@ -89,10 +89,11 @@ def decide(existing: dict[str, Any] | None, upload: ev.UploadCompleted, probe: e
       `JobRejected` with the error's class and message;
     - a `reusable` result (same source sha256 and profile fingerprint, outputs verified to exist):
       `JobAccepted` + `ResultReused` + `JobCompleted` pointing at that job's published outputs, with
-      no transcode attempt;
-    - otherwise `JobAccepted` (with the probe, the ladder and preset of `profile`, its fingerprint
-      and whether it is degraded), `StageQueued(transcode)` and the transcode `WorkItem` for attempt 1
-      on the upload's priority tier.
+      no transcode attempt; only for a job of the `default` pipeline (an `archive` job preserves its
+      own source, so it runs every stage of its profile);
+    - otherwise `JobAccepted` (with the probe, the ladder and preset of `profile`, its fingerprint,
+      whether it is degraded, and its pipeline: `pipeline.profile_for_tier`), `StageQueued` and the
+      `WorkItem` of the pipeline's first stage for attempt 1 on the upload's priority tier.
 
     `profile` may be None only when the answer needs none (an existing job or a failed probe);
     otherwise it raises `ValueError`.
@@ -119,7 +120,7 @@ def decide(existing: dict[str, Any] | None, upload: ev.UploadCompleted, probe: e
                                   profile_fingerprint=profile.fingerprint, degraded=profile.degraded,
                                   degraded_reason=profile.reason, x264_preset=profile.x264_preset,
                                   pipeline=pipeline_name, pipeline_stages=stages, **common)
-    if reusable is not None:
+    if reusable is not None and pipeline_name == pipeline.DEFAULT_PROFILE:
         duration = reusable.media_duration_s if reusable.media_duration_s is not None else probe.duration_s
         return [
             (jobs, accepted),

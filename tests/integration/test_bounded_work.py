@@ -55,6 +55,12 @@ def transcode_claims(settings, job_ids: list[str]) -> list[str]:
     return [r["job_id"] for r in found]
 
 
+def queued_for_transcode(settings, job_ids: list[str]) -> bool:
+    """Every job queued at the transcode stage (an `archive` job is queued for archive first)."""
+    found = rows(settings, "SELECT state, stage FROM job_state WHERE job_id = ANY(%s)", job_ids)
+    return len(found) == len(job_ids) and all((r["state"], r["stage"]) == ("queued", "transcode") for r in found)
+
+
 def pile_up(settings, clips, tiers: list[str], one_by_one: bool = False) -> list[str]:
     """Submit one clip per entry of `tiers`, in order, and wait until every job is queued for
     transcode (`one_by_one`: each before the next is submitted, so intake decides them in order)."""
@@ -62,7 +68,7 @@ def pile_up(settings, clips, tiers: list[str], one_by_one: bool = False) -> list
     for clip, tier in zip(clips, tiers):
         jobs.append(submit_upload(settings, clip, priority=tier))
         if one_by_one or len(jobs) == len(tiers):
-            wait_for(lambda: all_in_state(settings, jobs, {"queued"}), 60, "the jobs to be queued for transcode")
+            wait_for(lambda: queued_for_transcode(settings, jobs), 60, "the jobs to be queued for transcode")
     return jobs
 
 

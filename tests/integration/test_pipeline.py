@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import uuid
 import subprocess
 from pathlib import Path
 
@@ -14,7 +16,9 @@ import httpx
 import psycopg
 import pytest
 
+from domain.errors import OutputConflict
 from producers.submit import publish, upload
+from tapeline.objectstore import ObjectStore
 from tests.conftest import tapeline_cli, wait_for
 from tests.integration.helpers import committed_events, decodes, ffprobe_duration, keys_under, of_job
 from tapeline.samples import sample_video
@@ -236,3 +240,56 @@ def test_a_published_key_holding_other_bytes_dead_letters_at_once_without_a_retr
         assert store.get_bytes(squatter) == b"#EXTM3U\n# written by another deployment\n"  # never overwritten
     finally:
         store.delete(squatter)
+
+
+def test_an_archive_tier_job_preserves_its_source_first_and_never_publishes_it(isolated, pipeline):
+    """The `archive` profile (archive -> transcode -> thumbnails -> publish): the archived copy and its
+    manifest carry the source's sha256, read back from the real S3 endpoint; publish leaves them out."""
+    source = sample_video("carphone_pristine.mp4")
+    done = tapeline_cli(isolated, "submit", str(source), "--priority", "archive", "--wait", "--json",
+                        "--timeout", "300")
+    result = json.loads(done.stdout)
+    assert result["state"] == "completed", result
+    job_id = result["job_id"]
+    events = of_job(committed_events(isolated), job_id)
+    accepted = of_job(events, job_id, "JobAccepted")[0]
+    assert (accepted.pipeline, accepted.pipeline_stages) == ("archive", ["archive", "transcode", "thumbnails", "publish"])
+    assert [e.stage for e in of_job(events, job_id, "AttemptStarted")] == ["archive", "transcode", "thumbnails",
+                                                                         "publish"]
+    archived = [e for e in of_job(events, job_id, "AttemptSucceeded") if e.stage == "archive"][0]
+    copy_key, manifest_key = f"archive/{job_id}/carphone_pristine.mp4", f"archive/{job_id}/manifest.json"
+    assert [o.key for o in archived.outputs] == [copy_key, manifest_key]
+
+    store = ObjectStore(isolated)
+    source_sha = hashlib.sha256(source.read_bytes()).hexdigest()
+    assert hashlib.sha256(store.get_bytes(copy_key)).hexdigest() == source_sha == archived.outputs[0].sha256
+    manifest = json.loads(store.get_bytes(manifest_key))
+    assert manifest == {"job_id": job_id, "source_key": accepted.source_key, "archive_key": copy_key,
+                        "size_bytes": source.stat().st_size, "sha256": source_sha, "algorithm": "sha256",
+                        "written_by": "tapeline archive stage"}
+    assert keys_under(isolated, f"archive/{job_id}/") == {copy_key, manifest_key}
+    published = keys_under(isolated, f"published/{job_id}/")
+    assert published and not any(k.endswith(".mp4") for k in published), published
+    assert result["archived"] == [{"key": o.key, "content_type": o.content_type, "sha256": o.sha256,
+                                   "size_bytes": o.size_bytes} for o in archived.outputs]
+    assert [a["name"] for a in result["artifacts"]] == ["thumbnails/poster.jpg", "thumbnails/storyboard.jpg",
+                                                        "thumbnails/storyboard.vtt"]
+
+
+def test_an_archived_copy_is_written_once_and_never_overwritten(isolated, tmp_path):
+    """`put_file_if_absent` against the real S3 endpoint, both ways it writes: one PUT, and a multipart
+    upload (above `multipart_chunk_bytes`) whose completion carries `If-None-Match: *`."""
+    store = ObjectStore(isolated.model_copy(update={"multipart_chunk_bytes": 5 * 1024 * 1024}))
+    for size in (1000, 11 * 1024 * 1024 + 7):
+        first, other = tmp_path / f"a{size}", tmp_path / f"b{size}"
+        first.write_bytes(os.urandom(size))
+        other.write_bytes(os.urandom(size))
+        key = f"archive/test-{uuid.uuid4()}/source.bin"
+        sha = hashlib.sha256(first.read_bytes()).hexdigest()
+        assert store.put_file_if_absent(first, key, "application/octet-stream", sha) is True
+        assert store.put_file_if_absent(first, key, "application/octet-stream", sha) is False  # a retry goes on
+        with pytest.raises(OutputConflict, match="never overwritten"):
+            store.put_file_if_absent(other, key, "application/octet-stream",
+                                     hashlib.sha256(other.read_bytes()).hexdigest())
+        assert store.stored_mismatch(key, size, sha) is None
+    assert not [u for u in store.list_multipart(1000) if u.key.startswith("archive/test-")]

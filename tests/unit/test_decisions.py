@@ -26,10 +26,10 @@ def upload(priority="standard"):
 
 
 def test_intake_accepts_a_video_and_queues_transcode_on_its_tier():
-    source = upload("archive")
+    source = upload("index")
     out = decide(None, source, MEDIA, SETTINGS, "intake@t", clock=CLOCK)
     assert [(topic, e.event_type) for topic, e in out] == [
-        ("unit.jobs", "JobAccepted"), ("unit.jobs", "StageQueued"), ("unit.work.transcode.archive", "WorkItem")]
+        ("unit.jobs", "JobAccepted"), ("unit.jobs", "StageQueued"), ("unit.work.transcode.index", "WorkItem")]
     work = out[2][1]
     assert work.attempt == 1 and work.stage == "transcode" and [r.name for r in work.renditions][0] == "720p"
     assert all(e.job_id == ev.job_id_for("u1") and e.causation_id == source.event_id for _, e in out)
