@@ -37,7 +37,9 @@ class StageSpec:
     outputs earlier stages recorded; `audio_playlist_key`; `x264_preset`); `optional`: under the
     degradation ladder (a degraded job) the stage is skipped with a `StageSkipped` event;
     `lease_s`: its attempts' lease in seconds (None: the `lease_s` setting; the heartbeat interval
-    and the no-progress timeout stay the global settings, so a stage's lease should not be shorter);
+    stays the global setting, so a stage's lease should not be shorter);
+    `no_progress_s`: seconds its progress counters may stand still before the watchdog calls an
+    attempt stalled (`no_progress`; None: the `no_progress_timeout_s` setting; `no_progress_timeout`);
     `side_effect_points`: the crash points its own code marks, in order, as
     `(after_event, name)`: each is listed after the generic point `<stage>.<after_event>.after_commit`
     (or after the claim for `after_event` "claim"), so the crash-point list keeps pipeline order;
@@ -55,6 +57,7 @@ class StageSpec:
     needs: frozenset[str] = frozenset()
     optional: bool = False
     lease_s: float | None = None
+    no_progress_s: float | None = None
     side_effect_points: tuple[tuple[str, str], ...] = ()
     uses_media_tool: bool = False
     checkpoints: bool = False
@@ -134,6 +137,19 @@ def profile_running(stage: str) -> str:
         if stage in PROFILES[name]:
             return name
     raise UnknownStage(stage)
+
+
+def no_progress_timeout(stage: str | None, default_s: float) -> float:
+    """Seconds of frozen progress counters after which an attempt of `stage` is stalled: its
+    declaration's `no_progress_s`, else `default_s` (the setting); `default_s` for an unknown stage."""
+    declared = BY_NAME.get(stage) if stage is not None else None
+    return declared.no_progress_s if declared is not None and declared.no_progress_s is not None else default_s
+
+
+def declared_no_progress() -> dict[str, float]:
+    """Stage -> its declared no-progress timeout in seconds, for the stages that declare one (the
+    watchdog writes them to the `stage_stall_policy` table so the `stalled_attempts` view agrees)."""
+    return {s.name: s.no_progress_s for s in STAGES if s.no_progress_s is not None}
 
 
 def job_stages(recorded: Sequence[str] | None) -> tuple[str, ...]:

@@ -124,8 +124,9 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
     event stamped by `clock` (its time and event id; the verdicts never read it).
 
     The rows are the views' candidates, each with `log_now` (its log clock); the stall rule
-    (`domain/policy/stall.py`, thresholds from `settings.stall_thresholds()`) decides each one, so
-    a candidate the rule does not call stalled (a heartbeat arrived meanwhile) is ignored.
+    (`domain/policy/stall.py`, thresholds from `settings.stall_thresholds(stage)`: a stage may
+    declare its own no-progress timeout) decides each one, so a candidate the rule does not call
+    stalled (a heartbeat arrived meanwhile) is ignored.
 
     - a stalled attempt (lease_expired | no_progress | worker_exited, the last from `processors/rescue.py`): `StallDetected` then, within the attempt
       budget (yields do not count), `RetryScheduled` + `StageQueued` + `WorkItem` for the next
@@ -143,6 +144,7 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
     jobs_topic = settings.jobs_topic
     thresholds = settings.stall_thresholds()
     for row in stalled:
+        stage_thresholds = settings.stall_thresholds(row["stage"])  # the stage's no-progress timeout
         job = jobs.get(row["job_id"])
         if job is None or job["state"] != "running" or (job["stage"], job["attempt"]) != (row["stage"], row["attempt"]):
             result.count(Verdict.IGNORE)
@@ -153,12 +155,12 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
             verdict = attempt_stall(leased_until=row.get("leased_until"), last_heartbeat_at=row.get("last_heartbeat_at"),
                                     progress_at=row.get("last_progress_at"),
                                     progress_grace_s=job.get("progress_grace_s"), now=row["log_now"],
-                                    thresholds=thresholds)
+                                    thresholds=stage_thresholds)
             if verdict is None:
                 result.count(Verdict.IGNORE)
                 continue
             deadline = row.get("leased_until") if verdict.kind == "lease_expired" else \
-                row["last_progress_at"] + timedelta(seconds=thresholds.no_progress_timeout_s
+                row["last_progress_at"] + timedelta(seconds=stage_thresholds.no_progress_timeout_s
                                                     + (job.get("progress_grace_s") or 0.0))
             if excused_by_outage(deadline, outage, row["log_now"], settings.lease_s):
                 result.count(Verdict.IGNORE)  # judged one lease after the log came back
@@ -267,6 +269,8 @@ class Watchdog:
             self.jobs.run("set_stall_policy", {
                 "no_progress_timeout_s": settings.no_progress_timeout_s,
                 "handoff_timeout_s": settings.handoff_timeout_s, "intake_timeout_s": settings.intake_timeout_s})
+            declared = pipeline.declared_no_progress()
+            self.jobs.run("set_stage_stall_policy", {"stages": list(declared), "no_progress_s": list(declared.values())})
             try:
                 while not stop.is_set():
                     started = time.monotonic()
@@ -397,11 +401,11 @@ class Watchdog:
 def deadlines_in_s(db: JobStore, settings: Settings) -> list[float]:
     """Seconds after each partition's log clock until the next stall deadlines and the next due
     retry (`domain/policy/stall.py` `attempt_deadline`): when the watchdog should look again."""
-    thresholds = settings.stall_thresholds()
     found = []
     for row in db.all("running_attempt_deadlines"):
         end = attempt_deadline(leased_until=row["leased_until"], progress_at=row["progress_at"],
-                               progress_grace_s=row["progress_grace_s"], thresholds=thresholds)
+                               progress_grace_s=row["progress_grace_s"],
+                               thresholds=settings.stall_thresholds(row["stage"]))
         if end is not None:
             found.append((end - row["log_now"]).total_seconds())
     retry = db.one("next_retry_due_in")["due_in_s"]

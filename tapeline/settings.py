@@ -334,11 +334,13 @@ class Settings(BaseSettings):
         return RetryPolicy(max_attempts=self.max_attempts, backoff_s=self.retry_backoff_s, jitter=self.retry_jitter,
                            backoff_by_class={**STALL_BACKOFF_S, **self.retry_backoff_by_class})
 
-    def stall_thresholds(self):
-        """The stall rule's thresholds these settings give (`domain.policy.stall.StallThresholds`)."""
+    def stall_thresholds(self, stage: str | None = None):
+        """The stall rule's thresholds these settings give (`domain.policy.stall.StallThresholds`),
+        for an attempt of `stage` when given: its declared no-progress timeout if it has one
+        (`domain.pipeline.no_progress_timeout`), else `no_progress_timeout_s`."""
         from domain.policy.stall import StallThresholds
 
-        return StallThresholds(no_progress_timeout_s=self.no_progress_timeout_s,
+        return StallThresholds(no_progress_timeout_s=pipeline.no_progress_timeout(stage, self.no_progress_timeout_s),
                                handoff_timeout_s=self.handoff_timeout_s, intake_timeout_s=self.intake_timeout_s)
 
     @property

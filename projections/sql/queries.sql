@@ -132,6 +132,13 @@ SELECT count(*) AS n FROM lifecycle_evidence WHERE job_id = %(job_id)s AND event
 -- whether its commit landed asks before it writes the same events again).
 SELECT EXISTS (SELECT 1 FROM lifecycle_evidence WHERE job_id = %(job_id)s AND event_id = %(event_id)s) AS recorded;
 
+-- name: set_stage_stall_policy
+-- The stages' own no-progress timeouts (domain/pipeline.py `no_progress_s`), seconds: exactly the given stages.
+WITH gone AS (DELETE FROM stage_stall_policy WHERE stage <> ALL(%(stages)s::text[]))
+INSERT INTO stage_stall_policy (stage, no_progress_timeout_s)
+SELECT * FROM unnest(%(stages)s::text[], %(no_progress_s)s::double precision[])
+ON CONFLICT (stage) DO UPDATE SET no_progress_timeout_s = EXCLUDED.no_progress_timeout_s, updated_at = now();
+
 -- name: log_clock_newest
 -- The newest log clock of all partitions (broker time), or now() before any record was projected.
 SELECT coalesce(max(now), now()) AS now FROM log_clock;
@@ -494,7 +501,7 @@ SET ROLE {role};
 
 -- name: running_attempt_deadlines
 -- Running attempts with what their stall deadline is made of (domain/policy/stall.py attempt_deadline) and their partition's log clock: the watchdog wakes at the earliest.
-SELECT j.job_id, j.leased_until, j.progress_at, j.progress_grace_s, c.now AS log_now
+SELECT j.job_id, j.stage, j.leased_until, j.progress_at, j.progress_grace_s, c.now AS log_now
 FROM job_state j JOIN log_clock c ON c.partition = j.log_partition
 WHERE j.state = 'running';
 

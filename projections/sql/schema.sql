@@ -960,6 +960,20 @@ COMMENT ON COLUMN public.stage_durations.attempts IS 'Attempts claimed for the s
 
 COMMENT ON COLUMN public.stage_durations.times_queued IS 'Applied StageQueued events of the stage (1 + retries and yields)';
 
+CREATE TABLE public.stage_stall_policy (
+    stage text NOT NULL,
+    no_progress_timeout_s double precision NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+COMMENT ON TABLE public.stage_stall_policy IS 'Stages with a no-progress timeout of their own (domain/pipeline.py), written by the watchdog at start';
+
+COMMENT ON COLUMN public.stage_stall_policy.stage IS 'A stage of the registry';
+
+COMMENT ON COLUMN public.stage_stall_policy.no_progress_timeout_s IS 'Seconds of frozen progress counters after which an attempt of this stage is stalled (no_progress), instead of stall_policy.no_progress_timeout_s';
+
+COMMENT ON COLUMN public.stage_stall_policy.updated_at IS 'When the row was last written (PostgreSQL clock, UTC)';
+
 CREATE VIEW public.stalled_attempts AS
  SELECT j.job_id,
     j.stage,
@@ -983,12 +997,13 @@ CREATE VIEW public.stalled_attempts AS
             WHEN (j.leased_until < c.now) THEN j.last_heartbeat_at
             ELSE j.progress_at
         END)))::double precision AS since_s
-   FROM ((public.job_state j
+   FROM (((public.job_state j
      JOIN public.log_clock c ON ((c.partition = j.log_partition)))
      CROSS JOIN public.stall_policy p)
-  WHERE ((j.state = 'running'::text) AND ((j.leased_until < c.now) OR ((j.progress_at + make_interval(secs => (p.no_progress_timeout_s + COALESCE(j.progress_grace_s, (0)::double precision)))) < c.now)));
+     LEFT JOIN public.stage_stall_policy s ON ((s.stage = j.stage)))
+  WHERE ((j.state = 'running'::text) AND ((j.leased_until < c.now) OR ((j.progress_at + make_interval(secs => (COALESCE(s.no_progress_timeout_s, p.no_progress_timeout_s) + COALESCE(j.progress_grace_s, (0)::double precision)))) < c.now)));
 
-COMMENT ON VIEW public.stalled_attempts IS 'Running attempts that stopped moving, judged on the log clock: lease expired, or progress counters frozen past stall_policy.no_progress_timeout_s (plus the attempt''s progress grace)';
+COMMENT ON VIEW public.stalled_attempts IS 'Running attempts that stopped moving, judged on the log clock: lease expired, or progress counters frozen past their stage''s no-progress timeout (stage_stall_policy, else stall_policy.no_progress_timeout_s) plus the attempt''s progress grace';
 
 COMMENT ON COLUMN public.stalled_attempts.job_id IS 'Job id';
 
@@ -1240,6 +1255,9 @@ ALTER TABLE ONLY public.provider_state
 
 ALTER TABLE ONLY public.schema_migrations
     ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
+
+ALTER TABLE ONLY public.stage_stall_policy
+    ADD CONSTRAINT stage_stall_policy_pkey PRIMARY KEY (stage);
 
 ALTER TABLE ONLY public.stall_policy
     ADD CONSTRAINT stall_policy_pkey PRIMARY KEY (id);

@@ -9,6 +9,7 @@ pure functions select, with the same kind and seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from datetime import datetime, timedelta, timezone
 
@@ -19,6 +20,12 @@ from domain.policy.stall import StallThresholds, attempt_stall, handoff_redrive_
 from tapeline.postgres import q
 
 THRESHOLDS = StallThresholds(no_progress_timeout_s=30.0, handoff_timeout_s=20.0, intake_timeout_s=40.0)
+STAGE_NO_PROGRESS_S = {"thumbnails": 50.0, "archive": 10.0}
+"""Stages with a no-progress timeout of their own (as the watchdog writes `StageSpec.no_progress_s`)."""
+
+
+def thresholds_of(stage: str) -> StallThresholds:
+    return dataclasses.replace(THRESHOLDS, no_progress_timeout_s=STAGE_NO_PROGRESS_S.get(stage, 30.0))
 CLOCKS = {0: datetime(2026, 12, 4, 12, 0, tzinfo=timezone.utc),
           1: datetime(2026, 12, 4, 12, 0, 7, 250_000, tzinfo=timezone.utc),
           2: datetime(2026, 12, 4, 11, 59, 51, tzinfo=timezone.utc)}
@@ -40,10 +47,11 @@ def generated(seed: int = 26):
         lease_s = rng.choice([5.0, 10.0, 120.0])
         jobs.append({
             "job_id": f"j{n}", "upload_id": f"u{n}", "state": rng.choice(["running", "running", "queued", "completed"]),
-            "stage": rng.choice(["transcode", "publish"]), "attempt": rng.randint(1, 3), "log_partition": partition,
+            "stage": rng.choice(["transcode", "publish", "thumbnails", "archive"]), "attempt": rng.randint(1, 3), "log_partition": partition,
             "last_heartbeat_at": heartbeat,
             "leased_until": heartbeat and heartbeat + timedelta(seconds=lease_s),
-            "progress_at": maybe(rng, now - timedelta(seconds=rng.choice([0, 10, 29.5, 30, 30.5, 45, 100]))),
+            "progress_at": maybe(rng, now - timedelta(seconds=rng.choice([0, 9.5, 10, 10.5, 29.5, 30, 30.5, 45, 49.5,
+                                                                             50.5, 100]))),
             "progress_grace_s": maybe(rng, rng.choice([0.0, 20.0, 80.0]), 0.6),
             "queued_at": maybe(rng, now - timedelta(seconds=rng.choice([0, 5, 19.9, 20, 20.1, 50])), 0.1),
             "redrives": rng.choice([0, 0, 1]),
@@ -63,6 +71,9 @@ def load(conn: psycopg.Connection, jobs: list[dict], uploads: list[dict]) -> Non
         conn.execute("INSERT INTO log_clock (partition, now) VALUES (%s, %s)", (partition, now))
     conn.execute("UPDATE stall_policy SET no_progress_timeout_s = %s, handoff_timeout_s = %s, intake_timeout_s = %s",
                  (THRESHOLDS.no_progress_timeout_s, THRESHOLDS.handoff_timeout_s, THRESHOLDS.intake_timeout_s))
+    conn.execute(q("set_stage_stall_policy"), {"stages": ["publish"], "no_progress_s": [5.0]})
+    conn.execute(q("set_stage_stall_policy"), {"stages": list(STAGE_NO_PROGRESS_S),  # replaces, not adds
+                                               "no_progress_s": list(STAGE_NO_PROGRESS_S.values())})
     for job in jobs:
         conn.execute(
             "INSERT INTO job_state (job_id, upload_id, state, stage, attempt, log_partition, last_heartbeat_at, "
@@ -91,7 +102,7 @@ def test_the_stall_views_select_what_the_stall_rule_calls_stalled(isolated) -> N
             continue
         stall = attempt_stall(leased_until=job["leased_until"], last_heartbeat_at=job["last_heartbeat_at"],
                               progress_at=job["progress_at"], progress_grace_s=job["progress_grace_s"],
-                              now=CLOCKS[job["log_partition"]], thresholds=THRESHOLDS)
+                              now=CLOCKS[job["log_partition"]], thresholds=thresholds_of(job["stage"]))
         if stall is not None:
             expected_attempts.add((job["job_id"], stall.kind, round(stall.since_s, 3)))
     expected_handoffs = {job["job_id"] for job in jobs if job["state"] == "queued"
@@ -104,6 +115,8 @@ def test_the_stall_views_select_what_the_stall_rule_calls_stalled(isolated) -> N
 
     # The generated data reaches every branch, on both sides of every threshold.
     assert {kind for _, kind, _ in expected_attempts} == {"lease_expired", "no_progress"}
+    by_stage = {j["job_id"]: j["stage"] for j in jobs}
+    assert {by_stage[j] for j, kind, _ in expected_attempts if kind == "no_progress"} >= set(STAGE_NO_PROGRESS_S)
     assert 10 < len(expected_attempts) < sum(j["state"] == "running" for j in jobs)
     assert 0 < len(expected_handoffs) < sum(j["state"] == "queued" for j in jobs)
     assert 0 < len(expected_missing) < len(uploads)

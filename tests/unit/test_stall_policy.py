@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta, timezone
 
 from domain.diagnosis import STALL_WORDS
@@ -97,3 +98,24 @@ def test_the_watchdog_wakes_at_the_next_tick_or_just_after_a_sooner_deadline():
     assert abs(next_wake_s(tick_s=5.0, elapsed_s=0.5, due_in_s=[2.0, 7.0]) - (2.0 + WAKE_MARGIN_S - 0.5)) < 1e-9
     assert next_wake_s(tick_s=5.0, elapsed_s=0.5, due_in_s=[-3.0, 0.0]) == 4.5  # judged already
     assert next_wake_s(tick_s=5.0, elapsed_s=6.0, due_in_s=[1.0]) == 0.0  # a slow tick: at once
+
+
+def test_a_stage_that_declares_a_no_progress_timeout_is_judged_by_it(monkeypatch):
+    from domain import pipeline
+
+    declared = dataclasses.replace(pipeline.BY_NAME["thumbnails"], no_progress_s=45.0)
+    monkeypatch.setitem(pipeline.BY_NAME, "thumbnails", declared)
+    monkeypatch.setattr(pipeline, "STAGES", tuple(declared if s.name == "thumbnails" else s for s in pipeline.STAGES))
+    settings = Settings(no_progress_timeout_s=7, handoff_timeout_s=8, intake_timeout_s=9)
+    assert settings.stall_thresholds("thumbnails") == StallThresholds(45.0, 8, 9)
+    assert settings.stall_thresholds("transcode") == settings.stall_thresholds(None) == StallThresholds(7, 8, 9)
+    assert settings.stall_thresholds("no-such-stage") == StallThresholds(7, 8, 9)
+    assert pipeline.declared_no_progress() == {"thumbnails": 45.0}
+    progress_at = datetime(2026, 12, 5, tzinfo=timezone.utc)
+    now = progress_at + timedelta(seconds=20)  # past the global 7 s, inside the stage's 45 s
+    lease = now + timedelta(seconds=30)
+    assert attempt_stall(leased_until=lease, last_heartbeat_at=now, progress_at=progress_at, progress_grace_s=None,
+                         now=now, thresholds=settings.stall_thresholds("thumbnails")) is None
+    assert attempt_stall(leased_until=lease, last_heartbeat_at=now, progress_at=progress_at, progress_grace_s=None,
+                         now=now, thresholds=settings.stall_thresholds("transcode")).kind == "no_progress"
+
