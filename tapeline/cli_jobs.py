@@ -178,6 +178,11 @@ def _print_summary(summary: dict[str, Any]) -> None:
         out.print(f"  master playlist: {summary['master_url']}")
     for rendition in summary.get("outputs", []):
         out.print(f"  {rendition['name']:>6} {rendition['width']}x{rendition['height']}  {rendition['url']}")
+    for artifact in summary.get("artifacts", []):  # other stages' published files (thumbnails: poster, storyboard, VTT)
+        out.print(f"  {artifact['stage']}: {artifact['name']}  {artifact['url'] or '(not published yet)'}",
+                  highlight=False)
+    for kept in summary.get("archived", []):  # the archive stage's private copy of the source
+        out.print(f"  archived: {kept['key']}  sha256 {kept['sha256']}", highlight=False)
 
 
 def _print_diagnosis(found: dict[str, Any]) -> None:
@@ -359,7 +364,7 @@ def demo(file: Optional[Path] = typer.Option(None, "--file", help="Video to subm
     settings = load_settings()
     try:
         path = file or sample_video("bigbuckbunny.mp4")
-        console.print(f"submitting {path}")
+        console.print(f"submitting {path}", soft_wrap=True)  # a long path stays one line a user can copy
         submission = upload(settings, path)
         publish(settings, submission.event)
         console.print(f"job {submission.job_id}")

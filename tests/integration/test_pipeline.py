@@ -274,6 +274,9 @@ def test_an_archive_tier_job_preserves_its_source_first_and_never_publishes_it(i
                                    "size_bytes": o.size_bytes} for o in archived.outputs]
     assert [a["name"] for a in result["artifacts"]] == ["thumbnails/poster.jpg", "thumbnails/storyboard.jpg",
                                                         "thumbnails/storyboard.vtt"]
+    shown = tapeline_cli(isolated, "status", job_id, env={"COLUMNS": "300"}).stdout  # what an operator reads
+    assert f"archived: {copy_key}  sha256 {source_sha}" in shown, shown
+    assert f"thumbnails: thumbnails/poster.jpg  {result['artifacts'][0]['url']}" in shown, shown
 
 
 def test_an_archived_copy_is_written_once_and_never_overwritten(isolated, tmp_path):
