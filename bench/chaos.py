@@ -37,7 +37,7 @@ from bench.common import bench_settings, drop_bench_database  # noqa: E402
 from bench.stall_latency import env_for  # noqa: E402
 from producers.submit import publish, upload  # noqa: E402
 from tapeline.chaos import ENDED_STATES, ProviderProcess, audit  # noqa: E402
-from tapeline.crashpoints import PIPELINE_CRASH_POINTS  # noqa: E402
+from tapeline.crashpoints import PIPELINE_CRASH_POINTS, tier_for_point  # noqa: E402
 from tapeline.samples import sample_video  # noqa: E402
 from domain.pipeline import STAGE_NAMES  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402
@@ -68,11 +68,11 @@ def children(parent: int) -> dict[str, int]:
 
 
 def run_round(settings: Settings, label: str, count: int, video: Path, timeout_s: float = 240.0,
-              pause: tuple[int, float] | None = None) -> dict[str, str]:
-    """Submit `count` jobs, optionally pause one process for a while, wait until all ended."""
+              pause: tuple[int, float] | None = None, tier: str = "standard") -> dict[str, str]:
+    """Submit `count` jobs of priority `tier`, optionally pause one process for a while, wait until all ended."""
     job_ids = {}
     for _ in range(count):
-        submission = upload(settings, video)
+        submission = upload(settings, video, priority=tier)
         publish(settings, submission.event)
         job_ids[submission.job_id] = label
     if pause is not None:
@@ -133,8 +133,8 @@ def main() -> int:
         time.sleep(5)
         for point in first_round:
             points_file.write_text(point + "\n")
-            video = longer if point.startswith("transcode.Heartbeat") else small
-            jobs.update(run_round(settings, point, args.jobs, video))
+            video = longer if ".Heartbeat." in point else small  # heartbeats need a clip longer than an interval
+            jobs.update(run_round(settings, point, args.jobs, video, tier=tier_for_point(point)))
             crashes += (once / point).exists()
             points_file.write_text("")
             print(f"{point:<40} fired={(once / point).exists()}", flush=True)
@@ -149,7 +149,8 @@ def main() -> int:
                 pause = (roles[role], random.uniform(0.5, 8.0))
                 pauses += 1
             label = f"random-{round_number}:{point}" + (f"+pause:{pause[1]:.1f}s" if pause else "")
-            jobs.update(run_round(settings, label, args.jobs, random.choice([small, longer]), pause=pause))
+            jobs.update(run_round(settings, label, args.jobs, random.choice([small, longer]), pause=pause,
+                                  tier=tier_for_point(point)))
             crashes += (once / point).exists()
             points_file.write_text("")
             print(f"{label:<60} fired={(once / point).exists()}", flush=True)

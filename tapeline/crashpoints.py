@@ -32,6 +32,16 @@ PIPELINE_CRASH_POINTS: tuple[str, ...] = (
 stage outside the default profile, archive, is passed by a job of a profile that runs it:
 `tests/faults/test_crash_points.py` kills the pipeline at each in turn)."""
 
+def tier_for_point(point: str) -> str:
+    """The priority tier of a job that passes `point`: `standard` (the default profile) unless the
+    point's stage runs only in another profile (archive), then the tier of that profile's name
+    (`pipeline.profile_for_tier` maps a tier to the profile of its name)."""
+    stage = point.partition(".")[0]
+    if stage not in pipeline.BY_NAME or stage in pipeline.profile_stages(pipeline.DEFAULT_PROFILE):
+        return "standard"
+    return pipeline.profile_running(stage)
+
+
 NOTIFY_CRASH_POINTS: tuple[str, ...] = (
     # the notifier (processors/notify.py): NotificationIntended, the POST, its record
     "notify.intended.before_produce", "notify.intended.after_produce", "notify.intended.after_commit",

@@ -22,7 +22,7 @@ import pytest
 
 from domain import pipeline
 from tapeline.chaos import ENDED_STATES, ProviderProcess, audit
-from tapeline.crashpoints import PIPELINE_CRASH_POINTS
+from tapeline.crashpoints import PIPELINE_CRASH_POINTS, tier_for_point
 from tapeline.samples import sample_video
 from tests.conftest import Pipeline, wait_for
 from tests.faults.conftest import FAULT_TIMING, job_row
@@ -43,24 +43,6 @@ def clip_for(point: str):
     return sample_video("bigbuckbunny.mp4" if media_heartbeat else "carphone_pristine.mp4")
 
 
-def tier_for(point: str) -> str:
-    """The priority tier of the job run for `point`: a stage the default profile does not run
-    (archive) is run by a job of a tier whose profile has it (`pipeline.profile_running`)."""
-    stage = point.partition(".")[0]
-    if stage not in pipeline.BY_NAME or stage in pipeline.profile_stages(pipeline.DEFAULT_PROFILE):
-        return "standard"
-    return pipeline.profile_running(stage)  # a profile is run by the tier of its name (profile_for_tier)
-
-
-def test_crash_point_jobs_cover_every_profiled_stage():
-    """The harness below reaches every stage's points: each stage's job runs a profile that has it."""
-    assert {tier_for(p) for p in PIPELINE_CRASH_POINTS if p.startswith("archive.")} == {"archive"}
-    assert tier_for("transcode.claim.after_commit") == "standard"
-    assert pipeline.profile_for_tier(tier_for("archive.before_put")) == "archive"
-    assert {s for p in PIPELINE_CRASH_POINTS for s in [p.partition(".")[0]] if s in pipeline.BY_NAME} == \
-        set(pipeline.profiled_stages())
-
-
 def test_every_crash_point_leaves_no_duplicate_and_no_lost_job(isolated, tmp_path):
     provider = ProviderProcess(tmp_path)
     settings = isolated.model_copy(update={
@@ -74,7 +56,7 @@ def test_every_crash_point_leaves_no_duplicate_and_no_lost_job(isolated, tmp_pat
     try:
         for point in PIPELINE_CRASH_POINTS:
             points_file.write_text(point + "\n")
-            submission = upload(settings, clip_for(point), priority=tier_for(point))
+            submission = upload(settings, clip_for(point), priority=tier_for_point(point))
             publish(settings, submission.event)
             job_id = submission.job_id
             jobs[job_id] = point

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from domain import pipeline
 from domain.lifecycle_data import LIFECYCLE
-from tapeline.crashpoints import PIPELINE_CRASH_POINTS
+from tapeline.crashpoints import PIPELINE_CRASH_POINTS, tier_for_point
 from tapeline.settings import Settings
 
 
@@ -53,3 +53,12 @@ def test_every_stage_gets_work_topics_and_crash_points_without_a_hand_written_li
 def test_the_tier_picks_its_profile():
     assert pipeline.profile_for_tier("standard") == "default"
     assert pipeline.profile_for_tier("nonsense") == "default"
+
+
+def test_crash_point_jobs_cover_every_profiled_stage():
+    """The harness below reaches every stage's points: each stage's job runs a profile that has it."""
+    assert {tier_for_point(p) for p in PIPELINE_CRASH_POINTS if p.startswith("archive.")} == {"archive"}
+    assert tier_for_point("transcode.claim.after_commit") == "standard"
+    assert pipeline.profile_for_tier(tier_for_point("archive.before_put")) == "archive"
+    assert {s for p in PIPELINE_CRASH_POINTS for s in [p.partition(".")[0]] if s in pipeline.BY_NAME} == \
+        set(pipeline.profiled_stages())
