@@ -171,10 +171,18 @@ def sprite_command(source: Path, board: Storyboard, sprite: Path, greys: Path, v
             "-map", "[grey]", "-frames:v", str(board.count), "-f", "rawvideo", str(greys)]
 
 
-def poster_command(source: Path, at_s: float, poster: Path, width: int, video_stream: int) -> list[str]:
-    """ffmpeg: the frame at `at_s` seconds as a JPEG at most `width` pixels wide. Pure."""
+def poster_command(source: Path, at_s: float, poster: Path, width: int, video_stream: int,
+                   decode_through: bool = False) -> list[str]:
+    """ffmpeg: the frame at `at_s` seconds as a JPEG at most `width` pixels wide. Pure.
+
+    It seeks the input (fast: from the keyframe before `at_s`); with `decode_through` it decodes from
+    the start and drops frames before `at_s` (slower, but it finds the frame where an input seek
+    finds none: seen with MPEG-TS whose timestamps start at 11 s, where `-ss` before `-i` made no
+    frame at all)."""
+    seek = ["-ss", f"{at_s:.3f}"]
     return ["ffmpeg", "-hide_banner", "-nostdin", "-y", "-protocol_whitelist", "file", "-progress", "pipe:1",
-            "-nostats", "-ss", f"{at_s:.3f}", "-i", str(source), "-map", f"0:{video_stream}", "-frames:v", "1",
+            "-nostats", *([] if decode_through else seek), "-i", str(source), *(seek if decode_through else []),
+            "-map", f"0:{video_stream}", "-frames:v", "1", "-update", "1",
             "-vf", f"scale='min({width},iw)':-2,setsar=1", "-q:v", "3", str(poster)]
 
 
@@ -234,9 +242,12 @@ class ThumbnailsWorker(StageWorker):
                 raise TranscodeFailed(f"ffmpeg made no storyboard for {item.source_key}")
             best, variance = choose_poster(tiles[:board.count])
             at_s = min(best * board.interval_s, max(0.0, duration - 0.05))
-            self.run_step(attempt, poster_command(source, at_s, poster, self.options.poster_width, probe.video_stream),
-                          duration, found.frames)
-            if not poster.exists():
+            for decode_through in (False, True):  # an input seek first; decoding through where it found no frame
+                self.run_step(attempt, poster_command(source, at_s, poster, self.options.poster_width,
+                                                      probe.video_stream, decode_through), duration, found.frames)
+                if poster.exists() and poster.stat().st_size > 0:
+                    break
+            if not poster.exists() or poster.stat().st_size == 0:
                 raise TranscodeFailed(f"ffmpeg made no poster at {at_s:.3f} s of {item.source_key}")
             track.write_text(webvtt(board), encoding="utf-8")
             outputs = []

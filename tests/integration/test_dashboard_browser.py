@@ -128,7 +128,7 @@ def test_the_dashboard_shows_each_job_where_it_belongs_and_replays_the_dead_lett
     outcomes = page.locator("#attempts tbody tr").evaluate_all(
         "rows => rows.map(r => [...r.cells].slice(0, 4).map(c => c.textContent))")
     assert outcomes == [["transcode", "1", outcomes[0][2], "stalled"], ["transcode", "2", outcomes[1][2], "succeeded"],
-                        ["publish", "1", outcomes[2][2], "succeeded"]]
+                        ["thumbnails", "1", outcomes[2][2], "succeeded"], ["publish", "1", outcomes[3][2], "succeeded"]]
     stall = page.locator('#timeline tr[data-event="StallDetected"] td.detail')
     expect(stall).to_have_count(1)
     expect(stall).to_contain_text("kind=worker_exited")
@@ -222,7 +222,7 @@ def test_the_dashboard_shows_each_job_where_it_belongs_and_replays_the_dead_lett
     expect(replayed).to_have_text(f"operator=ops-in-browser reason={WHY} dead_letter_id={letter_id} ")
     assert page.locator("#timeline img").count() == 0
     assert page.evaluate("window.__pwned") is None
-    expect(page.locator('#attempts tbody tr[data-outcome="succeeded"]')).to_have_count(2)
+    expect(page.locator('#attempts tbody tr[data-outcome="succeeded"]')).to_have_count(3)  # transcode, thumbnails, publish
 
     page.goto(f"{server}/dead-letters")
     expect(page.locator(f'#dead-letters tr[data-id="{letter_id}"] td.replayed')).to_have_text(f"by ops-in-browser: {WHY}")

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 def test_killed_child_is_restarted_and_jobs_still_complete(isolated, pipeline):
     roles = wait_for(lambda: (lambda c: c if len(c) == len(ROLES) else None)(pipeline.children()), 30,
                      "one child per role")
-    assert set(roles) == {"projector", "intake", "transcode", "publish", "watchdog", "notify", "thumbnails"} == set(ROLES)
+    assert set(roles) == {"projector", "intake", "transcode", "publish", "watchdog", "notify", "archive", "thumbnails"} == set(ROLES)
     os.kill(roles["transcode"], signal.SIGKILL)
     restarted = wait_for(lambda: (lambda c: c if c.get("transcode") not in (None, roles["transcode"]) else None)(
         pipeline.children()), 30, "the transcode child to be restarted")

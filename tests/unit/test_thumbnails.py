@@ -93,3 +93,15 @@ def test_one_ffmpeg_pass_makes_the_sprite_and_the_grey_tiles(tmp_path):
     assert "fps=fps=0.500000:round=down:eof_action=pass" in graph and "tile=3x1" in graph
     assert command[command.index("-protocol_whitelist") + 1] == "file"
     assert command.count(str(tmp_path / "s.jpg")) == 1 and command[-1] == str(tmp_path / "g.raw")
+
+
+def test_the_poster_is_cut_by_an_input_seek_or_by_decoding_through():
+    from pathlib import Path
+
+    from processors.thumbnails import poster_command
+
+    fast = poster_command(Path("/s"), 2.0, Path("/p.jpg"), 1280, 0)
+    slow = poster_command(Path("/s"), 2.0, Path("/p.jpg"), 1280, 0, decode_through=True)
+    assert fast.index("-ss") < fast.index("-i") and slow.index("-ss") > slow.index("-i")
+    assert fast[fast.index("-ss") + 1] == slow[slow.index("-ss") + 1] == "2.000"
+    assert fast.count("-ss") == slow.count("-ss") == 1 and fast[-1] == slow[-1] == "/p.jpg"
