@@ -77,6 +77,21 @@ def _no_such_object(exc: ClientError) -> bool:
     return exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
 
 
+def _created_unless_present(key: str, put: Callable[[], object]) -> bool:
+    """Run `put`, a conditional write of `key` (`If-None-Match: *`): True when it created the key,
+    False when S3 refused it because an object is there (`PreconditionFailed`, 412). Raises
+    `StorageError` for any other failure."""
+    try:
+        put()
+        return True
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") not in ("PreconditionFailed", "412"):
+            raise StorageError(f"conditional put of {key} failed: {exc}") from exc
+    except BotoCoreError as exc:
+        raise StorageError(f"conditional put of {key} failed: {exc}") from exc
+    return False
+
+
 class ObjectStore:
     """The bucket Tapeline writes to. Every method raises `StorageError` on S3 failures."""
 
@@ -161,16 +176,10 @@ class ObjectStore:
         never overwritten.
         """
         sha = hashlib.sha256(body).hexdigest()
-        try:
-            self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType=content_type,
-                               Metadata={"sha256": sha, **(metadata or {})}, IfNoneMatch="*")
+        if _created_unless_present(key, lambda: self.s3.put_object(
+                Bucket=self.bucket, Key=key, Body=body, ContentType=content_type,
+                Metadata={"sha256": sha, **(metadata or {})}, IfNoneMatch="*")):
             return True
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code")
-            if code not in ("PreconditionFailed", "412"):
-                raise StorageError(f"conditional put of {key} failed: {exc}") from exc
-        except BotoCoreError as exc:
-            raise StorageError(f"conditional put of {key} failed: {exc}") from exc
         existing = hashlib.sha256(self.get_bytes(key)).hexdigest()
         if existing != sha:
             raise OutputConflict(f"{key} already exists with different content (sha256 {existing[:12]} != "
@@ -192,19 +201,17 @@ class ObjectStore:
         size = path.stat().st_size
         chunk = self.settings.multipart_chunk_bytes
         meta = {"sha256": sha256, **(metadata or {})}
-        try:
+
+        def put() -> None:
             if size <= chunk:
                 with path.open("rb") as f:
                     self.s3.put_object(Bucket=self.bucket, Key=key, Body=_HashingReader(f, on_bytes).read(),
                                        ContentType=content_type, Metadata=meta, IfNoneMatch="*")
             else:
                 self._multipart_if_absent(path, key, content_type, meta, max(chunk, -(-size // 10_000)), on_bytes)
+
+        if _created_unless_present(key, put):
             return True
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") not in ("PreconditionFailed", "412"):
-                raise StorageError(f"conditional put of {key} failed: {exc}") from exc
-        except BotoCoreError as exc:
-            raise StorageError(f"conditional put of {key} failed: {exc}") from exc
         differs = self.stored_mismatch(key, size, sha256)
         if differs is not None:
             raise OutputConflict(f"{key} already exists with different content ({differs}); it is never overwritten")
@@ -238,14 +245,9 @@ class ObjectStore:
         """Create `key` only if no object is there (`If-None-Match: *`): None when this call created
         it, else the bytes of the object that was already there (a claim marker someone else holds).
         Raises `StorageError` for any other failure."""
-        try:
-            self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType=content_type, IfNoneMatch="*")
+        if _created_unless_present(key, lambda: self.s3.put_object(
+                Bucket=self.bucket, Key=key, Body=body, ContentType=content_type, IfNoneMatch="*")):
             return None
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") not in ("PreconditionFailed", "412"):
-                raise StorageError(f"conditional put of {key} failed: {exc}") from exc
-        except BotoCoreError as exc:
-            raise StorageError(f"conditional put of {key} failed: {exc}") from exc
         return self.get_bytes(key)
 
     def head(self, key: str) -> tuple[int, dict[str, str]] | None:
