@@ -113,14 +113,18 @@ def test_kafka_and_s3_that_do_not_answer_are_said_in_the_strip_without_holding_t
     settings = isolated.model_copy(update={"storage_limit_bytes": 1, "s3_endpoint": f"http://127.0.0.1:{closed}",
                                            "kafka_bootstrap": f"127.0.0.1:{closed}", "lag_cache_s": 60.0,
                                            "storage_usage_cache_s": 60.0})
-    with TestClient(create_app(settings, storage_bytes=storage_meter(settings)), base_url="http://localhost") as client:
+    with TestClient(create_app(settings, storage_bytes=storage_meter(settings)), base_url="http://localhost") as client, \
+            TestClient(create_app(isolated), base_url="http://localhost") as healthy:  # the projections' lines
+        before = {p["kind"] for p in healthy.get("/api/problems").json()["problems"]}
         started = time.monotonic()
         first = client.get("/api/problems").json()
         took = time.monotonic() - started
         assert took < 20.0, took  # the metadata request's own timeout (10 s), not the clients' full retries
         assert "projection lag unmeasurable" in first["error"] and "object storage unmeasurable" in first["error"]
-        with TestClient(create_app(isolated), base_url="http://localhost") as healthy:  # the projections' lines
-            assert {p["kind"] for p in first["problems"]} == {p["kind"] for p in healthy.get("/api/problems").json()["problems"]}
+        after = {p["kind"] for p in healthy.get("/api/problems").json()["problems"]}
+        # The same lines as a healthy page (a line that comes with time, the watchdog's silence, may
+        # appear while the unanswered requests wait: seen in CI).
+        assert before <= {p["kind"] for p in first["problems"]} <= after and before, (before, first, after)
         for path in ("/", "/jobs", "/api/problems"):
             started = time.monotonic()
             assert client.get(path).status_code == 200
