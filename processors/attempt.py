@@ -207,10 +207,13 @@ class Attempt:
     def prove_ownership(self) -> None:
         """Right before an external side effect: a heartbeat in a transaction on the attempt's fenced
         producer (a newer attempt's `init_transactions` makes it fail with `Fenced`), then the
-        projection check. A paused zombie that wakes up here stops before acting."""
+        projection check. A paused zombie that wakes up here stops before acting. Written with
+        `record`, which tries again while the log refuses it: with `send`, one refusal during a
+        broker outage failed the publish attempt after it had claimed the post, and its retry could
+        only end in `needs_review` (seen in CI with two of three brokers down)."""
         self.heartbeats += 1
         self.last_heartbeat = time.monotonic()
-        self.send([(self.runtime.settings.jobs_topic, self.identity.event(
+        self.record([(self.runtime.settings.jobs_topic, self.identity.event(
             ev.Heartbeat, sequence=self.heartbeats, frames_done=0, frames_total=None, out_time_s=0.0, speed=None))])
         self.check_still_owner()
 
