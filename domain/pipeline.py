@@ -139,6 +139,13 @@ def profile_running(stage: str) -> str:
     raise UnknownStage(stage)
 
 
+def lease(stage: str | None, default_s: float) -> float:
+    """Seconds of an attempt's lease for `stage`: its declaration's `lease_s`, else `default_s` (the
+    `lease_s` setting); `default_s` for an unknown stage."""
+    declared = BY_NAME.get(stage) if stage is not None else None
+    return declared.lease_s if declared is not None and declared.lease_s is not None else default_s
+
+
 def no_progress_timeout(stage: str | None, default_s: float) -> float:
     """Seconds of frozen progress counters after which an attempt of `stage` is stalled: its
     declaration's `no_progress_s`, else `default_s` (the setting); `default_s` for an unknown stage."""

@@ -33,7 +33,6 @@ import posixpath
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import structlog
 
@@ -44,7 +43,6 @@ from processors.worker import Attempt, StageWorker
 from tapeline.crashpoints import crash_point
 from tapeline.objects import sha256_file
 from tapeline.ports import ObjectStorage
-from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.archive")
 
@@ -85,10 +83,6 @@ class ArchiveWorker(StageWorker):
     """The `archive` stage (see the module's docstring)."""
 
     stage = STAGE
-
-    def __init__(self, settings: Settings, **adapters: Any) -> None:
-        """`adapters`: `StageWorker`'s (the event log, the job store, the object storage, the clock)."""
-        super().__init__(settings, **adapters)
 
     def recorded_source(self, job_id: str) -> tuple[str | None, int | None]:
         """(hex sha256, size in bytes) the intake recorded for the job's source, from its projected row

@@ -24,7 +24,7 @@ import httpx
 
 from domain import events as ev
 from domain.errors import ProviderError, ProviderLookupFailed, StorageError
-from tapeline.objects import PUBLISHED_PREFIX
+from tapeline.objects import PUBLISHED_PREFIX, attempt_path
 from tapeline.settings import Settings
 from tapeline.ports import Clock, JobStore, ObjectStorage
 
@@ -73,15 +73,15 @@ def promotable(outputs: list[ev.OutputFile]) -> list[ev.OutputFile]:
     ones (`work/{job}/{stage}/{attempt}/...`, renditions, thumbnails). Others stay where their stage
     put them: the archive stage's copy of the source and its manifest (`archive/{job}/...`) are
     preserved, never published. Pure."""
-    return [o for o in outputs if o.key.startswith("work/")]
+    return [o for o in outputs if attempt_path(o.key) is not None]
 
 
 def relative_key(key: str) -> str:
     """`work/{job}/{stage}/{attempt}/720p/seg_00000.ts` -> `720p/seg_00000.ts`."""
-    parts = key.split("/", 4)
-    if len(parts) != 5 or parts[0] != "work":
+    scoped = attempt_path(key)
+    if scoped is None:
         raise StorageError(f"{key} is not an attempt-scoped key")
-    return parts[4]
+    return scoped[1]
 
 
 def master_playlist(renditions: list[ev.Rendition], sizes: dict[str, int], duration_s: float, has_audio: bool) -> str:

@@ -41,6 +41,7 @@ from processors import media
 from processors.runtime import Outgoing
 from processors.worker import Attempt, StageWorker, Yielded
 from tapeline.crashpoints import crash_point
+from tapeline.objects import attempt_prefix
 from tapeline.ports import MediaTool, ObjectStorage
 from tapeline.settings import Settings
 
@@ -222,7 +223,7 @@ class ThumbnailsWorker(StageWorker):
 
     def work(self, attempt: Attempt, store: ObjectStorage) -> list[Outgoing]:
         item, identity, settings = attempt.item, attempt.identity, self.settings
-        prefix = f"work/{identity.job_id}/{STAGE}/{identity.attempt}/{STAGE}/"
+        prefix = attempt_prefix(identity.job_id, STAGE, identity.attempt) + f"{STAGE}/"
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="tapeline-thumbnails-") as tmp:
             source, sprite, greys, poster, track = (Path(tmp) / n for n in

@@ -33,7 +33,7 @@ from processors.worker import Attempt, StageWorker, Yielded
 from domain import events as ev
 from tapeline.crashpoints import delay_point, fail_point
 from domain.errors import StorageError, TranscodeFailed
-from tapeline.objects import sha256_file
+from tapeline.objects import attempt_prefix, sha256_file
 from tapeline.ports import JobStore, MediaTool, ObjectStorage
 from tapeline.settings import Settings
 
@@ -41,11 +41,6 @@ log = structlog.get_logger("tapeline.transcode")
 
 CONTENT_TYPES = {".m3u8": "application/vnd.apple.mpegurl", ".ts": "video/mp2t", ".m4s": "video/iso.segment",
                  ".mp4": "video/mp4"}
-
-
-def attempt_prefix(job_id: str, stage: str, attempt: int) -> str:
-    """Object key prefix of one attempt's outputs: `work/{job_id}/{stage}/{attempt}/`."""
-    return f"work/{job_id}/{stage}/{attempt}/"
 
 
 VFR_MAX_GAP_S = 1.0

@@ -367,8 +367,7 @@ class StageWorker:
     @property
     def lease_s(self) -> float:
         """The lease of this stage's attempts: its declaration's (`domain/pipeline.py`), else the setting."""
-        declared = pipeline.BY_NAME.get(self.stage)
-        return declared.lease_s if declared is not None and declared.lease_s else self.settings.lease_s
+        return pipeline.lease(self.stage, self.settings.lease_s)
 
     def hand_on(self, attempt: Attempt, **fields: Any) -> list[Outgoing]:
         """`stage_outcome.handoff_events` for `attempt`: what follows its success in the job's

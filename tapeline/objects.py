@@ -1,5 +1,5 @@
 """What the processors need to know about stored objects without an S3 client: the published
-prefix, a file's sha256, and `StorageGauge` (the bucket's cached size, over any `ObjectStorage`).
+prefix, the attempt-scoped key layout, a file's sha256, and `StorageGauge` (the bucket's cached size, over any `ObjectStorage`).
 `tapeline.objectstore` (the boto3 adapter) re-exports all three.
 """
 
@@ -18,6 +18,23 @@ if TYPE_CHECKING:
 
 PUBLISHED_PREFIX = "published/"
 """Where published outputs live (`published/{job_id}/...`); the only publicly readable prefix."""
+WORK_PREFIX = "work/"
+"""Where attempts write (`work/{job_id}/{stage}/{attempt}/...`): each attempt its own prefix."""
+
+
+def attempt_prefix(job_id: str, stage: str, attempt: int) -> str:
+    """Object key prefix of one attempt's outputs: `work/{job_id}/{stage}/{attempt}/`."""
+    return f"{WORK_PREFIX}{job_id}/{stage}/{attempt}/"
+
+
+def attempt_path(key: str) -> tuple[str, str] | None:
+    """(stage, path after the attempt number) of an attempt-scoped key: `work/{job}/transcode/2/720p/
+    seg_00000.ts` -> (`transcode`, `720p/seg_00000.ts`); None for any other key (an archived source
+    under `archive/`, a published object). Pure."""
+    parts = key.split("/", 4)
+    if len(parts) != 5 or parts[0] + "/" != WORK_PREFIX or not parts[4]:
+        return None
+    return parts[2], parts[4]
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

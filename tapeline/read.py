@@ -3,19 +3,17 @@ the HTTP intake's backpressure and the processors that consult current state."""
 
 from __future__ import annotations
 
-from typing import Sequence
-
-from domain import pipeline
-
 import threading
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Sequence
 
 import psycopg
 
+from domain import pipeline
 from domain.diagnosis import diagnose
 from domain.lifecycle import TERMINAL_STATES
 from tapeline import kafka
+from tapeline.objects import attempt_path
 from tapeline.postgres import connect, q, wait_applied
 from domain.errors import ConfigurationError, ServiceUnavailable
 from tapeline.rows import TierBacklog, letter_attempts, tier_backlogs  # noqa: F401 (pure; re-exported)
@@ -88,12 +86,13 @@ def published_artifacts(row: dict[str, Any]) -> list[dict[str, Any]]:
     base = row["master_url"].rsplit("/", 1)[0] + "/" if row.get("master_url") and not row.get("reused_from") else None
     found = []
     for output in row.get("outputs") or []:
-        parts = output["key"].split("/", 4)  # work/{job}/{stage}/{attempt}/{path}
-        if len(parts) != 5 or parts[0] != "work" or parts[4].split("/", 1)[0] in folders:
+        scoped = attempt_path(output["key"])
+        if scoped is None or scoped[1].split("/", 1)[0] in folders:
             continue
-        found.append({"name": parts[4], "stage": parts[2], "content_type": output["content_type"],
+        stage, path = scoped
+        found.append({"name": path, "stage": stage, "content_type": output["content_type"],
                       "sha256": output["sha256"], "size_bytes": output["size_bytes"],
-                      "url": base + parts[4] if base else None})
+                      "url": base + path if base else None})
     return found
 
 

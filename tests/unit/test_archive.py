@@ -94,3 +94,13 @@ def test_cleanup_never_removes_an_archived_source_whatever_the_rows_say():
         assert plan.delete == [] and plan.counts[Disposition.KEEP_ARCHIVED.value] == len(keys)
         assert plan_cleanup([], {}, set(), now, settings,
                             [MultipartUpload(f"archive/{JOB}/clip.mp4", "m1", old)]).abort == []
+
+
+def test_an_attempt_scoped_key_is_told_apart_from_every_other_key():
+    from tapeline.objects import attempt_path, attempt_prefix
+
+    assert attempt_prefix(JOB, "thumbnails", 2) == f"work/{JOB}/thumbnails/2/"
+    assert attempt_path(attempt_prefix(JOB, "thumbnails", 2) + "thumbnails/poster.jpg") == ("thumbnails",
+                                                                                          "thumbnails/poster.jpg")
+    for other in (f"archive/{JOB}/clip.mp4", f"published/{JOB}/master.m3u8", f"work/{JOB}/transcode/1/", "work/x"):
+        assert attempt_path(other) is None
