@@ -22,6 +22,11 @@ S3-compatible server (MinIO is docker-compose's) is a Go build or a binary downl
 machine; the gate is ~150 lines over botocore's own signer and keeps the local stack pure Python.
 The signature is computed exactly as moto's IAM mode computes it (`botocore.auth.S3SigV4Auth`
 over the signed headers, the raw path and query), so every botocore client verifies.
+
+Behind the gate, `MultipartInitiated` corrects one thing moto gets wrong: its ListMultipartUploads
+answers `Initiated` 2010-11-10T20:48:33Z for every upload (moto 5.2, `s3/responses.py`), so the
+watchdog's cleanup took every unfinished upload for a day-old one and aborted uploads in flight
+(a `tapeline submit` of a large file failed with UploadPart answering 500 five times).
 `TAPELINE_S3SERVER_DEBUG=1` prints each canonical request (it holds no secret) to compare with
 botocore's debug log when a client's signature does not match.
 """
@@ -36,6 +41,7 @@ import os
 import re
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
+from urllib.parse import parse_qs
 from xml.sax.saxutils import escape
 
 PUBLIC_PREFIX = "published/"
@@ -168,6 +174,70 @@ class SignedOnly:
             raise Refused(403, "SignatureDoesNotMatch", "the request signature does not match (wrong secret key?)")
 
 
+_UPLOAD_ID = re.compile(rb"<UploadId>([^<]+)</UploadId>")
+_UPLOAD = re.compile(rb"<Upload>.*?</Upload>", re.S)
+_INITIATED = re.compile(rb"<Initiated>[^<]*</Initiated>")
+
+
+def with_initiated(listing: bytes, initiated: dict[str, str], unknown: str) -> bytes:
+    """A ListMultipartUploads XML body with each `<Upload>`'s `<Initiated>` replaced by the time its
+    CreateMultipartUpload was answered (`initiated`: upload id -> ISO 8601 UTC), or by `unknown`
+    for an id not recorded. Pure; other bytes are kept as they are."""
+    def fix(upload: re.Match[bytes]) -> bytes:
+        found = _UPLOAD_ID.search(upload.group(0))
+        when = initiated.get(found.group(1).decode(), unknown) if found else unknown
+        return _INITIATED.sub(f"<Initiated>{when}</Initiated>".encode(), upload.group(0))
+    return _UPLOAD.sub(fix, listing)
+
+
+def _s3_time(at: datetime) -> str:
+    return at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at.microsecond // 1000:03d}Z"
+
+
+class MultipartInitiated:
+    """WSGI middleware: records when each multipart upload was created (the answer to
+    `POST ?uploads`) and puts that time into ListMultipartUploads (`GET ?uploads`) answers, where
+    moto writes a fixed date of 2010 (see the module docstring). An upload this server did not see
+    created (one started before a restart: moto keeps nothing across one) gets the server's start
+    time. Completed and aborted uploads are forgotten. `now`: UTC clock (a parameter for tests)."""
+
+    def __init__(self, app: Callable, now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+        self.app, self.now = app, now
+        self.started = _s3_time(now())
+        self.initiated: dict[str, str] = {}
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET")
+        params = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+        if "uploadId" in params and method in ("POST", "DELETE"):  # complete or abort
+            self.initiated.pop(params["uploadId"][0], None)
+            return self.app(environ, start_response)
+        if "uploads" not in params or method not in ("POST", "GET"):
+            return self.app(environ, start_response)
+        answered = self.now()
+        captured: dict[str, Any] = {}
+
+        def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable:
+            captured.update(status=status, headers=headers, exc_info=exc_info)
+            return lambda data: None
+
+        chunks = self.app(environ, capture)
+        try:
+            body = b"".join(chunks)
+        finally:
+            getattr(chunks, "close", lambda: None)()
+        if captured["status"].startswith("200"):
+            if method == "POST":
+                found = _UPLOAD_ID.search(body)
+                if found:
+                    self.initiated[found.group(1).decode()] = _s3_time(answered)
+            else:
+                body = with_initiated(body, self.initiated, self.started)
+        headers = [(k, v) for k, v in captured["headers"] if k.lower() != "content-length"]
+        start_response(captured["status"], headers + [("Content-Length", str(len(body)))], captured["exc_info"])
+        return [body]
+
+
 def main(argv: list[str] | None = None) -> None:
     """Serve moto's S3 behind `SignedOnly` until SIGTERM. Credentials and bucket come from the
     settings (`TAPELINE_S3_ACCESS_KEY`, `TAPELINE_S3_SECRET_KEY`, `TAPELINE_S3_BUCKET`)."""
@@ -182,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
 
     settings = Settings()
     os.environ.setdefault("MOTO_PORT", str(args.port))
-    app = SignedOnly(DomainDispatcherApplication(create_backend_app), settings.s3_access_key,
+    app = SignedOnly(MultipartInitiated(DomainDispatcherApplication(create_backend_app)), settings.s3_access_key,
                      settings.s3_secret_key, settings.s3_bucket)
     print(f"tapeline.s3server: S3 on http://{args.host}:{args.port}, signed requests by "
           f"{settings.s3_access_key!r}; anonymous GET/HEAD of {settings.s3_bucket}/{PUBLIC_PREFIX}* only", flush=True)

@@ -141,3 +141,20 @@ def test_a_player_reads_a_published_object_anonymously(store):
     private = subprocess.run(["ffprobe", "-v", "error", f"{store.s3_endpoint}/{store.s3_bucket}/{PRIVATE}"],
                              capture_output=True, text=True, timeout=60)
     assert private.returncode != 0 and "403" in private.stderr
+
+
+def test_an_unfinished_multipart_upload_is_listed_with_the_time_it_was_created(store):
+    """moto alone lists every unfinished upload as initiated on 2010-11-10, which made the watchdog's
+    cleanup abort uploads in flight (a large `tapeline submit` failed mid-way); the local server lists
+    the time the upload was created, and a running upload is not stale."""
+    from datetime import datetime, timezone
+
+    objects = ObjectStore(store)
+    before = datetime.now(timezone.utc).replace(microsecond=0)
+    upload_id = objects.s3.create_multipart_upload(Bucket=objects.bucket, Key="uploads/up-2/big.bin")["UploadId"]
+    try:
+        listed = {u.upload_id: u.initiated for u in objects.list_multipart(1000)}
+        assert before <= listed[upload_id] <= datetime.now(timezone.utc)
+    finally:
+        objects.abort_multipart("uploads/up-2/big.bin", upload_id)
+    assert upload_id not in {u.upload_id for u in objects.list_multipart(1000)}

@@ -76,3 +76,36 @@ def test_a_malformed_intake_tokens_setting_never_prints_a_token(tokens):
     assert done.returncode == 2, done.stderr
     assert "TAPELINE_INTAKE_TOKENS" in done.stderr.upper() or "intake_tokens" in done.stderr
     assert "s3cr3t" not in done.stdout + done.stderr and "Traceback" not in done.stderr
+
+
+def test_multipart_listings_carry_the_time_each_upload_was_created():
+    """moto answers ListMultipartUploads with Initiated 2010-11-10 for every upload, so cleanup aborted
+    uploads in flight; the local server's middleware puts the creation time in its place."""
+    from datetime import datetime, timedelta, timezone
+
+    from tapeline.s3server import MultipartInitiated
+
+    clock = [datetime(2026, 12, 5, 12, 0, 0, 250000, tzinfo=timezone.utc)]
+    listing = (b"<ListMultipartUploadsResult><Upload><Key>a</Key><UploadId>up-1</UploadId>"
+               b"<Initiated>2010-11-10T20:48:33.000Z</Initiated></Upload><Upload><Key>b</Key>"
+               b"<UploadId>up-2</UploadId><Initiated>2010-11-10T20:48:33.000Z</Initiated></Upload>"
+               b"</ListMultipartUploadsResult>")
+
+    def moto(environ, start_response):
+        body = b"<InitiateMultipartUploadResult><UploadId>up-1</UploadId></InitiateMultipartUploadResult>" \
+            if environ["REQUEST_METHOD"] == "POST" else listing
+        start_response("200 OK", [("Content-Type", "application/xml"), ("Content-Length", "1")])
+        return [body]
+
+    app = MultipartInitiated(moto, now=lambda: clock[0])  # started 12:00:00.250
+    clock[0] += timedelta(minutes=5)
+    answered = []
+    app({"REQUEST_METHOD": "POST", "QUERY_STRING": "uploads"}, lambda s, h, e=None: answered.append(h))
+    clock[0] += timedelta(minutes=5)
+    body = b"".join(app({"REQUEST_METHOD": "GET", "QUERY_STRING": "uploads&max-uploads=10"},
+                        lambda s, h, e=None: answered.append(h)))
+    assert b"<UploadId>up-1</UploadId><Initiated>2026-12-05T12:05:00.250Z</Initiated>" in body
+    assert b"<UploadId>up-2</UploadId><Initiated>2026-12-05T12:00:00.250Z</Initiated>" in body  # not seen: start
+    assert b"2010" not in body and ("Content-Length", str(len(body))) in answered[-1]
+    app({"REQUEST_METHOD": "DELETE", "QUERY_STRING": "uploadId=up-1"}, lambda s, h, e=None: None)
+    assert app.initiated == {}
