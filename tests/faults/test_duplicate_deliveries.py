@@ -104,7 +104,10 @@ def test_a_redelivered_work_item_is_skipped_while_running_and_after_completion(f
 
 
 def test_two_workers_racing_for_one_work_item_make_one_attempt(fault_settings, roles, provider):
-    settings = fault_settings.model_copy(update={"webhook_url": provider.url})
+    # A lease of 12 s, not 4 s: the race is for the claim; a heartbeat late on a loaded machine would
+    # let the watchdog start a second attempt for a reason this test is not about.
+    settings = fault_settings.model_copy(update={"webhook_url": provider.url, "lease_s": 12.0,
+                                                 "no_progress_timeout_s": 24.0})
     roles.settings = settings
     for role in ("projector", "intake", *OTHER_STAGES, "watchdog"):
         roles.start(role)

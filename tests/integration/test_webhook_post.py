@@ -83,8 +83,9 @@ def test_a_redirect_is_a_failure_and_is_not_followed(server):
 def test_an_endless_answer_is_read_only_up_to_the_limit(server):
     base, _ = server
     started = time.monotonic()
-    result = send(base + "/huge")
-    assert time.monotonic() - started < 3.0  # 6.5 GB offered: it stopped after the limit, not at the timeout
+    result = send(base + "/huge", timeout_s=60.0)
+    # 6.5 GB offered: it stopped after the limit, well before the timeout (wide: a loaded CI machine)
+    assert time.monotonic() - started < 20.0
     assert result.status == 500 and result.reason.startswith("HTTP 500, a failure: xxx") and len(result.reason) < 300
 
 
@@ -93,5 +94,5 @@ def test_a_dripping_answer_is_cut_off_at_the_timeout(server):
     started = time.monotonic()
     result = send(base + "/drip", timeout_s=1.5)
     elapsed = time.monotonic() - started
-    assert 1.4 < elapsed < 3.0, elapsed  # 40 s of drip offered
+    assert 1.4 < elapsed < 15.0, elapsed  # 40 s of drip offered; the upper bound is wide for a loaded machine
     assert result.status == 200  # the answer's status came; what it did not finish saying is not waited for
