@@ -159,6 +159,10 @@ class NotReplayable(TapelineError):
     error_class = "invalid_input"
 
 
+class NoSuchDeadLetter(NotReplayable):
+    """No dead letter with that id in the projections (the CLI exits 2 for it: a usage error)."""
+
+
 class NoSuchJob(TapelineError):
     """No such job in the projections (not submitted, or intake has not caught up)."""
 

@@ -35,7 +35,7 @@ import structlog
 from processors.operator_events import cancel_events, done_by, fail_events, replay_events, resolve_review_events
 from processors.runtime import Runtime, transact
 from tapeline.rows import letter_attempts
-from domain.errors import NoSuchJob, NotCancellable, NotReplayable
+from domain.errors import NoSuchDeadLetter, NoSuchJob, NotCancellable, NotReplayable
 from tapeline.settings import Settings
 from tapeline.ports import Clock, EventLog, JobStore, ObjectStorage
 from tapeline.crashpoints import delay_point
@@ -128,7 +128,7 @@ def replay_dead_letters(settings: Settings, ids: list[str], operator: str, reaso
         for dead_letter_id in ids:
             letter = _dead_letter(runtime.jobs, dead_letter_id)
             if letter is None:
-                raise NotReplayable(f"no dead letter {dead_letter_id!r} (see `tapeline dlq list`)")
+                raise NoSuchDeadLetter(f"no dead letter {dead_letter_id!r} (see `tapeline dlq list`)")
             if letter["kind"] != "job":
                 raise NotReplayable(
                     f"dead letter {dead_letter_id} is an undecodable record ({letter['error']}); it has no job to "
@@ -278,7 +278,7 @@ def fail_dead_letters(settings: Settings, ids: list[str], operator: str, reason:
         for dead_letter_id in ids:
             letter = _dead_letter(runtime.jobs, dead_letter_id)
             if letter is None:
-                raise NotReplayable(f"no dead letter {dead_letter_id!r} (see `tapeline dlq list`)")
+                raise NoSuchDeadLetter(f"no dead letter {dead_letter_id!r} (see `tapeline dlq list`)")
             if letter["kind"] != "job":
                 raise NotReplayable(f"dead letter {dead_letter_id} is an undecodable record ({letter['error']}); "
                                     f"it has no job to fail")

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Column, Table
 
-from domain.errors import TapelineError
+from domain.errors import NoSuchDeadLetter, TapelineError
 from tapeline.cli_common import fail, load_settings, out
 
 dlq_app = typer.Typer(help="Dead letters: jobs out of attempts and records that could not be decoded.",
@@ -108,7 +108,7 @@ def dlq_replay(dead_letter_id: Optional[str] = typer.Argument(None, help="Dead l
         ids = _chosen_dead_letters(settings, dead_letter_id, replay_all, reason)
         outcomes = OperatorService(settings).replay_dead_letters(ids, operator or default_operator(), why)
     except TapelineError as exc:
-        fail(exc, 2 if "no dead letter" in str(exc) else 1)
+        fail(exc, 2 if isinstance(exc, NoSuchDeadLetter) else 1)
     if as_json:
         out.print_json(json.dumps([vars(o) for o in outcomes]))
         return
@@ -152,7 +152,7 @@ def dlq_fail(dead_letter_id: Optional[str] = typer.Argument(None, help="Dead let
         ids = _chosen_dead_letters(settings, dead_letter_id, fail_all, reason)
         outcomes = OperatorService(settings).fail_dead_letters(ids, operator or default_operator(), why, refund)
     except TapelineError as exc:
-        fail(exc, 2 if "no dead letter" in str(exc) else 1)
+        fail(exc, 2 if isinstance(exc, NoSuchDeadLetter) else 1)
     if as_json:
         out.print_json(json.dumps([vars(o) for o in outcomes]))
         return

@@ -209,7 +209,7 @@ class MultipartInitiated:
     def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
         params = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
-        if "uploadId" in params and method in ("POST", "DELETE"):  # complete or abort
+        if "uploadId" in params and method not in ("GET", "HEAD", "PUT"):  # complete (POST) or abort
             self.initiated.pop(params["uploadId"][0], None)
             return self.app(environ, start_response)
         if "uploads" not in params or method not in ("POST", "GET"):
