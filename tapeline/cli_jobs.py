@@ -166,7 +166,9 @@ def _submit_http(settings: Settings, file: Path, url: str, token: str | None, pr
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
-    out.print(f"job {summary['job_id']}: [bold]{summary['state']}[/bold] after {summary['attempts']} attempt(s)")
+    attempts = summary["attempts"]
+    how = "with no attempt of its own" if not attempts else f"after {attempts} attempt{'s' if attempts != 1 else ''}"
+    out.print(f"job {summary['job_id']}: [bold]{summary['state']}[/bold] {how}")
     if summary["state"] != "completed":
         out.print(f"  {summary.get('error_class')}: {summary.get('reason')}")
     if summary.get("reused_from"):
