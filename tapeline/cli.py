@@ -2,7 +2,7 @@
 
 This module is the entry point (`python -m tapeline.cli`, the `tapeline` console script: `main`) and
 builds `app`; the commands live in `cli_run.py` (migrate, run, serve), `cli_jobs.py` (submit, status,
-stalled, timeline, demo), `cli_ops.py` (dlq, review, cancel), `projections/cli.py` (replay, export)
+stalled, timeline, demo), `cli_ops.py` (dlq, review, cancel), `cli_region.py` (region), `projections/cli.py` (replay, export)
 and `tapeline/stack/cli.py` (stack), and are registered here in the order `tapeline --help` lists them.
 """
 
@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from tapeline import cli_jobs, cli_ops, cli_run, cli_webhooks
+from tapeline import cli_jobs, cli_ops, cli_region, cli_run, cli_webhooks
 from tapeline.cli_common import console
 from tapeline.settings import Settings
 
@@ -39,6 +39,7 @@ app.command()(cli_jobs.timeline)
 app.add_typer(cli_ops.dlq_app, name="dlq")
 app.add_typer(cli_ops.review_app, name="review")
 app.add_typer(cli_webhooks.webhooks_app, name="webhooks")
+app.add_typer(cli_region.region_app, name="region")
 app.command()(cli_ops.cancel)
 app.command()(cli_run.serve)
 app.command()(cli_jobs.demo)

@@ -55,6 +55,31 @@ class Settings(BaseSettings):
                                                        "(storage_transient, retried by policy) instead of hanging")
     s3_max_attempts: int = Field(4, description="Tries per S3 call, botocore standard retry mode (1 = no retry)")
 
+    # Regions (docs/regions.md). Region A is what every other field describes; region B is derived from
+    # it by `Settings.for_region("b")`, the one rule, with each address overridable below.
+    region: Literal["a", "b"] = Field("a", description="The region these settings describe. Set by "
+                                      "`Settings.for_region`; `a` is the default deployment, `b` the standby that "
+                                      "`tapeline stack up --region b` starts (docs/regions.md)")
+    region_b_port_offset: int = Field(10000, ge=1, le=40000, description="Region B's Kafka broker and controller "
+                                      "ports and its S3 endpoint's port are region A's plus this (19092 -> 29092, "
+                                      "19093 -> 29093, 19000 -> 29000)")
+    region_b_kafka_bootstrap: str | None = Field(None, description="Region B's Kafka host:port; unset: region A's "
+                                                 "first address with its port + region_b_port_offset")
+    region_b_kafka_controller_port: int | None = Field(None, description="Region B's KRaft controller port; unset: "
+                                                       "kafka_controller_port + region_b_port_offset")
+    region_b_database_url: str | None = Field(None, description="Region B's PostgreSQL DSN (its own server); unset: "
+                                              "database_url with port region_b_postgres_port")
+    region_b_postgres_port: int = Field(5433, description="Port of region B's own PostgreSQL server (a second "
+                                        "cluster, data under region B's home) when region_b_database_url is unset")
+    region_b_s3_endpoint: str | None = Field(None, description="Region B's S3 endpoint; unset: s3_endpoint with its "
+                                             "port + region_b_port_offset")
+    region_b_home: Path | None = Field(None, description="Region B's stack home (state, logs, Kafka and PostgreSQL "
+                                       "data, the mirror's files); unset: <home>/region-b")
+    region_b_mirror: bool = Field(True, description="`stack up --region b` also starts MirrorMaker 2 mirroring "
+                                  "region A's topics into region B (false: region B starts empty and independent)")
+    kafka_jars: Path | None = Field(None, description="Directory of the Kafka jars (broker and MirrorMaker 2); "
+                                    "unset: <home>/kafka/libs. Region B shares region A's")
+
     # Topics.
     topic_prefix: str = Field("tapeline", description="Topics are <prefix>.uploads, <prefix>.jobs, ...")
     uploads_partitions: int = 6
@@ -291,6 +316,44 @@ class Settings(BaseSettings):
                              "provider call, so a slower call would look like a stalled attempt")
         return self
 
+    def for_region(self, region: str) -> "Settings":
+        """These settings for `region`: the one rule that derives a region from region A's settings.
+
+        `"a"` returns region A's settings (these, when they are region A's). `"b"` returns a copy with
+        region B's own addresses, each from its `region_b_*` field when set, else derived:
+
+        - Kafka: one node at region A's first bootstrap host, port + `region_b_port_offset` (29092);
+          controller port `kafka_controller_port` + offset (29093);
+        - PostgreSQL: `database_url` with its port replaced by `region_b_postgres_port` (5433), same
+          user, password and database name (a second server, not a second database);
+        - S3: `s3_endpoint` with its port + offset (29000), same bucket and credentials;
+        - home: `<home>/region-b`; the Kafka jars stay region A's (`kafka_jars`).
+
+        Topic names, app name and every other setting are kept: the mirror keeps topic names
+        (docs/regions.md). Raises ValueError for an unknown region, or when these settings already
+        describe region B (derive from region A's, whose addresses the mirror also needs).
+        """
+        if region not in ("a", "b"):
+            raise ValueError(f"unknown region {region!r}: Tapeline knows regions 'a' and 'b'")
+        if self.region != "a":
+            raise ValueError(f"these settings describe region {self.region!r}; derive regions from region A's")
+        if region == "a":
+            return self
+        offset = self.region_b_port_offset
+        first = self.kafka_bootstrap.split(",")[0].strip()
+        host, _, port = first.rpartition(":")
+        kafka = self.region_b_kafka_bootstrap or f"{host or first}:{(int(port) if host else 9092) + offset}"
+        return self.model_copy(update={
+            "region": "b",
+            "kafka_bootstrap": kafka,
+            "kafka_controller_port": self.region_b_kafka_controller_port or self.kafka_controller_port + offset,
+            "kafka_brokers": 1,
+            "database_url": self.region_b_database_url or _with_port(self.database_url, self.region_b_postgres_port),
+            "s3_endpoint": self.region_b_s3_endpoint or _with_port(self.s3_endpoint, offset, relative=True),
+            "home": self.region_b_home or Path(self.home) / "region-b",
+            "kafka_jars": self.kafka_jars or Path(self.home) / "kafka" / "libs",
+        })
+
     @property
     def kafka_nodes(self) -> list[tuple[int, str, int, int]]:
         """The local stack's Kafka nodes as `(node_id, host, broker_port, controller_port)`, node ids from 1:
@@ -381,3 +444,19 @@ class Settings(BaseSettings):
             for topic in self.work_topics(stage):
                 topics[topic] = self.work_partitions
         return topics
+
+
+def _with_port(url: str, port: int, relative: bool = False) -> str:
+    """`url` (scheme://[user[:password]@]host[:port]/...) with its port set to `port`, or, with
+    `relative`, to its port (the scheme's default when it has none: 80, 443, 5432) plus `port`."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    if "://" not in url:
+        raise ValueError(f"cannot derive region B's address from a key=value DSN; set TAPELINE_REGION_B_DATABASE_URL")
+    parts = urlsplit(url)
+    default = {"http": 80, "https": 443, "postgresql": 5432, "postgres": 5432}.get(parts.scheme, 0)
+    new_port = (parts.port or default) + port if relative else port
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    host = hostport.rsplit(":", 1)[0] if parts.port is not None else hostport
+    netloc = f"{userinfo}@{host}:{new_port}" if userinfo else f"{host}:{new_port}"
+    return urlunsplit(parts._replace(netloc=netloc))

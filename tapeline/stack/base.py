@@ -57,9 +57,11 @@ class StackError(RuntimeError):
 
 @dataclass(frozen=True)
 class StackPaths:
-    """Every file the stack owns, all under one home directory."""
+    """Every file the stack owns, all under one home directory (the Kafka jars under `libs` when given:
+    region B runs region A's jars)."""
 
     home: Path
+    libs: Path | None = None
 
     @property
     def state(self) -> Path:
@@ -75,7 +77,18 @@ class StackPaths:
 
     @property
     def kafka_libs(self) -> Path:
-        return self.kafka / "libs"
+        return self.libs if self.libs is not None else self.kafka / "libs"
+
+    @property
+    def postgres(self) -> Path:
+        """A region's own PostgreSQL server (region B): `data/` (owned by the `postgres` user), its log
+        and socket (tapeline/stack/pgserver.py)."""
+        return self.home / "postgres"
+
+    @property
+    def mirror(self) -> Path:
+        """MirrorMaker 2 (region B): `mm2.properties`, `mirror.log`, `mirror.pid` (tapeline/stack/mirror.py)."""
+        return self.home / "mirror"
 
     @property
     def s3(self) -> Path:
@@ -91,7 +104,8 @@ class StackPaths:
 
 
 def _paths(settings: Settings) -> StackPaths:
-    return StackPaths(Path(settings.home).resolve())
+    return StackPaths(Path(settings.home).resolve(),
+                      Path(settings.kafka_jars).resolve() if settings.kafka_jars is not None else None)
 
 
 def _now() -> str:

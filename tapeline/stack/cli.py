@@ -12,6 +12,11 @@ from rich.table import Table
 from tapeline.settings import Settings
 
 from tapeline.stack import StackError, down, ensure_topics, status, up
+from tapeline.stack.region import down_region_b, region_b_status, up_region_b
+
+REGION_HELP = ("Region: a (the default deployment) or b (the standby: its own Kafka, PostgreSQL server and S3 on "
+               "region A's ports + TAPELINE_REGION_B_PORT_OFFSET, PostgreSQL on 5433, and MirrorMaker 2 from "
+               "region A unless TAPELINE_REGION_B_MIRROR=false; docs/regions.md).")
 
 # --------------------------------------------------------------------------------------------
 # CLI: `tapeline stack up|status|down|topics`
@@ -50,6 +55,29 @@ def _print_table(report: dict[str, Any], console: Console) -> None:
     console.print(table)
 
 
+def _print_region_b(report: dict[str, Any], console: Console) -> None:
+    """Region B's services (`region_b_status`) as a table like region A's, with the mirror's row."""
+    table = Table(title=f"Region b ({report['home']})")
+    for column in ("service", "up", "address", "started by stack", "detail"):
+        table.add_column(column)
+    never_started = not any(report[name].get("started_by_stack") for name in ("kafka", "postgres", "s3", "mirror"))
+    for name in ("kafka", "postgres", "s3", "mirror"):
+        svc = report[name]
+        started = (f"yes (pid {svc['pid']})" if svc.get("pid") else
+                   f"yes ({svc['cluster']})" if name == "postgres" and svc["started_by_stack"] else "no")
+        detail = svc.get("error") or svc.get("log") or ""
+        if name == "mirror" and svc["up"]:
+            age = svc["heartbeat_age_s"]
+            detail = f"newest heartbeat in b {age} s ago" if age is not None else "no heartbeat in b yet"
+        elif name == "mirror" and not svc["enabled"]:
+            detail = "off (TAPELINE_REGION_B_MIRROR=false)"
+        state = "[green]up[/]" if svc["up"] else ("[dim]off[/]" if never_started else "[red]down[/]")
+        if never_started and not svc["up"]:
+            detail = "not started: tapeline stack up --region b"
+        table.add_row(name, state, str(svc["address"]), started, str(detail))
+    console.print(table)
+
+
 @stack_app.command("up")
 def up_command(
     with_monitoring: bool = typer.Option(False, "--with-monitoring", help="Also start Prometheus (alerting rules "
@@ -59,12 +87,20 @@ def up_command(
                                 "1). 3: a replicated cluster, topics with replication factor 3 and min.insync.replicas "
                                 "2; node n on the bootstrap port + 2(n-1). Export TAPELINE_KAFKA_BROKERS=3 for the "
                                 "processors too, so they bootstrap from every node."),
+    region: str = typer.Option("a", "--region", help=REGION_HELP),
 ) -> None:
     """Start (or reuse) Kafka, PostgreSQL and S3, check ffmpeg, create the topics; with
-    --with-monitoring also Prometheus and Alertmanager."""
+    --with-monitoring also Prometheus and Alertmanager. With --region b, region B's own services and
+    the log mirror from region A instead."""
     err = Console(stderr=True)
+    region = _region(region)
     settings = Settings() if brokers is None else Settings(kafka_brokers=brokers)
     try:
+        if region == "b":
+            if with_monitoring or brokers not in (None, 1):
+                raise StackError("region b runs one Kafka node and no monitoring of its own (yet)")
+            _print_region_b(up_region_b(settings, console=err), Console())
+            return
         report = up(settings, console=err, monitoring=with_monitoring)
     except StackError as exc:
         err.print(f"[red]stack up failed:[/] {exc}")
@@ -72,26 +108,44 @@ def up_command(
     _print_table(report, Console())
 
 
+def _region(region: str) -> str:
+    """The `--region` value, checked: `a` or `b` (exit 2 otherwise)."""
+    if region not in ("a", "b"):
+        raise typer.BadParameter(f"unknown region {region!r}: a or b", param_hint="--region")
+    return region
+
+
 @stack_app.command("status")
 def status_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ) -> None:
-    """Show each service's address, whether it answers, and whether the stack started it.
+    """Show each service's address, whether it answers, and whether the stack started it, for region A
+    and region B (with the mirror); in `--json`, region B is the key `region_b`.
 
-    The PostgreSQL DSN is shown with its password masked. Exit code 0 either way.
+    The PostgreSQL DSNs are shown with their passwords masked. Exit code 0 either way.
     """
-    report = status(Settings())
+    settings = Settings()
+    report = status(settings)
+    region_b = region_b_status(settings)
     if as_json:
-        typer.echo(json.dumps(report))
+        typer.echo(json.dumps({**report, "region_b": region_b}))
     else:
         _print_table(report, Console())
+        _print_region_b(region_b, Console())
 
 
 @stack_app.command("down")
-def down_command() -> None:
-    """Stop only what `stack up` started, monitoring included (Kafka data stays on disk; moto's objects are lost)."""
+def down_command(
+    region: str = typer.Option("a", "--region", help=REGION_HELP),
+) -> None:
+    """Stop only what `stack up` started, monitoring included (Kafka data stays on disk; moto's objects are
+    lost). With --region b: region B's mirror and services only."""
     err = Console(stderr=True)
+    region = _region(region)
     try:
+        if region == "b":
+            down_region_b(Settings(), console=err)
+            return
         down(Settings(), console=err)
     except StackError as exc:
         err.print(f"[red]stack down failed:[/] {exc}")

@@ -145,10 +145,12 @@ def _pg_ensure_reader_role(port: str, user: str, console: Console | None) -> Non
         _say(console, f"[yellow]postgres[/]: could not create role tapeline_reader: {result.stderr.strip()}")
 
 
-def _pg_ensure_role_and_db(params: dict[str, str], port: str, console: Console | None) -> None:
+def _pg_ensure_role_and_db(params: dict[str, str], port: str, console: Console | None,
+                           socket_dir: str | None = None) -> None:
     """Create the DSN's role (LOGIN, CREATEDB, its password) and database if missing.
 
-    Runs `psql` as the `postgres` OS user over the local socket (peer authentication); the server
+    Runs `psql` as the `postgres` OS user over the local socket (peer authentication; in `socket_dir`
+    when given, else libpq's default directory); the server
     refuses to run as root and TCP logins need a password. The values travel on psql's stdin,
     never on a command line. Nothing that already exists is altered.
     """
@@ -171,8 +173,8 @@ def _pg_ensure_role_and_db(params: dict[str, str], port: str, console: Console |
         "",
     ])
     result = subprocess.run(["runuser", "-u", "postgres", "--", "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1",
-                             "-p", port, "-d", "postgres"], input=script, capture_output=True, text=True,
-                            cwd="/")
+                             "-p", port, "-d", "postgres", *(["-h", socket_dir] if socket_dir else [])],
+                            input=script, capture_output=True, text=True, cwd="/")
     if result.returncode != 0:
         raise StackError(f"Creating the PostgreSQL role/database failed:\n{result.stderr.strip()}")
     _say(console, f"[bold]postgres[/]: role {params['user']!r} (CREATEDB) and database "

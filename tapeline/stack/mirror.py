@@ -1,0 +1,203 @@
+"""The log mirror: Kafka's MirrorMaker 2 in dedicated mode copying region A's topics into region B.
+
+`tapeline stack up --region b` writes `<region B home>/mirror/mm2.properties` (`mm2_properties`, a
+pure rendering of both regions' settings) and runs `org.apache.kafka.connect.mirror.MirrorMaker` on
+the stack's Kafka jars (`stack/pom.xml` pins `connect-mirror` at the broker's version), for the
+flow `a->b` only (`--clusters b`: this process writes to region B). Its log is `mirror/mirror.log`,
+its pid `mirror/mirror.pid`; `stack down --region b` stops it. What it copies, and why each setting,
+is in docs/regions.md ("The log mirror").
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from typing import Any
+
+from rich.console import Console
+
+from tapeline.settings import Settings
+
+from tapeline.stack.base import KAFKA_JVM_FLAGS, StackError, StackPaths, _log_errors, _now, _owned_pid, _say, _spawn, _stop_pid, _tail, _update_state
+from tapeline.stack.kafka import _java
+
+MIRROR_MAIN = "org.apache.kafka.connect.mirror.MirrorMaker"
+MIRROR_HEAP = ("-Xmx256m", "-Xms64m")
+"""A small heap: the mirror copies bytes, and the 2-core machine runs two brokers beside it."""
+HEARTBEATS_TOPIC = "heartbeats"
+"""Where MM2's heartbeat connector writes in the target cluster, once a second (identity policy: no prefix)."""
+MIRROR_READY_TIMEOUT_S = 90.0
+"""How long `up` waits for the mirror's first heartbeat in region B, seconds."""
+
+
+def mirrored_topics(settings: Settings) -> list[str]:
+    """The topics region B receives: every topic of the contract (`Settings.all_topics`): the uploads,
+    the lifecycle (`<prefix>.jobs`), every stage's work topics and the dead letters."""
+    return sorted(settings.all_topics())
+
+
+def _property_value(text: str) -> str:
+    """`text` as a java.util.Properties value: a backslash is an escape there, so it is doubled."""
+    return text.replace("\\", "\\\\")
+
+
+def mm2_properties(source: Settings, target: Settings) -> str:
+    """The mm2.properties of the flow region A (`source`) -> region B (`target`). Pure.
+
+    Clusters are aliased `a` and `b`; `a->b` is enabled and `b->a` disabled. The topic list is
+    every name of `mirrored_topics(source)` as an exact regex (MM2 reads `topics` as a list of
+    regexes). Config names are MirrorMaker 2's own (MirrorMakerConfig, MirrorSourceConfig,
+    MirrorCheckpointConfig, MirrorHeartbeatConfig of Kafka 4.1); docs/regions.md explains each choice.
+    """
+    topics = ", ".join(re.escape(topic) for topic in mirrored_topics(source))
+    groups = re.escape(source.app_name) + r"\..*"
+    rf = target.replication_factor
+    lines = [
+        "# Written by `tapeline stack up --region b` (tapeline/stack/mirror.py) on every start; edits are",
+        "# overwritten. MirrorMaker 2, dedicated mode: region A -> region B (docs/regions.md).",
+        "clusters = a, b",
+        f"a.bootstrap.servers = {source.kafka_bootstrap_servers}",
+        f"b.bootstrap.servers = {target.kafka_bootstrap_servers}",
+        "",
+        "# One direction: B is the standby. Failback (B -> A) is issue 25 item 6.",
+        "a->b.enabled = true",
+        "b->a.enabled = false",
+        f"a->b.topics = {_property_value(topics)}",
+        "# Topic names are kept (tapeline.jobs stays tapeline.jobs), so region B's processors need no",
+        "# other settings. Identity names cannot detect cycles: never enable b->a beside a->b.",
+        "replication.policy.class = org.apache.kafka.connect.mirror.IdentityReplicationPolicy",
+        "",
+        "# Committed records only: an aborted transaction in A never reaches B (every consumer on a).",
+        "a.consumer.isolation.level = read_committed",
+        "# Every record MM2 writes to B is acknowledged by all in-sync replicas (idempotent producer).",
+        "b.producer.acks = all",
+        "",
+        "# Region B's topics are created by its own stack (ensure_topics: partitions, retention,",
+        "# LogAppendTime), before the mirror starts; their configs are B's own, never copied from A.",
+        "sync.topic.configs.enabled = false",
+        "# Neither broker runs an authorizer.",
+        "sync.topic.acls.enabled = false",
+        "# New topics (a stage added to the registry) are picked up within this many seconds.",
+        "refresh.topics.interval.seconds = 30",
+        "",
+        "# Heartbeats: one record a second in B's `heartbeats` topic; `tapeline region status` shows the",
+        "# newest one's age (the mirror is alive) beside the lag.",
+        "emit.heartbeats.enabled = true",
+        "emit.heartbeats.interval.seconds = 1",
+        "# Checkpoints: A's consumer-group offsets of this deployment translated into B's offsets",
+        "# (topic a.checkpoints.internal in B), for a failover to start B's workers near where A's",
+        "# stopped. They are not written into B's groups (sync.group.offsets: the failover decides).",
+        "emit.checkpoints.enabled = true",
+        "emit.checkpoints.interval.seconds = 5",
+        f"a->b.groups = {_property_value(groups)}",
+        "sync.group.offsets.enabled = false",
+        "# The offset syncs live in B, so the mirror writes nothing into region A.",
+        "offset-syncs.topic.location = target",
+        "",
+        "# Every plugin MM2 needs ships a ServiceLoader manifest: skip the reflective classpath scan",
+        "# (about 10 s of a 2-core machine's start).",
+        "plugin.discovery = service_load",
+        "",
+        f"# Region B runs {rf} broker(s): no internal topic may ask for more replicas.",
+        f"replication.factor = {rf}",
+        f"heartbeats.topic.replication.factor = {rf}",
+        f"checkpoints.topic.replication.factor = {rf}",
+        f"offset-syncs.topic.replication.factor = {rf}",
+        f"offset.storage.replication.factor = {rf}",
+        f"config.storage.replication.factor = {rf}",
+        f"status.storage.replication.factor = {rf}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _markers(paths: StackPaths) -> tuple[str, ...]:
+    return (MIRROR_MAIN, str(paths.mirror / "mm2.properties"))
+
+
+def _newest_heartbeat_ms(target: Settings, timeout_s: float = 5.0) -> int | None:
+    """Broker time (ms) of the newest record in region B's heartbeats topic, or None when it has none."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": target.kafka_bootstrap_servers, "group.id": "tapeline-mirror-probe",
+                         "enable.auto.commit": False, "socket.timeout.ms": 5000})
+    try:
+        metadata = consumer.list_topics(timeout=timeout_s)
+        topic = metadata.topics.get(HEARTBEATS_TOPIC)
+        if topic is None or topic.error is not None:
+            return None
+        newest = None
+        for partition in topic.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(HEARTBEATS_TOPIC, partition), timeout=timeout_s)
+            if high > low:
+                consumer.assign([TopicPartition(HEARTBEATS_TOPIC, partition, high - 1)])
+                message = consumer.poll(timeout_s)
+                if message is not None and message.error() is None:
+                    newest = max(newest or 0, message.timestamp()[1])
+        return newest
+    except Exception:  # the broker does not answer: no heartbeat known
+        return None
+    finally:
+        consumer.close()
+
+
+def up_mirror(source: Settings, target: Settings, paths: StackPaths, console: Console | None) -> None:
+    """Start MirrorMaker 2 (unless this stack's runs already) with a fresh mm2.properties and wait for its
+    first heartbeat in region B.
+
+    Raises:
+        StackError: the process exits, or no heartbeat arrives within MIRROR_READY_TIMEOUT_S seconds;
+            the message shows the log's first errors and tail.
+    """
+    properties, log, pid_file = paths.mirror / "mm2.properties", paths.mirror / "mirror.log", paths.mirror / "mirror.pid"
+    pid = _owned_pid(pid_file, _markers(paths))
+    if pid is not None:
+        _say(console, f"[bold]mirror[/]: MirrorMaker 2 already running (pid {pid})")
+        return
+    paths.mirror.mkdir(parents=True, exist_ok=True)
+    properties.write_text(mm2_properties(source, target))
+    argv = [_java(), *MIRROR_HEAP, *KAFKA_JVM_FLAGS, "-cp", f"{paths.kafka_libs}/*", MIRROR_MAIN,
+            str(properties), "--clusters", "b"]
+    started_ms = int(time.time() * 1000)
+    proc = _spawn(argv, log, pid_file, cwd=paths.mirror)
+    _update_state(paths, "mirror", {"pid": proc.pid, "started_at": _now(), "log": str(log),
+                                    "source": source.kafka_bootstrap_servers, "topics": len(mirrored_topics(source))})
+    _say(console, f"[bold]mirror[/]: started MirrorMaker 2 pid {proc.pid} ({source.kafka_bootstrap_servers} -> "
+                  f"{target.kafka_bootstrap_servers}, {len(mirrored_topics(source))} topics), log {log}")
+    deadline = time.monotonic() + MIRROR_READY_TIMEOUT_S
+    while (newest := _newest_heartbeat_ms(target)) is None or newest < started_ms:
+        if proc.poll() is not None:
+            raise StackError(f"MirrorMaker 2 exited with code {proc.returncode}. {_log_errors(log)}See {log}:\n"
+                             f"{_tail(log)}")
+        if time.monotonic() > deadline:
+            raise StackError(f"MirrorMaker 2 wrote no heartbeat to region B within {MIRROR_READY_TIMEOUT_S:.0f} s. "
+                             f"{_log_errors(log)}See {log}:\n{_tail(log)}")
+        time.sleep(1.0)
+    _say(console, "[bold]mirror[/]: heartbeats arrive in region B")
+
+
+def down_mirror(paths: StackPaths, console: Console | None) -> None:
+    """Stop this stack's MirrorMaker 2 (by its pid file, only if that process is still the mirror)."""
+    pid_file = paths.mirror / "mirror.pid"
+    pid = _owned_pid(pid_file, _markers(paths))
+    if pid is not None:
+        _stop_pid(pid, "mirror", console)
+    elif pid_file.exists():
+        _say(console, f"[bold]mirror[/]: stale pid file {pid_file}; removing it")
+    pid_file.unlink(missing_ok=True)
+    _update_state(paths, "mirror", None)
+
+
+def mirror_status(target: Settings, paths: StackPaths, enabled: bool) -> dict[str, Any]:
+    """`{"up", "pid", "enabled", "log", "heartbeat_age_s", "address"}`: whether this stack's mirror
+    runs, and how old the newest heartbeat in region B is (None: none yet, or B does not answer)."""
+    pid = _owned_pid(paths.mirror / "mirror.pid", _markers(paths))
+    newest = _newest_heartbeat_ms(target, timeout_s=3.0) if pid is not None else None
+    age = None if newest is None else round(max(0.0, time.time() - newest / 1000.0), 1)
+    report = {"up": pid is not None, "pid": pid, "enabled": enabled, "address": "a -> b",
+              "started_by_stack": pid is not None, "log": str(paths.mirror / "mirror.log") if pid else None,
+              "heartbeat_age_s": age}
+    if pid is None and enabled:
+        report["error"] = "MirrorMaker 2 is not running (`tapeline stack up --region b`)"
+    return report

@@ -1,0 +1,118 @@
+"""A region's own PostgreSQL server (region B): a second cluster with its data under the stack's home.
+
+Region A uses Debian's cluster (`pg_ctlcluster`, tapeline/stack/postgres.py). Region B must not
+share it (issue 25: its own server, not another database), and its files belong under region B's
+home, so it runs the Debian binaries (`initdb`, `pg_ctl` of the newest `/usr/lib/postgresql/<v>/bin`)
+directly as the `postgres` OS user (the server refuses to run as root)::
+
+    <home>/postgres/data/          the cluster (initdb: local peer auth, host scram-sha-256)
+    <home>/postgres/postgres.log   the server's log (pg_ctl -l)
+    <home>/postgres/.s.PGSQL.<port> its socket (nothing in /var/run/postgresql)
+
+It listens on the DSN's host and port only. The DSN's role (LOGIN, CREATEDB, its password) and
+database are created as region A's are (`_pg_ensure_role_and_db`, over this server's socket).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from rich.console import Console
+
+from tapeline.settings import Settings
+
+from tapeline.stack.base import PG_READY_TIMEOUT_S, StackError, StackPaths, _now, _say, _update_state
+from tapeline.stack.postgres import _pg_connect_error, _pg_ensure_role_and_db, _pg_params, masked_dsn
+
+
+def pg_binary(name: str) -> Path:
+    """The newest installed PostgreSQL server binary `name` (`/usr/lib/postgresql/<version>/bin/<name>`).
+
+    Raises:
+        StackError: no PostgreSQL server binaries are installed.
+    """
+    root = Path("/usr/lib/postgresql")
+    versions = sorted((d for d in root.iterdir() if (d / "bin" / name).is_file()),
+                      key=lambda d: int(d.name) if d.name.isdigit() else 0) if root.is_dir() else []
+    if not versions:
+        raise StackError(f"PostgreSQL's {name} is not installed under {root}; `apt-get install -y postgresql`.")
+    return versions[-1] / "bin" / name
+
+
+def _as_postgres(argv: list[str], timeout_s: float = 60.0) -> subprocess.CompletedProcess:
+    """Run argv as the `postgres` OS user (root only), from `/` (the caller's cwd may be unreadable to it)."""
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        raise StackError("Region B's own PostgreSQL server runs as the `postgres` OS user: run "
+                         "`tapeline stack up --region b` as root.")
+    return subprocess.run(["runuser", "-u", "postgres", "--", *argv], capture_output=True, text=True, cwd="/",
+                          timeout=timeout_s)
+
+
+def server_options(host: str, port: str, socket_dir: Path) -> str:
+    """The `postgres` options `pg_ctl -o` passes: listen on host:port only, socket in socket_dir."""
+    return f"-p {port} -c listen_addresses={host} -c unix_socket_directories={socket_dir}"
+
+
+def up_own_postgres(settings: Settings, paths: StackPaths, console: Console | None) -> None:
+    """Make `settings.database_url` answer from a server of the stack's own: reuse one that answers,
+    else create the cluster once (`initdb`), start it (`pg_ctl start`, recorded in `stack.json` as
+    `postgres.server`) and create the DSN's role and database.
+
+    Raises:
+        StackError: not root, the DSN is not local, `initdb` or `pg_ctl` fails (the message holds
+            their output or the log's tail), or the DSN still fails after PG_READY_TIMEOUT_S seconds.
+    """
+    if _pg_connect_error(settings) is None:
+        _say(console, f"[bold]postgres[/]: {masked_dsn(settings.database_url)} answers; reusing it")
+        return
+    params = _pg_params(settings)
+    if params["host"] not in ("127.0.0.1", "localhost", "::1"):
+        raise StackError(f"PostgreSQL at {masked_dsn(settings.database_url)} does not answer and is not on "
+                         "127.0.0.1, so the stack does not start it.")
+    data, log = paths.postgres / "data", paths.postgres / "postgres.log"
+    paths.postgres.mkdir(parents=True, exist_ok=True)
+    shutil.chown(paths.postgres, "postgres", "postgres")
+    paths.postgres.chmod(0o700)
+    if not (data / "PG_VERSION").is_file():
+        _say(console, f"[bold]postgres[/]: creating region {settings.region}'s own cluster in {data}")
+        result = _as_postgres([str(pg_binary("initdb")), "-D", str(data), "-U", "postgres", "-E", "UTF8",
+                               "--locale=C", "--auth-local=peer", "--auth-host=scram-sha-256"])
+        if result.returncode != 0:
+            raise StackError(f"initdb {data} failed (the `postgres` user must be able to reach {paths.home}):\n"
+                             f"{(result.stdout + result.stderr).strip()[-2000:]}")
+    host = "127.0.0.1" if params["host"] == "localhost" else params["host"]
+    if _as_postgres([str(pg_binary("pg_ctl")), "-D", str(data), "status"]).returncode == 0:
+        _say(console, f"[bold]postgres[/]: region {settings.region}'s server ({data}) runs")
+        _pg_ensure_role_and_db(params, params["port"], console, socket_dir=str(paths.postgres))
+        return
+    result = _as_postgres([str(pg_binary("pg_ctl")), "-D", str(data), "-l", str(log), "-w",
+                           "-t", str(int(PG_READY_TIMEOUT_S)), "-o", server_options(host, params["port"], paths.postgres),
+                           "start"], timeout_s=PG_READY_TIMEOUT_S + 10)
+    if result.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:]) if log.is_file() else ""
+        raise StackError(f"pg_ctl start ({data}) failed:\n{(result.stdout + result.stderr).strip()}\n{tail}")
+    _update_state(paths, "postgres", {"server": str(data), "cluster": f"own server {data} port {params['port']}",
+                                      "port": int(params["port"]), "log": str(log), "started_at": _now()})
+    _say(console, f"[bold]postgres[/]: started region {settings.region}'s server on {host}:{params['port']}, "
+                  f"log {log}")
+    _pg_ensure_role_and_db(params, params["port"], console, socket_dir=str(paths.postgres))
+    error = _pg_connect_error(settings)
+    if error is not None:
+        raise StackError(f"PostgreSQL still refuses {masked_dsn(settings.database_url)}: {error}")
+
+
+def down_own_postgres(paths: StackPaths, data: str, console: Console | None) -> None:
+    """Stop the server whose cluster is `data` (`pg_ctl stop -m fast`); one already stopped is fine.
+
+    Raises:
+        StackError: `pg_ctl stop` failed otherwise.
+    """
+    _say(console, f"[bold]postgres[/]: stopping the stack's own server {data}")
+    result = _as_postgres([str(pg_binary("pg_ctl")), "-D", data, "-m", "fast", "-w", "stop"])
+    output = (result.stdout + result.stderr).strip()
+    if result.returncode != 0 and "Is server running?" not in output and "No such file" not in output:
+        raise StackError(f"pg_ctl stop ({data}) failed:\n{output}")
+    _update_state(paths, "postgres", None)
