@@ -29,6 +29,9 @@ Everything the stack writes lives under `settings.home` (one project-owned direc
     <home>/s3/moto.log, moto.pid    (the tapeline.s3server process)
     <home>/monitoring/prometheus/   prometheus.yml, targets.json (file_sd), data/, prometheus.log, .pid
     <home>/monitoring/alertmanager/ data/, alertmanager.log, alertmanager.pid
+    <home>/region-b/             region B (`up_region_b`, tapeline/stack/region.py; docs/regions.md): its own
+                                 stack.json, kafka/, s3/, postgres/ (its own server's data, log, socket) and
+                                 mirror/ (mm2.properties, mirror.log, mirror.pid: MirrorMaker 2 from region A)
 
 `down` stops only what the stack started: a process whose pid is in a pid file *and* whose command
 line is still the one the stack launched (a recycled pid is never signalled), and the PostgreSQL
