@@ -33,9 +33,19 @@ def region_status(
     from tapeline.stack.base import _paths
     from tapeline.stack.mirror import mirror_status, mirrored_topics
 
+    from tapeline.stack.kafka import _kafka_answers
+
     settings = load_settings()
+    if settings.region != "a":
+        fail(RuntimeError(f"`region status` takes region A's settings; unset TAPELINE_REGION (it is "
+                          f"{settings.region!r})"), code=2)
+    target = settings.for_region("b")
+    for name, region in (("a", settings), ("b", target)):  # a quick answer, not 30 s of client retries
+        answers, why = _kafka_answers(region)
+        if not answers:
+            fail(RuntimeError(f"region {name}'s Kafka ({region.kafka_bootstrap_servers}) does not answer: {why}"
+                              + ("; start it with `tapeline stack up --region b`" if name == "b" else "")))
     try:
-        target = settings.for_region("b")
         lag = measure_region_lag(settings, target, mirrored_topics(settings), timeout_s=timeout_s)
     except Exception as exc:  # a cluster that does not answer, a topic missing in A
         fail(RuntimeError(f"region lag not measured: {type(exc).__name__}: {exc}"))

@@ -94,7 +94,7 @@ def up_command(
     the log mirror from region A instead."""
     err = Console(stderr=True)
     region = _region(region)
-    settings = Settings() if brokers is None else Settings(kafka_brokers=brokers)
+    settings = region_a_settings() if brokers is None else region_a_settings(kafka_brokers=brokers)
     try:
         if region == "b":
             if with_monitoring or brokers not in (None, 1):
@@ -115,6 +115,17 @@ def _region(region: str) -> str:
     return region
 
 
+def region_a_settings(**update: Any) -> Settings:
+    """The environment's settings, which describe region A (region B is derived from them); exit 2 with
+    the reason when TAPELINE_REGION names another region."""
+    settings = Settings(**update)
+    if settings.region != "a":
+        Console(stderr=True).print("[red]error:[/] the stack commands take region A's settings and `--region b`; "
+                                   f"unset TAPELINE_REGION (it is {settings.region!r})")
+        raise typer.Exit(2)
+    return settings
+
+
 @stack_app.command("status")
 def status_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
@@ -124,7 +135,7 @@ def status_command(
 
     The PostgreSQL DSNs are shown with their passwords masked. Exit code 0 either way.
     """
-    settings = Settings()
+    settings = region_a_settings()
     report = status(settings)
     region_b = region_b_status(settings)
     if as_json:
@@ -144,7 +155,7 @@ def down_command(
     region = _region(region)
     try:
         if region == "b":
-            down_region_b(Settings(), console=err)
+            down_region_b(region_a_settings(), console=err)
             return
         down(Settings(), console=err)
     except StackError as exc:

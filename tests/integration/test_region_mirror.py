@@ -186,3 +186,26 @@ def test_region_status_counts_committed_events_behind_then_zero(regions) -> None
     caught_up = wait_for(lambda: (s := _region_status(a))["events_behind"] == 0 and s, 90, "region B to catch up")
     assert (caught_up["seconds_behind"], caught_up["surplus_in_b"], caught_up["exact"]) == (0.0, 0, True)
     assert region_b_status(a)["mirror"]["heartbeat_age_s"] is not None
+
+
+def test_stack_status_shows_both_regions_and_the_mirror(regions) -> None:
+    a, b = regions
+    done = tapeline_cli(a, "stack", "status", "--json", timeout_s=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["kafka"]["address"] == a.kafka_bootstrap  # region A as before
+    region_b = report["region_b"]
+    assert region_b["kafka"]["address"] == b.kafka_bootstrap and region_b["kafka"]["up"] is True
+    assert region_b["postgres"]["up"] is True and region_b["postgres"]["started_by_stack"] is True
+    assert str(_paths(b).postgres / "data") in region_b["postgres"]["cluster"]  # its own server, data under its home
+    assert region_b["s3"]["address"] == b.s3_endpoint and region_b["s3"]["up"] is True
+    assert region_b["mirror"]["up"] is True and region_b["mirror"]["heartbeat_age_s"] is not None
+    table = tapeline_cli(a, "stack", "status", env={"COLUMNS": "250"})
+    assert "Region b" in table.stdout and "newest heartbeat in b" in table.stdout
+
+
+def test_region_status_says_plainly_when_region_b_is_not_up(isolated: Settings) -> None:
+    nowhere = isolated.model_copy(update={"region_b_kafka_bootstrap": f"127.0.0.1:{_free_port()}"})
+    done = tapeline_cli(nowhere, "region", "status", timeout_s=60)
+    assert done.returncode == 1
+    assert "region b's Kafka" in done.stderr and "tapeline stack up --region b" in done.stderr
