@@ -327,7 +327,8 @@ class Settings(BaseSettings):
         - PostgreSQL: `database_url` with its port replaced by `region_b_postgres_port` (5433), same
           user, password and database name (a second server, not a second database);
         - S3: `s3_endpoint` with its port + offset (29000), same bucket and credentials;
-        - home: `<home>/region-b`; the Kafka jars stay region A's (`kafka_jars`).
+        - home: `<home>/region-b`; the Kafka jars stay region A's (`kafka_jars`);
+        - one Kafka node, so its topics' replicas and `min.insync.replicas` are 1 whatever region A's.
 
         Topic names, app name and every other setting are kept: the mirror keeps topic names
         (docs/regions.md). Raises ValueError for an unknown region, or when these settings already
@@ -347,7 +348,9 @@ class Settings(BaseSettings):
             "region": "b",
             "kafka_bootstrap": kafka,
             "kafka_controller_port": self.region_b_kafka_controller_port or self.kafka_controller_port + offset,
-            "kafka_brokers": 1,
+            "kafka_brokers": 1,  # one node: replicas and min.insync.replicas follow it (not region A's)
+            "topic_replication_factor": None,
+            "topic_min_insync_replicas": None,
             "database_url": self.region_b_database_url or _with_port(self.database_url, self.region_b_postgres_port),
             "s3_endpoint": self.region_b_s3_endpoint or _with_port(self.s3_endpoint, offset, relative=True),
             "home": self.region_b_home or Path(self.home) / "region-b",

@@ -32,6 +32,8 @@ def test_region_b_is_region_a_shifted_by_the_documented_offsets(monkeypatch: pyt
     assert b.home == Path("/srv/tl/region-b")
     assert b.kafka_jars == Path("/srv/tl/kafka/libs")  # region A's jars, not a second download
     assert b.kafka_brokers == 1
+    replicated = Settings(kafka_brokers=3, topic_replication_factor=3, topic_min_insync_replicas=2).for_region("b")
+    assert (replicated.kafka_brokers, replicated.replication_factor, replicated.min_insync_replicas) == (1, 1, 1)
     # Names are kept: the mirror keeps topic names, so region B's processors read the same ones.
     assert (b.all_topics(), b.app_name, b.s3_bucket) == (a.all_topics(), a.app_name, a.s3_bucket)
     assert a.for_region("a") is a
