@@ -30,20 +30,20 @@ def measure_region_lag(source: Settings, target: Settings, topics: list[str], *,
 
     Reads at most `scan_limit` offsets of A in all (smallest partitions first) within `timeout_s`
     seconds; a partition not read to its LSO reports `exact` False (`region_lag.partition_lag`).
-    B's watermarks are read after A's LSOs, so a record mirrored meanwhile can only make B look
-    nearer, never further. A missing topic in B counts as an empty one.
+    B's watermarks are read before A's LSOs, so a record committed and mirrored between the two
+    reads can only make B look further behind, never nearer, and never counts as a copy held twice.
+    A missing topic in B counts as an empty one.
 
     Raises confluent_kafka.KafkaException when either cluster does not answer (kafka.ServiceUnavailable
     when a topic is missing in A).
     """
     a, b = _reader(source), _reader(target)
     try:
-        ranges: dict[tuple[str, int], tuple[int, int]] = {}
-        for topic in topics:
-            for partition in range(kafka.partition_count(a, topic)):
-                ranges[(topic, partition)] = a.get_watermark_offsets(TopicPartition(topic, partition),
-                                                                     timeout=timeout_s, cached=False)
-        in_b = _records_in_b(b, ranges, timeout_s)
+        partitions = [(topic, partition) for topic in topics for partition in range(kafka.partition_count(a, topic))]
+        in_b = _records_in_b(b, partitions, timeout_s)  # B first: see the docstring
+        ranges = {(topic, partition): a.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s,
+                                                              cached=False)
+                  for topic, partition in partitions}
         counted = _count_a(a, ranges, in_b, scan_limit, timeout_s)
         counts = []
         for (topic, partition), (low, high) in sorted(ranges.items()):
@@ -56,12 +56,12 @@ def measure_region_lag(source: Settings, target: Settings, topics: list[str], *,
     return RegionLag(now or datetime.now(timezone.utc), [partition_lag(c) for c in counts])
 
 
-def _records_in_b(b: Consumer, ranges: dict[tuple[str, int], tuple[int, int]], timeout_s: float) -> dict:
+def _records_in_b(b: Consumer, partitions: list[tuple[str, int]], timeout_s: float) -> dict[tuple[str, int], int]:
     """Records in each of B's partitions (end - start); 0 for a topic or partition B does not have."""
     present = {name: len(meta.partitions) for name, meta in b.list_topics(timeout=timeout_s).topics.items()
                if meta.error is None}
     records = {}
-    for topic, partition in ranges:
+    for topic, partition in partitions:
         if partition < present.get(topic, 0):
             low, high = b.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s, cached=False)
             records[(topic, partition)] = high - low

@@ -200,6 +200,11 @@ def test_stack_status_shows_both_regions_and_the_mirror(regions) -> None:
     assert str(_paths(b).postgres / "data") in region_b["postgres"]["cluster"]  # its own server, data under its home
     assert region_b["s3"]["address"] == b.s3_endpoint and region_b["s3"]["up"] is True
     assert region_b["mirror"]["up"] is True and region_b["mirror"]["heartbeat_age_s"] is not None
+    # The mirror keeps its own topics (Connect's, heartbeats, checkpoints, offset syncs) in B; A gets none.
+    own = {"heartbeats", "a.checkpoints.internal", "mm2-offset-syncs.a.internal", "mm2-offsets.a.internal"}
+    assert own <= set(AdminClient({"bootstrap.servers": b.kafka_bootstrap_servers}).list_topics(timeout=10).topics)
+    in_a = set(AdminClient({"bootstrap.servers": a.kafka_bootstrap_servers}).list_topics(timeout=10).topics)
+    assert not {t for t in in_a if t.startswith("mm2-") or t == "heartbeats" or t.endswith(".checkpoints.internal")}
     table = tapeline_cli(a, "stack", "status", env={"COLUMNS": "250"})
     assert "Region b" in table.stdout and "newest heartbeat in b" in table.stdout
 
