@@ -25,9 +25,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from tapeline.settings import Settings
-from tapeline.stack.base import _owned_pid, _paths
+from tapeline.stack.base import _owned_pid, _paths, _port_open
 from tapeline.stack.mirror import _markers
-from tapeline.stack.region import down_region_b, region_b_status, up_region_b
+from tapeline.stack.region import down_region_b, region_b_status
 from tests.conftest import tapeline_cli, wait_for
 
 pytestmark = pytest.mark.integration
@@ -41,8 +41,9 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def regions(isolated: Settings) -> Iterator[tuple[Settings, Settings]]:
-    """(region A's settings, region B's) with region B up on free ports and the mirror running; region
-    B's home is a fresh directory the `postgres` user can reach (its server's data lives there)."""
+    """(region A's settings, region B's) with region B up on free ports and the mirror running, started and
+    stopped by `tapeline stack up|down --region b`; region B's home is a fresh directory the `postgres`
+    user can reach (its server's data lives there)."""
     home = Path(tempfile.mkdtemp(prefix="tapeline-region-b-"))
     home.chmod(0o755)
     a = isolated.model_copy(update={
@@ -50,10 +51,19 @@ def regions(isolated: Settings) -> Iterator[tuple[Settings, Settings]]:
         "region_b_s3_endpoint": f"http://127.0.0.1:{_free_port()}", "region_b_postgres_port": _free_port(),
         "region_b_home": home / "b"})
     try:
-        up_region_b(a)
+        up = tapeline_cli(a, "stack", "up", "--region", "b", timeout_s=240)  # as a user runs it
+        assert up.returncode == 0, f"stack up --region b failed:\n{up.stdout}\n{up.stderr}"
         yield a, a.for_region("b")
     finally:
-        down_region_b(a)
+        down = tapeline_cli(a, "stack", "down", "--region", "b", timeout_s=120)
+        if down.returncode != 0:
+            print(f"stack down --region b failed:\n{down.stderr}")
+            down_region_b(a)
+        b = a.for_region("b")
+        ports = [int(b.kafka_bootstrap.rpartition(":")[2]), b.kafka_controller_port, b.region_b_postgres_port,
+                 int(b.s3_endpoint.rpartition(":")[2])]
+        wait_for(lambda: not any(_port_open("127.0.0.1", port) for port in ports), 30,
+                 f"stack down --region b to stop everything it started (ports {ports})")
         shutil.rmtree(home, ignore_errors=True)
 
 
