@@ -455,7 +455,7 @@ def _with_port(url: str, port: int, relative: bool = False) -> str:
     from urllib.parse import urlsplit, urlunsplit
 
     if "://" not in url:
-        raise ValueError(f"cannot derive region B's address from a key=value DSN; set TAPELINE_REGION_B_DATABASE_URL")
+        raise ValueError("cannot derive region B's address from a key=value DSN; set TAPELINE_REGION_B_DATABASE_URL")
     parts = urlsplit(url)
     default = {"http": 80, "https": 443, "postgresql": 5432, "postgres": 5432}.get(parts.scheme, 0)
     new_port = (parts.port or default) + port if relative else port

@@ -11,7 +11,6 @@ is in docs/regions.md ("The log mirror").
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 from typing import Any
 

@@ -64,7 +64,7 @@ def down_region_b(settings: Settings, console: Console | None = None) -> None:
         return
     with _locked(paths):
         down_mirror(paths, console)
-        for name, pid_file, markers in ([(f"kafka (region b)", n.pid_file, n.markers) for n in kafka_nodes(target, paths)]
+        for name, pid_file, markers in ([("kafka (region b)", n.pid_file, n.markers) for n in kafka_nodes(target, paths)]
                                         + [("s3 (region b)", paths.s3_pid, _s3_markers(target))]):
             pid = _owned_pid(pid_file, markers)
             if pid is not None:
