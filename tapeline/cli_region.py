@@ -1,20 +1,26 @@
-"""`tapeline region status`: how far region B's copy of the log is behind region A (docs/regions.md).
+"""`tapeline region status` and `region replicate` (docs/regions.md).
 
-The figures are `tapeline/region_lag.py`'s (events behind by counting committed records, seconds
-behind on A's clock); the media objects are said plainly not to be replicated yet.
+`status`: how far region B's copy of the log is behind region A (`tapeline/region_lag.py`: events
+behind by counting committed records, seconds behind on A's clock) and how far its copy of the media
+is (`tapeline/region_objects.py`: objects named by B's log against those replicated).
+`replicate`: the media replicator in the foreground (`tapeline/replicator.py`).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Optional
+import signal
+import threading
 
 import typer
 from rich.table import Table
 
 from tapeline.cli_common import fail, load_settings, out
 
-region_app = typer.Typer(help="The second region (docs/regions.md): replication lag of the log from region A "
-                              "to region B.", no_args_is_help=True)
+region_app = typer.Typer(help="The second region (docs/regions.md): replication lag of the log and the media "
+                              "from region A to region B; the media replicator.", no_args_is_help=True)
 
 
 @region_app.command("status")
@@ -25,11 +31,13 @@ def region_status(
 ) -> None:
     """Per mirrored topic: committed events in A not yet in B, seconds behind (A's newest record vs the
     newest B holds, on A's clock), copies B holds twice; whether MirrorMaker 2 runs and its newest
-    heartbeat's age; and that media objects are not replicated yet (issue 25 item 3).
+    heartbeat's age; and the media objects B's log names: how many (and bytes) are replicated, how many
+    pending, the oldest pending one's age in seconds (since its record reached B).
 
     Exit code 1 when either region's Kafka does not answer.
     """
     from tapeline.region_measure import measure_region_lag
+    from tapeline.region_objects import objects_report
     from tapeline.stack.base import _paths
     from tapeline.stack.mirror import mirror_status, mirrored_topics
 
@@ -51,8 +59,13 @@ def region_status(
         fail(RuntimeError(f"region lag not measured: {type(exc).__name__}: {exc}"))
         return
     mirror = mirror_status(target, _paths(target), settings.region_b_mirror)
+    from tapeline.stack.replicator import replicator_status
+
+    replicator = replicator_status(_paths(target))
     report = {"source": settings.kafka_bootstrap_servers, "target": target.kafka_bootstrap_servers,
-              **lag.as_dict(), "mirror": {k: mirror[k] for k in ("up", "pid", "enabled", "heartbeat_age_s", "log")}}
+              **lag.as_dict(), "mirror": {k: mirror[k] for k in ("up", "pid", "enabled", "heartbeat_age_s", "log")},
+              "objects": {**objects_report(target, timeout_s=timeout_s),
+                          "replicator": {k: replicator[k] for k in ("up", "pid", "log")}}}
     if as_json:
         typer.echo(json.dumps(report))
         return
@@ -70,4 +83,53 @@ def region_status(
         table.add_row(topic, str(row["events_behind"]), "-" if row["seconds_behind"] is None else str(row["seconds_behind"]),
                       str(row["surplus_in_b"]), "yes" if row["exact"] else "no")
     out.print(table)
-    out.print(f"objects: {report['objects']}")
+    out.print(f"objects: {_objects_line(report['objects'])}")
+
+
+def _objects_line(objects: dict) -> str:
+    """The objects line of `region status` (`tapeline/region_objects.py` `objects_report`)."""
+    replicator = objects["replicator"]
+    runs = (f"replicator up (pid {replicator['pid']})" if replicator["up"]
+            else "[red]replicator not running[/] (tapeline stack up --region b, or tapeline region replicate)")
+    if "error" in objects:
+        return f"not measured ({objects['error']}); {runs}"
+    pending_bytes = f"{objects['pending_bytes']}{'' if objects['pending_bytes_known'] else '+'} bytes"
+    age = objects["oldest_pending_age_s"]
+    reasons = ", ".join(f"{k} {v}" for k, v in objects["pending_by_reason"].items())
+    return (f"{objects['named']} named by b's log, {objects['replicated']} replicated ({objects['replicated_bytes']} "
+            f"bytes), {objects['pending']} pending ({pending_bytes}"
+            + (f"; {reasons}; oldest {age} s" if objects["pending"] else "") + ")"
+            + ("" if objects["exact"] else " (log not read to its end: at least)") + f"; {runs}")
+
+
+@region_app.command("replicate")
+def region_replicate(
+    log_format: str = typer.Option("json", "--log-format", envvar="TAPELINE_LOG_FORMAT", help="json | console"),
+    workdir: Optional[Path] = typer.Option(None, "--workdir", help="Where copies are spooled on their way from A to "
+                                           "B (default <region B home>/replicator)"),
+) -> None:
+    """Run the media replicator in the foreground until SIGTERM or SIGINT: follow region B's mirrored log
+    and copy every object it names from region A's store to region B's, sha256-verified, recording
+    each object and the progress per partition in region B's PostgreSQL (docs/regions.md "Media
+    replication"). `tapeline stack up --region b` runs it in the background beside the mirror.
+
+    Takes region A's settings (region B's are derived). Exit code 1 when region B's PostgreSQL does not
+    answer at start; Kafka and S3 outages are waited out.
+    """
+    from domain.errors import TapelineError
+    from tapeline import logs
+    from tapeline.replicator import Replicator
+
+    logs.configure(log_format)
+    settings = load_settings()
+    if settings.region != "a":
+        fail(RuntimeError(f"`region replicate` takes region A's settings; unset TAPELINE_REGION (it is "
+                          f"{settings.region!r})"), code=2)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        target = settings.for_region("b")
+        Replicator(settings, target, workdir=workdir).run(stop)
+    except TapelineError as exc:
+        fail(exc)

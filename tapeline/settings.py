@@ -77,6 +77,10 @@ class Settings(BaseSettings):
                                        "data, the mirror's files); unset: <home>/region-b")
     region_b_mirror: bool = Field(True, description="`stack up --region b` also starts MirrorMaker 2 mirroring "
                                   "region A's topics into region B (false: region B starts empty and independent)")
+    replicate_retry_first_s: float = Field(0.5, gt=0, description="`tapeline region replicate`: seconds before the "
+                                           "first retry of an object that could not be copied; doubled per failure")
+    replicate_retry_max_s: float = Field(30.0, gt=0, description="`tapeline region replicate`: longest wait between "
+                                         "two tries of one object (or of a record while a store does not answer), seconds")
     kafka_jars: Path | None = Field(None, description="Directory of the Kafka jars (broker and MirrorMaker 2); "
                                     "unset: <home>/kafka/libs. Region B shares region A's")
 

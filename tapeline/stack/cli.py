@@ -16,7 +16,7 @@ from tapeline.stack.region import down_region_b, region_b_status, up_region_b
 
 REGION_HELP = ("Region: a (the default deployment) or b (the standby: its own Kafka, PostgreSQL server and S3 on "
                "region A's ports + TAPELINE_REGION_B_PORT_OFFSET, PostgreSQL on 5433, and MirrorMaker 2 from "
-               "region A unless TAPELINE_REGION_B_MIRROR=false; docs/regions.md).")
+               "region A with the media replicator beside it unless TAPELINE_REGION_B_MIRROR=false; docs/regions.md).")
 
 # --------------------------------------------------------------------------------------------
 # CLI: `tapeline stack up|status|down|topics`
@@ -56,12 +56,14 @@ def _print_table(report: dict[str, Any], console: Console) -> None:
 
 
 def _print_region_b(report: dict[str, Any], console: Console) -> None:
-    """Region B's services (`region_b_status`) as a table like region A's, with the mirror's row."""
+    """Region B's services (`region_b_status`) as a table like region A's, with the mirror's and the
+    media replicator's rows."""
     table = Table(title=f"Region b ({report['home']})")
     for column in ("service", "up", "address", "started by stack", "detail"):
         table.add_column(column)
-    never_started = not any(report[name].get("started_by_stack") for name in ("kafka", "postgres", "s3", "mirror"))
-    for name in ("kafka", "postgres", "s3", "mirror"):
+    services = ("kafka", "postgres", "s3", "mirror", "replicator")
+    never_started = not any(report[name].get("started_by_stack") for name in services)
+    for name in services:
         svc = report[name]
         started = (f"yes (pid {svc['pid']})" if svc.get("pid") else
                    f"yes ({svc['cluster']})" if name == "postgres" and svc["started_by_stack"] else "no")
@@ -69,7 +71,7 @@ def _print_region_b(report: dict[str, Any], console: Console) -> None:
         if name == "mirror" and svc["up"]:
             age = svc["heartbeat_age_s"]
             detail = f"newest heartbeat in b {age} s ago" if age is not None else "no heartbeat in b yet"
-        elif name == "mirror" and not svc["enabled"]:
+        elif name in ("mirror", "replicator") and not svc["enabled"]:
             detail = "off (TAPELINE_REGION_B_MIRROR=false)"
         state = "[green]up[/]" if svc["up"] else ("[dim]off[/]" if never_started else "[red]down[/]")
         if never_started and not svc["up"]:

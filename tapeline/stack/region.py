@@ -21,6 +21,7 @@ from tapeline.stack.ffmpeg import check_ffmpeg
 from tapeline.stack.kafka import _start_kafka, _wait_for_kafka, kafka_nodes, kafka_status
 from tapeline.stack.mirror import down_mirror, mirror_status, up_mirror
 from tapeline.stack.pgserver import down_own_postgres, up_own_postgres
+from tapeline.stack.replicator import down_replicator, replicator_status, up_replicator
 from tapeline.stack.postgres import _pg_connect_error, masked_dsn
 from tapeline.stack.s3 import _s3_answers, _up_s3
 from tapeline.stack.topics import ensure_topics
@@ -29,7 +30,8 @@ from tapeline.stack.topics import ensure_topics
 def up_region_b(settings: Settings, console: Console | None = None, mirror: bool | None = None) -> dict[str, Any]:
     """Bring up region B for region A's `settings`: its Kafka node, its own PostgreSQL server, its S3
     endpoint and bucket, the topic contract in its Kafka, then (unless `mirror` is False, default
-    `settings.region_b_mirror`) MirrorMaker 2 from region A. Idempotent, like `up`; region A must
+    `settings.region_b_mirror`) MirrorMaker 2 from region A and the media replicator
+    (`tapeline region replicate`, tapeline/stack/replicator.py) that follows the mirrored log. Idempotent, like `up`; region A must
     answer for the mirror to start (it is read, never started here).
 
     Returns `region_b_status(settings)`. Raises StackError as `up` does (and see `up_mirror`).
@@ -48,11 +50,12 @@ def up_region_b(settings: Settings, console: Console | None = None, mirror: bool
         ensure_topics(target)
         if settings.region_b_mirror if mirror is None else mirror:
             up_mirror(settings, target, paths, console)
+            up_replicator(target, paths, console)
     return region_b_status(settings)
 
 
 def down_region_b(settings: Settings, console: Console | None = None) -> None:
-    """Stop what `up_region_b` started for region A's `settings`: the mirror first, then region B's
+    """Stop what `up_region_b` started for region A's `settings`: the mirror and the replicator first, then region B's
     Kafka, S3 and own PostgreSQL server, each only if this stack started it. Region A is untouched.
 
     Raises:
@@ -64,6 +67,7 @@ def down_region_b(settings: Settings, console: Console | None = None) -> None:
         return
     with _locked(paths):
         down_mirror(paths, console)
+        down_replicator(paths, console)
         for name, pid_file, markers in ([("kafka (region b)", n.pid_file, n.markers) for n in kafka_nodes(target, paths)]
                                         + [("s3 (region b)", paths.s3_pid, _s3_markers(target))]):
             pid = _owned_pid(pid_file, markers)
@@ -81,7 +85,8 @@ def down_region_b(settings: Settings, console: Console | None = None) -> None:
 
 def region_b_status(settings: Settings) -> dict[str, Any]:
     """Region B's services for region A's `settings`, shaped like `status()`'s: `{"region": "b",
-    "home", "kafka", "postgres", "s3", "mirror"}` (`mirror_status`). Never raises for a down service."""
+    "home", "kafka", "postgres", "s3", "mirror", "replicator"}` (`mirror_status`, `replicator_status`).
+    Never raises for a down service."""
     target = settings.for_region("b")
     paths = _paths(target)
     state = _read_state(paths)
@@ -99,7 +104,8 @@ def region_b_status(settings: Settings) -> dict[str, Any]:
     if s3_error:
         s3["error"] = s3_error
     return {"region": "b", "home": str(paths.home), "kafka": kafka_status(target, paths), "postgres": postgres,
-            "s3": s3, "mirror": mirror_status(target, paths, settings.region_b_mirror)}
+            "s3": s3, "mirror": mirror_status(target, paths, settings.region_b_mirror),
+            "replicator": {**replicator_status(paths), "enabled": settings.region_b_mirror}}
 
 
 __all__ = ["up_region_b", "down_region_b", "region_b_status", "StackError"]

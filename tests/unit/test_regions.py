@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tapeline.region_lag import OBJECTS_NOT_REPLICATED, PartitionCount, RegionLag, partition_lag
+from tapeline.region_lag import PartitionCount, RegionLag, partition_lag
 from tapeline.settings import Settings
 from tapeline.stack.mirror import mm2_properties, mirrored_topics
 
@@ -150,7 +150,7 @@ def test_totals_sum_events_and_take_the_largest_seconds() -> None:
     data = report.as_dict()
     assert data["topics"]["t.jobs"] == {"events_behind": 2, "surplus_in_b": 0, "seconds_behind": 2.0, "exact": True}
     assert data["topics"]["t.uploads"]["seconds_behind"] == 0.5
-    assert data["objects"] == OBJECTS_NOT_REPLICATED == "not replicated yet (issue 25 item 3)"
+    assert "objects" not in data  # measured apart (tapeline/region_objects.py)
     unknown = RegionLag(at, [partition_lag(_count(0, 50, 0, counted=False))])
     assert (unknown.events_behind, unknown.seconds_behind, unknown.exact) == (50, None, False)
     assert RegionLag(at, []).as_totals() == {"events_behind": 0, "surplus_in_b": 0, "seconds_behind": 0.0,

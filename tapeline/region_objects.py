@@ -1,0 +1,100 @@
+"""Media replication measured: the reads behind the objects line of `tapeline region status`.
+
+What the figures mean is `domain/replication.py` `object_totals` (pure). This module reads region B
+only: the replicator's rows and progress in region B's PostgreSQL, and the records of region B's
+mirrored log the replicator has not read yet (from its progress to the end of each partition), whose
+objects count as pending (`unread`) unless already recorded.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime, timezone
+
+import psycopg
+from confluent_kafka import KafkaError, TopicPartition
+
+from domain.replication import NamedObject, ObjectTotals, RecordedObject, object_totals
+from tapeline import kafka
+from tapeline.postgres import connect, q
+from tapeline.replicator import broker_time, followed_topics, named_in
+from tapeline.settings import Settings
+
+
+def _recorded(target: Settings) -> tuple[list[RecordedObject], dict[tuple[str, int], int]]:
+    """The replicator's rows and per-partition progress in region B's database (none when it never ran
+    there: the tables are missing until its first start migrates the database)."""
+    with connect(target.database_url, schema=target.db_schema, autocommit=True,
+                 row_factory=psycopg.rows.dict_row) as conn:
+        try:
+            rows = conn.execute(q("region_objects_all")).fetchall()
+            progress = conn.execute(q("replication_progress")).fetchall()
+        except psycopg.errors.UndefinedTable:
+            return [], {}
+    return ([RecordedObject(r["object_key"], r["state"], r["size_bytes"], r["named_at"], r["failure"]) for r in rows],
+            {(r["topic"], r["partition"]): r["next_offset"] for r in progress})
+
+
+def _unread(target: Settings, progress: dict[tuple[str, int], int], scan_limit: int,
+            timeout_s: float) -> tuple[list[tuple[NamedObject, datetime]], bool]:
+    """The objects named by records of region B's followed topics past the replicator's progress, with
+    each record's broker time; and whether every such record was read (False: more than `scan_limit`
+    records, or `timeout_s` passed)."""
+    consumer = kafka.consumer(target, f"{target.app_name}.region-objects.{uuid.uuid4().hex[:8]}",
+                              **{"enable.partition.eof": True})
+    found: list[tuple[NamedObject, datetime]] = []
+    try:
+        todo: dict[tuple[str, int], tuple[int, int]] = {}
+        for topic in followed_topics(target):
+            for partition in range(kafka.partition_count(consumer, topic, timeout_s=timeout_s)):
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s,
+                                                           cached=False)
+                start = max(low, progress.get((topic, partition), low))
+                if high > start:
+                    todo[(topic, partition)] = (start, high)
+        if sum(high - start for start, high in todo.values()) > scan_limit:
+            return found, False
+        if not todo:
+            return found, True
+        consumer.assign([TopicPartition(t, p, start) for (t, p), (start, _) in todo.items()])
+        open_ = set(todo)
+        deadline = time.monotonic() + timeout_s
+        while open_ and time.monotonic() < deadline:
+            for message in consumer.consume(500, timeout=0.2):
+                key = (message.topic(), message.partition())
+                if key not in open_:
+                    continue
+                if message.error() is not None:
+                    if message.error().code() == KafkaError._PARTITION_EOF:
+                        open_.discard(key)
+                    continue
+                if message.offset() >= todo[key][1]:
+                    open_.discard(key)
+                    continue
+                at = broker_time(message)
+                found.extend((named, at) for named in named_in(message)[1])
+                if message.offset() + 1 >= todo[key][1]:
+                    open_.discard(key)
+        return found, not open_
+    finally:
+        consumer.close()
+
+
+def measure_objects(target: Settings, *, scan_limit: int = 200_000, timeout_s: float = 30.0) -> tuple[ObjectTotals, bool]:
+    """(the object totals of region B, whether the unread tail of its log was read whole) for region
+    B's settings `target`. Raises ServiceUnavailable when region B's PostgreSQL does not answer,
+    confluent_kafka.KafkaException (or ServiceUnavailable for a missing topic) when its Kafka does not."""
+    recorded, progress = _recorded(target)
+    unread, whole = _unread(target, progress, scan_limit, timeout_s)
+    return object_totals(recorded, unread), whole
+
+
+def objects_report(target: Settings, *, timeout_s: float = 30.0, now: datetime | None = None) -> dict:
+    """`region status`'s `objects`: `object_totals` as a dict (`ObjectTotals.as_dict`) with `exact`
+    (the unread tail was read whole), or `{"error": ...}` when region B could not be read."""
+    try:
+        totals, whole = measure_objects(target, timeout_s=timeout_s)
+    except Exception as exc:  # a region B service that does not answer: said, not raised
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {**totals.as_dict(now or datetime.now(timezone.utc)), "exact": whole}

@@ -1,0 +1,84 @@
+"""The media replicator as a process of region B's stack: `tapeline region replicate` in the
+background, started by `tapeline stack up --region b` beside the log mirror and stopped by `stack down
+--region b` (docs/regions.md "Media replication"). Its log is `<region B home>/replicator/replicator.log`,
+its pid `replicator/replicator.pid`; what it does is `tapeline/replicator.py`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from tapeline.settings import Settings
+
+from tapeline.stack.base import StackError, StackPaths, _now, _owned_pid, _say, _spawn, _stop_pid, _update_state, _wait_ready
+
+REPLICATOR_READY_TIMEOUT_S = 90.0
+"""How long `up` waits for the replicator to hold its lock and read region B's log, seconds."""
+READY_LINE = '"event": "replicating"'
+"""The log line the replicator writes once it follows every partition (tapeline/replicator.py `run`)."""
+
+
+def _dir(paths: StackPaths) -> Path:
+    return paths.home / "replicator"
+
+
+def _markers(paths: StackPaths) -> tuple[str, ...]:
+    return ("tapeline.cli", "replicate", str(_dir(paths)))
+
+
+def _started_run(log: Path) -> str:
+    """What the current run (since the last start marker) wrote to the log."""
+    try:
+        return log.read_text(errors="replace").rpartition("\n===== ")[2]
+    except FileNotFoundError:
+        return ""
+
+
+def up_replicator(target: Settings, paths: StackPaths, console: Console | None) -> None:
+    """Start `tapeline region replicate` in the background (unless this stack's runs already), with this
+    process's environment (region A's settings), and wait until it follows region B's log.
+
+    Raises:
+        StackError: it exits, or is not following the log within REPLICATOR_READY_TIMEOUT_S (the
+            message shows its log's tail).
+    """
+    workdir = _dir(paths)
+    log, pid_file = workdir / "replicator.log", workdir / "replicator.pid"
+    pid = _owned_pid(pid_file, _markers(paths))
+    if pid is not None:
+        _say(console, f"[bold]replicator[/]: already running (pid {pid})")
+        return
+    workdir.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "tapeline.cli", "region", "replicate", "--workdir", str(workdir)]
+    proc = _spawn(argv, log, pid_file, cwd=workdir)
+    _update_state(paths, "replicator", {"pid": proc.pid, "started_at": _now(), "log": str(log)})
+    _say(console, f"[bold]replicator[/]: started pid {proc.pid} (media {target.s3_endpoint} <- region a), log {log}")
+    _wait_ready("replicator", lambda: (READY_LINE in _started_run(log), "not following region b's log yet"),
+                proc, log, REPLICATOR_READY_TIMEOUT_S)
+    _say(console, "[bold]replicator[/]: following region b's log")
+
+
+def down_replicator(paths: StackPaths, console: Console | None) -> None:
+    """Stop this stack's replicator (SIGTERM, by its pid file, only if that process is still it)."""
+    pid_file = _dir(paths) / "replicator.pid"
+    pid = _owned_pid(pid_file, _markers(paths))
+    if pid is not None:
+        _stop_pid(pid, "replicator", console)
+    elif pid_file.exists():
+        _say(console, f"[bold]replicator[/]: stale pid file {pid_file}; removing it")
+    pid_file.unlink(missing_ok=True)
+    _update_state(paths, "replicator", None)
+
+
+def replicator_status(paths: StackPaths) -> dict[str, Any]:
+    """`{"up", "pid", "log", "started_by_stack", "address"}` of this stack's replicator."""
+    pid = _owned_pid(_dir(paths) / "replicator.pid", _markers(paths))
+    return {"up": pid is not None, "pid": pid, "started_by_stack": pid is not None, "address": "media a -> b",
+            "log": str(_dir(paths) / "replicator.log") if pid else None}
+
+
+__all__ = ["up_replicator", "down_replicator", "replicator_status", "StackError"]
