@@ -32,8 +32,8 @@ from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 
 from domain import events as ev
 from domain.codec import decode
-from domain.errors import DecodeError, SchemaError
-from domain.replication import NamedObject, Verdict, after_failure, objects_named
+from domain.errors import DecodeError, SchemaError, ServiceUnavailable
+from domain.replication import NamedObject, Verdict, after_failure, objects_named, retry_delay_s
 from tapeline import kafka
 from tapeline.clock import Clock, system_clock
 from tapeline.crashpoints import crash_point
@@ -96,9 +96,8 @@ class Replicator:
     # -- the database ---------------------------------------------------------------------------
 
     def _open(self, stop: threading.Event) -> bool:
-        """Migrate region B's database, open the session and take the replicator's lock (waiting while
-        another replicator holds it). False when `stop` was set first."""
-        migrate(self.target.database_url, self.target.db_schema, self.target.reader_role)
+        """Open the session to region B's database and take the replicator's lock (waiting while another
+        replicator holds it). False when `stop` was set first."""
         self.conn = connect(self.target.database_url, schema=self.target.db_schema, autocommit=True,
                             row_factory=psycopg.rows.dict_row)
         waited = False
@@ -198,8 +197,28 @@ class Replicator:
 
     def run(self, stop: threading.Event, ready: threading.Event | None = None) -> None:
         """Replicate until `stop` is set (module docstring). `ready` is set once the lock is held and
-        every partition is assigned. Raises ServiceUnavailable when region B's PostgreSQL does not answer
-        at start; Kafka and S3 outages are waited out."""
+        every partition is assigned. Region B's PostgreSQL lost while running (or a followed topic missing)
+        is retried with backoff, the log read again from the recorded progress; Kafka and S3 outages are waited
+        out. Raises ServiceUnavailable when region B's PostgreSQL does not answer at start."""
+        migrate(self.target.database_url, self.target.db_schema, self.target.reader_role)
+        lost = 0
+        try:
+            while not stop.is_set():
+                try:
+                    self._follow(stop, ready)
+                    return
+                except (psycopg.OperationalError, ServiceUnavailable) as exc:  # B's PostgreSQL went away, a topic missing
+                    lost += 1
+                    delay = retry_delay_s(lost, self.target.replicate_retry_first_s, self.target.replicate_retry_max_s)
+                    log.warning("region B's PostgreSQL or log did not answer; reading again from the recorded progress",
+                                error=str(exc)[:300], retry_in_s=delay)
+                    stop.wait(delay)
+        finally:
+            log.info("replicator stopped", objects_written=self.copies)
+
+    def _follow(self, stop: threading.Event, ready: threading.Event | None) -> None:
+        """One session: open it and take the lock, assign every followed partition at its recorded
+        progress, replicate record after record (and due retries) until `stop`."""
         if not self._open(stop):
             return
         consumer = kafka.consumer(self.target, f"{self.target.app_name}.region-replicator",
@@ -234,4 +253,4 @@ class Replicator:
             consumer.close()
             if self.conn is not None:
                 self.conn.close()
-            log.info("replicator stopped", objects_written=self.copies)
+                self.conn = None
