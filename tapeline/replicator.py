@@ -68,16 +68,18 @@ def broker_time(message: Message) -> datetime:
     return datetime.fromtimestamp(message.timestamp()[1] / 1000.0, timezone.utc)
 
 
+UNDECODABLE = "undecodable"
+"""The event type `named_in` gives a record that does not decode as an event."""
+
+
 def named_in(message: Message) -> tuple[str, list[NamedObject]]:
-    """(event type, the objects it names) of a record of region B's log; (`undecodable`, []) for a
-    record that does not decode as an event (the projector dead-letters those)."""
+    """(event type, the objects it names) of a record of region B's log; (`UNDECODABLE`, []) for a
+    record that does not decode as an event (the projector dead-letters those). Logs nothing."""
     try:
         event = ev.Event.from_decoded(decode(message.value(), topic=message.topic(), partition=message.partition(),
                                              offset=message.offset()))
-    except (DecodeError, SchemaError) as exc:
-        log.warning("undecodable record names no object", topic=message.topic(), partition=message.partition(),
-                    offset=message.offset(), error=str(exc)[:200])
-        return "undecodable", []
+    except (DecodeError, SchemaError):
+        return UNDECODABLE, []
     return event.event_type, objects_named(event)
 
 
@@ -139,6 +141,9 @@ class Replicator:
         backoff) while a store does not answer; parks objects that are missing or do not match.
         Returns False when `stop` was set before the record was done (its progress not advanced)."""
         event_type, named_all = named_in(message)
+        if event_type == UNDECODABLE:
+            log.warning("undecodable record names no object", topic=message.topic(), partition=message.partition(),
+                        offset=message.offset())
         where = {"named_by": event_type, "named_at": broker_time(message), "topic": message.topic(),
                  "partition": message.partition(), "offset": message.offset()}
         waits = 0

@@ -189,14 +189,15 @@ def test_bytes_that_do_not_match_their_recorded_sha256_are_not_replicated_until_
     a, b = regions
     store_a, store_b = ObjectStore(a), ObjectStore(b)
     job = Job(a, segments=2)
-    first_checkpoint = sorted(k for k in job.objects if k.startswith(job.work) and k.endswith(".ts"))[0]
+    first_checkpoint, second_checkpoint = sorted(k for k in job.objects if k.startswith(job.work) and k.endswith(".ts"))
     recorded = _sha(b"the bytes the attempt recorded")
     job.store_in_a(store_a)
     upload, lifecycle = job.events(checkpoint_sha=recorded)
     lifecycle = [e for e in lifecycle if e.event_type == "CheckpointRecorded"]  # the checkpoints only
     _write_events(a, upload, lifecycle)
-    wait_for(lambda: (_rows(b).get(first_checkpoint) or {}).get("failure") == "sha256_mismatch", 90,
-             "the mismatching checkpoint to be recorded as pending")
+    wait_for(lambda: (rows := _rows(b)).get(first_checkpoint, {}).get("failure") == "sha256_mismatch"
+             and rows.get(second_checkpoint, {}).get("state") == "replicated", 90,
+             "the mismatching checkpoint to be recorded as pending, the other one replicated")
     status = _status(a)["objects"]
     assert status["pending"] == 1 and status["pending_by_reason"] == {"sha256_mismatch": 1}
     assert status["oldest_pending_age_s"] is not None and status["replicated"] == status["named"] - 1

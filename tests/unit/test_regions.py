@@ -155,3 +155,20 @@ def test_totals_sum_events_and_take_the_largest_seconds() -> None:
     assert (unknown.events_behind, unknown.seconds_behind, unknown.exact) == (50, None, False)
     assert RegionLag(at, []).as_totals() == {"events_behind": 0, "surplus_in_b": 0, "seconds_behind": 0.0,
                                              "exact": True}
+
+
+def test_region_status_says_what_is_pending_and_why() -> None:
+    from tapeline.cli_region import _objects_line
+
+    up = {"up": True, "pid": 42, "log": "x"}
+    line = _objects_line({"named": 5, "replicated": 3, "replicated_bytes": 900, "pending": 2, "pending_bytes": 70,
+                          "pending_bytes_known": False, "oldest_pending_age_s": 12.5, "exact": True,
+                          "pending_by_reason": {"sha256_mismatch": 1, "unread": 1}, "replicator": up})
+    assert line == ("5 named by b's log, 3 replicated (900 bytes), 2 pending (70+ bytes; sha256_mismatch 1, unread 1; "
+                    "oldest 12.5 s); replicator up (pid 42)")
+    done = _objects_line({"named": 5, "replicated": 5, "replicated_bytes": 900, "pending": 0, "pending_bytes": 0,
+                          "pending_bytes_known": True, "oldest_pending_age_s": None, "exact": False,
+                          "pending_by_reason": {}, "replicator": {"up": False, "pid": None, "log": None}})
+    assert done.startswith("5 named by b's log, 5 replicated (900 bytes), 0 pending (0 bytes) (log not read to its end")
+    assert "replicator not running" in done
+    assert _objects_line({"error": "ServiceUnavailable: no", "replicator": up}).startswith("not measured (")
