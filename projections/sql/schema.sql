@@ -888,6 +888,77 @@ COMMENT ON COLUMN public.provider_waits.broker_ts IS 'When it was recorded (LogA
 
 COMMENT ON COLUMN public.provider_waits.deferrals IS 'PublishDeferred events of this provider in the log';
 
+CREATE TABLE public.region_objects (
+    object_key text NOT NULL,
+    state text NOT NULL,
+    expected_sha256 text,
+    sha256 text,
+    size_bytes bigint,
+    named_by text NOT NULL,
+    named_at timestamp with time zone NOT NULL,
+    source_topic text NOT NULL,
+    source_partition integer NOT NULL,
+    source_offset bigint NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    failure text,
+    last_error text,
+    next_try_at timestamp with time zone,
+    replicated_at timestamp with time zone,
+    written boolean,
+    CONSTRAINT region_objects_state_check CHECK ((state = ANY (ARRAY['replicated'::text, 'pending'::text])))
+);
+
+COMMENT ON TABLE public.region_objects IS 'Every object region B''s mirrored log names (domain/replication.py objects_named), one row per key: copied to region B''s store and verified, or still pending';
+
+COMMENT ON COLUMN public.region_objects.object_key IS 'The object''s key, the same in both regions'' buckets';
+
+COMMENT ON COLUMN public.region_objects.state IS 'replicated: in region B''s store with the expected sha256; pending: not (yet): see failure, next_try_at';
+
+COMMENT ON COLUMN public.region_objects.expected_sha256 IS 'Hex sha256 the log recorded; NULL when the naming event records none (Published playlists): the copy is checked against the sha256 region A''s store keeps in the object''s metadata';
+
+COMMENT ON COLUMN public.region_objects.sha256 IS 'Hex sha256 of the bytes copied to region B (set when replicated)';
+
+COMMENT ON COLUMN public.region_objects.size_bytes IS 'Bytes: the copied size when replicated, else the size the log states (NULL: unknown)';
+
+COMMENT ON COLUMN public.region_objects.named_by IS 'Event type of the first record that named the object';
+
+COMMENT ON COLUMN public.region_objects.named_at IS 'Broker time in region B of that record (its arrival in B): a pending object''s age is measured from it';
+
+COMMENT ON COLUMN public.region_objects.source_topic IS 'Topic of the first record that named the object';
+
+COMMENT ON COLUMN public.region_objects.source_partition IS 'Partition of that record';
+
+COMMENT ON COLUMN public.region_objects.source_offset IS 'Offset of that record in region B';
+
+COMMENT ON COLUMN public.region_objects.attempts IS 'Failed copies so far (0 when the first copy succeeded)';
+
+COMMENT ON COLUMN public.region_objects.failure IS 'Why the last copy failed: missing_in_a, sha256_mismatch, conflict_in_b, store_unavailable (domain/replication.py CopyFailure); NULL when replicated';
+
+COMMENT ON COLUMN public.region_objects.last_error IS 'The last failure''s message, for a person';
+
+COMMENT ON COLUMN public.region_objects.next_try_at IS 'When a pending object is tried again (replicator clock, UTC)';
+
+COMMENT ON COLUMN public.region_objects.replicated_at IS 'When the object was verified in region B (replicator clock, UTC)';
+
+COMMENT ON COLUMN public.region_objects.written IS 'True when this replicator''s copy created the key in B; false when B already held the same bytes (a copy made before a crash, read back and compared)';
+
+CREATE TABLE public.region_replication_progress (
+    topic text NOT NULL,
+    partition integer NOT NULL,
+    next_offset bigint NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+COMMENT ON TABLE public.region_replication_progress IS 'How far the media replicator has read each mirrored partition of region B''s log: every object of the records before next_offset is in region_objects';
+
+COMMENT ON COLUMN public.region_replication_progress.topic IS 'A mirrored topic the replicator follows (<prefix>.jobs, <prefix>.uploads)';
+
+COMMENT ON COLUMN public.region_replication_progress.partition IS 'Partition of that topic in region B';
+
+COMMENT ON COLUMN public.region_replication_progress.next_offset IS 'Offset in region B of the next record to read: the objects of every earlier record are replicated or recorded as pending';
+
+COMMENT ON COLUMN public.region_replication_progress.updated_at IS 'When the row was last written (PostgreSQL clock, UTC)';
+
 CREATE TABLE public.schema_migrations (
     version integer NOT NULL,
     name text NOT NULL,
@@ -1253,6 +1324,12 @@ ALTER TABLE ONLY public.provider_calls
 ALTER TABLE ONLY public.provider_state
     ADD CONSTRAINT provider_state_pkey PRIMARY KEY (provider);
 
+ALTER TABLE ONLY public.region_objects
+    ADD CONSTRAINT region_objects_pkey PRIMARY KEY (object_key);
+
+ALTER TABLE ONLY public.region_replication_progress
+    ADD CONSTRAINT region_replication_progress_pkey PRIMARY KEY (topic, partition);
+
 ALTER TABLE ONLY public.schema_migrations
     ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
 
@@ -1296,6 +1373,8 @@ CREATE INDEX lifecycle_evidence_notifiable ON public.lifecycle_evidence USING bt
 CREATE INDEX lifecycle_evidence_provider_events ON public.lifecycle_evidence USING btree (event_type, broker_ts) WHERE (event_type = ANY (ARRAY['Published'::text, 'PublishDeferred'::text, 'ProviderBreakerChanged'::text]));
 
 CREATE INDEX provider_calls_window ON public.provider_calls USING btree (provider, reserved_at);
+
+CREATE INDEX region_objects_pending ON public.region_objects USING btree (next_try_at) WHERE (state = 'pending'::text);
 
 CREATE INDEX uploads_submitter_time ON public.uploads USING btree (submitter, broker_ts);
 
