@@ -212,6 +212,23 @@ def test_bytes_that_do_not_match_their_recorded_sha256_are_not_replicated_until_
     assert wait_for(lambda: _caught_up(a), 60, "nothing pending")["objects"]["pending"] == 0
 
 
+def test_an_object_not_yet_in_region_a_is_pending_until_it_arrives_never_assumed(regions) -> None:
+    a, b = regions
+    store_a, store_b = ObjectStore(a), ObjectStore(b)
+    job = Job(a, segments=2)
+    late = sorted(k for k in job.objects if k.startswith(job.work) and k.endswith(".ts"))[0]
+    job.store_in_a(store_a, skip=(late,))
+    upload, lifecycle = job.events()
+    _write_events(a, upload, [e for e in lifecycle if e.event_type == "CheckpointRecorded"])
+    wait_for(lambda: _rows(b).get(late, {}).get("failure") == "missing_in_a", 90, "the late checkpoint to be pending")
+    status = _status(a)["objects"]
+    assert status["pending_by_reason"] == {"missing_in_a": 1} and _in_b(store_b, late) is None
+    store_a.s3.put_object(Bucket=store_a.bucket, Key=late, Body=job.objects[late])  # it arrives
+    wait_for(lambda: _rows(b)[late]["state"] == "replicated", 60, "the late checkpoint to replicate once in A")
+    assert _in_b(store_b, late) == job.objects[late]
+    assert wait_for(lambda: _caught_up(a), 60, "nothing pending")["objects"]["pending"] == 0
+
+
 def test_a_replicator_killed_mid_copy_restarts_and_replicates_everything_once(regions, tmp_path: Path) -> None:
     a, b = regions
     store_a, store_b = ObjectStore(a), ObjectStore(b)
