@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -229,16 +230,58 @@ def test_an_object_not_yet_in_region_a_is_pending_until_it_arrives_never_assumed
     assert wait_for(lambda: _caught_up(a), 60, "nothing pending")["objects"]["pending"] == 0
 
 
+def _stop_stack_replicator(b: Settings) -> None:
+    """SIGTERM the replicator `stack up --region b` started, and wait until it is gone."""
+    paths = _paths(b)
+    pid_file = paths.home / "replicator" / "replicator.pid"
+    pid = _owned_pid(pid_file, replicator_markers(paths))
+    assert pid is not None
+    os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: _owned_pid(pid_file, replicator_markers(paths)) is None, 30, "the replicator to stop on SIGTERM")
+
+
+def test_while_region_a_s3_does_not_answer_the_replicator_waits_on_the_record(regions, tmp_path: Path) -> None:
+    a, b = regions
+    store_a, store_b = ObjectStore(a), ObjectStore(b)
+    _stop_stack_replicator(b)
+    job = Job(a, segments=1)
+    job.store_in_a(store_a)
+    upload, lifecycle = job.events()
+    _write_events(a, upload, lifecycle)
+    wait_for(lambda: _status(a)["events_behind"] == 0, 60, "the mirror to carry the job's events")
+    before = _rows(b)
+    # A replicator whose region A store is a port nobody answers on (A's S3 down).
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = sock.getsockname()[1]
+    log = tmp_path / "replicate.log"
+    with open(log, "wb") as out:
+        waiting = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "region", "replicate", "--workdir",
+                                    str(tmp_path)], stdout=out, stderr=subprocess.STDOUT,
+                                   env={**settings_env(a), "TAPELINE_S3_ENDPOINT": f"http://127.0.0.1:{dead}",
+                                        "TAPELINE_S3_MAX_ATTEMPTS": "1"})
+        try:
+            wait_for(lambda: log.read_text().count("store unavailable; waiting on the record") >= 3, 60,
+                     "the replicator to retry the record while A's store does not answer")
+            assert _rows(b) == before  # nothing recorded: no object assumed present, none parked
+            assert not any(_in_b(store_b, key) for key in job.objects)
+            objects = _status(a)["objects"]
+            assert objects["pending"] >= len(job.objects) and objects["pending_by_reason"] == {"unread": objects["pending"]}
+        finally:
+            waiting.send_signal(signal.SIGTERM)  # stops cleanly, mid-wait
+            assert waiting.wait(30) == 0
+    assert '"event": "replicator stopped"' in log.read_text()
+    restarted = tapeline_cli(a, "stack", "up", "--region", "b", timeout_s=180)
+    assert restarted.returncode == 0, restarted.stderr
+    wait_for(lambda: _caught_up(a), 90, "everything replicated once A's store answers")
+    assert all(_in_b(store_b, key) == body for key, body in job.objects.items())
+
+
 def test_a_replicator_killed_mid_copy_restarts_and_replicates_everything_once(regions, tmp_path: Path) -> None:
     a, b = regions
     store_a, store_b = ObjectStore(a), ObjectStore(b)
-    paths = _paths(b)
-    pid = _owned_pid(paths.home / "replicator" / "replicator.pid", replicator_markers(paths))
-    assert pid is not None
-    os.kill(pid, signal.SIGTERM)  # the stack's replicator stops cleanly
-    wait_for(lambda: _owned_pid(paths.home / "replicator" / "replicator.pid", replicator_markers(paths)) is None, 30,
-             "the replicator to stop on SIGTERM")
-    assert '"event": "replicator stopped"' in (paths.home / "replicator" / "replicator.log").read_text()
+    _stop_stack_replicator(b)
+    assert '"event": "replicator stopped"' in (_paths(b).home / "replicator" / "replicator.log").read_text()
     job = Job(a, segments=6)
     job.store_in_a(store_a)
     _write_events(a, *job.events())
