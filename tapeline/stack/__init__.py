@@ -51,18 +51,18 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 
 from tapeline.settings import Settings
 
-from tapeline.stack.base import StackError, StackPaths, _locked, _owned_pid, _paths, _read_state, _s3_markers, _say, _stop_pid, _update_state
+from tapeline.stack.base import StackError, StackPaths, _locked, _paths, _read_state, _s3_markers, _say, _update_state, stop_owned
 from tapeline.stack.ffmpeg import _ffmpeg_version, check_ffmpeg
 from tapeline.stack.kafka import KafkaNode, _start_kafka, _wait_for_kafka, kafka_nodes, kafka_status, start_kafka_node
 from tapeline.stack.topics import delete_topics, ensure_topics
-from tapeline.stack.postgres import _pg_connect_error, _up_postgres, drop_database, masked_dsn
-from tapeline.stack.s3 import _ensure_bucket, _s3_answers, _s3_client, _up_s3, public_read_policy
+from tapeline.stack.postgres import _up_postgres, drop_database, masked_dsn, postgres_status
+from tapeline.stack.s3 import _ensure_bucket, _s3_answers, _s3_client, _up_s3, public_read_policy, s3_status
 from tapeline.stack.monitoring import down_monitoring, monitoring_status, up_monitoring
 
 __all__ = ["up", "status", "down", "StackError", "StackPaths", "KafkaNode", "kafka_nodes", "start_kafka_node", "_s3_client", "check_ffmpeg", "drop_database", "ensure_topics", "delete_topics", "masked_dsn", "public_read_policy", "_s3_answers", "_ensure_bucket"]
@@ -91,20 +91,29 @@ def up(settings: Settings, console: Console | None = None, monitoring: bool = Fa
     settings = with_recorded_brokers(settings)
     paths = _paths(settings)
     with _locked(paths):
-        check_ffmpeg()
-        started = time.monotonic()
-        kafka = _start_kafka(settings, paths, console)  # the JVMs boot while PG and S3 come up
-        _up_postgres(settings, paths, console)
-        _up_s3(settings, paths, console)
-        _wait_for_kafka(settings, paths, kafka)
-        _say(console, f"[bold]kafka[/]: ready on {settings.kafka_bootstrap_servers}"
-                      + (f" ({time.monotonic() - started:.1f} s after start)" if kafka else ""))
-        ensure_topics(settings)
-        _say(console, f"[bold]kafka[/]: {len(settings.all_topics())} topics present "
-                      f"(prefix {settings.topic_prefix!r})")
+        up_services(settings, paths, console, _up_postgres)
         if monitoring:
             up_monitoring(settings, paths, console)
     return status(settings)
+
+
+def up_services(settings: Settings, paths: StackPaths, console: Console | None,
+                up_postgres: Callable[[Settings, StackPaths, Console | None], None], region: str = "") -> None:
+    """Start one region's services under `paths` (the caller holds its lock): check ffmpeg, start
+    the Kafka node(s) (the JVMs boot while PostgreSQL and S3 come up), `up_postgres` (region A's
+    Debian cluster, or region B's own server), the S3 endpoint, then wait for Kafka and create the
+    topic contract. `region`: a label for what it says ("" for region A). Raises StackError."""
+    label = f" (region {region})" if region else ""
+    check_ffmpeg()
+    started = time.monotonic()
+    kafka = _start_kafka(settings, paths, console)
+    up_postgres(settings, paths, console)
+    _up_s3(settings, paths, console)
+    _wait_for_kafka(settings, paths, kafka)
+    _say(console, f"[bold]kafka[/]: ready on {settings.kafka_bootstrap_servers}{label}"
+                  + (f" ({time.monotonic() - started:.1f} s after start)" if kafka else ""))
+    ensure_topics(settings)
+    _say(console, f"[bold]kafka[/]: {len(settings.all_topics())} topics present (prefix {settings.topic_prefix!r}){label}")
 
 
 def with_recorded_brokers(settings: Settings) -> Settings:
@@ -139,19 +148,8 @@ def status(settings: Settings) -> dict[str, Any]:
 
     kafka = kafka_status(settings, paths)
 
-    pg_error = _pg_connect_error(settings)
-    pg_state = state.get("postgres") or {}
-    postgres = {"address": masked_dsn(settings.database_url), "up": pg_error is None,
-                "cluster": pg_state.get("cluster"), "started_by_stack": bool(pg_state)}
-    if pg_error:
-        postgres["error"] = pg_error
-
-    s3_pid = _owned_pid(paths.s3_pid, _s3_markers(settings))
-    s3_up, s3_error = _s3_answers(settings)
-    s3 = {"address": settings.s3_endpoint, "bucket": settings.s3_bucket, "up": s3_up, "pid": s3_pid,
-          "started_by_stack": s3_pid is not None, "log": str(paths.s3_log) if s3_pid else None}
-    if s3_error:
-        s3["error"] = s3_error
+    postgres = postgres_status(settings, state.get("postgres") or {})
+    s3 = s3_status(settings, paths)
 
     version = _ffmpeg_version()
     ffmpeg = {"address": shutil.which("ffmpeg"), "version": version, "up": version is not None,
@@ -185,14 +183,7 @@ def down(settings: Settings, console: Console | None = None) -> None:
         nodes = kafka_nodes(settings, paths)
         for name, pid_file, markers in ([(f"kafka node {n.node_id}" if len(nodes) > 1 else "kafka", n.pid_file, n.markers)
                                          for n in nodes] + [("s3", paths.s3_pid, _s3_markers(settings))]):
-            pid = _owned_pid(pid_file, markers)
-            if pid is not None:
-                _stop_pid(pid, name, console)
-            elif pid_file.exists():
-                _say(console, f"[bold]{name}[/]: stale pid file {pid_file} (process gone or not ours); removing it")
-            else:
-                _say(console, f"[bold]{name}[/]: not started by the stack; leaving it alone")
-            pid_file.unlink(missing_ok=True)
+            stop_owned(pid_file, markers, name, console)
         _update_state(paths, "kafka", None)
         _update_state(paths, "s3", None)
 

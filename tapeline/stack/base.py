@@ -260,6 +260,26 @@ def _spawn(argv: list[str], log: Path, pid_file: Path, cwd: Path,
     return proc
 
 
+def stop_owned(pid_file: Path, markers: tuple[str, ...], name: str, console: Console | None,
+               quiet_when_absent: bool = False) -> bool:
+    """Stop the process named by `pid_file` if it is still the one the stack launched (`markers` in its
+    command line: a recycled pid is never signalled), then remove the pid file. Says what it did; a
+    pid file left by a process that is gone (or not ours) is removed without signalling anything;
+    with no pid file, says the service was not started by the stack unless `quiet_when_absent`.
+    Returns whether there was a pid file (stale or not)."""
+    pid = _owned_pid(pid_file, markers)
+    if pid is not None:
+        _stop_pid(pid, name, console)
+    elif pid_file.exists():
+        _say(console, f"[bold]{name}[/]: stale pid file {pid_file} (process gone or not ours); removing it")
+    else:
+        if not quiet_when_absent:
+            _say(console, f"[bold]{name}[/]: not started by the stack; leaving it alone")
+        return False
+    pid_file.unlink(missing_ok=True)
+    return True
+
+
 def _stop_pid(pid: int, name: str, console: Console | None, timeout_s: float = STOP_TIMEOUT_S) -> None:
     """SIGTERM pid, wait up to timeout_s seconds, then SIGKILL it."""
     _say(console, f"[bold]{name}[/]: stopping pid {pid} (SIGTERM)")

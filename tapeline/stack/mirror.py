@@ -18,7 +18,7 @@ from rich.console import Console
 
 from tapeline.settings import Settings
 
-from tapeline.stack.base import KAFKA_JVM_FLAGS, StackError, StackPaths, _log_errors, _now, _owned_pid, _say, _spawn, _stop_pid, _tail, _update_state
+from tapeline.stack.base import KAFKA_JVM_FLAGS, StackError, StackPaths, _log_errors, _now, _owned_pid, _say, _spawn, _tail, _update_state, stop_owned
 from tapeline.stack.kafka import _java
 
 MIRROR_MAIN = "org.apache.kafka.connect.mirror.MirrorMaker"
@@ -181,13 +181,7 @@ def up_mirror(source: Settings, target: Settings, paths: StackPaths, console: Co
 
 def down_mirror(paths: StackPaths, console: Console | None) -> None:
     """Stop this stack's MirrorMaker 2 (by its pid file, only if that process is still the mirror)."""
-    pid_file = paths.mirror / "mirror.pid"
-    pid = _owned_pid(pid_file, _markers(paths))
-    if pid is not None:
-        _stop_pid(pid, "mirror", console)
-    elif pid_file.exists():
-        _say(console, f"[bold]mirror[/]: stale pid file {pid_file}; removing it")
-    pid_file.unlink(missing_ok=True)
+    stop_owned(paths.mirror / "mirror.pid", _markers(paths), "mirror", console, quiet_when_absent=True)
     _update_state(paths, "mirror", None)
 
 

@@ -25,7 +25,7 @@ from tapeline.settings import PROJECT_ROOT, Settings
 from domain.pipeline import STAGE_NAMES
 from tapeline.supervisor import ROLES
 
-from tapeline.stack.base import StackError, StackPaths, _now, _owned_pid, _say, _spawn, _stop_pid, _update_state, _wait_ready
+from tapeline.stack.base import StackError, StackPaths, _now, _owned_pid, _say, _spawn, _update_state, _wait_ready, stop_owned
 
 MONITORING_READY_TIMEOUT_S = 30.0
 """How long `up --with-monitoring` waits for Prometheus and Alertmanager to report ready, seconds."""
@@ -199,12 +199,6 @@ def down_monitoring(settings: Settings, paths: StackPaths, console: Console | No
     anything else on their ports is left alone."""
     for service in ("prometheus", "alertmanager"):
         files = _files(paths, service)
-        pid = _owned_pid(files["pid"], _markers(settings, service))
-        if pid is not None:
-            _stop_pid(pid, service, console)
-        elif files["pid"].exists():
-            _say(console, f"[bold]{service}[/]: stale pid file {files['pid']} (process gone or not ours); removing it")
-        else:
-            continue  # never started here: nothing to say when monitoring is not used
-        files["pid"].unlink(missing_ok=True)
-        _update_state(paths, service, None)
+        # never started here: nothing to say when monitoring is not used
+        if stop_owned(files["pid"], _markers(settings, service), service, console, quiet_when_absent=True):
+            _update_state(paths, service, None)

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import time
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from rich.console import Console
@@ -237,3 +238,15 @@ def _warn_if_no_createdb(settings: Settings, console: Console | None) -> None:
                           "their own database will fail (ALTER ROLE ... CREATEDB)")
 
 
+
+
+def postgres_status(settings: Settings, recorded: dict[str, Any]) -> dict[str, Any]:
+    """`{"address" (password masked), "up", "cluster", "started_by_stack", "log"[, "error"]}` of the
+    PostgreSQL server `settings.database_url` names; `recorded`: what `stack up` wrote of it in
+    stack.json (empty when the stack did not start it). Never raises."""
+    error = _pg_connect_error(settings)
+    report = {"address": masked_dsn(settings.database_url), "up": error is None, "cluster": recorded.get("cluster"),
+              "started_by_stack": bool(recorded), "log": recorded.get("log")}
+    if error:
+        report["error"] = error
+    return report

@@ -9,22 +9,20 @@ changed here; the mirror only reads it.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from rich.console import Console
 
 from tapeline.settings import Settings
 
-from tapeline.stack.base import StackError, _locked, _owned_pid, _paths, _read_state, _s3_markers, _say, _stop_pid, _update_state
-from tapeline.stack.ffmpeg import check_ffmpeg
-from tapeline.stack.kafka import _start_kafka, _wait_for_kafka, kafka_nodes, kafka_status
+from tapeline.stack import up_services
+from tapeline.stack.base import StackError, _locked, _paths, _read_state, _s3_markers, _update_state, stop_owned
+from tapeline.stack.kafka import kafka_nodes, kafka_status
 from tapeline.stack.mirror import down_mirror, mirror_status, up_mirror
 from tapeline.stack.pgserver import down_own_postgres, up_own_postgres
 from tapeline.stack.replicator import down_replicator, replicator_status, up_replicator
-from tapeline.stack.postgres import _pg_connect_error, masked_dsn
-from tapeline.stack.s3 import _s3_answers, _up_s3
-from tapeline.stack.topics import ensure_topics
+from tapeline.stack.postgres import postgres_status
+from tapeline.stack.s3 import s3_status
 
 
 def up_region_b(settings: Settings, console: Console | None = None, mirror: bool | None = None) -> dict[str, Any]:
@@ -39,15 +37,7 @@ def up_region_b(settings: Settings, console: Console | None = None, mirror: bool
     target = settings.for_region("b")
     paths = _paths(target)
     with _locked(paths):
-        check_ffmpeg()
-        started = time.monotonic()
-        procs = _start_kafka(target, paths, console)
-        up_own_postgres(target, paths, console)
-        _up_s3(target, paths, console)
-        _wait_for_kafka(target, paths, procs)
-        _say(console, f"[bold]kafka[/]: region b ready on {target.kafka_bootstrap_servers}"
-                      + (f" ({time.monotonic() - started:.1f} s after start)" if procs else ""))
-        ensure_topics(target)
+        up_services(target, paths, console, up_own_postgres, region="b")
         if settings.region_b_mirror if mirror is None else mirror:
             up_mirror(settings, target, paths, console)
             up_replicator(target, paths, console)
@@ -70,12 +60,7 @@ def down_region_b(settings: Settings, console: Console | None = None) -> None:
         down_replicator(paths, console)
         for name, pid_file, markers in ([("kafka (region b)", n.pid_file, n.markers) for n in kafka_nodes(target, paths)]
                                         + [("s3 (region b)", paths.s3_pid, _s3_markers(target))]):
-            pid = _owned_pid(pid_file, markers)
-            if pid is not None:
-                _stop_pid(pid, name, console)
-            else:
-                _say(console, f"[bold]{name}[/]: not started by the stack; leaving it alone")
-            pid_file.unlink(missing_ok=True)
+            stop_owned(pid_file, markers, name, console)
         _update_state(paths, "kafka", None)
         _update_state(paths, "s3", None)
         server = (_read_state(paths).get("postgres") or {}).get("server")
@@ -90,21 +75,8 @@ def region_b_status(settings: Settings) -> dict[str, Any]:
     target = settings.for_region("b")
     paths = _paths(target)
     state = _read_state(paths)
-    pg_error = _pg_connect_error(target)
-    pg_state = state.get("postgres") or {}
-    postgres = {"address": masked_dsn(target.database_url), "up": pg_error is None,
-                "cluster": pg_state.get("cluster"), "started_by_stack": bool(pg_state),
-                "log": pg_state.get("log")}
-    if pg_error:
-        postgres["error"] = pg_error
-    s3_pid = _owned_pid(paths.s3_pid, _s3_markers(target))
-    s3_up, s3_error = _s3_answers(target)
-    s3 = {"address": target.s3_endpoint, "bucket": target.s3_bucket, "up": s3_up, "pid": s3_pid,
-          "started_by_stack": s3_pid is not None, "log": str(paths.s3_log) if s3_pid else None}
-    if s3_error:
-        s3["error"] = s3_error
-    return {"region": "b", "home": str(paths.home), "kafka": kafka_status(target, paths), "postgres": postgres,
-            "s3": s3, "mirror": mirror_status(target, paths, settings.region_b_mirror),
+    return {"region": "b", "home": str(paths.home), "kafka": kafka_status(target, paths),
+            "postgres": postgres_status(target, state.get("postgres") or {}), "s3": s3_status(target, paths), "mirror": mirror_status(target, paths, settings.region_b_mirror),
             "replicator": {**replicator_status(paths), "enabled": settings.region_b_mirror}}
 
 

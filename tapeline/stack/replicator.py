@@ -14,7 +14,7 @@ from rich.console import Console
 
 from tapeline.settings import Settings
 
-from tapeline.stack.base import StackError, StackPaths, _now, _owned_pid, _say, _spawn, _stop_pid, _update_state, _wait_ready
+from tapeline.stack.base import StackError, StackPaths, _now, _owned_pid, _say, _spawn, _update_state, _wait_ready, stop_owned
 
 REPLICATOR_READY_TIMEOUT_S = 90.0
 """How long `up` waits for the replicator to hold its lock and read region B's log, seconds."""
@@ -64,13 +64,7 @@ def up_replicator(target: Settings, paths: StackPaths, console: Console | None) 
 
 def down_replicator(paths: StackPaths, console: Console | None) -> None:
     """Stop this stack's replicator (SIGTERM, by its pid file, only if that process is still it)."""
-    pid_file = _dir(paths) / "replicator.pid"
-    pid = _owned_pid(pid_file, _markers(paths))
-    if pid is not None:
-        _stop_pid(pid, "replicator", console)
-    elif pid_file.exists():
-        _say(console, f"[bold]replicator[/]: stale pid file {pid_file}; removing it")
-    pid_file.unlink(missing_ok=True)
+    stop_owned(_dir(paths) / "replicator.pid", _markers(paths), "replicator", console, quiet_when_absent=True)
     _update_state(paths, "replicator", None)
 
 

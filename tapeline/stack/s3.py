@@ -121,3 +121,15 @@ def _up_s3(settings: Settings, paths: StackPaths, console: Console | None) -> No
     _ensure_bucket(settings, console)
 
 
+
+
+def s3_status(settings: Settings, paths: StackPaths) -> dict[str, Any]:
+    """`{"address", "bucket", "up", "pid", "started_by_stack", "log"[, "error"]}` of the S3 endpoint
+    `settings` names (`pid`: the stack's own server, alive; None otherwise). Never raises."""
+    pid = _owned_pid(paths.s3_pid, _s3_markers(settings))
+    up, error = _s3_answers(settings)
+    report = {"address": settings.s3_endpoint, "bucket": settings.s3_bucket, "up": up, "pid": pid,
+              "started_by_stack": pid is not None, "log": str(paths.s3_log) if pid else None}
+    if error:
+        report["error"] = error
+    return report
