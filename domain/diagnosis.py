@@ -22,6 +22,7 @@ STALL_WORDS: dict[str, str] = {
     "worker_exited": "the worker process exited",
     "handoff": "no worker picked the work up",
     "expected_work_missing": "the upload did not become a job",
+    "region_lost": "its region was lost and another took over",
 }
 """Each `StallDetected.kind` in an operator's words."""
 
@@ -61,7 +62,7 @@ class Diagnosis:
 def stall_words(kind: str, detail: str = "") -> str:
     """`kind` in words; a worker's exit carries its detail (`worker process 12 killed by SIGKILL`)."""
     words = STALL_WORDS.get(kind, f"it stalled ({kind})")
-    return f"{words} ({detail})" if kind == "worker_exited" and detail else words
+    return f"{words} ({detail})" if kind in ("worker_exited", "region_lost") and detail else words
 
 
 def _incidents(events: Sequence[Mapping[str, Any]]) -> list[tuple[int, str, int, str, str | None]]:

@@ -452,6 +452,19 @@ class JobCancelled(Event):
     reason: str
 
 
+class RegionFailedOver(Event):
+    """`tapeline region failover`: `to_region` holds the job history from region epoch `epoch` on;
+    `from_region` is fenced. On `<prefix>.regions` (never the lifecycle topic); envelope job_id and
+    stage `region`, attempt = epoch (docs/regions.md "Failover")."""
+
+    from_region: str
+    to_region: str
+    epoch: int
+    reason: str
+    operator: str
+    planned: bool
+
+
 class WatchdogTick(Event):
     partition: int
     sequence: int

@@ -28,6 +28,8 @@ STATES: tuple[str, ...] = LIFECYCLE.states
 FINAL_STATES: frozenset[str] = LIFECYCLE.final_states
 REOPENABLE_STATES: frozenset[str] = LIFECYCLE.reopenable_states
 TERMINAL_STATES: frozenset[str] = FINAL_STATES | REOPENABLE_STATES
+FREE_STALL_KINDS: frozenset[str] = LIFECYCLE.free_stall_kinds
+"""Stall kinds that give their attempt back (counted like a yield): `region_lost`."""
 STAGE_ORDER: dict[str, int] = LIFECYCLE.stage_order
 ENDING: dict[str, Ending] = LIFECYCLE.ending
 """Event type -> how it ends a job (`lifecycle_data.Ending`): the `ending` events' one rule."""
@@ -121,6 +123,8 @@ def evolve(row: dict[str, Any] | None, event: ev.Event, broker_ts: datetime) -> 
         new.update(reason=f"stalled ({event.kind}) for {event.since_s:.1f} s: {event.detail}".rstrip(": "))
         if event.kind == "handoff":
             new.update(queued_at=broker_ts, redrives=row["redrives"] + 1)
+        elif event.kind in FREE_STALL_KINDS:  # lost with its region, not by its work: no attempt used
+            new.update(yields=row["yields"] + 1)
     elif isinstance(event, ev.RetryScheduled):
         delay = max(timedelta(0), event.not_before - event.occurred_at)  # the writer's delay, on the broker's clock
         new.update(state="retry_scheduled", error_class=event.error_class, retry_next_attempt=event.next_attempt,

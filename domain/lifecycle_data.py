@@ -50,7 +50,10 @@ class Lifecycle:
     `stage_order`: stage -> its position (an unknown stage counts as 0 where compared);
     `job_state_columns`, `evidence_columns`: table columns in table order; `payload_omits`: the
     envelope fields an evidence row has a column of its own for; `events`: group -> event types;
-    `ending`: event type -> its `Ending` rule (the `ending` group's types).
+    `ending`: event type -> its `Ending` rule (the `ending` group's types);
+    `free_stall_kinds`: `StallDetected` kinds that give their attempt back (the fold counts the
+    attempt like a yield, so it uses none of the budget): `region_lost`, an attempt lost with a
+    region that failed over (docs/regions.md "Failover").
     """
 
     states: tuple[str, ...]
@@ -63,6 +66,7 @@ class Lifecycle:
     payload_omits: frozenset[str]
     events: dict[str, frozenset[str]]
     ending: dict[str, Ending]
+    free_stall_kinds: frozenset[str]
 
 
 def _names(data: dict[str, Any], key: str, path: Path) -> tuple[str, ...]:
@@ -114,7 +118,8 @@ def load(path: Path = PATH) -> Lifecycle:
         reopenable_states=frozenset(reopenable),
         stage_order={stage: i for i, stage in enumerate(_names(data, "stage_order", path))},
         job_state_columns=_names(data, "job_state_columns", path), evidence_columns=evidence,
-        payload_omits=frozenset(omits), events=events, ending=ending)
+        payload_omits=frozenset(omits), events=events, ending=ending,
+        free_stall_kinds=frozenset(_names(data, "free_stall_kinds", path)))
 
 
 def _ending(value: Any, states: dict[str, str], ended: tuple[str, ...], columns: tuple[str, ...],

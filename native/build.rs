@@ -58,6 +58,8 @@ fn main() {
     array(&mut out, "States a job never leaves (`fold.FINAL_STATES`).", "FINAL", &names(&data, &["final_states"]));
     array(&mut out, "States only `JobReplayed` leaves (`fold.REOPENABLE_STATES`).", "REOPENABLE",
           &names(&data, &["reopenable_states"]));
+    array(&mut out, "`StallDetected` kinds that give their attempt back, counted as a yield (`fold.FREE_STALL_KINDS`).",
+          "FREE_STALL_KINDS", &names(&data, &["free_stall_kinds"]));
     array(&mut out, "Stages in order (`fold.STAGE_ORDER`: a stage's position; an unknown one counts as 0).",
           "STAGE_ORDER", &names(&data, &["stage_order"]));
     array(&mut out, "Columns of `job_state`, in table order (`fold.JOB_STATE_COLUMNS`).", "COLUMNS", &columns);

@@ -39,7 +39,7 @@ from domain.policy.retry import Action, retry_decision, retry_scheduled, stall_e
 from domain.policy.stall import (LogOutage, attempt_deadline, attempt_stall, excused_by_outage, handoff_redrive_due,
                                  next_wake_s, work_missing)
 from processors.runtime import Outgoing, Runtime, transact
-from domain.lifecycle import attempts_used
+from domain.lifecycle import FREE_STALL_KINDS, attempts_used
 from domain import events as ev
 from domain import pipeline
 from domain.errors import ServiceUnavailable, StorageError
@@ -47,6 +47,10 @@ from tapeline.health import HealthState
 from tapeline.objects import StorageGauge
 from tapeline.ports import Clock, EventLog, EventLogError, JobStore, ObjectStorage
 from tapeline.settings import Settings
+
+JUDGED_ELSEWHERE = frozenset({"worker_exited", "region_lost"})
+"""Stall kinds whose candidate row comes already judged (a supervisor saw the process die; a failover
+lost the attempt's region): the stall rule's clock is not asked."""
 
 log = structlog.get_logger("tapeline.watchdog")
 WATCHDOG_LOCK = 0x7A9E_0010
@@ -128,7 +132,8 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
     declare its own no-progress timeout) decides each one, so a candidate the rule does not call
     stalled (a heartbeat arrived meanwhile) is ignored.
 
-    - a stalled attempt (lease_expired | no_progress | worker_exited, the last from `processors/rescue.py`): `StallDetected` then, within the attempt
+    - a stalled attempt (lease_expired | no_progress | worker_exited, from `processors/rescue.py` |
+      region_lost, from `tapeline/failover.py`, which gives its attempt back): `StallDetected` then, within the attempt
       budget (yields do not count), `RetryScheduled` + `StageQueued` + `WorkItem` for the next
       attempt at once (error class by the stall's kind: `stall_error_class`, worker_lost or
       progress_stalled); out of budget, `JobDeadLettered` on the lifecycle log
@@ -149,7 +154,7 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
         if job is None or job["state"] != "running" or (job["stage"], job["attempt"]) != (row["stage"], row["attempt"]):
             result.count(Verdict.IGNORE)
             continue
-        if row["kind"] == "worker_exited":  # seen by a supervisor or a restarted worker: no clock to judge
+        if row["kind"] in JUDGED_ELSEWHERE:  # a supervisor, a restarted worker, a failover: no clock to judge
             kind, since_s = row["kind"], float(row.get("since_s") or 0.0)
         else:  # the view selected a candidate; the stall rule decides (domain/policy/stall.py)
             verdict = attempt_stall(leased_until=row.get("leased_until"), last_heartbeat_at=row.get("last_heartbeat_at"),
@@ -173,7 +178,7 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
         result.outgoing.append((jobs_topic, ev.StallDetected.new(clock.stamp(), 
             stage=stage, attempt=attempt, kind=kind, stalled_attempt=attempt,
             last_progress_at=row["last_progress_at"], since_s=since_s, detail=detail, **common)))
-        used = attempts_used(job, attempt)
+        used = attempts_used(job, attempt) - (1 if kind in FREE_STALL_KINDS else 0)  # given back: no budget used
         error_class = stall_error_class(kind)
         decision = retry_decision(error_class, used, settings.retry_policy())
         if decision.action is Action.RETRY:

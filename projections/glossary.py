@@ -23,6 +23,8 @@ _STALL_DETAIL: dict[str, str] = {
     "handoff": "a stage was queued and nobody claimed it within the handoff timeout (the watchdog re-sends its "
                "work item)",
     "expected_work_missing": "no job came of it within the intake timeout",
+    "region_lost": "the attempt ran in a region that failed over (tapeline region failover); retried at once in "
+                   "the region that took over, from its replicated checkpoints, and its attempt given back",
 }
 STALL_KINDS: dict[str, str] = {
     **{kind: f"{STALL_WORDS[kind]}: {detail}" for kind, detail in _STALL_DETAIL.items()},
@@ -86,6 +88,7 @@ EVENTS: dict[str, str] = {
     "NotificationDeadLettered": "a webhook's retries (about a day) are spent; it is not sent again",
     "WebhookEndpointDisabled": "a customer endpoint failed for too long without a success and was disabled",
     "WatchdogTick": "the watchdog's tick: it moves the log clock of every partition",
+    "RegionFailedOver": "a region took over the job history (tapeline region failover); the region it left is fenced",
 }
 """Event types, as the timeline names them."""
 
@@ -105,6 +108,7 @@ ERROR_CLASS_HELP: dict[str, str] = {
     "worker_lost": "the worker was lost: it stopped heartbeating or its process exited; retried at once",
     "progress_stalled": "the worker was alive but its ffmpeg stopped advancing (a no-progress stall); retried "
                         "at once",
+    "region_lost": "the attempt's region was lost and another took over; retried there at once, using no attempt",
     "unknown": "an error not classified; retried with backoff",
 }
 """Error classes (the table with `retryable` and the terminal event is `domain/policy/retry.py`)."""

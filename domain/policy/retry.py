@@ -42,6 +42,9 @@ ERROR_CLASSES: dict[str, ErrorClass] = {c.name: c for c in (
     ErrorClass("out_of_memory", True, "JobDeadLettered"),
     ErrorClass("worker_lost", True, "JobDeadLettered"),
     ErrorClass("progress_stalled", True, "JobDeadLettered"),
+    # An attempt lost with its region (a failover): retried at once in the region that took over,
+    # and its attempt is given back (domain/lifecycle.py FREE_STALL_KINDS).
+    ErrorClass("region_lost", True, "JobDeadLettered", from_the_file=False),
     ErrorClass("unknown", True, "JobDeadLettered"),
 )}
 
@@ -49,6 +52,7 @@ STALL_ERROR_CLASSES: dict[str, str] = {
     "lease_expired": "worker_lost",  # no heartbeat within the lease: the worker (or its host) is gone
     "worker_exited": "worker_lost",  # its supervisor saw the process die
     "no_progress": "progress_stalled",  # the worker was alive and heartbeating; its ffmpeg stopped advancing
+    "region_lost": "region_lost",  # the attempt's region failed over (tapeline region failover)
 }
 """The error class a stalled attempt's retry or dead letter records, named after what was seen
 (events before this table recorded `worker_lost` for every stall; they read as before). The

@@ -34,13 +34,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-StallKind = Literal["lease_expired", "no_progress", "worker_exited", "handoff", "expected_work_missing"]
+StallKind = Literal["lease_expired", "no_progress", "worker_exited", "handoff", "expected_work_missing",
+                    "region_lost"]
 
 STALL_KINDS: tuple[StallKind, ...] = ("lease_expired", "no_progress", "worker_exited", "handoff",
-                                      "expected_work_missing")
+                                      "expected_work_missing", "region_lost")
 """Every `StallDetected.kind` (the watchdog's metric exports each at 0 before the first one)."""
 
-ATTEMPT_STALL_KINDS: tuple[StallKind, ...] = ("lease_expired", "no_progress", "worker_exited")
+ATTEMPT_STALL_KINDS: tuple[StallKind, ...] = ("lease_expired", "no_progress", "worker_exited", "region_lost")
 """The kinds that end a running attempt (a retry or a dead letter follows)."""
 
 

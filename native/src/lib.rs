@@ -1010,6 +1010,8 @@ impl Engine {
                 if ev.s("kind") == Some("handoff") {
                     row[QUEUED_AT] = Cell::T(ts);
                     row[REDRIVES] = Cell::I(row[REDRIVES].i_or0() + 1);
+                } else if FREE_STALL_KINDS.contains(&ev.str("kind")) {
+                    row[YIELDS] = Cell::I(row[YIELDS].i_or0() + 1);
                 }
             }
             "RetryScheduled" => {

@@ -376,13 +376,14 @@ CREATE VIEW public.attempts AS
                     x.broker_ts AS ended_at,
                         CASE
                             WHEN ((x.event_type = 'StallDetected'::text) AND ((x.payload ->> 'kind'::text) = 'no_progress'::text)) THEN 'progress_stalled'::text
+                            WHEN ((x.event_type = 'StallDetected'::text) AND ((x.payload ->> 'kind'::text) = 'region_lost'::text)) THEN 'region_lost'::text
                             WHEN (x.event_type = 'StallDetected'::text) THEN 'worker_lost'::text
                             ELSE (x.payload ->> 'error_class'::text)
                         END AS end_error_class,
                     ending.attempt_outcome AS end_outcome
                    FROM (public.lifecycle_evidence x
                      LEFT JOIN public.lifecycle_ending_events ending ON (((ending.event_type = x.event_type) AND (ending.attempt_outcome IS NOT NULL))))
-                  WHERE ((x.job_id = c.job_id) AND (x.topic = c.topic) AND (x.partition = c.partition) AND (x."offset" > c."offset") AND x.applied AND (((x.claim_token = c.claim_token) AND (x.stage = c.stage) AND (x.attempt = c.attempt) AND (x.event_type = ANY (ARRAY['AttemptSucceeded'::text, 'AttemptFailed'::text, 'AttemptYielded'::text]))) OR ((x.event_type = 'StallDetected'::text) AND (x.stage = c.stage) AND (x.attempt = c.attempt) AND ((x.payload ->> 'kind'::text) = ANY (ARRAY['lease_expired'::text, 'no_progress'::text, 'worker_exited'::text]))) OR ((x.event_type = 'AttemptStarted'::text) AND (x.claim_token IS DISTINCT FROM c.claim_token)) OR (ending.event_type IS NOT NULL)))
+                  WHERE ((x.job_id = c.job_id) AND (x.topic = c.topic) AND (x.partition = c.partition) AND (x."offset" > c."offset") AND x.applied AND (((x.claim_token = c.claim_token) AND (x.stage = c.stage) AND (x.attempt = c.attempt) AND (x.event_type = ANY (ARRAY['AttemptSucceeded'::text, 'AttemptFailed'::text, 'AttemptYielded'::text]))) OR ((x.event_type = 'StallDetected'::text) AND (x.stage = c.stage) AND (x.attempt = c.attempt) AND ((x.payload ->> 'kind'::text) = ANY (ARRAY['lease_expired'::text, 'no_progress'::text, 'worker_exited'::text, 'region_lost'::text]))) OR ((x.event_type = 'AttemptStarted'::text) AND (x.claim_token IS DISTINCT FROM c.claim_token)) OR (ending.event_type IS NOT NULL)))
                   ORDER BY x."offset"
                  LIMIT 1) e ON (c.applied))
         )
@@ -462,7 +463,7 @@ COMMENT ON COLUMN public.attempts.ended_at IS 'Broker time of the first applied 
 
 COMMENT ON COLUMN public.attempts.outcome IS 'succeeded|failed|yielded|stalled|superseded (fenced: a newer attempt took over, or the claim was never current)|running, or the attempt_outcome of the event that ended the job (lifecycle_ending_events: failed, cancelled, needs_review)';
 
-COMMENT ON COLUMN public.attempts.error_class IS 'Error class when the outcome is failed or stalled: the failure''s own, or for a stall progress_stalled (no_progress) or worker_lost (lease_expired, worker_exited)';
+COMMENT ON COLUMN public.attempts.error_class IS 'Error class when the outcome is failed or stalled: the failure''s own, or for a stall progress_stalled (no_progress), region_lost (region_lost: lost with its region in a failover) or worker_lost (lease_expired, worker_exited)';
 
 COMMENT ON COLUMN public.attempts.heartbeats IS 'Heartbeats of this attempt that the projection applied (each renewed the lease)';
 

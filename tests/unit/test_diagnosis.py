@@ -172,7 +172,8 @@ def test_which_classes_the_file_can_cause():
     from domain.policy.retry import ERROR_CLASSES
 
     assert {c.name for c in ERROR_CLASSES.values() if not c.from_the_file} == \
-        {"storage_transient", "output_conflict", "broker_transient", "provider_throttled", "quota_exceeded"}
+        {"storage_transient", "output_conflict", "broker_transient", "provider_throttled", "quota_exceeded",
+         "region_lost"}
 
 
 def test_an_output_conflict_says_what_to_deal_with_before_a_replay():

@@ -37,8 +37,9 @@ from tests.fakelog import T0, FakeMessage
 
 require_native()
 
-KINDS = tuple(sorted(ev.Event.registry))
-"""Every event type: a new one is generated (and must fold equal) without touching this test."""
+KINDS = tuple(sorted(set(ev.Event.registry) - {"RegionFailedOver"}))
+"""Every event type of the projected topics: a new one is generated (and must fold equal) without
+touching this test. `RegionFailedOver` lives on `<prefix>.regions`, which no projection reads."""
 ENVELOPE = set(ev.Event.model_fields) | {"sequence"}
 REOPENING = {kind for kind, rule in LIFECYCLE.ending.items() if rule.state in LIFECYCLE.reopenable_states}
 """Ending events whose state an operator's JobReplayed reopens (JobDeadLettered, NeedsReview)."""

@@ -1,0 +1,99 @@
+"""Which region holds the job history, and what a failover does to the attempts it finds. Pure.
+
+Regions and epochs (docs/regions.md "Failover"): region `a` holds the job history at epoch 0 without
+any record. `tapeline region failover --to R` writes a `RegionFailedOver` with the next epoch to the
+`<prefix>.regions` topic of every region that answers; the record with the highest epoch names the
+active region. A processor runs only in the active region: one that finds a higher epoch naming
+another region stops and writes nothing (`fence_reason`).
+
+An attempt that was running in the region left behind is lost with it, not by its work: the failover
+judges it as a stall of its own kind, `region_lost` (`region_lost_row`), which `processors/watchdog.py`
+`run_once` retries at once and which gives its attempt back (`lifecycle.FREE_STALL_KINDS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Iterable
+
+from domain import events as ev
+
+REGIONS: tuple[str, ...] = ("a", "b")
+"""The regions Tapeline knows (`Settings.for_region`)."""
+
+FIRST_ACTIVE = "a"
+"""The region that holds the job history at epoch 0, before any failover."""
+
+REGION_EVENT_KEY = "region"
+"""The envelope `job_id` and `stage` of a `RegionFailedOver`, and its record key."""
+
+
+@dataclass(frozen=True)
+class Authority:
+    """Which region holds the job history: `active` from region epoch `epoch` on, made so by
+    `record` (None at epoch 0: no failover yet)."""
+
+    active: str
+    epoch: int
+    record: ev.RegionFailedOver | None = None
+
+
+def authority(records: Iterable[ev.RegionFailedOver]) -> Authority:
+    """The authority the records say: the one with the highest epoch (on a tie, the later
+    `occurred_at`: two failovers that raced from both sides; the later one's operator saw the other's
+    region still answering or not at all), else region `a` at epoch 0."""
+    best: ev.RegionFailedOver | None = None
+    for record in records:
+        if best is None or (record.epoch, record.occurred_at) > (best.epoch, best.occurred_at):
+            best = record
+    if best is None:
+        return Authority(FIRST_ACTIVE, 0)
+    return Authority(best.to_region, best.epoch, best)
+
+
+def fence_reason(region: str, current: Authority) -> str | None:
+    """Why processors of `region` must not write, or None when `region` is the active one. The
+    reason names who took over, when, by whom and why, and what to do (rejoin as the standby)."""
+    if current.active == region:
+        return None
+    record = current.record
+    if record is None:  # epoch 0: region a is active; any other region is the standby
+        return (f"region {region} is the standby: region {current.active} holds the job history "
+                f"(no failover recorded); start region {region}'s processors only after "
+                f"`tapeline region failover --to {region}`")
+    return (f"region {region} is fenced: region {record.to_region} took over the job history at region epoch "
+            f"{record.epoch} ({record.occurred_at:%Y-%m-%d %H:%M:%S} UTC, by {record.operator}: {record.reason}); "
+            f"its processors write nothing. To bring region {region} back, rejoin it as the standby "
+            f"(docs/regions.md \"Failback\")")
+
+
+def failover_event(current: Authority, to_region: str, *, reason: str, operator: str, planned: bool,
+                   recorded_by: str, failover_id: str, stamp: ev.Stamp) -> ev.RegionFailedOver:
+    """The `RegionFailedOver` that makes `to_region` active at the next epoch after `current`.
+    Raises ValueError for an unknown region or an empty reason."""
+    if to_region not in REGIONS:
+        raise ValueError(f"unknown region {to_region!r}: Tapeline knows regions {', '.join(REGIONS)}")
+    if not reason.strip():
+        raise ValueError("a failover needs a reason (--why)")
+    epoch = current.epoch + 1
+    return ev.RegionFailedOver.new(stamp, job_id=REGION_EVENT_KEY, stage=REGION_EVENT_KEY, attempt=epoch,
+                                   recorded_by=recorded_by, correlation_id=failover_id,
+                                   from_region=current.active, to_region=to_region, epoch=epoch,
+                                   reason=reason.strip(), operator=operator, planned=planned)
+
+
+def region_lost_row(job: dict[str, Any], failover: ev.RegionFailedOver, now: datetime) -> dict[str, Any] | None:
+    """The stalled-attempt row (`stalled_attempts` shape, kind `region_lost`) that `run_once` judges
+    for a job whose attempt was running when its region was lost, or None when the job is not running.
+    `since_s`: seconds from the attempt's last progress (else last heartbeat) to `now`, 0 without."""
+    if job.get("state") != "running":
+        return None
+    last = job.get("progress_at") or job.get("last_heartbeat_at")
+    return {"job_id": job["job_id"], "stage": job["stage"], "attempt": job["attempt"], "kind": "region_lost",
+            "detail": (f"attempt ran in region {failover.from_region}, lost with it: failover to region "
+                       f"{failover.to_region} at epoch {failover.epoch}"),
+            "last_progress_at": job.get("progress_at"),
+            "since_s": max(0.0, (now - last).total_seconds()) if last else 0.0,
+            "leased_until": job.get("leased_until"), "progress_frames": job.get("progress_frames"),
+            "log_partition": job.get("log_partition")}
