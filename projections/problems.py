@@ -11,7 +11,10 @@ Every alert of compose/alerts.yml has its line here (the alert waits its `for:`,
 once), except two that are a rate of a line already shown: TapelineDeadLettersGrowing (the
 `dead_letters` line's count) and TapelineStallsFrequent (stalls already retried: no job waits on an
 operator). TapelineWatchdogBlind is the `projection_lagging` line's cause and effect (a watchdog is
-blind while the projection is behind). The thresholds below are the alerts' own (checked by
+blind while the projection is behind). The region B alerts (group `tapeline-region-b`) have no line:
+region B is a standby, its figures come from its media replicator, not from these projections, and
+the overview's Region replication panel shows them, marked past the same thresholds
+(projections/region_panel.py). The thresholds below are the alerts' own (checked by
 tests/unit/test_problems.py against compose/alerts.yml).
 """
 
@@ -48,6 +51,10 @@ ALERT_LINES: dict[str, str | None] = {
     "TapelineWebhookEndpointDisabled": "webhook_endpoints_disabled",
     # rates or causes of a line above (see the module docstring)
     "TapelineDeadLettersGrowing": None, "TapelineStallsFrequent": None, "TapelineWatchdogBlind": None,
+    # region B: the overview's Region replication panel (see the module docstring)
+    "TapelineRegionLagSeconds": None, "TapelineRegionLagEvents": None, "TapelineRegionObjectsPendingTooLong": None,
+    "TapelineRegionMirrorHeartbeatStale": None, "TapelineRegionReplicatorDown": None,
+    "TapelineRegionLagNotMeasured": None,
 }
 """Each alert of compose/alerts.yml and the strip line that shows its condition (None: see above)."""
 STORAGE_NEAR = 0.9

@@ -113,6 +113,12 @@ def region_replicate(
     each object and the progress per partition in region B's PostgreSQL (docs/regions.md "Media
     replication"). `tapeline stack up --region b` runs it in the background beside the mirror.
 
+    With `replicate_health_port` (TAPELINE_REPLICATE_HEALTH_PORT, default 9490; 0: none) it serves
+    /health/live, /health/ready (once it follows the log), /health/deep (with `region_replication`, the
+    latest lag measurement) and /metrics (the `tapeline_region_*` gauges) on health_host, and measures
+    region B's lag every `replicate_measure_every_s` seconds in a background thread
+    (tapeline/region_monitor.py). A port already in use is logged and the replicator runs without it.
+
     Takes region A's settings (region B's are derived). Exit code 1 when region B's PostgreSQL does not
     answer at start; Kafka and S3 outages are waited out.
     """
@@ -128,8 +134,45 @@ def region_replicate(
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    target = settings.for_region("b")
+    ready = threading.Event()
+    server = _serve_region_metrics(settings, target, stop, ready)
     try:
-        target = settings.for_region("b")
-        Replicator(settings, target, workdir=workdir).run(stop)
+        Replicator(settings, target, workdir=workdir).run(stop, ready)
     except TapelineError as exc:
         fail(exc)
+    finally:
+        stop.set()
+        if server is not None:
+            server.stop()
+
+
+def _serve_region_metrics(settings, target, stop: threading.Event, ready: threading.Event):
+    """The replicator's health server and its lag measurement (`region replicate`'s docstring); the
+    `HealthServer`, or None when `replicate_health_port` is 0 or the port is taken."""
+    import structlog
+
+    from tapeline.health import HealthServer, HealthState
+    from tapeline.region_monitor import RegionMonitor
+
+    if not settings.replicate_health_port:
+        return None
+    health = HealthState("replicator")
+    try:
+        server = HealthServer(health, settings.health_host, settings.replicate_health_port).start()
+    except OSError as exc:  # another replicator (waiting on the lock) or another process holds the port
+        structlog.get_logger("tapeline.replicator").warning(
+            "health and metrics port not served; region lag not measured here",
+            address=f"{settings.health_host}:{settings.replicate_health_port}", error=str(exc))
+        return None
+    RegionMonitor(settings, target, health, every_s=settings.replicate_measure_every_s,
+                  timeout_s=settings.replicate_measure_timeout_s).start(stop)
+
+    def mark_ready() -> None:  # ready once the replicator follows every partition
+        while not stop.is_set():
+            if ready.wait(0.5):
+                health.mark_ready()
+                return
+
+    threading.Thread(target=mark_ready, name="tapeline-replicator-ready", daemon=True).start()
+    return server

@@ -10,7 +10,8 @@ so processors built directly in tests need nothing). `HealthServer` serves it:
   requested);
 - `GET /health/deep`  -> JSON: role, instance, current attempt and its approximate lease left,
   last progress, jobs processed, last job at, uptime, ffmpeg version, projector lag (events and
-  seconds behind the log end, measured by `tapeline.lag.LagObserver`);
+  seconds behind the log end, measured by `tapeline.lag.LagObserver`), and the sections a process
+  publishes (`set_section`: the media replicator's `region_replication`);
 - `GET /metrics`      -> Prometheus text exposition of this process's own registry.
 
 Server choice: the standard library's `ThreadingHTTPServer` in a daemon thread, with
@@ -114,6 +115,7 @@ class HealthState:
         self.storage_limit_bytes = Gauge("tapeline_storage_limit_bytes", "Watchdog: storage_limit_bytes, the "
                                          "object storage budget (only while set)", registry=self.registry)
         self._projection_lag: dict[str, Any] | None = None
+        self._sections: dict[str, Any] = {}
         self._cleanup: dict[str, Any] | None = None
         self.objects_removed = Counter("tapeline_cleanup_objects", "Watchdog cleanup: objects removed and multipart "
                                        "uploads aborted", ["action"], registry=self.registry)
@@ -275,6 +277,12 @@ class HealthState:
         with self._lock:
             self._cleanup = dict(totals)
 
+    def set_section(self, name: str, doc: Any) -> None:
+        """Publish `doc` (JSON-ready) under `name` in `/health/deep`, replacing the previous one (the media
+        replicator's `region_replication`, tapeline/region_monitor.py)."""
+        with self._lock:
+            self._sections[name] = doc
+
     def deep(self) -> dict[str, Any]:
         """The `/health/deep` document."""
         ready, reason = self.readiness()
@@ -296,6 +304,7 @@ class HealthState:
                 doc["projection_lag"] = self._projection_lag  # events and seconds behind, see tapeline/lag.py
             if self._cleanup is not None:
                 doc["cleanup"] = self._cleanup  # watchdog: objects removed, multipart aborted, deferred, errors
+            doc.update(self._sections)
         doc["ffmpeg_version"] = ffmpeg_version()
         return doc
 

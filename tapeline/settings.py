@@ -81,6 +81,15 @@ class Settings(BaseSettings):
                                            "first retry of an object that could not be copied; doubled per failure")
     replicate_retry_max_s: float = Field(30.0, gt=0, description="`tapeline region replicate`: longest wait between "
                                          "two tries of one object (or of a record while a store does not answer), seconds")
+    replicate_health_port: int = Field(9490, ge=0, le=65535, description="`tapeline region replicate`: its health "
+                                       "and metrics port on health_host (region B's replication lag as Prometheus "
+                                       "gauges, /health/deep for the dashboard's Region replication panel); 0: no "
+                                       "server, no measurement, no panel")
+    replicate_measure_every_s: float = Field(30.0, gt=0, le=3600, description="`tapeline region replicate`: seconds "
+                                             "between two measurements of region B's lag (a background thread)")
+    replicate_measure_timeout_s: float = Field(20.0, gt=0, le=600, description="`tapeline region replicate`: longest "
+                                               "one measurement's reads may take, seconds (past it a partition counts "
+                                               "as an upper bound, exact false)")
     kafka_jars: Path | None = Field(None, description="Directory of the Kafka jars (broker and MirrorMaker 2); "
                                     "unset: <home>/kafka/libs. Region B shares region A's")
 
@@ -360,6 +369,16 @@ class Settings(BaseSettings):
             "home": self.region_b_home or Path(self.home) / "region-b",
             "kafka_jars": self.kafka_jars or Path(self.home) / "kafka" / "libs",
         })
+
+    @property
+    def replicator_health_address(self) -> str | None:
+        """`host:port` where this machine reaches the media replicator's health and metrics server
+        (`health_host`, a wildcard bind address reached at 127.0.0.1, and `replicate_health_port`);
+        None when `replicate_health_port` is 0."""
+        if not self.replicate_health_port:
+            return None
+        host = "127.0.0.1" if self.health_host in ("0.0.0.0", "::", "") else self.health_host
+        return f"{host}:{self.replicate_health_port}"
 
     @property
     def kafka_nodes(self) -> list[tuple[int, str, int, int]]:

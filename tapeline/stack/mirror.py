@@ -115,7 +115,7 @@ def _markers(paths: StackPaths) -> tuple[str, ...]:
     return (MIRROR_MAIN, str(paths.mirror / "mm2.properties"))
 
 
-def _newest_heartbeat_ms(target: Settings, timeout_s: float = 5.0) -> int | None:
+def newest_heartbeat_ms(target: Settings, timeout_s: float = 5.0) -> int | None:
     """Broker time (ms) of the newest record in region B's heartbeats topic, or None when it has none."""
     from confluent_kafka import Consumer, TopicPartition
 
@@ -168,7 +168,7 @@ def up_mirror(source: Settings, target: Settings, paths: StackPaths, console: Co
     _say(console, f"[bold]mirror[/]: started MirrorMaker 2 pid {proc.pid} ({source.kafka_bootstrap_servers} -> "
                   f"{target.kafka_bootstrap_servers}, {len(mirrored_topics(source))} topics), log {log}")
     deadline = time.monotonic() + MIRROR_READY_TIMEOUT_S
-    while (newest := _newest_heartbeat_ms(target)) is None or newest < started_ms:
+    while (newest := newest_heartbeat_ms(target)) is None or newest < started_ms:
         if proc.poll() is not None:
             raise StackError(f"MirrorMaker 2 exited with code {proc.returncode}. {_log_errors(log)}See {log}:\n"
                              f"{_tail(log)}")
@@ -189,7 +189,7 @@ def mirror_status(target: Settings, paths: StackPaths, enabled: bool) -> dict[st
     """`{"up", "pid", "enabled", "log", "heartbeat_age_s", "address"}`: whether this stack's mirror
     runs, and how old the newest heartbeat in region B is (None: none yet, or B does not answer)."""
     pid = _owned_pid(paths.mirror / "mirror.pid", _markers(paths))
-    newest = _newest_heartbeat_ms(target, timeout_s=3.0) if pid is not None else None
+    newest = newest_heartbeat_ms(target, timeout_s=3.0) if pid is not None else None
     age = None if newest is None else round(max(0.0, time.time() - newest / 1000.0), 1)
     report = {"up": pid is not None, "pid": pid, "enabled": enabled, "address": "a -> b",
               "started_by_stack": pid is not None, "log": str(paths.mirror / "mirror.log") if pid else None,

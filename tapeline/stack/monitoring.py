@@ -1,7 +1,7 @@
 """Local monitoring for `tapeline stack up --with-monitoring`: Debian's Prometheus and Alertmanager.
 
 Prometheus loads the shipped rules (compose/alerts.yml, unchanged), scrapes the processors' health
-ports and the API's /metrics from a file_sd target list the stack writes, and sends its alerts to
+ports, the API's /metrics and region B's media replicator from a file_sd target list the stack writes, and sends its alerts to
 the local Alertmanager, which routes them with compose/alertmanager.yml. Both listen on 127.0.0.1
 only (`settings.prometheus_port`, `settings.alertmanager_port`); their files live under
 `<home>/monitoring/`. `monitoring_interval_s` is the scrape and evaluation interval (a test shortens
@@ -66,7 +66,10 @@ def scrape_targets(settings: Settings) -> list[dict[str, Any]]:
     One group per processor child of `tapeline run --role all` at `health_port_base` (or
     DEFAULT_HEALTH_PORT_BASE) + its index (supervisor.ROLES order, then the extra transcode and publish
     workers), labelled `job=tapeline-processors` and `role`, and one for the API (`tapeline serve` at
-    serve_host:serve_port, `job=tapeline-api`). Returns `[{"targets": [...], "labels": {...}}, ...]`.
+    serve_host:serve_port, `job=tapeline-api`), and, while `replicate_health_port` is set and region B
+    mirrors region A (`region_b_mirror`), region B's media replicator (`tapeline region replicate` at
+    `Settings.replicator_health_address`, `job=tapeline-region-replicator`: the region replication gauges).
+    Returns `[{"targets": [...], "labels": {...}}, ...]`.
     """
     base = settings.health_port_base or DEFAULT_HEALTH_PORT_BASE
     groups = [{"targets": [f"127.0.0.1:{base + i}"], "labels": {"job": "tapeline-processors", "role": role}}
@@ -76,6 +79,8 @@ def scrape_targets(settings: Settings) -> list[dict[str, Any]]:
                 "labels": {"job": "tapeline-processors", "role": f"{role}#{n}"}} for i, (role, n) in enumerate(extra)]
     host = "127.0.0.1" if settings.serve_host in ("0.0.0.0", "::", "") else settings.serve_host
     groups.append({"targets": [f"{host}:{settings.serve_port}"], "labels": {"job": "tapeline-api"}})
+    if settings.replicator_health_address and settings.region_b_mirror:
+        groups.append({"targets": [settings.replicator_health_address], "labels": {"job": "tapeline-region-replicator"}})
     return groups
 
 

@@ -25,7 +25,7 @@ def test_the_written_configuration_passes_promtool(tmp_path: Path):
     assert binary, "promtool is missing: `apt-get install -y prometheus` (scripts/bootstrap.sh installs it)"
     checked = subprocess.run([binary, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 14 rules found" in checked.stdout + checked.stderr, checked.stdout + checked.stderr
+    assert "SUCCESS: 20 rules found" in checked.stdout + checked.stderr, checked.stdout + checked.stderr
     body = json.loads(config.read_text())
     assert body["rule_files"] == [str(ALERT_RULES)]
     assert body["global"]["evaluation_interval"] == "1000ms"
@@ -42,3 +42,15 @@ def test_targets_are_the_supervisor_health_ports_and_the_api():
     assert [g["targets"] for g in groups if g["labels"]["job"] == "tapeline-api"] == [["127.0.0.1:18400"]]
     # Without a base the README's 9400 (what `TAPELINE_HEALTH_PORT_BASE=9400 tapeline run` serves).
     assert scrape_targets(Settings(health_port_base=0))[0]["targets"] == ["127.0.0.1:9400"]
+
+
+
+def test_region_b_replicator_is_scraped_at_its_health_port_unless_off():
+    def replicator(settings: Settings) -> list[list[str]]:
+        return [g["targets"] for g in scrape_targets(settings) if g["labels"]["job"] == "tapeline-region-replicator"]
+
+    assert replicator(Settings()) == [["127.0.0.1:9490"]]
+    assert replicator(Settings(replicate_health_port=19490, health_host="0.0.0.0")) == [["127.0.0.1:19490"]]
+    assert replicator(Settings(replicate_health_port=19490, health_host="10.0.0.5")) == [["10.0.0.5:19490"]]
+    assert replicator(Settings(replicate_health_port=0)) == []  # no server: nothing to scrape
+    assert replicator(Settings(region_b_mirror=False)) == []  # region B independent: no replicator runs
