@@ -62,6 +62,7 @@ from projections.ports import Intake, OperatorActions, WebhookEndpoints
 from tapeline import read
 from projections.provider_status import provider_overview
 from projections.problems import Sources, problems_router
+from projections.region_panel import RegionPanelSource
 from tapeline.postgres import session_options, connect, q, qf
 from domain.errors import ConfigurationError, ServiceUnavailable, TapelineError
 from domain.lifecycle import TERMINAL_STATES
@@ -269,7 +270,8 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
     metrics = ApiMetrics(lambda: context.pool, lag, providers=lambda conn: provider_overview(conn, settings))
     context = Web(settings=settings, lag=lag, metrics=metrics, flasher=FlashSigner.for_settings(settings),
                   templates=templates, actions=actions, webhooks=webhooks,
-                  sources=Sources(lag=lambda conn: lag.get(conn, timeout_s=3.0), storage_bytes=storage_bytes))
+                  sources=Sources(lag=lambda conn: lag.get(conn, timeout_s=3.0), storage_bytes=storage_bytes),
+                  region=RegionPanelSource.for_settings(settings))
     app.state.settings, app.state.metrics, app.state.web = settings, metrics, context
     if intake is not None:
         app.include_router(intake.router)  # POST /uploads: writes as the login role

@@ -22,6 +22,7 @@ from domain.errors import ServiceUnavailable
 from projections.edge import FlashSigner
 from projections.ports import OperatorActions, WebhookEndpoints
 from projections.problems import Sources, problems_now
+from projections.region_panel import RegionPanelSource
 from tapeline import read
 from tapeline.settings import Settings
 
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
 @dataclass
 class Web:
     """One app's context: its settings, projection lag cache, metrics, flash signer, templates,
-    operator actions (None: every action answers 503) and the problems strip's `sources`; `pool`, the read-only connection pool, is set
+    operator actions (None: every action answers 503), the problems strip's `sources` and the Region
+    replication panel's `region` (None: no panel); `pool`, the read-only connection pool, is set
     when the app starts (`create_app`'s lifespan)."""
 
     settings: Settings
@@ -43,6 +45,7 @@ class Web:
     actions: OperatorActions | None = None
     webhooks: WebhookEndpoints | None = None
     sources: Sources = field(default_factory=Sources)
+    region: RegionPanelSource | None = None
     state: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -129,7 +129,8 @@ def get_overview(conn: psycopg.Connection = Depends(db), context: Web = Depends(
 
 def overview(conn: psycopg.Connection, context: Web) -> dict[str, Any]:
     """The overview (`GET /api/overview`, the dashboard's first page) read over `conn`; the lag from
-    `context.lag`, `{"error": ...}` in its place when it cannot be measured."""
+    `context.lag`, `{"error": ...}` in its place when it cannot be measured; `region_replication`,
+    the Region replication panel (`projections/region_panel.py` `panel`), None when there is none."""
     by_state = {s: 0 for s in STATES}
     by_stage: dict[str, dict[str, int]] = {}
     for row in read.jobs_by_state_and_stage(conn):
@@ -145,4 +146,5 @@ def overview(conn: psycopg.Connection, context: Web) -> dict[str, Any]:
     return {"jobs_by_state": by_state, "jobs_by_stage": by_stage,
             "throughput": read.throughput(conn, read.database_now(conn)), "stalls": stalls,
             "dead_letters": read.dead_letter_counts(conn), "projection_lag": lag_doc,
-            "recent_jobs": [job_json(r) for r in read.recent_jobs(conn, 20)]}
+            "recent_jobs": [job_json(r) for r in read.recent_jobs(conn, 20)],
+            "region_replication": context.region.get() if context.region is not None else None}

@@ -165,6 +165,13 @@ const pages = {
     document.getElementById("dead-pending").textContent = String(doc.dead_letters.pending);
     const lag = doc.projection_lag;
     document.getElementById("lag").textContent = lag.error ? "unknown" : lag.events + " events, " + lag.seconds + " s";
+    const region = doc.region_replication, card = document.getElementById("region-replication");
+    if (region && card) {
+      card.dataset.state = region.state;
+      document.getElementById("region-text").textContent = region.text;
+      const rows = region.rows.map(r => el("tr", r.over ? {class: "over"} : {}, el("th", {}, r.name), num(r.value)));
+      document.querySelector("#region-rows tbody").replaceChildren(...rows);
+    }
     fillRows(document.querySelector("#recent-jobs tbody"), doc.recent_jobs, j => jobRow(j, false), "no jobs", 7);
     barChart(document.getElementById("throughput"), doc.throughput);
   },

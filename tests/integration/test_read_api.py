@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import datetime, timezone
 from typing import Iterator
 
 import httpx
@@ -552,3 +553,47 @@ def test_webhook_endpoints_through_the_admin_api(client):
     assert client.post(f"{path}/enable", headers=ADMIN).json()["enabled"] is True
     assert client.delete(path, headers=ADMIN).json()["removed"] is True
     assert client.delete(path, headers=ADMIN).status_code == 404
+
+
+def test_the_overview_shows_region_b_not_running_then_its_replicators_figures(world):
+    """The Region replication panel (projections/region_panel.py): absent without a replicator port; "not
+    running" while nothing answers there; the figures a replicator's health server publishes (its
+    `region_replication` section, as `tapeline region replicate` serves it) once one answers."""
+    from tapeline.health import HealthServer, HealthState
+    from tapeline.region_monitor import RegionSample, region_section
+    from tapeline.region_lag import PartitionCount, RegionLag, partition_lag
+
+    settings, _ = world
+    with TestClient(create_app(settings.model_copy(update={"replicate_health_port": 0})),
+                    base_url="http://localhost") as off:
+        assert off.get("/api/overview").json()["region_replication"] is None
+        assert "Region replication" not in off.get("/").text
+    with socket.socket() as s:  # a port nobody listens on once closed
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    with TestClient(create_app(settings.model_copy(update={"replicate_health_port": free})),
+                    base_url="http://localhost") as down:
+        assert down.get("/api/overview").json()["region_replication"]["state"] == "not_running"
+        page = down.get("/")
+        assert page.status_code == 200 and 'id="region-replication" data-state="not_running"' in page.text
+        assert "region B is not running" in page.text
+    health = HealthState("replicator")
+    server = HealthServer(health, "127.0.0.1", 0).start()
+    try:
+        now_ms = int(time.time() * 1000)
+        lag = RegionLag(datetime.now(timezone.utc), [partition_lag(PartitionCount(
+            settings.jobs_topic, 0, committed_a=7, span_a=9, records_b=4, newest_a_ms=now_ms, mirrored_a_ms=now_ms - 12_000))])
+        sample = RegionSample(lag.measured_at, lag, None, None, lag.measured_at, ["objects not measured: test"])
+        health.set_section("region_replication", region_section(sample, None, 30.0))
+        with TestClient(create_app(settings.model_copy(update={"replicate_health_port": server.port})),
+                        base_url="http://localhost") as up:
+            region = up.get("/api/overview").json()["region_replication"]
+            assert region["state"] == "measured"
+            shown = {r["name"]: (r["value"], r["over"]) for r in region["rows"]}
+            assert shown["events behind"] == ("3", False) and shown["seconds behind"] == ("12 s", False)
+            assert shown["objects pending"] == ("not measured", True)
+            assert region["text"].endswith("not measured: objects not measured: test")
+            page = up.get("/").text
+            assert 'data-state="measured"' in page and "<th>events behind</th><td class=\"num\">3</td>" in page
+    finally:
+        server.stop()
