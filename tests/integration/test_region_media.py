@@ -16,6 +16,8 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -46,8 +48,14 @@ MEDIA = ev.SourceMedia(format_name="mov", duration_s=4.0, width=640, height=360,
 
 @pytest.fixture(scope="module")
 def isolated(isolated: Settings) -> Iterator[Settings]:
-    """The shared `isolated` settings with a replicator that retries a bad object within 2 s."""
-    yield isolated.model_copy(update={"replicate_retry_first_s": 0.2, "replicate_retry_max_s": 2.0})
+    """The shared `isolated` settings with a replicator that retries a bad object within 2 s, and serves
+    its metrics on a free port, measuring region B's lag every 2 s."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    yield isolated.model_copy(update={"replicate_retry_first_s": 0.2, "replicate_retry_max_s": 2.0,
+                                      "replicate_health_port": port, "replicate_measure_every_s": 2.0,
+                                      "replicate_measure_timeout_s": 10.0})
 
 
 def _sha(body: bytes) -> str:
@@ -184,6 +192,48 @@ def test_every_object_the_mirrored_log_names_reaches_region_b_with_its_sha256(re
     assert objects["named"] == objects["replicated"] == len(rows) and objects["pending"] == 0
     assert objects["replicated_bytes"] >= sum(len(body) for body in job.objects.values())
     assert objects["oldest_pending_age_s"] is None and objects["replicator"]["up"] is True
+
+
+def _metrics(a: Settings) -> dict[str, float]:
+    """The replicator's `tapeline_region_*` samples (`name{label=value,...}` -> value) from its /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{a.replicator_health_address}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return {sample.name + "".join(f"{{{k}={v}}}" for k, v in sorted(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples
+            if sample.name.startswith("tapeline_region_")}
+
+
+def test_the_replicator_exports_region_bs_lag_and_the_dashboard_panel_shows_it(regions) -> None:
+    """After the first test's job: the replicator's own periodic measurement (tapeline/region_monitor.py)
+    says what `region status` says, on its metrics port, in /health/deep and on the dashboard's panel."""
+    from projections.region_panel import RegionPanelSource
+
+    a, b = regions
+    started = time.time()
+    status = wait_for(lambda: _caught_up(a), 60, "region B caught up")
+
+    def measured_after_catch_up() -> dict[str, float] | None:
+        found = _metrics(a)
+        return found if found["tapeline_region_lag_measured_timestamp_seconds"] >= started else None
+
+    metrics = wait_for(measured_after_catch_up, 30, "a whole measurement by the replicator")
+    assert sum(v for k, v in metrics.items() if k.startswith("tapeline_region_lag_events{")) == 0
+    assert {k.split("=", 1)[1].rstrip("}") for k in metrics if k.startswith("tapeline_region_lag_events{")} == \
+        set(status["topics"])  # every mirrored topic, as region status lists them
+    assert metrics["tapeline_region_lag_exact"] == 1
+    assert metrics["tapeline_region_objects_pending"] == 0
+    assert metrics["tapeline_region_objects_pending_oldest_seconds"] == 0
+    assert metrics["tapeline_region_objects_replicated"] == status["objects"]["replicated"] > 0
+    assert metrics["tapeline_region_mirror_heartbeat_age_seconds"] < 30  # MM2 writes one a second
+    assert metrics["tapeline_region_lag_measurements_total{result=complete}"] >= 1
+    with urllib.request.urlopen(f"http://{a.replicator_health_address}/health/ready", timeout=5) as resp:
+        assert resp.status == 200  # it follows region B's log
+    view = RegionPanelSource.for_settings(a).get()
+    assert view["state"] == "measured", view
+    assert view["text"] == "region B is behind region A within its alerts' thresholds", view
+    assert {r["name"]: r["value"] for r in view["rows"]}["events behind"] == "0"
 
 
 def test_bytes_that_do_not_match_their_recorded_sha256_are_not_replicated_until_they_do(regions) -> None:
