@@ -138,3 +138,23 @@ def test_the_deep_section_says_what_was_measured_and_when():
     doc = region_section(failed, T0, 30.0)
     assert (doc["lag"], doc["objects"], doc["errors"], doc["complete_at"]) == (None, None, ["objects not measured: x"],
                                                                              T0.isoformat())
+
+
+def test_a_replicator_whose_metrics_port_is_taken_runs_without_it():
+    """`region replicate` with its port held by another process (a second replicator waiting on the lock):
+    no server, no measurement, no exception (the replicator itself still runs); port 0: none at all."""
+    import socket
+    import threading
+
+    from tapeline.cli_region import _serve_region_metrics
+    from tapeline.settings import Settings
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        settings = Settings(replicate_health_port=taken.getsockname()[1], health_host="127.0.0.1")
+        stop = threading.Event()
+        assert _serve_region_metrics(settings, settings.for_region("b"), stop, threading.Event()) is None
+        assert not any(t.name == "tapeline-region-lag" for t in threading.enumerate())
+    off = Settings(replicate_health_port=0)
+    assert _serve_region_metrics(off, off.for_region("b"), threading.Event(), threading.Event()) is None
