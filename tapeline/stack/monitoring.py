@@ -60,6 +60,14 @@ def _markers(settings: Settings, service: str) -> tuple[str, ...]:
     return (binary, f"--web.listen-address={_address(settings, service)}")
 
 
+def _region_b_set_up(settings: Settings) -> bool:
+    """Whether `tapeline stack up --region b` has run on this machine (region B's home exists)."""
+    try:
+        return settings.for_region("b").home.is_dir()
+    except ValueError:  # settings of region B itself
+        return False
+
+
 def scrape_targets(settings: Settings) -> list[dict[str, Any]]:
     """The file_sd target groups of the local Prometheus (pure).
 
@@ -67,7 +75,8 @@ def scrape_targets(settings: Settings) -> list[dict[str, Any]]:
     DEFAULT_HEALTH_PORT_BASE) + its index (supervisor.ROLES order, then the extra transcode and publish
     workers), labelled `job=tapeline-processors` and `role`, and one for the API (`tapeline serve` at
     serve_host:serve_port, `job=tapeline-api`), and, while `replicate_health_port` is set and region B
-    mirrors region A (`region_b_mirror`), region B's media replicator (`tapeline region replicate` at
+    mirrors region A (`region_b_mirror`) and region B has been set up here (its home exists: `stack up
+    --region b` ran; otherwise its down alert would fire for ever), region B's media replicator (`tapeline region replicate` at
     `Settings.replicator_health_address`, `job=tapeline-region-replicator`: the region replication gauges).
     Returns `[{"targets": [...], "labels": {...}}, ...]`.
     """
@@ -79,7 +88,7 @@ def scrape_targets(settings: Settings) -> list[dict[str, Any]]:
                 "labels": {"job": "tapeline-processors", "role": f"{role}#{n}"}} for i, (role, n) in enumerate(extra)]
     host = "127.0.0.1" if settings.serve_host in ("0.0.0.0", "::", "") else settings.serve_host
     groups.append({"targets": [f"{host}:{settings.serve_port}"], "labels": {"job": "tapeline-api"}})
-    if settings.replicator_health_address and settings.region_b_mirror:
+    if settings.replicator_health_address and settings.region_b_mirror and _region_b_set_up(settings):
         groups.append({"targets": [settings.replicator_health_address], "labels": {"job": "tapeline-region-replicator"}})
     return groups
 

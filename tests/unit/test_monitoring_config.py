@@ -45,12 +45,14 @@ def test_targets_are_the_supervisor_health_ports_and_the_api():
 
 
 
-def test_region_b_replicator_is_scraped_at_its_health_port_unless_off():
-    def replicator(settings: Settings) -> list[list[str]]:
+def test_region_b_replicator_is_scraped_at_its_health_port_unless_off(tmp_path):
+    def replicator(**values) -> list[list[str]]:
+        settings = Settings(**{"region_b_home": tmp_path, **values})  # region B set up here (its home exists)
         return [g["targets"] for g in scrape_targets(settings) if g["labels"]["job"] == "tapeline-region-replicator"]
 
-    assert replicator(Settings()) == [["127.0.0.1:9490"]]
-    assert replicator(Settings(replicate_health_port=19490, health_host="0.0.0.0")) == [["127.0.0.1:19490"]]
-    assert replicator(Settings(replicate_health_port=19490, health_host="10.0.0.5")) == [["10.0.0.5:19490"]]
-    assert replicator(Settings(replicate_health_port=0)) == []  # no server: nothing to scrape
-    assert replicator(Settings(region_b_mirror=False)) == []  # region B independent: no replicator runs
+    assert replicator() == [["127.0.0.1:9490"]]
+    assert replicator(replicate_health_port=19490, health_host="0.0.0.0") == [["127.0.0.1:19490"]]
+    assert replicator(replicate_health_port=19490, health_host="10.0.0.5") == [["10.0.0.5:19490"]]
+    assert replicator(replicate_health_port=0) == []  # no server: nothing to scrape
+    assert replicator(region_b_mirror=False) == []  # region B independent: no replicator runs
+    assert replicator(region_b_home=tmp_path / "never-set-up") == []  # no region B on this machine: its alert would fire
