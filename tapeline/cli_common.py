@@ -19,9 +19,17 @@ FINAL = TERMINAL_STATES  # a job in one of these has stopped (until an operator 
 
 
 def load_settings() -> Settings:
-    """The settings from the environment (`TAPELINE_*`) and `.env`; raises pydantic's
-    ValidationError for a setting that fails validation (`tapeline.cli.main` reports it)."""
-    return Settings()
+    """The settings from the environment (`TAPELINE_*`) and `.env`: region A's, or with
+    `TAPELINE_REGION=b` region B's, derived from them by `Settings.for_region` (the one rule; the
+    environment always describes region A). Raises pydantic's ValidationError for a setting that fails
+    validation (`tapeline.cli.main` reports it)."""
+    return region_settings()[Settings().region]
+
+
+def region_settings() -> dict[str, Settings]:
+    """`{"a": region A's settings, "b": region B's}` from the environment (whatever TAPELINE_REGION says)."""
+    a = Settings().model_copy(update={"region": "a"})
+    return {"a": a, "b": a.for_region("b")}
 
 
 def fail(exc: Exception, code: int = 1) -> None:

@@ -4,6 +4,7 @@ main CLI in `tapeline/cli.py`)."""
 from __future__ import annotations
 
 import faulthandler
+import os
 import signal
 import sys
 import threading
@@ -13,7 +14,7 @@ import typer
 
 from domain.errors import TapelineError
 from tapeline import logs
-from tapeline.cli_common import console, fail, load_settings
+from tapeline.cli_common import region_settings, console, fail, load_settings
 from domain.pipeline import STAGE_NAMES
 from tapeline.settings import Settings
 
@@ -76,20 +77,34 @@ def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f
         pid = supervisor.detach(settings, role)
         console.print(f"processors running in the background (pid {pid}); logs: {settings.home / 'logs' / 'run.log'}")
         return
+    from tapeline.region_authority import FENCED_EXIT_CODE, RegionGuard, check_region
+
+    regions = region_settings()
+    reason = check_region(settings.region, regions)  # a fenced region's processors write nothing
+    if reason is not None:
+        fail(RuntimeError(reason), code=FENCED_EXIT_CODE)
+    guard = None
+    if os.environ.get(supervisor.SUPERVISED_ENV) != "1":  # a supervisor's children: their supervisor checks
+        guard = RegionGuard(settings.region, regions, settings.region_check_interval_s,
+                            lambda _reason: os.kill(os.getpid(), signal.SIGTERM)).start()
     try:
         from tapeline.postgres import migrate as run_migrations
         from tapeline.wiring import rescue_on_exit
 
         run_migrations(settings.database_url, settings.db_schema, settings.reader_role)
         if role == "all":
-            raise typer.Exit(supervisor.supervise(supervisor.ROLES, grace_s=settings.shutdown_grace_s,
-                                                  health_port_base=settings.health_port_base,
-                                                  backoff_s=settings.restart_backoff_s,
-                                                  workers={stage: settings.workers_of(stage) for stage in STAGE_NAMES},
-                                                  on_exit=rescue_on_exit(settings)))
-        raise typer.Exit(run_role(settings, role))
+            code = supervisor.supervise(supervisor.ROLES, grace_s=settings.shutdown_grace_s,
+                                        health_port_base=settings.health_port_base,
+                                        backoff_s=settings.restart_backoff_s,
+                                        workers={stage: settings.workers_of(stage) for stage in STAGE_NAMES},
+                                        on_exit=rescue_on_exit(settings))
+        else:
+            code = run_role(settings, role)
     except TapelineError as exc:
         fail(exc)
+    if guard is not None and guard.reason is not None:
+        fail(RuntimeError(guard.reason), code=FENCED_EXIT_CODE)
+    raise typer.Exit(code)
 
 
 def serve(host: Optional[str] = typer.Option(None, "--host", envvar="TAPELINE_SERVE_HOST",

@@ -75,6 +75,13 @@ class Settings(BaseSettings):
                                              "port + region_b_port_offset")
     region_b_home: Path | None = Field(None, description="Region B's stack home (state, logs, Kafka and PostgreSQL "
                                        "data, the mirror's files); unset: <home>/region-b")
+    region_b_health_port_base: int | None = Field(None, ge=0, le=65535, description="Health port base of region "
+                                                  "B's `run --role all` (its intake's readiness is how a failover "
+                                                  "knows region B accepts uploads); unset: region A's "
+                                                  "health_port_base (9400 when 0) + region_b_port_offset")
+    region_check_interval_s: float = Field(5.0, gt=0, description="`tapeline run`: seconds between its checks "
+                                           "that its region still holds the job history (a region fenced by a "
+                                           "failover stops its processors; docs/regions.md \"Failover\")")
     region_b_mirror: bool = Field(True, description="`stack up --region b` also starts MirrorMaker 2 mirroring "
                                   "region A's topics into region B (false: region B starts empty and independent)")
     replicate_retry_first_s: float = Field(0.5, gt=0, description="`tapeline region replicate`: seconds before the "
@@ -341,6 +348,7 @@ class Settings(BaseSettings):
           user, password and database name (a second server, not a second database);
         - S3: `s3_endpoint` with its port + offset (29000), same bucket and credentials;
         - home: `<home>/region-b`; the Kafka jars stay region A's (`kafka_jars`);
+        - its processors' health ports from `region_b_health_port_base` (19400: 9400 + offset);
         - one Kafka node, so its topics' replicas and `min.insync.replicas` are 1 whatever region A's.
 
         Topic names, app name and every other setting are kept: the mirror keeps topic names
@@ -367,6 +375,8 @@ class Settings(BaseSettings):
             "database_url": self.region_b_database_url or _with_port(self.database_url, self.region_b_postgres_port),
             "s3_endpoint": self.region_b_s3_endpoint or _with_port(self.s3_endpoint, offset, relative=True),
             "home": self.region_b_home or Path(self.home) / "region-b",
+            "health_port_base": self.region_b_health_port_base if self.region_b_health_port_base is not None
+            else (self.health_port_base or 9400) + offset,
             "kafka_jars": self.kafka_jars or Path(self.home) / "kafka" / "libs",
         })
 
@@ -449,6 +459,12 @@ class Settings(BaseSettings):
     def dlq_topic(self) -> str:
         return f"{self.topic_prefix}.dlq"
 
+    @property
+    def regions_topic(self) -> str:
+        """`<prefix>.regions`: the region epochs (`RegionFailedOver`), one partition, never mirrored
+        (each region's own; docs/regions.md "Failover")."""
+        return f"{self.topic_prefix}.regions"
+
     def workers_of(self, stage: str) -> int:
         """`run --role all`: worker processes of `stage` (`transcode_workers`, `publish_workers`, else
         `stage_workers[stage]`, default 1)."""
@@ -465,7 +481,7 @@ class Settings(BaseSettings):
     def all_topics(self) -> dict[str, int]:
         """Every topic name with its partition count."""
         topics = {self.uploads_topic: self.uploads_partitions, self.jobs_topic: self.jobs_partitions,
-                  self.dlq_topic: self.jobs_partitions}
+                  self.dlq_topic: self.jobs_partitions, self.regions_topic: 1}
         for stage in pipeline.STAGE_NAMES:
             for topic in self.work_topics(stage):
                 topics[topic] = self.work_partitions

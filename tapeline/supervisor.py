@@ -30,6 +30,10 @@ BACKOFF_S = (1, 2, 5, 10, 30)
 """Restart delays after consecutive crashes, seconds; a child that ran 60 s resets the count."""
 
 
+SUPERVISED_ENV = "TAPELINE_SUPERVISED"
+"""Set to 1 in a supervisor's children: the supervisor runs the region guard for all of them."""
+
+
 def child_command(role: str, extra: list[str] | None = None) -> list[str]:
     return [sys.executable, "-m", "tapeline.cli", "run", "--role", role, *(extra or [])]
 
@@ -43,6 +47,7 @@ def child_env(role: str, health_port_base: int = 0, extra_index: int | None = No
     env = dict(os.environ)
     env.pop("TAPELINE_HEALTH_PORT", None)  # one port shared by every child would make all but one crash-loop
     env["TAPELINE_WORKER_NAME"] = name or role  # the child's stable name: its holdings survive its death
+    env[SUPERVISED_ENV] = "1"  # its supervisor watches the region's fence (tapeline/region_authority.py)
     if health_port_base:
         offset = ROLES.index(role) if extra_index is None else len(ROLES) + extra_index
         env["TAPELINE_HEALTH_PORT"] = str(health_port_base + offset)

@@ -32,8 +32,9 @@ MIRROR_READY_TIMEOUT_S = 90.0
 
 def mirrored_topics(settings: Settings) -> list[str]:
     """The topics region B receives: every topic of the contract (`Settings.all_topics`): the uploads,
-    the lifecycle (`<prefix>.jobs`), every stage's work topics and the dead letters."""
-    return sorted(settings.all_topics())
+    the lifecycle (`<prefix>.jobs`), every stage's work topics and the dead letters; not the region
+    epochs (`<prefix>.regions`: each region's own, written by a failover)."""
+    return sorted(set(settings.all_topics()) - {settings.regions_topic})
 
 
 def _property_value(text: str) -> str:

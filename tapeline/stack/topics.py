@@ -72,7 +72,7 @@ def ensure_topics(settings: Settings, timeout_s: float = TOPICS_TIMEOUT_S) -> No
         config: dict[str, str] = {"min.insync.replicas": str(settings.min_insync_replicas)}
         if topic == settings.jobs_topic:
             config.update(JOBS_TOPIC_CONFIG)
-        elif topic in (settings.uploads_topic, settings.dlq_topic):
+        elif topic in (settings.uploads_topic, settings.dlq_topic, settings.regions_topic):
             config.update(SIDE_TOPIC_CONFIG)
         wanted[topic] = (partitions, config)
 

@@ -1,0 +1,184 @@
+"""The region epochs on Kafka (`<prefix>.regions`), and the guard that keeps a fenced region's
+processors from writing (docs/regions.md "Failover"; the rule is `domain/regions.py`).
+
+Each region's Kafka has its own `<prefix>.regions` topic (one partition, LogAppendTime, kept for
+ever, never mirrored). `tapeline region failover` writes its `RegionFailedOver` to every region that
+answers; a processor reads the topic of every region that answers, takes the highest epoch, and runs
+only when it names its own region. A fence found only in the other region is copied into the
+processor's own region, so the next start sees it even while the other region does not answer.
+
+Limit, said plainly: a region that comes back while it cannot reach the other one, and never saw
+the fence, cannot know it was fenced; its processors then write to its own log, which no longer
+reaches the active region (the mirror into the active region is stopped by the failover, and
+`stack up --region b` never starts it toward an active region B). A deployment that must rule this
+out keeps the region record in a store both regions must reach (a quorum across three sites).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+import structlog
+
+from domain import events as ev
+from domain.codec import default_codec
+from domain.errors import ServiceUnavailable
+from domain.regions import Authority, REGION_EVENT_KEY, authority, fence_reason
+from tapeline.settings import Settings
+
+log = structlog.get_logger("tapeline.region")
+
+FENCED_EXIT_CODE = 3
+"""`tapeline run` exits with this code when its region is fenced (the supervisor does not restart it)."""
+
+
+def _answers(settings: Settings, timeout_s: float = 1.0) -> bool:
+    """Whether something accepts a TCP connection at one of the region's bootstrap addresses (a
+    port nobody listens on is refused at once: a region that is not there costs no wait)."""
+    for address in settings.kafka_bootstrap_servers.split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port or 9092)), timeout=timeout_s):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+def read_region_records(settings: Settings, timeout_s: float = 5.0) -> list[ev.RegionFailedOver]:
+    """Every `RegionFailedOver` on the region's `<prefix>.regions` (none when the topic does not
+    exist). Raises ServiceUnavailable when the region's Kafka does not answer within `timeout_s`."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    client = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers, "group.id": "tapeline-regions-read",
+                       "enable.auto.commit": False, "isolation.level": "read_committed",
+                       "allow.auto.create.topics": False})
+    try:
+        try:
+            topics = client.list_topics(timeout=timeout_s).topics
+        except KafkaException as exc:
+            raise ServiceUnavailable(f"region {settings.region}'s Kafka does not answer: {exc}") from exc
+        if settings.regions_topic not in topics:
+            return []
+        low, high = client.get_watermark_offsets(TopicPartition(settings.regions_topic, 0), timeout=timeout_s)
+        if high <= low:
+            return []
+        client.assign([TopicPartition(settings.regions_topic, 0, low)])
+        records, codec, deadline = [], default_codec(), time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            message = client.poll(0.5)
+            if message is None or message.error():
+                continue
+            event = ev.Event.from_record(codec.decode(message.value(), topic=message.topic(),
+                                                      partition=message.partition(), offset=message.offset()))
+            if isinstance(event, ev.RegionFailedOver):
+                records.append(event)
+            if message.offset() >= high - 1:
+                return records
+        raise ServiceUnavailable(f"region {settings.region}'s {settings.regions_topic} not read within {timeout_s:g} s")
+    finally:
+        client.close()
+
+
+def write_region_record(settings: Settings, event: ev.RegionFailedOver, timeout_s: float = 15.0) -> None:
+    """Append `event` to the region's `<prefix>.regions` (acks=all, idempotent; the topic exists:
+    `ensure_topics`). Raises ServiceUnavailable when it is not acknowledged within `timeout_s`."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers, "enable.idempotence": True,
+                         "acks": "all", "message.timeout.ms": int(timeout_s * 1000)})
+    failures: list[str] = []
+    producer.produce(settings.regions_topic, key=REGION_EVENT_KEY.encode(),
+                     value=default_codec().encode(event.to_record()), partition=0,
+                     on_delivery=lambda error, _message: error and failures.append(str(error)))
+    if producer.flush(timeout_s) or failures:
+        raise ServiceUnavailable(f"the region record was not written to region {settings.region}: "
+                                 f"{failures[0] if failures else 'not acknowledged'}")
+
+
+@dataclass
+class RegionView:
+    """What the reachable regions' topics say: the authority, the records per region that answered,
+    and the regions that did not answer."""
+
+    authority: Authority
+    records: dict[str, list[ev.RegionFailedOver]] = field(default_factory=dict)
+    unreachable: list[str] = field(default_factory=list)
+
+
+def read_regions(regions: dict[str, Settings], timeout_s: float = 5.0) -> RegionView:
+    """Read `<prefix>.regions` of every region in `regions` (`{"a": ..., "b": ...}`) that answers."""
+    records: dict[str, list[ev.RegionFailedOver]] = {}
+    unreachable = []
+    for name, settings in regions.items():
+        if not _answers(settings):
+            unreachable.append(name)
+            continue
+        try:
+            records[name] = read_region_records(settings, timeout_s)
+        except ServiceUnavailable as exc:
+            log.warning("region not read", region=name, error=str(exc))
+            unreachable.append(name)
+    return RegionView(authority([r for rs in records.values() for r in rs]), records, unreachable)
+
+
+def check_region(region: str, regions: dict[str, Settings], timeout_s: float = 5.0) -> str | None:
+    """Why processors of `region` must not write (`domain/regions.py` `fence_reason`), or None.
+
+    A fence read only from the other region is copied into `region`'s own topic when it answers, so
+    a later start sees it there. A region that cannot be read counts as holding no record."""
+    view = read_regions(regions, timeout_s)
+    reason = fence_reason(region, view.authority)
+    record = view.authority.record
+    own = view.records.get(region)
+    if record is not None and own is not None and all(r.event_id != record.event_id for r in own):
+        try:
+            write_region_record(regions[region], record)
+            log.warning("region record copied into this region", region=region, epoch=record.epoch,
+                        to_region=record.to_region)
+        except ServiceUnavailable as exc:
+            log.warning("region record not copied", region=region, error=str(exc))
+    return reason
+
+
+class RegionGuard:
+    """Checks every `interval_s` seconds, in its own thread, that `region` still holds the job
+    history; calls `on_fenced(reason)` once when it does not. A check that cannot read a region
+    changes nothing (the processors' own writes fail while their Kafka does not answer)."""
+
+    def __init__(self, region: str, regions: dict[str, Settings], interval_s: float,
+                 on_fenced: Callable[[str], None]) -> None:
+        self.region, self.regions, self.interval_s, self.on_fenced = region, regions, interval_s, on_fenced
+        self.reason: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="region-guard", daemon=True)
+
+    def start(self) -> "RegionGuard":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                reason = check_region(self.region, self.regions)
+            except Exception as exc:  # a check never stops the processors by failing
+                log.warning("region check failed", error=f"{type(exc).__name__}: {exc}")
+                continue
+            if reason is not None:
+                self.reason = reason
+                log.error("region fenced: stopping", region=self.region, reason=reason)
+                self.on_fenced(reason)
+                return
+
+
+def new_failover_id() -> str:
+    """A failover's id (the `correlation_id` of its record)."""
+    return str(uuid.uuid4())
