@@ -176,3 +176,47 @@ def _serve_region_metrics(settings, target, stop: threading.Event, ready: thread
 
     threading.Thread(target=mark_ready, name="tapeline-replicator-ready", daemon=True).start()
     return server
+
+
+@region_app.command("failover")
+def region_failover(
+    to: str = typer.Option(..., "--to", help="The region that takes over the job history: b (or a, to switch back)"),
+    why: str = typer.Option(..., "--why", help="Why, recorded in the failover's event and shown to whoever the "
+                            "fence stops"),
+    operator: Optional[str] = typer.Option(None, "--operator", help="Who runs it (default user@host)"),
+    drain_timeout_s: float = typer.Option(60.0, "--drain-timeout", min=0.0, help="A planned switch (the region "
+                                          "left still answers): longest wait, seconds, for the mirror to copy "
+                                          "every committed record before it is stopped"),
+    no_processors: bool = typer.Option(False, "--no-processors", help="Do not start the target's processors "
+                                       "(start them yourself: TAPELINE_REGION=b tapeline run)"),
+    as_json: bool = typer.Option(False, "--json", help="The report as one JSON object"),
+) -> None:
+    """Move the job history to region --to (docs/regions.md "Failover"): fence the region left (a
+    `RegionFailedOver` with the next region epoch; its processors stop and write nothing, now or when
+    they come back), drain the mirror when the region left still answers, stop the mirror and the media
+    replicator, bring the target's projections up to date, queue again every attempt that was running
+    in the region left (a `region_lost` stall: it uses no attempt, and resumes from the checkpoints the
+    target holds), start the target's processors and wait until its intake accepts uploads. Prints
+    each step's seconds from the start.
+
+    Idempotent: run again after an interruption, it goes on from the fence already recorded.
+    Exit code 1 when a step fails (the message says which; the steps before it stay done), 2 for an
+    unknown region.
+    """
+    from tapeline.cli_common import region_settings
+    from tapeline.failover import FailoverError, fail_over
+
+    if to not in ("a", "b"):
+        fail(ValueError(f"unknown region {to!r}: a or b"), code=2)
+    try:
+        report = fail_over(region_settings(), to, why, operator=operator, drain_timeout_s=drain_timeout_s,
+                           start_processors=not no_processors, say=(lambda _line: None) if as_json else out.print)
+    except (FailoverError, ValueError) as exc:
+        fail(exc)
+        return
+    if as_json:
+        typer.echo(json.dumps(report.as_dict()))
+        return
+    lost = ", ".join(f"{a['job_id'][:8]} {a['stage']} #{a['attempt']}" for a in report.lost_attempts) or "none"
+    out.print(f"region {report.to_region} holds the job history from epoch {report.epoch} "
+              f"(failover {report.failover_id}); attempts lost with region {report.from_region}: {lost}")

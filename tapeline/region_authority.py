@@ -50,9 +50,9 @@ def _answers(settings: Settings, timeout_s: float = 1.0) -> bool:
     return False
 
 
-def read_region_records(settings: Settings, timeout_s: float = 5.0) -> list[ev.RegionFailedOver]:
-    """Every `RegionFailedOver` on the region's `<prefix>.regions` (none when the topic does not
-    exist). Raises ServiceUnavailable when the region's Kafka does not answer within `timeout_s`."""
+def read_region_records(settings: Settings, timeout_s: float = 5.0) -> list[ev.RegionFailedOver] | None:
+    """Every `RegionFailedOver` on the region's `<prefix>.regions`; None when the topic does not
+    exist. Raises ServiceUnavailable when the region's Kafka does not answer within `timeout_s`."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     client = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers, "group.id": "tapeline-regions-read",
@@ -64,12 +64,21 @@ def read_region_records(settings: Settings, timeout_s: float = 5.0) -> list[ev.R
         except KafkaException as exc:
             raise ServiceUnavailable(f"region {settings.region}'s Kafka does not answer: {exc}") from exc
         if settings.regions_topic not in topics:
-            return []
-        low, high = client.get_watermark_offsets(TopicPartition(settings.regions_topic, 0), timeout=timeout_s)
+            return None
+        deadline = time.monotonic() + timeout_s
+        while True:  # a topic created a moment ago has no leader yet (NOT_LEADER_FOR_PARTITION)
+            try:
+                low, high = client.get_watermark_offsets(TopicPartition(settings.regions_topic, 0), timeout=timeout_s)
+                break
+            except KafkaException as exc:
+                if time.monotonic() >= deadline:
+                    raise ServiceUnavailable(f"region {settings.region}'s {settings.regions_topic} has no "
+                                             f"answer: {exc}") from exc
+                time.sleep(0.2)
         if high <= low:
             return []
         client.assign([TopicPartition(settings.regions_topic, 0, low)])
-        records, codec, deadline = [], default_codec(), time.monotonic() + timeout_s
+        records, codec = [], default_codec()
         while time.monotonic() < deadline:
             message = client.poll(0.5)
             if message is None or message.error():
@@ -103,8 +112,8 @@ def write_region_record(settings: Settings, event: ev.RegionFailedOver, timeout_
 
 @dataclass
 class RegionView:
-    """What the reachable regions' topics say: the authority, the records per region that answered,
-    and the regions that did not answer."""
+    """What the reachable regions' topics say: the authority, the records per region that answered
+    and has the topic, and the regions that did not answer."""
 
     authority: Authority
     records: dict[str, list[ev.RegionFailedOver]] = field(default_factory=dict)
@@ -120,7 +129,9 @@ def read_regions(regions: dict[str, Settings], timeout_s: float = 5.0) -> Region
             unreachable.append(name)
             continue
         try:
-            records[name] = read_region_records(settings, timeout_s)
+            found = read_region_records(settings, timeout_s)
+            if found is not None:
+                records[name] = found
         except ServiceUnavailable as exc:
             log.warning("region not read", region=name, error=str(exc))
             unreachable.append(name)
@@ -138,7 +149,7 @@ def check_region(region: str, regions: dict[str, Settings], timeout_s: float = 5
     own = view.records.get(region)
     if record is not None and own is not None and all(r.event_id != record.event_id for r in own):
         try:
-            write_region_record(regions[region], record)
+            write_region_record(regions[region], record, timeout_s=timeout_s)
             log.warning("region record copied into this region", region=region, epoch=record.epoch,
                         to_region=record.to_region)
         except ServiceUnavailable as exc:

@@ -140,8 +140,9 @@ def running_pid(settings: Settings) -> int | None:
         return None
 
 
-def detach(settings: Settings, role: str) -> int:
-    """Start `tapeline run --role ROLE` in the background; returns its pid (an existing one is reused)."""
+def detach(settings: Settings, role: str, env: dict[str, str] | None = None) -> int:
+    """Start `tapeline run --role ROLE` in the background (environment `env`, default this process's);
+    returns its pid (an existing one is reused). Its pid file and log are under `settings.home`."""
     existing = running_pid(settings)
     if existing:
         return existing
@@ -149,7 +150,7 @@ def detach(settings: Settings, role: str) -> int:
     pid_file(settings).parent.mkdir(parents=True, exist_ok=True)
     with open(settings.home / "logs" / "run.log", "ab") as out:
         process = subprocess.Popen(child_command(role), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                   start_new_session=True)
+                                   start_new_session=True, env=env)
     pid_file(settings).write_text(str(process.pid))
     return process.pid
 

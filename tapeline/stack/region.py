@@ -13,10 +13,11 @@ from typing import Any
 
 from rich.console import Console
 
+from tapeline import supervisor
 from tapeline.settings import Settings
 
 from tapeline.stack import up_services
-from tapeline.stack.base import StackError, _locked, _paths, _read_state, _s3_markers, _update_state, stop_owned
+from tapeline.stack.base import StackError, _locked, _say, _paths, _read_state, _s3_markers, _update_state, stop_owned
 from tapeline.stack.kafka import kafka_nodes, kafka_status
 from tapeline.stack.mirror import down_mirror, mirror_status, up_mirror
 from tapeline.stack.pgserver import down_own_postgres, up_own_postgres
@@ -39,8 +40,13 @@ def up_region_b(settings: Settings, console: Console | None = None, mirror: bool
     with _locked(paths):
         up_services(target, paths, console, up_own_postgres, region="b")
         if settings.region_b_mirror if mirror is None else mirror:
-            up_mirror(settings, target, paths, console)
-            up_replicator(target, paths, console)
+            active = _active_region(settings)
+            if active == "b":  # after a failover: mirroring A's log into B would mix A's writes into B's history
+                _say(console, "[bold]mirror[/]: not started: region b holds the job history (failed over); "
+                              "region a rejoins as the standby instead (docs/regions.md \"Failback\")")
+            else:
+                up_mirror(settings, target, paths, console)
+                up_replicator(target, paths, console)
     return region_b_status(settings)
 
 
@@ -56,6 +62,8 @@ def down_region_b(settings: Settings, console: Console | None = None) -> None:
     if not paths.home.is_dir():
         return
     with _locked(paths):
+        if supervisor.stop_detached(target):  # region B's processors, started by a failover
+            _say(console, "[bold]processors (region b)[/]: stopped")
         down_mirror(paths, console)
         down_replicator(paths, console)
         for name, pid_file, markers in ([("kafka (region b)", n.pid_file, n.markers) for n in kafka_nodes(target, paths)]
@@ -68,6 +76,13 @@ def down_region_b(settings: Settings, console: Console | None = None) -> None:
             down_own_postgres(paths, server, console)
 
 
+def _active_region(settings: Settings) -> str:
+    """The region that holds the job history, as the region epochs of the regions that answer say."""
+    from tapeline.region_authority import read_regions
+
+    return read_regions({"a": settings, "b": settings.for_region("b")}).authority.active
+
+
 def region_b_status(settings: Settings) -> dict[str, Any]:
     """Region B's services for region A's `settings`, shaped like `status()`'s: `{"region": "b",
     "home", "kafka", "postgres", "s3", "mirror", "replicator"}` (`mirror_status`, `replicator_status`).
@@ -77,7 +92,9 @@ def region_b_status(settings: Settings) -> dict[str, Any]:
     state = _read_state(paths)
     return {"region": "b", "home": str(paths.home), "kafka": kafka_status(target, paths),
             "postgres": postgres_status(target, state.get("postgres") or {}), "s3": s3_status(target, paths), "mirror": mirror_status(target, paths, settings.region_b_mirror),
-            "replicator": {**replicator_status(paths), "enabled": settings.region_b_mirror}}
+            "replicator": {**replicator_status(paths), "enabled": settings.region_b_mirror},
+            "processors": {"up": supervisor.running_pid(target) is not None, "pid": supervisor.running_pid(target),
+                           "log": str(target.home / "logs" / "run.log")}}
 
 
 __all__ = ["up_region_b", "down_region_b", "region_b_status", "StackError"]

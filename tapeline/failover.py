@@ -1,0 +1,301 @@
+"""`tapeline region failover --to R`: move the job history to region R (docs/regions.md "Failover").
+
+The steps, in order (each timed from the command's start, `FailoverReport.steps`):
+
+1. `target_answers`: region R's Kafka and PostgreSQL answer (else `FailoverError`, nothing changed);
+   its topics exist (`ensure_topics`, with `<prefix>.regions`).
+2. `fenced`: a `RegionFailedOver` with the next region epoch is written to R's `<prefix>.regions`,
+   and to the region left behind when its Kafka answers (a planned switch). From here on the left
+   region's processors stop at their next check (`tapeline/region_authority.py`) and write nothing;
+   a left region that comes back reads the fence from R. Run again after a crash, the command finds
+   R already active and goes on with the steps below (each is idempotent).
+3. `drained` (planned switch only): the mirror into R has copied every committed record of the left
+   region (events behind 0, `tapeline/region_measure.py`), waited for up to `drain_timeout_s`.
+4. `mirror_stopped`: MirrorMaker 2 and the media replicator of R are stopped (R's own writes must
+   not be mixed with the left region's, and the left region's objects are no longer reachable).
+5. `projections_caught_up`: R's PostgreSQL is migrated and a projector folds R's log until it has
+   applied everything (`tapeline/lag.py` events behind 0).
+6. `lost_attempts_requeued`: every job R's projection shows `running` held an attempt in the left
+   region: `domain/regions.py` `region_lost_row` and the watchdog's rule (`run_once`) write
+   `StallDetected(region_lost)` + `RetryScheduled` + `StageQueued` + `WorkItem` in one transaction, so
+   the next attempt starts in R at once, resumes from the checkpoints R holds, and uses no attempt.
+   Jobs queued, waiting for a retry or between stages need nothing: their work items and
+   retries are in R's log. A publish attempt that starts again reconciles first (provider lookup by
+   idempotency key; `needs_review` when a post cannot be proven either way).
+7. `processors_started`: R's `tapeline run --role all` in the background (pid and log under R's home;
+   `tapeline stack down --region b` stops it), unless `start_processors` is False.
+8. `accepting_uploads`: R's intake reports ready on its health port: an upload submitted to R is
+   taken from here on.
+
+Region B's consumer groups start from the beginning of its log (the mirror does not translate group
+offsets into them): every work item and upload is read again and dropped by the workers' and the
+intake's reconciliation (a job that exists, an attempt that is stale), never acted on twice.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import psycopg
+import structlog
+
+from domain import events as ev
+from domain.errors import ServiceUnavailable, TapelineError
+from domain.regions import failover_event, region_lost_row
+from tapeline.clock import system_clock
+from tapeline.region_authority import new_failover_id, read_regions, write_region_record
+from tapeline.settings import Settings
+
+log = structlog.get_logger("tapeline.failover")
+
+
+class FailoverError(TapelineError):
+    """The failover could not start or finish a step; the message says which and why. Steps already
+    done stay done; running the command again goes on from where it stopped."""
+
+
+@dataclass
+class FailoverReport:
+    """What a failover did: its record, whether the left region answered (`planned`), each step's
+    seconds from the command's start, and the jobs whose attempt was lost with the left region."""
+
+    failover_id: str
+    from_region: str
+    to_region: str
+    epoch: int
+    planned: bool
+    resumed: bool = False  # the target was already active: an earlier run's failover finished here
+    steps: dict[str, float] = field(default_factory=dict)
+    lost_attempts: list[dict[str, Any]] = field(default_factory=list)
+    processors_pid: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"failover_id": self.failover_id, "from_region": self.from_region, "to_region": self.to_region,
+                "epoch": self.epoch, "planned": self.planned, "resumed": self.resumed,
+                "steps_s": {name: round(s, 3) for name, s in self.steps.items()},
+                "lost_attempts": self.lost_attempts, "processors_pid": self.processors_pid}
+
+
+def _operator() -> str:
+    try:
+        return f"{getpass.getuser()}@{socket.gethostname()}"
+    except Exception:  # no user name in a container
+        return f"uid {os.getuid()}@{socket.gethostname()}"
+
+
+def fail_over(regions: dict[str, Settings], to: str, why: str, *, operator: str | None = None,
+              drain_timeout_s: float = 60.0, start_processors: bool = True, accept_timeout_s: float = 120.0,
+              say: Callable[[str], None] = lambda _line: None) -> FailoverReport:
+    """Move the job history to region `to` (see the module for the steps). `regions`: `{"a": region
+    A's settings, "b": region B's}`. `say` gets one line per step. Raises `FailoverError` (with the
+    step) when a step cannot be done, `ValueError` for an unknown region or an empty reason."""
+    from tapeline.stack.kafka import _kafka_answers
+
+    started = time.monotonic()
+    if to not in regions:
+        raise ValueError(f"unknown region {to!r}: {', '.join(regions)}")
+    target = regions[to]
+    left = next(name for name in regions if name != to)
+    source = regions[left]
+
+    def step(name: str, line: str) -> None:
+        report.steps[name] = time.monotonic() - started
+        say(f"{report.steps[name]:7.2f} s  {line}")
+
+    answers, why_not = _kafka_answers(target)
+    if not answers:
+        raise FailoverError(f"region {to}'s Kafka ({target.kafka_bootstrap_servers}) does not answer: {why_not}")
+    try:
+        psycopg.connect(target.database_url, connect_timeout=5).close()
+    except psycopg.Error as exc:
+        raise FailoverError(f"region {to}'s PostgreSQL does not answer: {exc}") from exc
+    from tapeline.stack import ensure_topics
+
+    ensure_topics(target)
+    view = read_regions(regions)
+    planned = left not in view.unreachable
+    current = view.authority
+    if current.active == to and current.record is not None:
+        record, resumed = current.record, True
+    elif current.active == to:
+        raise FailoverError(f"region {to} already holds the job history (epoch {current.epoch}); nothing to fail over")
+    else:
+        record = failover_event(current, to, reason=why, operator=operator or _operator(), planned=planned,
+                                recorded_by=f"failover@{socket.gethostname()}:{os.getpid()}",
+                                failover_id=new_failover_id(), stamp=system_clock.stamp())
+        resumed = False
+    report = FailoverReport(record.correlation_id, record.from_region, to, record.epoch, planned, resumed)
+    step("target_answers", f"region {to} answers (Kafka {target.kafka_bootstrap_servers})"
+                           + (f"; region {left} answers too: a planned switch" if planned
+                              else f"; region {left} does not answer"))
+
+    try:
+        write_region_record(target, record)
+    except ServiceUnavailable as exc:
+        raise FailoverError(f"fence not written to region {to}: {exc}") from exc
+    if planned:
+        try:
+            ensure_topics(source, timeout_s=10.0)  # a region set up before <prefix>.regions existed
+            write_region_record(source, record)
+        except (ServiceUnavailable, TapelineError) as exc:
+            log.warning("fence not written to the region left; it reads it from the target", error=str(exc))
+    step("fenced", f"region {left} fenced: region {to} holds the job history from epoch {record.epoch}"
+                   + (" (resumed: recorded by an earlier run)" if resumed else ""))
+
+    if planned:
+        behind = _drain(source, target, drain_timeout_s)
+        step("drained", "the mirror copied every committed record" if behind == 0
+             else f"not drained within {drain_timeout_s:g} s: {behind} events behind")
+
+    from tapeline.stack.base import _paths
+    from tapeline.stack.mirror import down_mirror
+    from tapeline.stack.replicator import down_replicator
+
+    paths = _paths(target)
+    down_mirror(paths, None)
+    down_replicator(paths, None)
+    step("mirror_stopped", f"mirror and media replicator into region {to} stopped")
+
+    from tapeline.postgres import migrate
+
+    migrate(target.database_url, target.db_schema, target.reader_role)
+    with _projector(target):
+        _wait_caught_up(target, timeout_s=max(60.0, accept_timeout_s))
+        step("projections_caught_up", f"region {to}'s projections applied its whole log")
+        report.lost_attempts = _requeue_lost_attempts(target, record)
+        _wait_caught_up(target, timeout_s=max(60.0, accept_timeout_s))
+    step("lost_attempts_requeued", f"{len(report.lost_attempts)} attempt(s) lost with region {left} queued again "
+                                   "(region_lost: no attempt used)")
+
+    if start_processors:
+        report.processors_pid = start_region_processors(target)
+        step("processors_started", f"region {to}'s processors running (pid {report.processors_pid}, log "
+                                   f"{target.home / 'logs' / 'run.log'})")
+        _wait_intake_ready(target, accept_timeout_s)
+        step("accepting_uploads", f"region {to}'s intake is ready: it accepts uploads")
+    return report
+
+
+def _drain(source: Settings, target: Settings, timeout_s: float) -> int:
+    """Wait until the mirror has copied every committed record of `source` (events behind 0);
+    returns the events still behind when `timeout_s` passed (0: drained)."""
+    from tapeline.region_measure import measure_region_lag
+    from tapeline.stack.mirror import mirrored_topics
+
+    deadline = time.monotonic() + timeout_s
+    behind = -1
+    while True:
+        try:
+            behind = measure_region_lag(source, target, mirrored_topics(source),
+                                        timeout_s=min(30.0, timeout_s)).events_behind
+        except Exception as exc:  # the left region stopped answering meanwhile
+            log.warning("drain measurement failed", error=str(exc))
+        if behind == 0 or time.monotonic() >= deadline:
+            return max(behind, 0) if behind >= 0 else -1
+        time.sleep(1.0)
+
+
+class _projector:
+    """A projector of `settings` in a thread of this process, for the `with` block."""
+
+    def __init__(self, settings: Settings) -> None:
+        from tapeline.wiring import build_projector
+
+        self.projector = build_projector(settings, lag_interval_s=0)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.projector.run, args=(self.stop,), name="failover-projector",
+                                       daemon=True)
+
+    def __enter__(self) -> "_projector":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def _wait_caught_up(settings: Settings, timeout_s: float) -> None:
+    """Until the projection has applied every committed record of its topics. Raises FailoverError
+    after `timeout_s`."""
+    from tapeline.read import projection_lag
+
+    deadline = time.monotonic() + timeout_s
+    last = None
+    with psycopg.connect(settings.database_url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            try:
+                last = projection_lag(settings, conn, timeout_s=10.0)
+                if last.events == 0 and last.exact:
+                    return
+            except (ServiceUnavailable, psycopg.Error) as exc:
+                log.warning("projection lag not measured", error=str(exc))
+            time.sleep(0.5)
+    raise FailoverError(f"region {settings.region}'s projections did not catch up within {timeout_s:g} s"
+                        + (f" ({last.events} events behind)" if last is not None else ""))
+
+
+def _requeue_lost_attempts(target: Settings, record: ev.RegionFailedOver) -> list[dict[str, Any]]:
+    """`StallDetected(region_lost)` and the retry for every job running in `target`'s projection, in
+    one transaction; returns `[{job_id, stage, attempt}]` of the attempts lost."""
+    from processors.runtime import transact
+    from processors.watchdog import run_once
+    from tapeline.read import jobs_in_state
+    from tapeline.wiring import build_runtime
+
+    from psycopg.rows import dict_row
+
+    with psycopg.connect(target.database_url, autocommit=True, row_factory=dict_row) as conn:
+        running = jobs_in_state(conn, "running", limit=1_000_000)
+    now = system_clock.now()
+    rows = [row for job in running if (row := region_lost_row(job, record, now)) is not None]
+    if not rows:
+        return []
+    runtime = build_runtime(target, "failover")
+    try:
+        result = run_once(rows, [], [], {job["job_id"]: job for job in running}, target, runtime.recorded_by,
+                          clock=system_clock)
+        producer = runtime.events.transactional_producer(f"{target.app_name}.failover")
+        transact(producer, lambda: runtime.produce(producer, result.outgoing), name="failover")
+    finally:
+        runtime.close()
+    return [{"job_id": r["job_id"], "stage": r["stage"], "attempt": r["attempt"]} for r in rows]
+
+
+def start_region_processors(target: Settings) -> int:
+    """Start `tapeline run --role all` of region `target.region` in the background (the environment's
+    settings with TAPELINE_REGION set); returns its pid (a running one is reused)."""
+    from tapeline import supervisor
+
+    env = {**os.environ, "TAPELINE_REGION": target.region}
+    env.pop("TAPELINE_HEALTH_PORT", None)  # its children get theirs from its (derived) health port base
+    return supervisor.detach(target, "all", env=env)
+
+
+def intake_health_url(target: Settings) -> str:
+    """Where region `target`'s intake child answers `/health/ready` (supervisor.ROLES index 1)."""
+    from tapeline.supervisor import ROLES
+
+    return f"http://127.0.0.1:{target.health_port_base + ROLES.index('intake')}/health/ready"
+
+
+def _wait_intake_ready(target: Settings, timeout_s: float) -> None:
+    url = intake_health_url(target)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise FailoverError(f"region {target.region}'s intake did not report ready at {url} within {timeout_s:g} s "
+                        f"(see {target.home / 'logs' / 'run.log'})")
