@@ -122,3 +122,21 @@ def test_the_native_engine_gives_it_back_too():
     assert_same(python, native)
     (row,) = python["open"]
     assert row["yields"] == 1 and row["reason"].startswith("stalled (lease_expired)")
+
+
+def test_the_drill_counts_as_reencoded_only_segments_region_b_encoded_again():
+    from bench.failover import reencoded_seconds
+
+    def checkpoint(job, rendition, index, minutes, duration=4.0):
+        return ev.CheckpointRecorded.new(ev.Stamp(NOW + timedelta(minutes=minutes), f"c{job}{rendition}{index}{minutes}"),
+                                         job_id=job, stage="transcode", attempt=1 if minutes < 0 else 2,
+                                         recorded_by="w", correlation_id="u", sequence=index, segment_index=index,
+                                         rendition=rendition, object_key="k", sha256="0" * 64, frames=100,
+                                         media_start_s=4.0 * index, media_duration_s=duration)
+
+    events = [checkpoint("j", r, i, -1) for r in ("720p", "480p", "audio") for i in (0, 1)]  # A recorded 0 and 1
+    events += [checkpoint("j", r, 1, 1, 3.5) for r in ("720p", "480p", "audio")]  # B encoded 1 again, every rendition
+    events += [checkpoint("j", "720p", 2, 1)]  # B encoded 2 for the first time: new work, not again
+    events += [checkpoint("k", "720p", 0, 1)]  # another job only B encoded
+    assert reencoded_seconds(events, NOW) == 3.5
+    assert reencoded_seconds(events[:6], NOW) == 0.0
