@@ -228,3 +228,16 @@ def test_region_status_says_plainly_when_region_b_is_not_up(isolated: Settings) 
     done = tapeline_cli(nowhere, "region", "status", timeout_s=60)
     assert done.returncode == 1
     assert "region b's Kafka" in done.stderr and "tapeline stack up --region b" in done.stderr
+
+
+def test_region_b_processors_refuse_to_run_while_region_a_holds_the_history(regions) -> None:
+    from tapeline.chaos import committed_messages
+
+    a, b = regions
+    before = {t: len(committed_messages(b, t)) for t in (b.jobs_topic, b.regions_topic)}
+    refused = tapeline_cli(a, "run", "--role", "watchdog", env={"TAPELINE_REGION": "b"}, timeout_s=60)
+    assert refused.returncode == 3, refused.stderr
+    assert "region b is the standby: region a holds the job history" in refused.stderr
+    assert "tapeline region failover --to b" in refused.stderr
+    # The refused watchdog wrote nothing into region B (it would tick every lifecycle partition at once).
+    assert {t: len(committed_messages(b, t)) for t in (b.jobs_topic, b.regions_topic)} == before
