@@ -17,6 +17,7 @@ import threading
 import typer
 from rich.table import Table
 
+from domain.errors import TapelineError
 from tapeline.cli_common import fail, load_settings, out
 
 region_app = typer.Typer(help="The second region (docs/regions.md): replication lag of the log and the media "
@@ -47,22 +48,27 @@ def region_status(
     if settings.region != "a":
         fail(RuntimeError(f"`region status` takes region A's settings; unset TAPELINE_REGION (it is "
                           f"{settings.region!r})"), code=2)
-    target = settings.for_region("b")
-    for name, region in (("a", settings), ("b", target)):  # a quick answer, not 30 s of client retries
+    from tapeline.cli_common import region_settings
+
+    regions = region_settings()
+    for name, region in regions.items():  # a quick answer, not 30 s of client retries
         answers, why = _kafka_answers(region)
         if not answers:
             fail(RuntimeError(f"region {name}'s Kafka ({region.kafka_bootstrap_servers}) does not answer: {why}"
                               + ("; start it with `tapeline stack up --region b`" if name == "b" else "")))
+    active, standby = mirror_direction(regions)
+    source, target = regions[active], regions[standby]
     try:
-        lag = measure_region_lag(settings, target, mirrored_topics(settings), timeout_s=timeout_s)
-    except Exception as exc:  # a cluster that does not answer, a topic missing in A
+        lag = measure_region_lag(source, target, mirrored_topics(source), timeout_s=timeout_s)
+    except Exception as exc:  # a cluster that does not answer, a topic missing in the active region
         fail(RuntimeError(f"region lag not measured: {type(exc).__name__}: {exc}"))
         return
     mirror = mirror_status(target, _paths(target), settings.region_b_mirror)
     from tapeline.stack.replicator import replicator_status
 
-    replicator = replicator_status(_paths(target))
-    report = {"source": settings.kafka_bootstrap_servers, "target": target.kafka_bootstrap_servers,
+    replicator = replicator_status(_paths(target), standby)
+    report = {"active": active, "standby": standby, "direction": f"{active} -> {standby}",
+              "source": source.kafka_bootstrap_servers, "target": target.kafka_bootstrap_servers,
               **lag.as_dict(), "mirror": {k: mirror[k] for k in ("up", "pid", "enabled", "heartbeat_age_s", "log")},
               "objects": {**objects_report(target, timeout_s=timeout_s),
                           "replicator": {k: replicator[k] for k in ("up", "pid", "log")}}}
@@ -70,20 +76,30 @@ def region_status(
         typer.echo(json.dumps(report))
         return
     seconds = report["seconds_behind"]
-    out.print(f"region b ({report['target']}) behind region a ({report['source']}), measured at "
-              f"{report['measured_at']}")
-    mirror_line = (f"up (pid {mirror['pid']}), newest heartbeat in b "
+    out.print(f"region {standby} ({report['target']}, the standby) behind region {active} ({report['source']}, "
+              f"active), measured at {report['measured_at']}")
+    mirror_line = (f"{active} -> {standby} up (pid {mirror['pid']}), newest heartbeat in {standby} "
                    f"{mirror['heartbeat_age_s'] if mirror['heartbeat_age_s'] is not None else '-'} s ago"
-                   if mirror["up"] else "[red]not running[/] (tapeline stack up --region b)")
+                   if mirror["up"] else f"[red]not running[/] ({mirror.get('error', '')})")
     out.print(f"mirror: {mirror_line}")
     out.print(f"events: {report['events_behind']} behind{'' if report['exact'] else ' (at most: not all counted)'}; "
-              f"seconds: {'unknown' if seconds is None else seconds} behind; copies twice in b: {report['surplus_in_b']}")
-    table = Table("topic", "events behind", "seconds behind", "twice in b", "exact")
+              f"seconds: {'unknown' if seconds is None else seconds} behind; copies twice in {standby}: "
+              f"{report['surplus_in_b']}")
+    table = Table("topic", "events behind", "seconds behind", f"twice in {standby}", "exact")
     for topic, row in report["topics"].items():
         table.add_row(topic, str(row["events_behind"]), "-" if row["seconds_behind"] is None else str(row["seconds_behind"]),
                       str(row["surplus_in_b"]), "yes" if row["exact"] else "no")
     out.print(table)
     out.print(f"objects: {_objects_line(report['objects'])}")
+
+
+def mirror_direction(regions: dict) -> tuple[str, str]:
+    """(active region, standby region) as the region epochs of the regions that answer say: the
+    mirror runs from the active region into the standby (`("a", "b")` before any failover)."""
+    from tapeline.region_authority import read_regions
+
+    active = read_regions(regions).authority.active
+    return active, next(name for name in regions if name != active)
 
 
 def _objects_line(objects: dict) -> str:
@@ -107,6 +123,8 @@ def region_replicate(
     log_format: str = typer.Option("json", "--log-format", envvar="TAPELINE_LOG_FORMAT", help="json | console"),
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="Where copies are spooled on their way from A to "
                                            "B (default <region B home>/replicator)"),
+    to: str = typer.Option("b", "--to", help="The standby region the objects are copied into: b (from a), or a "
+                           "(from b, after a failover: `region rejoin a --as-standby` starts it)"),
 ) -> None:
     """Run the media replicator in the foreground until SIGTERM or SIGINT: follow region B's mirrored log
     and copy every object it names from region A's store to region B's, sha256-verified, recording
@@ -119,8 +137,11 @@ def region_replicate(
     region B's lag every `replicate_measure_every_s` seconds in a background thread
     (tapeline/region_monitor.py). A port already in use is logged and the replicator runs without it.
 
-    Takes region A's settings (region B's are derived). Exit code 1 when region B's PostgreSQL does not
-    answer at start; Kafka and S3 outages are waited out.
+    With `--to a` it runs the other way (region B's store -> region A's, following region A's log
+    mirrored from B, its rows in region A's PostgreSQL): the failback (docs/regions.md "Failback").
+
+    Takes region A's settings (region B's are derived). Exit code 1 when the target's PostgreSQL does not
+    answer at start; Kafka and S3 outages are waited out; 2 for an unknown region.
     """
     from domain.errors import TapelineError
     from tapeline import logs
@@ -134,11 +155,16 @@ def region_replicate(
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    target = settings.for_region("b")
+    if to not in ("a", "b"):
+        fail(ValueError(f"unknown region {to!r}: a or b"), code=2)
+    from tapeline.cli_common import region_settings
+
+    regions = region_settings()
+    target, source = regions[to], regions["b" if to == "a" else "a"]
     ready = threading.Event()
-    server = _serve_region_metrics(settings, target, stop, ready)
+    server = _serve_region_metrics(source, target, stop, ready)
     try:
-        Replicator(settings, target, workdir=workdir).run(stop, ready)
+        Replicator(source, target, workdir=workdir).run(stop, ready)
     except TapelineError as exc:
         fail(exc)
     finally:
@@ -220,3 +246,51 @@ def region_failover(
     lost = ", ".join(f"{a['job_id'][:8]} {a['stage']} #{a['attempt']}" for a in report.lost_attempts) or "none"
     out.print(f"region {report.to_region} holds the job history from epoch {report.epoch} "
               f"(failover {report.failover_id}); attempts lost with region {report.from_region}: {lost}")
+
+
+@region_app.command("rejoin")
+def region_rejoin(
+    region: str = typer.Argument(..., help="The region that rejoins as the standby: a (after a failover to b), or b"),
+    as_standby: bool = typer.Option(False, "--as-standby", help="Required: the region's log, projections and "
+                                    "diverged objects are reset (docs/regions.md \"Failback\")"),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object: the steps' times and what was reset."),
+) -> None:
+    """Make a region that was failed over from an empty standby of the active region (docs/regions.md
+    "Failback"; tapeline/standby.py): stop its processors and every mirror and media replicator; move
+    the objects its old log names that the active region's log does not (with the same sha256) under
+    `orphans/region-<R>/epoch-<E>/`; delete and create again its contract topics (the region records
+    are kept, the active region's copied in) and the mirror's internal topics; empty its projection
+    tables (its schema only); then start MirrorMaker 2 and the media replicator from the active region
+    into it, files under its home. Prints each step's seconds from the start; the report is also in
+    `<R home>/rejoin/epoch-<E>.json`.
+
+    Refused with exit code 2 (nothing changed) when the region epochs say `region` holds the job
+    history, when a region does not answer, or without --as-standby; exit code 1 when a step fails
+    (run it again: every step is idempotent). For region b, `tapeline stack up --region b` does the
+    same once per region epoch, starting region B's services first.
+    """
+    from tapeline.cli_common import region_settings
+    from tapeline.stack.base import StackError, _locked, _paths
+    from tapeline.standby import RejoinRefused, rejoin_as_standby
+
+    if region not in ("a", "b"):
+        fail(ValueError(f"unknown region {region!r}: a or b"), code=2)
+    if not as_standby:
+        fail(ValueError("a region rejoins only as the standby, and that resets its log, projections and diverged "
+                        "objects: say --as-standby"), code=2)
+    regions = region_settings()
+    try:
+        with _locked(_paths(regions[region])):
+            report = rejoin_as_standby(regions, region, say=(lambda _line: None) if as_json else out.print,
+                                       console=None if as_json else out)
+    except RejoinRefused as exc:
+        fail(exc, code=2)
+        return
+    except (StackError, TapelineError, ValueError) as exc:
+        fail(exc)
+        return
+    if as_json:
+        typer.echo(json.dumps(report.as_dict()))
+        return
+    out.print(f"region {report.region} is the standby of region {report.active} (region epoch {report.epoch}); "
+              f"{len(report.set_aside)} object(s) set aside; `tapeline region status` shows the mirror's lag")

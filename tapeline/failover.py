@@ -9,8 +9,10 @@ The steps, in order (each timed from the command's start, `FailoverReport.steps`
    region's processors stop at their next check (`tapeline/region_authority.py`) and write nothing;
    a left region that comes back reads the fence from R. Run again after a crash, the command finds
    R already active and goes on with the steps below (each is idempotent).
-3. `drained` (planned switch only): the mirror into R has copied every committed record of the left
-   region (events behind 0, `tapeline/region_measure.py`), waited for up to `drain_timeout_s`.
+3. `drained` (planned switch only): the left region's processors have stopped writing (`_wait_left_quiet`:
+   its detached supervisor gone, its end offsets still for two region check intervals), then the
+   mirror into R has copied every committed record of the left region (events behind 0,
+   `tapeline/region_measure.py`), each waited for up to `drain_timeout_s`.
 4. `mirror_stopped`: MirrorMaker 2 and the media replicator of R are stopped (R's own writes must
    not be mixed with the left region's, and the left region's objects are no longer reachable).
 5. `projections_caught_up`: R's PostgreSQL is migrated and a projector folds R's log until it has
@@ -150,6 +152,7 @@ def fail_over(regions: dict[str, Settings], to: str, why: str, *, operator: str 
                    + (" (resumed: recorded by an earlier run)" if resumed else ""))
 
     if planned:
+        _wait_left_quiet(source, drain_timeout_s)  # failback (issue 25 item 6): its last writes come before the drain
         behind = _drain(source, target, drain_timeout_s)
         step("drained", "the mirror copied every committed record" if behind == 0
              else f"not drained within {drain_timeout_s:g} s: {behind} events behind")
@@ -181,6 +184,46 @@ def fail_over(regions: dict[str, Settings], to: str, why: str, *, operator: str 
         _wait_intake_ready(target, accept_timeout_s)
         step("accepting_uploads", f"region {to}'s intake is ready: it accepts uploads")
     return report
+
+
+def _wait_left_quiet(source: Settings, timeout_s: float) -> bool:
+    """A planned switch: wait until the fenced region's processors have stopped writing (their guard
+    sees the fence within `region_check_interval_s`, then they stop gracefully), so the drain cannot
+    measure 0 before their last transaction commits: its detached supervisor (this machine's) has
+    exited, and the end offsets of its mirrored topics have not moved for two check intervals.
+    Returns False when `timeout_s` passed first (the drain goes on; the report's drained line says
+    what it found)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from tapeline import supervisor
+    from tapeline.stack.mirror import mirrored_topics
+
+    deadline = time.monotonic() + timeout_s
+    while supervisor.running_pid(source) is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    settle_s = 2 * source.region_check_interval_s
+    client = Consumer({"bootstrap.servers": source.kafka_bootstrap_servers, "group.id": "tapeline-failover-quiet",
+                       "enable.auto.commit": False})
+    try:
+        def ends() -> tuple[int, ...]:
+            found = client.list_topics(timeout=10).topics
+            return tuple(client.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                         for topic in mirrored_topics(source) if topic in found for p in sorted(found[topic].partitions))
+
+        last, since = ends(), time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            now = ends()
+            if now != last:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since >= settle_s:
+                return True
+    except Exception as exc:  # the region left stopped answering: nothing more comes from it
+        log.warning("region left not watched for quiet", error=str(exc))
+        return True
+    finally:
+        client.close()
+    return False
 
 
 def _drain(source: Settings, target: Settings, timeout_s: float) -> int:

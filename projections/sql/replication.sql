@@ -56,3 +56,12 @@ LIMIT %(limit)s;
 -- name: region_objects_all
 -- Every recorded object as `region status` counts it: key, state, size_bytes, named_at, failure.
 SELECT object_key, state, size_bytes, named_at, failure FROM region_objects;
+
+-- name: standby_tables
+-- Every table of the deployment's schema but the migration ledger: what a standby's reset empties
+-- (tapeline/standby.py; a region rejoining as the standby keeps its schema, grants and migrations).
+SELECT tablename FROM pg_tables WHERE schemaname = %(schema)s AND tablename <> 'schema_migrations' ORDER BY tablename;
+
+-- name: standby_truncate
+-- Empty the listed tables at once (identities restarted; CASCADE: tables referencing them are in the list too).
+TRUNCATE {tables} RESTART IDENTITY CASCADE;

@@ -133,18 +133,44 @@ def status_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ) -> None:
     """Show each service's address, whether it answers, and whether the stack started it, for region A
-    and region B (with the mirror); in `--json`, region B is the key `region_b`.
+    and region B (with the mirror); in `--json`, region B is the key `region_b`. When region A is the
+    standby (`tapeline region rejoin a --as-standby`: the mirror B -> A and the media replicator into
+    A run from region A's home), they are shown too (`--json`: the key `region_a_standby`).
 
     The PostgreSQL DSNs are shown with their passwords masked. Exit code 0 either way.
     """
     settings = region_a_settings()
     report = status(settings)
     region_b = region_b_status(settings)
+    from tapeline.stack.region import region_a_standby_status
+
+    into_a = region_a_standby_status(settings)
     if as_json:
-        typer.echo(json.dumps({**report, "region_b": region_b}))
+        typer.echo(json.dumps({**report, "region_b": region_b,
+                               **({"region_a_standby": into_a} if into_a is not None else {})}))
     else:
         _print_table(report, Console())
+        if into_a is not None:
+            _print_region_a_standby(into_a, Console())
         _print_region_b(region_b, Console())
+
+
+def _print_region_a_standby(report: dict[str, Any], console: Console) -> None:
+    """The mirror and the media replicator into region A (`region_a_standby_status`) as a table."""
+    standby = report.get("standby") or {}
+    table = Table(title=f"Region a, the standby of region {standby.get('active', 'b')} (reset at region epoch "
+                        f"{standby.get('reset_at_epoch', '-')})")
+    for column in ("service", "up", "address", "started by stack", "detail"):
+        table.add_column(column)
+    for name in ("mirror", "replicator"):
+        svc = report[name]
+        detail = svc.get("error") or svc.get("log") or ""
+        if name == "mirror" and svc["up"]:
+            age = svc["heartbeat_age_s"]
+            detail = f"newest heartbeat in a {age} s ago" if age is not None else "no heartbeat in a yet"
+        table.add_row(name, "[green]up[/]" if svc["up"] else "[red]down[/]", str(svc["address"]),
+                      f"yes (pid {svc['pid']})" if svc.get("pid") else "no", str(detail))
+    console.print(table)
 
 
 @stack_app.command("down")

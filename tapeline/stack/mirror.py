@@ -1,11 +1,15 @@
-"""The log mirror: Kafka's MirrorMaker 2 in dedicated mode copying region A's topics into region B.
+"""The log mirror: Kafka's MirrorMaker 2 in dedicated mode copying the active region's topics into
+the standby region.
 
 `tapeline stack up --region b` writes `<region B home>/mirror/mm2.properties` (`mm2_properties`, a
 pure rendering of both regions' settings) and runs `org.apache.kafka.connect.mirror.MirrorMaker` on
 the stack's Kafka jars (`stack/pom.xml` pins `connect-mirror` at the broker's version), for the
-flow `a->b` only (`--clusters b`: this process writes to region B). Its log is `mirror/mirror.log`,
-its pid `mirror/mirror.pid`; `stack down --region b` stops it. What it copies, and why each setting,
-is in docs/regions.md ("The log mirror").
+flow `a->b` only (`--clusters b`: this process writes to region B). After a failover to region B,
+`tapeline region rejoin a --as-standby` (tapeline/standby.py) runs the flow `b->a` the same way, its
+files under region A's home (`--clusters a`). The cluster aliases are the regions' names. Its log is
+`<target home>/mirror/mirror.log`, its pid `mirror/mirror.pid`; `stack down --region b`, a failover
+into the target, or a rejoin stops it. What it copies, and why each setting, is in docs/regions.md
+("The log mirror", "Failback").
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ MIRROR_READY_TIMEOUT_S = 90.0
 
 
 def mirrored_topics(settings: Settings) -> list[str]:
-    """The topics region B receives: every topic of the contract (`Settings.all_topics`): the uploads,
+    """The topics the standby region receives: every topic of the contract (`Settings.all_topics`): the uploads,
     the lifecycle (`<prefix>.jobs`), every stage's work topics and the dead letters; not the region
     epochs (`<prefix>.regions`: each region's own, written by a failover)."""
     return sorted(set(settings.all_topics()) - {settings.regions_topic})
@@ -43,63 +47,69 @@ def _property_value(text: str) -> str:
 
 
 def mm2_properties(source: Settings, target: Settings) -> str:
-    """The mm2.properties of the flow region A (`source`) -> region B (`target`). Pure.
+    """The mm2.properties of the flow `source` (the active region) -> `target` (the standby). Pure.
 
-    Clusters are aliased `a` and `b`; `a->b` is enabled and `b->a` disabled. The topic list is
-    every name of `mirrored_topics(source)` as an exact regex (MM2 reads `topics` as a list of
-    regexes). Config names are MirrorMaker 2's own (MirrorMakerConfig, MirrorSourceConfig,
+    Clusters are aliased by the regions' names (`source.region`, `target.region`: `a, b` for the
+    flow a->b, `b, a` for b->a); `<source>-><target>` is enabled and the reverse flow disabled. The
+    topic list is every name of `mirrored_topics(source)` as an exact regex (MM2 reads `topics` as a
+    list of regexes). Config names are MirrorMaker 2's own (MirrorMakerConfig, MirrorSourceConfig,
     MirrorCheckpointConfig, MirrorHeartbeatConfig of Kafka 4.1); docs/regions.md explains each choice.
+    Raises ValueError when both settings name the same region.
     """
+    s, t = source.region, target.region
+    if s == t:
+        raise ValueError(f"a mirror needs two regions, got {s!r} twice")
     topics = ", ".join(re.escape(topic) for topic in mirrored_topics(source))
     groups = re.escape(source.app_name) + r"\..*"
     rf = target.replication_factor
     lines = [
-        "# Written by `tapeline stack up --region b` (tapeline/stack/mirror.py) on every start; edits are",
-        "# overwritten. MirrorMaker 2, dedicated mode: region A -> region B (docs/regions.md).",
-        "clusters = a, b",
-        f"a.bootstrap.servers = {source.kafka_bootstrap_servers}",
-        f"b.bootstrap.servers = {target.kafka_bootstrap_servers}",
+        "# Written by tapeline/stack/mirror.py (`tapeline stack up --region b` or `tapeline region rejoin`) on",
+        f"# every start; edits are overwritten. MirrorMaker 2, dedicated mode: region {s} -> region {t}",
+        "# (docs/regions.md).",
+        f"clusters = {s}, {t}",
+        f"{s}.bootstrap.servers = {source.kafka_bootstrap_servers}",
+        f"{t}.bootstrap.servers = {target.kafka_bootstrap_servers}",
         "",
-        "# One direction: B is the standby. Failback (B -> A) is issue 25 item 6.",
-        "a->b.enabled = true",
-        "b->a.enabled = false",
-        f"a->b.topics = {_property_value(topics)}",
-        "# Topic names are kept (tapeline.jobs stays tapeline.jobs), so region B's processors need no",
-        "# other settings. Identity names cannot detect cycles: never enable b->a beside a->b.",
+        f"# One direction: {t} is the standby.",
+        f"{s}->{t}.enabled = true",
+        f"{t}->{s}.enabled = false",
+        f"{s}->{t}.topics = {_property_value(topics)}",
+        "# Topic names are kept (tapeline.jobs stays tapeline.jobs), so the standby's processors need no",
+        f"# other settings. Identity names cannot detect cycles: never enable {t}->{s} beside {s}->{t}.",
         "replication.policy.class = org.apache.kafka.connect.mirror.IdentityReplicationPolicy",
         "",
-        "# Committed records only: an aborted transaction in A never reaches B (every consumer on a).",
-        "a.consumer.isolation.level = read_committed",
-        "# Every record MM2 writes to B is acknowledged by all in-sync replicas (idempotent producer).",
-        "b.producer.acks = all",
+        f"# Committed records only: an aborted transaction in {s} never reaches {t} (every consumer on {s}).",
+        f"{s}.consumer.isolation.level = read_committed",
+        f"# Every record MM2 writes to {t} is acknowledged by all in-sync replicas (idempotent producer).",
+        f"{t}.producer.acks = all",
         "",
-        "# Region B's topics are created by its own stack (ensure_topics: partitions, retention,",
-        "# LogAppendTime), before the mirror starts; their configs are B's own, never copied from A.",
+        f"# Region {t}'s topics are created by its own stack (ensure_topics: partitions, retention,",
+        f"# LogAppendTime), before the mirror starts; their configs are {t}'s own, never copied from {s}.",
         "sync.topic.configs.enabled = false",
         "# Neither broker runs an authorizer.",
         "sync.topic.acls.enabled = false",
         "# New topics (a stage added to the registry) are picked up within this many seconds.",
         "refresh.topics.interval.seconds = 30",
         "",
-        "# Heartbeats: one record a second in B's `heartbeats` topic; `tapeline region status` shows the",
+        f"# Heartbeats: one record a second in {t}'s `heartbeats` topic; `tapeline region status` shows the",
         "# newest one's age (the mirror is alive) beside the lag.",
         "emit.heartbeats.enabled = true",
         "emit.heartbeats.interval.seconds = 1",
-        "# Checkpoints: A's consumer-group offsets of this deployment translated into B's offsets",
-        "# (topic a.checkpoints.internal in B), for a failover to start B's workers near where A's",
-        "# stopped. They are not written into B's groups (sync.group.offsets: the failover decides).",
+        f"# Checkpoints: {s}'s consumer-group offsets of this deployment translated into {t}'s offsets",
+        f"# (topic {s}.checkpoints.internal in {t}), for a failover to start {t}'s workers near where {s}'s",
+        f"# stopped. They are not written into {t}'s groups (sync.group.offsets: the failover decides).",
         "emit.checkpoints.enabled = true",
         "emit.checkpoints.interval.seconds = 5",
-        f"a->b.groups = {_property_value(groups)}",
+        f"{s}->{t}.groups = {_property_value(groups)}",
         "sync.group.offsets.enabled = false",
-        "# The offset syncs live in B, so the mirror writes nothing into region A.",
+        f"# The offset syncs live in {t}, so the mirror writes nothing into region {s}.",
         "offset-syncs.topic.location = target",
         "",
         "# Every plugin MM2 needs ships a ServiceLoader manifest: skip the reflective classpath scan",
         "# (about 10 s of a 2-core machine's start).",
         "plugin.discovery = service_load",
         "",
-        f"# Region B runs {rf} broker(s): no internal topic may ask for more replicas.",
+        f"# Region {t} runs {rf} broker(s): no internal topic may ask for more replicas.",
         f"replication.factor = {rf}",
         f"heartbeats.topic.replication.factor = {rf}",
         f"checkpoints.topic.replication.factor = {rf}",
@@ -112,12 +122,24 @@ def mm2_properties(source: Settings, target: Settings) -> str:
     return "\n".join(lines)
 
 
+def mirror_internal_topics(source_region: str) -> list[str]:
+    """The topics MirrorMaker 2 keeps in the target cluster of a flow from `source_region` (identity
+    policy, offset syncs in the target): Connect's offsets, status and configs, the checkpoints and
+    the offset syncs. `heartbeats` is not among them (shared by every flow into the cluster). A
+    standby whose own topics are recreated must lose these too: their source offsets would make a
+    new mirror resume instead of copying the active region's log from its start."""
+    return [f"mm2-offsets.{source_region}.internal", f"mm2-status.{source_region}.internal",
+            f"mm2-configs.{source_region}.internal", f"{source_region}.checkpoints.internal",
+            f"mm2-offset-syncs.{source_region}.internal"]
+
+
 def _markers(paths: StackPaths) -> tuple[str, ...]:
     return (MIRROR_MAIN, str(paths.mirror / "mm2.properties"))
 
 
 def newest_heartbeat_ms(target: Settings, timeout_s: float = 5.0) -> int | None:
-    """Broker time (ms) of the newest record in region B's heartbeats topic, or None when it has none."""
+    """Broker time (ms) of the newest record in `target`'s heartbeats topic (the mirror into it), or None
+    when it has none or does not answer."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": target.kafka_bootstrap_servers, "group.id": "tapeline-mirror-probe",
@@ -143,8 +165,9 @@ def newest_heartbeat_ms(target: Settings, timeout_s: float = 5.0) -> int | None:
 
 
 def up_mirror(source: Settings, target: Settings, paths: StackPaths, console: Console | None) -> None:
-    """Start MirrorMaker 2 (unless this stack's runs already) with a fresh mm2.properties and wait for its
-    first heartbeat in region B.
+    """Start MirrorMaker 2 for the flow `source.region` -> `target.region` (unless this stack's runs
+    already), its files under `paths` (the target's home: `_paths(target)`), with a fresh
+    mm2.properties, and wait for its first heartbeat in the target.
 
     Raises:
         StackError: the jars lack connect-mirror; the process exits, or no heartbeat arrives within
@@ -161,10 +184,11 @@ def up_mirror(source: Settings, target: Settings, paths: StackPaths, console: Co
     paths.mirror.mkdir(parents=True, exist_ok=True)
     properties.write_text(mm2_properties(source, target))
     argv = [_java(), *MIRROR_HEAP, *KAFKA_JVM_FLAGS, "-cp", f"{paths.kafka_libs}/*", MIRROR_MAIN,
-            str(properties), "--clusters", "b"]
+            str(properties), "--clusters", target.region]
     started_ms = int(time.time() * 1000)
     proc = _spawn(argv, log, pid_file, cwd=paths.mirror)
     _update_state(paths, "mirror", {"pid": proc.pid, "started_at": _now(), "log": str(log),
+                                    "flow": f"{source.region} -> {target.region}",
                                     "source": source.kafka_bootstrap_servers, "topics": len(mirrored_topics(source))})
     _say(console, f"[bold]mirror[/]: started MirrorMaker 2 pid {proc.pid} ({source.kafka_bootstrap_servers} -> "
                   f"{target.kafka_bootstrap_servers}, {len(mirrored_topics(source))} topics), log {log}")
@@ -174,10 +198,10 @@ def up_mirror(source: Settings, target: Settings, paths: StackPaths, console: Co
             raise StackError(f"MirrorMaker 2 exited with code {proc.returncode}. {_log_errors(log)}See {log}:\n"
                              f"{_tail(log)}")
         if time.monotonic() > deadline:
-            raise StackError(f"MirrorMaker 2 wrote no heartbeat to region B within {MIRROR_READY_TIMEOUT_S:.0f} s. "
+            raise StackError(f"MirrorMaker 2 wrote no heartbeat to region {target.region} within {MIRROR_READY_TIMEOUT_S:.0f} s. "
                              f"{_log_errors(log)}See {log}:\n{_tail(log)}")
         time.sleep(1.0)
-    _say(console, "[bold]mirror[/]: heartbeats arrive in region B")
+    _say(console, f"[bold]mirror[/]: heartbeats arrive in region {target.region}")
 
 
 def down_mirror(paths: StackPaths, console: Console | None) -> None:
@@ -187,14 +211,17 @@ def down_mirror(paths: StackPaths, console: Console | None) -> None:
 
 
 def mirror_status(target: Settings, paths: StackPaths, enabled: bool) -> dict[str, Any]:
-    """`{"up", "pid", "enabled", "log", "heartbeat_age_s", "address"}`: whether this stack's mirror
-    runs, and how old the newest heartbeat in region B is (None: none yet, or B does not answer)."""
+    """`{"up", "pid", "enabled", "log", "heartbeat_age_s", "address"}`: whether the mirror into `target`
+    (its files under `paths`) runs, and how old the newest heartbeat in `target` is (None: none yet, or
+    the target does not answer). `address` is the flow, e.g. `"a -> b"`."""
     pid = _owned_pid(paths.mirror / "mirror.pid", _markers(paths))
     newest = newest_heartbeat_ms(target, timeout_s=3.0) if pid is not None else None
     age = None if newest is None else round(max(0.0, time.time() - newest / 1000.0), 1)
-    report = {"up": pid is not None, "pid": pid, "enabled": enabled, "address": "a -> b",
+    source = "b" if target.region == "a" else "a"
+    report = {"up": pid is not None, "pid": pid, "enabled": enabled, "address": f"{source} -> {target.region}",
               "started_by_stack": pid is not None, "log": str(paths.mirror / "mirror.log") if pid else None,
               "heartbeat_age_s": age}
     if pid is None and enabled:
-        report["error"] = "MirrorMaker 2 is not running (`tapeline stack up --region b`)"
+        report["error"] = ("MirrorMaker 2 is not running (`tapeline stack up --region b`)" if target.region == "b"
+                           else "MirrorMaker 2 is not running (`tapeline region rejoin a --as-standby`)")
     return report

@@ -31,7 +31,9 @@ def up_region_b(settings: Settings, console: Console | None = None, mirror: bool
     endpoint and bucket, the topic contract in its Kafka, then (unless `mirror` is False, default
     `settings.region_b_mirror`) MirrorMaker 2 from region A and the media replicator
     (`tapeline region replicate`, tapeline/stack/replicator.py) that follows the mirrored log. Idempotent, like `up`; region A must
-    answer for the mirror to start (it is read, never started here).
+    answer for the mirror to start (it is read, never started here). No mirror while region B holds
+    the job history; after a switch back to region A, region B's diverged log, projections and
+    objects are reset first (`tapeline/standby.py` `rejoin_as_standby`, once per region epoch).
 
     Returns `region_b_status(settings)`. Raises StackError as `up` does (and see `up_mirror`).
     """
@@ -44,6 +46,13 @@ def up_region_b(settings: Settings, console: Console | None = None, mirror: bool
             if active == "b":  # after a failover: mirroring A's log into B would mix A's writes into B's history
                 _say(console, "[bold]mirror[/]: not started: region b holds the job history (failed over); "
                               "region a rejoins as the standby instead (docs/regions.md \"Failback\")")
+            elif _reset_needed(settings):  # region B held the job history since its last reset (a failback)
+                from tapeline.standby import rejoin_as_standby
+
+                _say(console, "[bold]region b[/]: held the job history since its last reset: reset as the "
+                              "standby before the mirror starts (docs/regions.md \"Failback\")")
+                rejoin_as_standby({"a": settings, "b": target}, "b", console=console,
+                                  say=lambda line: _say(console, f"[bold]rejoin b[/]: {line}"))
             else:
                 up_mirror(settings, target, paths, console)
                 up_replicator(target, paths, console)
@@ -76,6 +85,14 @@ def down_region_b(settings: Settings, console: Console | None = None) -> None:
             down_own_postgres(paths, server, console)
 
 
+def _reset_needed(settings: Settings) -> bool:
+    """Whether region B must be reset before it mirrors region A again (`tapeline/standby.py`
+    `needs_reset`): it held the job history since its last reset."""
+    from tapeline.standby import needs_reset
+
+    return needs_reset({"a": settings, "b": settings.for_region("b")}, "b")
+
+
 def _active_region(settings: Settings) -> str:
     """The region that holds the job history, as the region epochs of the regions that answer say."""
     from tapeline.region_authority import read_regions
@@ -92,9 +109,25 @@ def region_b_status(settings: Settings) -> dict[str, Any]:
     state = _read_state(paths)
     return {"region": "b", "home": str(paths.home), "kafka": kafka_status(target, paths),
             "postgres": postgres_status(target, state.get("postgres") or {}), "s3": s3_status(target, paths), "mirror": mirror_status(target, paths, settings.region_b_mirror),
-            "replicator": {**replicator_status(paths), "enabled": settings.region_b_mirror},
+            "replicator": {**replicator_status(paths, "b"), "enabled": settings.region_b_mirror},
             "processors": {"up": supervisor.running_pid(target) is not None, "pid": supervisor.running_pid(target),
                            "log": str(target.home / "logs" / "run.log")}}
 
 
-__all__ = ["up_region_b", "down_region_b", "region_b_status", "StackError"]
+def region_a_standby_status(settings: Settings) -> dict[str, Any] | None:
+    """The mirror (B -> A) and media replicator into region A whose files are under region A's home
+    (`tapeline region rejoin a --as-standby`), shaped like `region_b_status`'s `mirror` and
+    `replicator`: `{"mirror", "replicator", "standby"}` (`standby`: the reset recorded in A's stack
+    state), or None when neither runs and region A is not a standby. Never raises for a down service."""
+    from tapeline.stack.base import _read_state
+
+    paths = _paths(settings)
+    standby = _read_state(paths).get("standby")
+    mirror = mirror_status(settings, paths, True)
+    replicator = replicator_status(paths, "a")
+    if not (mirror["up"] or replicator["up"]) and (not standby or _active_region(settings) == "a"):
+        return None  # region A is not a standby (never was, or holds the job history again)
+    return {"mirror": mirror, "replicator": {**replicator, "enabled": True}, "standby": standby}
+
+
+__all__ = ["up_region_b", "down_region_b", "region_b_status", "region_a_standby_status", "StackError"]

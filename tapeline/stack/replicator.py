@@ -39,8 +39,10 @@ def _started_run(log: Path) -> str:
 
 
 def up_replicator(target: Settings, paths: StackPaths, console: Console | None) -> None:
-    """Start `tapeline region replicate` in the background (unless this stack's runs already), with this
-    process's environment (region A's settings), and wait until it follows region B's log.
+    """Start `tapeline region replicate --to <target.region>` in the background (unless this stack's runs
+    already), its files under `paths` (the target's home), with this process's environment (region
+    A's settings: the command derives both regions from them), and wait until it follows the target's
+    log.
 
     Raises:
         StackError: it exits, or is not following the log within REPLICATOR_READY_TIMEOUT_S (the
@@ -53,13 +55,16 @@ def up_replicator(target: Settings, paths: StackPaths, console: Console | None) 
         _say(console, f"[bold]replicator[/]: already running (pid {pid})")
         return
     workdir.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "tapeline.cli", "region", "replicate", "--workdir", str(workdir)]
+    argv = [sys.executable, "-m", "tapeline.cli", "region", "replicate", "--to", target.region,
+            "--workdir", str(workdir)]
     proc = _spawn(argv, log, pid_file, cwd=workdir)
     _update_state(paths, "replicator", {"pid": proc.pid, "started_at": _now(), "log": str(log)})
-    _say(console, f"[bold]replicator[/]: started pid {proc.pid} (media {target.s3_endpoint} <- region a), log {log}")
-    _wait_ready("replicator", lambda: (READY_LINE in _started_run(log), "not following region b's log yet"),
-                proc, log, REPLICATOR_READY_TIMEOUT_S)
-    _say(console, "[bold]replicator[/]: following region b's log")
+    source = "b" if target.region == "a" else "a"
+    _say(console, f"[bold]replicator[/]: started pid {proc.pid} (media {target.s3_endpoint} <- region {source}), "
+                  f"log {log}")
+    _wait_ready("replicator", lambda: (READY_LINE in _started_run(log), f"not following region {target.region}'s "
+                                       "log yet"), proc, log, REPLICATOR_READY_TIMEOUT_S)
+    _say(console, f"[bold]replicator[/]: following region {target.region}'s log")
 
 
 def down_replicator(paths: StackPaths, console: Console | None) -> None:
@@ -68,10 +73,13 @@ def down_replicator(paths: StackPaths, console: Console | None) -> None:
     _update_state(paths, "replicator", None)
 
 
-def replicator_status(paths: StackPaths) -> dict[str, Any]:
-    """`{"up", "pid", "log", "started_by_stack", "address"}` of this stack's replicator."""
+def replicator_status(paths: StackPaths, target_region: str = "b") -> dict[str, Any]:
+    """`{"up", "pid", "log", "started_by_stack", "address"}` of the replicator into `target_region`
+    whose files are under `paths` (that region's home)."""
     pid = _owned_pid(_dir(paths) / "replicator.pid", _markers(paths))
-    return {"up": pid is not None, "pid": pid, "started_by_stack": pid is not None, "address": "media a -> b",
+    source = "b" if target_region == "a" else "a"
+    return {"up": pid is not None, "pid": pid, "started_by_stack": pid is not None,
+            "address": f"media {source} -> {target_region}",
             "log": str(_dir(paths) / "replicator.log") if pid else None}
 
 

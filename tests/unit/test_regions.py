@@ -11,7 +11,7 @@ import pytest
 
 from tapeline.region_lag import PartitionCount, RegionLag, partition_lag
 from tapeline.settings import Settings
-from tapeline.stack.mirror import mm2_properties, mirrored_topics
+from tapeline.stack.mirror import mirror_internal_topics, mm2_properties, mirrored_topics
 
 
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,6 +112,34 @@ def test_mm2_properties_mirror_every_contract_topic_a_to_b_committed_only(monkey
         assert not any(p.fullmatch(stranger) for p in patterns), stranger
     group = re.compile(props["a->b.groups"])
     assert group.fullmatch("tapeline-test-1.transcode") and not group.fullmatch("tapeline-test-10.transcode")
+
+
+def test_mm2_properties_of_the_failback_mirror_b_to_a_take_aliases_and_direction_from_the_regions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _clean_env(monkeypatch)
+    a = Settings(topic_prefix="t2", app_name="tapeline-test-2", kafka_brokers=3, topic_replication_factor=3,
+                 topic_min_insync_replicas=2)
+    b = a.for_region("b")
+    props = _java_properties(mm2_properties(b, a))
+    assert props["clusters"] == "b, a"
+    assert (props["b.bootstrap.servers"], props["a.bootstrap.servers"]) == (b.kafka_bootstrap_servers,
+                                                                            a.kafka_bootstrap_servers)
+    assert (props["b->a.enabled"], props["a->b.enabled"]) == ("true", "false")
+    assert "a->b.topics" not in props and "a.consumer.isolation.level" not in props
+    assert props["b.consumer.isolation.level"] == "read_committed"  # B's aborted transactions never reach A
+    assert props["a.producer.acks"] == "all"
+    assert props["sync.topic.configs.enabled"] == "false"  # A's recreated topics keep A's own configs
+    assert props["replication.factor"] == "3"  # the target's (region A runs three brokers here)
+    patterns = [re.compile(p.strip()) for p in props["b->a.topics"].split(",")]
+    assert all(any(p.fullmatch(t) for p in patterns) for t in mirrored_topics(b))
+    assert not any(p.fullmatch("t2.regions") for p in patterns)  # the region epochs are never mirrored
+    assert re.compile(props["b->a.groups"]).fullmatch("tapeline-test-2.publish")
+    # What a rejoin deletes in A with its topics: the Connect and checkpoint topics of the flow from b.
+    assert mirror_internal_topics("b") == ["mm2-offsets.b.internal", "mm2-status.b.internal",
+                                           "mm2-configs.b.internal", "b.checkpoints.internal",
+                                           "mm2-offset-syncs.b.internal"]
+    with pytest.raises(ValueError):
+        mm2_properties(a, a)
 
 
 def _count(committed: int, span: int, in_b: int, newest: int | None = None, mirrored: int | None = None,
