@@ -22,7 +22,8 @@ copies). `rejoin_as_standby` resets it, then mirrors the active region into it:
    flow into R are deleted, and so are the deployment's consumer groups in R; the topics are created
    again (R's own configs); the active region's region records are copied into R's `<prefix>.regions`
    (which is kept: it holds the fence).
-5. `projections_reset`: every table of R's schema but the migration ledger is truncated, then
+5. `projections_reset`: every table of R's schema derived from the log is truncated (`KEPT_TABLES`
+   stay: the migration ledger, policies, registrations, coordination state), then
    migrated (a no-op unless the code moved on). R's database is the deployment's database, not the
    server's: other databases and schemas on it are untouched.
 6. `mirror_started`, `replicator_started`: MirrorMaker 2 active -> R and the media replicator into R,
@@ -52,6 +53,18 @@ log = structlog.get_logger("tapeline.standby")
 
 ORPHANS_PREFIX = "orphans"
 """Where a rejoining region's diverged objects are moved: `orphans/region-<R>/epoch-<E>/<key>`."""
+
+
+KEPT_TABLES: tuple[str, ...] = (
+    "schema_migrations",  # the migration ledger
+    "stall_policy", "stage_stall_policy",  # policies the watchdog writes from its settings (a migration seeds one row)
+    "lifecycle_states", "lifecycle_ending_events",  # reference data of schemas/lifecycle.json (migrate re-syncs it)
+    "webhook_endpoints",  # registrations (`tapeline webhooks add`), not a projection of the log
+    "intake_uploads",  # the HTTP intake's idempotency keys: a retried POST must still find its upload
+    "provider_calls",  # provider call reservations (quotas): forgetting one could post past a quota
+)
+"""Tables of the deployment's schema a standby's reset keeps: not projections of the log (their
+comments in projections/sql/migrations say so). Every other table is derived from the log and emptied."""
 
 
 class RejoinRefused(TapelineError):
@@ -330,14 +343,16 @@ def reset_log(standby: Settings, active: Settings, timeout_s: float = 60.0) -> t
 
 
 def reset_projections(standby: Settings) -> list[str]:
-    """Truncate every table of the standby's schema (`db_schema`) but `schema_migrations`, then
-    migrate; returns the tables emptied. Other schemas and databases of the server are untouched.
+    """Truncate every table of the standby's schema (`db_schema`) but `KEPT_TABLES` (the projections
+    of its old log, the replicator's progress and objects, the projector's offsets), then migrate;
+    returns the tables emptied. Other schemas and databases of the server are untouched.
     Raises ServiceUnavailable when its PostgreSQL does not answer."""
     from tapeline.postgres import connect, identifiers, migrate, q, qf
 
     migrate(standby.database_url, standby.db_schema, standby.reader_role)
     with connect(standby.database_url, schema=standby.db_schema, autocommit=True) as conn:
-        tables = [row[0] for row in conn.execute(q("standby_tables"), {"schema": standby.db_schema}).fetchall()]
+        tables = [row[0] for row in conn.execute(q("standby_tables"), {"schema": standby.db_schema,
+                                                                         "kept": list(KEPT_TABLES)}).fetchall()]
         if tables:
             conn.execute(qf("standby_truncate", tables=identifiers(tables)))
     migrate(standby.database_url, standby.db_schema, standby.reader_role)

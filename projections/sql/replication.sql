@@ -58,9 +58,9 @@ LIMIT %(limit)s;
 SELECT object_key, state, size_bytes, named_at, failure FROM region_objects;
 
 -- name: standby_tables
--- Every table of the deployment's schema but the migration ledger: what a standby's reset empties
--- (tapeline/standby.py; a region rejoining as the standby keeps its schema, grants and migrations).
-SELECT tablename FROM pg_tables WHERE schemaname = %(schema)s AND tablename <> 'schema_migrations' ORDER BY tablename;
+-- Every table of the deployment's schema but the kept ones (tapeline/standby.py KEPT_TABLES: the migration
+-- ledger, policies, registrations and coordination state): what a standby's reset empties.
+SELECT tablename FROM pg_tables WHERE schemaname = %(schema)s AND NOT (tablename = ANY(%(kept)s)) ORDER BY tablename;
 
 -- name: standby_truncate
 -- Empty the listed tables at once (identities restarted; CASCADE: tables referencing them are in the list too).

@@ -1,0 +1,256 @@
+"""Failback against real services (docs/regions.md "Failback", issue 25 item 6): jobs in region A, a
+planned failover to region B, more jobs in B, region A rejoins as B's standby (reset, then MirrorMaker
+2 B -> A and the media replicator into A), a planned switch back to A with a job in flight, and region
+B made the standby again by `tapeline stack up --region b`.
+
+Region A is the shared local services with the module's own topic prefix, app name and database
+(`isolated`) and a home of its own (the mirror into A, A's detached processors and the rejoin report
+live there); region B runs on free ports, started once for the module by `tapeline stack up --region b`
+and stopped at the end. Every command is run as a user runs it (`tapeline_cli`); processors are real
+(`tapeline run --role all`: the test's `Pipeline` in A at first, then the ones the failovers start).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterator
+
+import psycopg
+import pytest
+
+from tapeline import supervisor
+from tapeline.region_measure import measure_region_lag
+from tapeline.settings import Settings
+from tapeline.stack.base import _paths, _port_open, _read_state
+from tapeline.stack.mirror import down_mirror, mirrored_topics
+from tapeline.stack.region import down_region_b
+from tapeline.stack.replicator import down_replicator
+from tapeline.samples import sample_video
+from tests.conftest import Pipeline, tapeline_cli, wait_for
+from tests.integration.helpers import committed_events
+
+pytestmark = pytest.mark.integration
+
+ROLE_PORTS = 12  # more than supervisor.ROLES: each region's processors take health_port_base + i
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _free_port_base(count: int = ROLE_PORTS) -> int:
+    """A port p with p .. p+count-1 all free now (the processors' health ports)."""
+    for _ in range(200):
+        base = _free_port()
+        if base + count < 65535 and not any(_port_open("127.0.0.1", base + i) for i in range(count)):
+            return base
+    raise RuntimeError("no run of free ports")
+
+
+@pytest.fixture(scope="module")
+def regions(isolated: Settings) -> Iterator[tuple[Settings, Settings]]:
+    """(region A's settings, region B's): A on the shared services with a home of its own, B up on free
+    ports with the mirror A -> B running (`tapeline stack up --region b`). Afterwards: every processor,
+    mirror and replicator either region got is stopped, and region B's services."""
+    root = Path(tempfile.mkdtemp(prefix="tapeline-failback-"))
+    root.chmod(0o755)
+    jars = isolated.kafka_jars or Path(isolated.home) / "kafka" / "libs"
+    a = isolated.model_copy(update={
+        "home": root / "a", "kafka_jars": Path(jars).resolve(),
+        "region_b_kafka_bootstrap": f"127.0.0.1:{_free_port()}", "region_b_kafka_controller_port": _free_port(),
+        "region_b_s3_endpoint": f"http://127.0.0.1:{_free_port()}", "region_b_postgres_port": _free_port(),
+        "region_b_home": root / "b", "health_port_base": _free_port_base(),
+        "region_b_health_port_base": _free_port_base(), "replicate_health_port": 0,
+        "region_check_interval_s": 1.0})
+    b = a.for_region("b")
+    try:
+        up = tapeline_cli(a, "stack", "up", "--region", "b", timeout_s=240)
+        assert up.returncode == 0, f"stack up --region b failed:\n{up.stdout}\n{up.stderr}"
+        yield a, b
+    finally:
+        for region in (a, b):
+            supervisor.stop_detached(region)
+        down_mirror(_paths(a), None)
+        down_replicator(_paths(a), None)
+        down = tapeline_cli(a, "stack", "down", "--region", "b", timeout_s=120)
+        if down.returncode != 0:
+            print(f"stack down --region b failed:\n{down.stderr}")
+            down_region_b(a)
+        ports = [int(b.kafka_bootstrap.rpartition(":")[2]), b.kafka_controller_port, b.region_b_postgres_port,
+                 int(b.s3_endpoint.rpartition(":")[2])]
+        wait_for(lambda: not any(_port_open("127.0.0.1", port) for port in ports), 30,
+                 f"stack down --region b to stop everything it started (ports {ports})")
+        for log in (root / "a" / "logs" / "run.log", root / "b" / "logs" / "run.log"):
+            if log.exists():
+                print(f"--- {log} (tail)\n{log.read_text(errors='replace')[-3000:]}")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _cli_json(settings: Settings, *args: str, region: str = "a", timeout_s: float = 300.0) -> dict:
+    done = tapeline_cli(settings, *args, "--json", timeout_s=timeout_s, env={"TAPELINE_REGION": region})
+    assert done.returncode == 0, f"{' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    lines = done.stdout.splitlines()  # `region failover` logs its in-process projector's lines before the JSON
+    for start in reversed([i for i, line in enumerate(lines) if line.startswith("{")]):
+        try:
+            return json.loads("\n".join(lines[start:]))
+        except ValueError:
+            continue
+    raise AssertionError(f"no JSON object in the output of {' '.join(args)}:\n{done.stdout}")
+
+
+def _submit(a: Settings, region: str, wait: bool) -> dict:
+    args = ["submit", str(sample_video("bigbuckbunny.mp4"))] + (["--wait", "--timeout", "300"] if wait else [])
+    return _cli_json(a, *args, region=region, timeout_s=360)
+
+
+def _state(settings: Settings, job_id: str) -> dict | None:
+    from tapeline import read
+
+    try:
+        with read.open_reader(settings) as conn:
+            return read.job_row(conn, job_id)
+    except Exception:  # the projection not migrated yet, or being reset
+        return None
+
+
+def _completions(settings: Settings) -> dict[str, set[str]]:
+    """{job_id: event ids of its JobCompleted} in the region's committed lifecycle log."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for event in committed_events(settings, settings.jobs_topic, timeout_s=60):
+        if event.event_type == "JobCompleted":
+            found[event.job_id].add(event.event_id)
+    return found
+
+
+def _region_status(a: Settings) -> dict:
+    return _cli_json(a, "region", "status", timeout_s=120)
+
+
+@pytest.mark.timeout(1200)
+def test_failback_round_trip_loses_nothing_and_completes_every_job_once(regions, tmp_path: Path) -> None:
+    a, b = regions
+    timings: dict[str, float] = {}
+
+    # 1. Region A holds the history: a job completes there and reaches B through the mirror A -> B.
+    pipeline_a = Pipeline(a, tmp_path / "run-a.log").start()
+    try:
+        first = _submit(a, "a", wait=True)
+        assert first["state"] == "completed", first
+        wait_for(lambda: _region_status(a)["events_behind"] == 0, 90, "the mirror A -> B to carry the first job")
+
+        # 2. Planned failover to B: A's processors see the fence and exit 3; B's start.
+        started = time.monotonic()
+        failover = _cli_json(a, "region", "failover", "--to", "b", "--why", "planned test: maintenance of a")
+        timings["failover_to_b_s"] = time.monotonic() - started
+        assert (failover["to_region"], failover["planned"], failover["epoch"]) == ("b", True, 1)
+        assert "drained" in failover["steps_s"] and failover["lost_attempts"] == []
+        wait_for(lambda: pipeline_a.process.poll() is not None, 60, "region A's processors to stop on the fence")
+        assert pipeline_a.process.returncode == 3, pipeline_a.log_text()[-3000:]
+    finally:
+        pipeline_a.stop()
+
+    # 3. More work in B.
+    second = _submit(a, "b", wait=True)
+    assert second["state"] == "completed", second
+
+    # 4. Only a region another took over from rejoins as the standby: B holds the history, so B is refused.
+    refused = tapeline_cli(a, "region", "rejoin", "b", "--as-standby", timeout_s=120)
+    assert refused.returncode == 2 and "region b holds the job history" in refused.stderr, refused.stderr
+    # Region A rejoins: its log, projections and diverged objects reset, then B -> A mirrored.
+    started = time.monotonic()
+    rejoin = _cli_json(a, "region", "rejoin", "a", "--as-standby", timeout_s=300)
+    timings["rejoin_a_s"] = time.monotonic() - started
+    assert (rejoin["region"], rejoin["active"], rejoin["epoch"]) == ("a", "b", 1)
+    assert a.jobs_topic in rejoin["topics_reset"]
+    assert rejoin["records_copied"] == 0  # the planned failover wrote its fence into A already
+    assert {"job_state", "projector_offsets", "region_objects"} <= set(rejoin["tables_reset"])
+    assert not {"schema_migrations", "stall_policy", "webhook_endpoints"} & set(rejoin["tables_reset"])
+    assert rejoin["set_aside"] == []  # the first job's objects reached B with the same bytes: nothing diverged
+    assert (Path(a.home) / "rejoin" / "epoch-1.json").is_file()
+    assert _read_state(_paths(a))["standby"]["reset_at_epoch"] == 1
+
+    # 5. The mirror B -> A catches up: region status measures from the active region B into A.
+    started = time.monotonic()
+    status = wait_for(lambda: (s := _region_status(a))["events_behind"] == 0 and s["objects"].get("pending") == 0
+                      and s["objects"].get("named", 0) > 0 and s, 180, "the mirror and replicator B -> A to catch up")
+    timings["mirror_b_to_a_caught_up_s"] = time.monotonic() - started
+    assert (status["active"], status["standby"], status["direction"]) == ("b", "a", "b -> a")
+    assert status["mirror"]["up"] and status["objects"]["replicator"]["up"] and status["exact"]
+    stack = _cli_json(a, "stack", "status", timeout_s=120)
+    assert stack["region_a_standby"]["mirror"]["up"] is True
+    assert stack["region_a_standby"]["mirror"]["address"] == "b -> a"
+    assert stack["region_a_standby"]["replicator"]["up"] is True
+    assert stack["region_b"]["mirror"]["up"] is False  # the flow A -> B stays stopped while B is active
+
+    # 6. A job in flight in B, then the planned switch back to A.
+    third = _submit(a, "b", wait=False)["job_id"]
+    wait_for(lambda: (row := _state(b, third)) is not None and row["state"] == "running", 120,
+             "the third job to be running in region B")
+    started = time.monotonic()
+    failback = _cli_json(a, "region", "failover", "--to", "a", "--why", "failback", timeout_s=400)
+    timings["failback_to_a_s"] = time.monotonic() - started
+    assert (failback["from_region"], failback["to_region"], failback["planned"], failback["epoch"]) == ("b", "a", True, 2)
+    assert failback["steps_s"]["drained"] < failback["steps_s"]["mirror_stopped"]
+    # Nothing committed in B is missing in A after the drain: per topic and partition, by committed counts...
+    lag = measure_region_lag(b, a, mirrored_topics(b), timeout_s=60)
+    assert lag.events_behind == 0 and lag.exact, lag.as_dict()
+    # ...and every committed lifecycle event of B is in A, by event id.
+    in_b = {e.event_id for e in committed_events(b, b.jobs_topic, timeout_s=60)}
+    in_a = {e.event_id for e in committed_events(a, a.jobs_topic, timeout_s=60)}
+    assert in_b and not (in_b - in_a), f"{len(in_b - in_a)} events of B missing in A"
+    assert supervisor.running_pid(b) is None  # B's processors stopped by their guard
+    assert stack_mirror_down(a)  # the failover stopped the mirror B -> A (its files under A's home)
+
+    # 7. The job in flight completes in A, and so does one submitted after the switch.
+    wait_for(lambda: (row := _state(a, third)) is not None and row["state"] == "completed", 300,
+             "the job in flight to complete in region A")
+    fourth = _submit(a, "a", wait=True)
+    assert fourth["state"] == "completed", fourth
+    jobs = [first["job_id"], second["job_id"], third, fourth["job_id"]]
+    completions = _completions(a)
+    assert {job: len(completions[job]) for job in jobs} == {job: 1 for job in jobs}
+    # The fourth job ran only in A: its JobCompleted is A's own, never in B's log.
+    assert fourth["job_id"] not in {e.job_id for e in committed_events(b, b.jobs_topic, timeout_s=60)}
+
+    # 8. Region B becomes the standby again: `stack up --region b` resets it (B held the history at epoch 1),
+    # then mirrors A -> B from the start of A's log.
+    started = time.monotonic()
+    up = tapeline_cli(a, "stack", "up", "--region", "b", timeout_s=300)
+    timings["standby_b_again_s"] = time.monotonic() - started
+    assert up.returncode == 0, f"{up.stdout}\n{up.stderr}"
+    assert "reset as the standby" in up.stderr
+    assert _read_state(_paths(b))["standby"]["reset_at_epoch"] == 2
+    status = wait_for(lambda: (s := _region_status(a))["events_behind"] == 0 and s["objects"].get("pending") == 0
+                      and s, 180, "the mirror A -> B to catch up again")
+    assert status["direction"] == "a -> b" and status["mirror"]["up"]
+    completions_b = _completions(b)
+    assert {job: len(completions_b[job]) for job in jobs} == {job: 1 for job in jobs}
+    again = tapeline_cli(a, "stack", "up", "--region", "b", timeout_s=120)  # once per epoch: no second reset
+    assert again.returncode == 0 and "reset as the standby" not in again.stderr, again.stderr
+    print(f"failback timings: {json.dumps({k: round(v, 1) for k, v in timings.items()})}")
+    print(f"failover to b steps: {failover['steps_s']}\nrejoin a steps: {rejoin['steps_s']}\n"
+          f"failback steps: {failback['steps_s']}, lost attempts {failback['lost_attempts']}")
+
+
+def stack_mirror_down(a: Settings) -> bool:
+    """The mirror B -> A is not running (its pid file may stay behind)."""
+    from tapeline.stack.mirror import _markers
+    from tapeline.stack.base import _owned_pid
+
+    return _owned_pid(_paths(a).mirror / "mirror.pid", _markers(_paths(a))) is None
+
+
+def test_rejoin_without_as_standby_changes_nothing(regions) -> None:
+    a, _b = regions
+    done = tapeline_cli(a, "region", "rejoin", "a", timeout_s=60)
+    assert done.returncode == 2 and "--as-standby" in done.stderr
+    with psycopg.connect(a.database_url) as conn:  # the projections are still there
+        assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone()[0] > 0
