@@ -163,7 +163,8 @@ def status(settings: Settings) -> dict[str, Any]:
 
 
 def down(settings: Settings, console: Console | None = None) -> None:
-    """Stop what the stack started, and nothing else (Prometheus and Alertmanager first, if it started them).
+    """Stop what the stack started, and nothing else (Prometheus and Alertmanager first, if it started them;
+    then the mirror and the media replicator into region A that `tapeline region rejoin a` started).
 
     Kafka and moto_server are stopped by the pid in their pid file, only if that process is alive
     and still runs the command the stack launched (SIGTERM, then SIGKILL after STOP_TIMEOUT_S
@@ -180,6 +181,11 @@ def down(settings: Settings, console: Console | None = None) -> None:
         return
     with _locked(paths):
         down_monitoring(settings, paths, console)
+        from tapeline.stack.mirror import down_mirror
+        from tapeline.stack.replicator import down_replicator
+
+        down_mirror(paths, console)  # the failback's mirror b -> a and replicator into A (region rejoin a), if they run
+        down_replicator(paths, console)
         nodes = kafka_nodes(settings, paths)
         for name, pid_file, markers in ([(f"kafka node {n.node_id}" if len(nodes) > 1 else "kafka", n.pid_file, n.markers)
                                          for n in nodes] + [("s3", paths.s3_pid, _s3_markers(settings))]):

@@ -12,11 +12,14 @@ and stopped at the end. Every command is run as a user runs it (`tapeline_cli`);
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 import socket
 import tempfile
 import time
+import uuid
 from collections import defaultdict
 from pathlib import Path
 from typing import Iterator
@@ -24,7 +27,11 @@ from typing import Iterator
 import psycopg
 import pytest
 
-from tapeline import supervisor
+from domain import events as ev
+from domain.codec import encode
+from tapeline import kafka, supervisor
+from tapeline.clock import system_clock
+from tapeline.objectstore import ObjectStore
 from tapeline.region_measure import measure_region_lag
 from tapeline.settings import Settings
 from tapeline.stack.base import _paths, _port_open, _read_state
@@ -130,6 +137,26 @@ def _completions(settings: Settings) -> dict[str, set[str]]:
     return found
 
 
+def _upload_only_in_a(a: Settings) -> tuple[str, bytes]:
+    """An object in A's bucket and the `UploadCompleted` naming it in A's log, written after the fence
+    while no mirror runs A -> B: what an unplanned failover leaves behind (an upload A accepted that
+    never reached B). Returns (its key, its bytes)."""
+    upload_id = f"u-{uuid.uuid4()}"
+    key, body = f"uploads/{upload_id}/never-mirrored.mp4", os.urandom(50_000)
+    ObjectStore(a).s3.put_object(Bucket=a.s3_bucket, Key=key, Body=body)
+    upload = ev.UploadCompleted.new(system_clock.stamp(), job_id=ev.job_id_for(upload_id), stage="intake", attempt=0,
+                                    recorded_by="test", correlation_id=upload_id, upload_id=upload_id,
+                                    bucket=a.s3_bucket, object_key=key, size_bytes=len(body),
+                                    sha256=hashlib.sha256(body).hexdigest(), filename="never-mirrored.mp4",
+                                    priority="standard")
+    producer = kafka.idempotent_producer(a)
+    partitions = kafka.partition_count(producer, a.uploads_topic)
+    producer.produce(a.uploads_topic, key=upload_id.encode(), value=encode(upload.to_record()),
+                     partition=kafka.partition_for(upload_id, partitions))
+    assert producer.flush(30) == 0
+    return key, body
+
+
 def _region_status(a: Settings) -> dict:
     return _cli_json(a, "region", "status", timeout_s=120)
 
@@ -157,7 +184,8 @@ def test_failback_round_trip_loses_nothing_and_completes_every_job_once(regions,
     finally:
         pipeline_a.stop()
 
-    # 3. More work in B.
+    # 3. More work in B; meanwhile A's log gets a record B never sees (as after an unplanned failover).
+    orphan_key, orphan_body = _upload_only_in_a(a)
     second = _submit(a, "b", wait=True)
     assert second["state"] == "completed", second
 
@@ -173,7 +201,14 @@ def test_failback_round_trip_loses_nothing_and_completes_every_job_once(regions,
     assert rejoin["records_copied"] == 0  # the planned failover wrote its fence into A already
     assert {"job_state", "projector_offsets", "region_objects"} <= set(rejoin["tables_reset"])
     assert not {"schema_migrations", "stall_policy", "webhook_endpoints"} & set(rejoin["tables_reset"])
-    assert rejoin["set_aside"] == []  # the first job's objects reached B with the same bytes: nothing diverged
+    # Only the object B's log never named is set aside; the first job's objects reached B with the same bytes.
+    moved_to = f"orphans/region-a/epoch-1/{orphan_key}"
+    assert rejoin["set_aside"] == [{"key": orphan_key, "moved_to": moved_to, "reason": "orphan"}]
+    store_a = ObjectStore(a)
+    assert store_a.head(orphan_key) is None and store_a.get_bytes(moved_to) == orphan_body
+    first_source = next(e.object_key for e in committed_events(b, b.uploads_topic)
+                        if e.event_type == "UploadCompleted" and ev.job_id_for(e.upload_id) == first["job_id"])
+    assert store_a.head(first_source) is not None  # kept in place: B names it with the same sha256
     assert (Path(a.home) / "rejoin" / "epoch-1.json").is_file()
     assert _read_state(_paths(a))["standby"]["reset_at_epoch"] == 1
 
@@ -235,6 +270,7 @@ def test_failback_round_trip_loses_nothing_and_completes_every_job_once(regions,
     assert {job: len(completions_b[job]) for job in jobs} == {job: 1 for job in jobs}
     again = tapeline_cli(a, "stack", "up", "--region", "b", timeout_s=120)  # once per epoch: no second reset
     assert again.returncode == 0 and "reset as the standby" not in again.stderr, again.stderr
+    store_a.delete(moved_to)  # the shared bucket
     print(f"failback timings: {json.dumps({k: round(v, 1) for k, v in timings.items()})}")
     print(f"failover to b steps: {failover['steps_s']}\nrejoin a steps: {rejoin['steps_s']}\n"
           f"failback steps: {failback['steps_s']}, lost attempts {failback['lost_attempts']}")
