@@ -54,10 +54,14 @@ def _free_port() -> int:
 
 
 def _free_port_base(count: int = ROLE_PORTS) -> int:
-    """A port p with p .. p+count-1 all free now (the processors' health ports)."""
+    """A port p with p .. p+count-1 all free now (the processors' health ports), below Linux's ephemeral
+    range (32768 on): a port taken from that range can be any client connection's a moment later. Away
+    from region B's default ports (29000, 29092)."""
+    import random
+
     for _ in range(200):
-        base = _free_port()
-        if base + count < 65535 and not any(_port_open("127.0.0.1", base + i) for i in range(count)):
+        base = random.randrange(21000, 28000 - count)
+        if not any(_port_open("127.0.0.1", base + i) for i in range(count)):
             return base
     raise RuntimeError("no run of free ports")
 
