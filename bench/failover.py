@@ -4,10 +4,13 @@ at a random moment, then `tapeline region failover --to b`; region B must finish
 Each round builds two complete regions of its own on free ports (docs/regions.md): region A (a Kafka
 node, its own PostgreSQL server, an S3 endpoint, `tapeline run --role all`) and region B (`stack up
 --region b`: the same services, MirrorMaker 2 from A and the media replicator), with a provider that
-does NOT dedupe posts. It submits `--jobs` uploads of a 16-second clip to A, one after another, so
-that at the kill some have completed, some publish, some transcode with checkpoints and the last is
-just uploaded; waits until at least one transcode has recorded a checkpoint plus a random 0-3 s;
-kills every process of region A at once (the processors' group, Kafka, the PostgreSQL postmaster,
+does NOT dedupe posts. It submits `--jobs` uploads of a 16-second clip to A, one after another; once
+the first has completed, the provider records each post at once but answers it only 15 s later. The
+kill comes when a post has been made for a job A has not completed (its publish waits on the
+provider: the post exists, its caller never hears of it) while another job's transcode holds a
+checkpoint, plus a random 0-1 s (or after 150 s, whatever holds): then one job has completed, one is
+publishing, one is transcoding with checkpoints and the rest are queued or just uploaded. It kills
+every process of region A at once (the processors' group, Kafka, the PostgreSQL postmaster,
 the S3 endpoint); then runs `tapeline region failover --to b --why drill --json`, submits one new upload
 to region B, and waits until that job and every job whose upload reached B have ended there.
 
@@ -64,6 +67,13 @@ from tapeline.settings import Settings  # noqa: E402
 JOB_TIMEOUT_S = 300.0
 """How long the jobs may take to end in region B after the failover command returned."""
 
+PROVIDER_DELAY_S = 15.0
+"""After the first job: the provider records each post at once and answers it this many seconds later,
+so a publish is in flight (its post made, not yet known to its caller) when region A is killed."""
+
+KILL_WAIT_S = 150.0
+"""Longest wait for that moment (a post in flight and a transcode with a checkpoint) before the kill."""
+
 
 @dataclass
 class Round:
@@ -119,7 +129,7 @@ def region_settings_for(work: Path, provider_url: str) -> Settings:
         "region_b_home": work / "b", "region_b_health_port_base": b_health,
         "topic_prefix": "drill", "app_name": "tapeline-drill", "jobs_partitions": 3, "work_partitions": 2,
         "uploads_partitions": 2, "reuse_results": False, "cleanup_orphans": False,
-        "webhook_url": provider_url, "webhook_dedupes": False,
+        "webhook_url": provider_url, "webhook_dedupes": False, "webhook_timeout_s": PROVIDER_DELAY_S + 8,
     })
 
 
@@ -160,6 +170,21 @@ def kill_region_a(a: Settings, processors: subprocess.Popen) -> list[int]:
     return pids
 
 
+def _posted_unfinished(a: Settings, provider: ProviderProcess, job_ids: list[str]) -> bool:
+    """Whether the provider holds a post of a job region A has not completed."""
+    posted = {p["payload"]["job_id"] for p in provider.posts()}
+    now = states(a, job_ids)
+    return any(job in posted and now.get(job) != "completed" for job in job_ids)
+
+
+def _transcoding_with_checkpoints(a: Settings) -> bool:
+    """Whether a job region A shows running its transcode has recorded a checkpoint."""
+    with psycopg.connect(a.database_url, connect_timeout=5) as conn:
+        return conn.execute("SELECT EXISTS (SELECT 1 FROM job_state j JOIN lifecycle_evidence x USING (job_id) "
+                            "WHERE j.state = 'running' AND j.stage = 'transcode' AND x.applied AND x.stage = 'transcode' "
+                            "AND x.event_type = 'CheckpointRecorded' AND x.attempt = j.attempt)").fetchone()[0]
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -171,12 +196,6 @@ def states(settings: Settings, job_ids: list[str]) -> dict[str, str]:
     """job id -> state in `settings`' projection (jobs it does not have are absent)."""
     with psycopg.connect(settings.database_url, connect_timeout=5) as conn:
         return dict(conn.execute("SELECT job_id, state FROM job_state WHERE job_id = ANY(%s)", (job_ids,)).fetchall())
-
-
-def checkpoints_recorded(settings: Settings) -> int:
-    with psycopg.connect(settings.database_url, connect_timeout=5) as conn:
-        return conn.execute("SELECT count(*) FROM lifecycle_evidence WHERE event_type = 'CheckpointRecorded'"
-                            ).fetchone()[0]
 
 
 def stages_of(settings: Settings, job_ids: list[str]) -> dict[str, str]:
@@ -246,18 +265,23 @@ def drill(work: Path, jobs: int, seed: int, say=print) -> Round:
             submission = upload(a, clip)
             publish(a, submission.event)
             job_ids.append(submission.job_id)
-            if n == 0:  # the first completes before the kill
+            if n == 0:  # the first completes before the kill; from then on the provider answers slowly
                 deadline = time.monotonic() + 180
                 while states(a, job_ids[:1]).get(job_ids[0]) != "completed" and time.monotonic() < deadline:
                     time.sleep(0.5)
+                provider.control(reply_delay_s=PROVIDER_DELAY_S)
             elif n < jobs - 1:
                 time.sleep(rng.uniform(2.0, 5.0))
-        deadline = time.monotonic() + 120
-        while checkpoints_recorded(a) <= 0 and time.monotonic() < deadline:
+        # The moment: a post made for a job that has not completed (its publish waits on the provider)
+        # while another job's transcode holds a checkpoint, or whatever holds after KILL_WAIT_S.
+        deadline = time.monotonic() + KILL_WAIT_S
+        while time.monotonic() < deadline and not (_posted_unfinished(a, provider, job_ids)
+                                                   and _transcoding_with_checkpoints(a)):
             time.sleep(0.2)
-        time.sleep(rng.uniform(0.0, 3.0))
+        time.sleep(rng.uniform(0.0, 1.0))
         result.stages_at_kill = stages_of(a, job_ids)
         killed = kill_region_a(a, processors)
+        provider.control(reply_delay_s=0)
         say(f"killed region a ({len(killed)} processes); stages then: {result.stages_at_kill}")
 
         started_at = time.time()

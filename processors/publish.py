@@ -9,7 +9,10 @@ Protocol for one publish attempt (reconcile, then act):
           `markers/{job}/webhook.json` created with `If-None-Match: *`, holding this attempt's
           claim token;
   Step 4. if the marker already existed (an earlier attempt got this far and then crashed, hung or
-          failed), look the post up by its idempotency key first: found -> use it, post nothing;
+          failed), or the log shows an earlier attempt that recorded `PublishIntended` for this
+          provider and was lost with its region (a `region_lost` stall: its marker is in the lost
+          region's store, docs/regions.md), look the post up by its idempotency key first: found ->
+          use it, post nothing;
           not found -> post only if the provider dedupes by idempotency key, otherwise stop with
           `NeedsReview` (the earlier attempt's post may be in flight; never post blindly); a lookup
           that cannot be answered -> `NeedsReview` too;
@@ -147,9 +150,12 @@ class PublishWorker(StageWorker):
         mine = json.dumps({"claim_token": identity.claim_token, "attempt": identity.attempt}).encode()
         existing = store.create_exclusive(marker, mine)
         crash_point("publish.after_marker")
-        # Step 4
-        if existing is not None and existing != mine:
-            holder = json.loads(existing or b"{}")
+        # Step 4 (the marker, or the log where the marker cannot tell: an earlier attempt that stated its
+        # intent and was lost with its region in a failover; its marker is in that region's store)
+        lost = None if existing is not None and existing != mine else attempt.runtime.jobs.one(
+            "earlier_intent_lost_with_region", {"job_id": identity.job_id, "attempt": identity.attempt, "provider": provider.name})
+        if (existing is not None and existing != mine) or lost is not None:
+            holder = json.loads(existing or b"{}") if lost is None else {"attempt": lost["attempt"]}
             try:
                 found = provider.lookup(key)
             except ProviderLookupFailed as exc:

@@ -229,8 +229,11 @@ def region_failover(
     Exit code 1 when a step fails (the message says which; the steps before it stay done), 2 for an
     unknown region.
     """
+    from tapeline import logs
     from tapeline.cli_common import region_settings
     from tapeline.failover import FailoverError, fail_over
+
+    logs.configure("json" if as_json else "console", level="WARNING")  # on stderr: stdout holds the report
 
     if to not in ("a", "b"):
         fail(ValueError(f"unknown region {to!r}: a or b"), code=2)

@@ -13,7 +13,8 @@ It stands in for a social/video platform or a CMS webhook in tests, the demo and
   `{"idempotency_key", "status", "received_at"}` (what a test of cooldowns and quotas asserts on).
 - `POST /_control` with `{"fail_next": N, "status": 503, "retry_after_s": 2, "lookups": "down"}`
   makes the next N posts fail with that status (and a `Retry-After` header) or every lookup
-  answer 503 (`"lookups": "up"` restores them).
+  answer 503 (`"lookups": "up"` restores them); `{"reply_delay_s": 8}` records each post at once and
+  answers it 8 s later (a slow provider: a caller killed meanwhile made a post it never heard of).
 
 Run: `python -m tapeline.provider_server --port 18080 --mode nodedupe [--record posts.jsonl]`.
 Every post is also appended to the record file (JSON lines), so a test can read what the server
@@ -46,6 +47,7 @@ class ProviderState:
     fail_status: int = 503
     retry_after_s: float | None = None
     lookups_down: bool = False
+    reply_delay_s: float = 0.0  # a post is recorded, then its answer waits this long (a slow provider)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def first_with_key(self, key: str) -> dict[str, Any] | None:
@@ -102,6 +104,7 @@ def make_handler(state: ProviderState) -> type[BaseHTTPRequestHandler]:
                         state.lookups_down = change["lookups"] == "down"
                     if "mode" in change:
                         state.mode = change["mode"]
+                    state.reply_delay_s = float(change.get("reply_delay_s", state.reply_delay_s))
                 return self.reply(200, {"ok": True})
             if url.path != "/posts":
                 return self.reply(404, {"error": "not found"})
@@ -128,6 +131,9 @@ def make_handler(state: ProviderState) -> type[BaseHTTPRequestHandler]:
                 if state.record is not None:
                     with open(state.record, "a") as fh:
                         fh.write(json.dumps(post) + "\n")
+                delay = state.reply_delay_s
+            if delay > 0:  # the post exists; its caller has not heard so yet
+                time.sleep(delay)
             self.reply(201, post)
 
     return Handler

@@ -623,3 +623,18 @@ SELECT (SELECT coalesce(jsonb_object_agg(state, n), '{}'::jsonb)
        (SELECT count(*) FROM webhook_endpoints WHERE enabled AND failing_since IS NOT NULL) AS failing_endpoints,
        (SELECT count(*) FROM webhook_endpoints WHERE NOT enabled) AS disabled_endpoints,
        (SELECT count(*) FROM webhook_endpoints WHERE NOT enabled AND failing_since IS NOT NULL) AS disabled_failing_endpoints;
+
+-- name: earlier_intent_lost_with_region
+-- The earlier publish attempt of a job that recorded its intent to call `provider` (PublishIntended)
+-- and was lost with its region (StallDetected region_lost, `tapeline region failover`): its post may
+-- exist, and its claim marker is in the lost region's store (markers are not replicated), so the log
+-- is the only witness. NULL when there is none. Within one region the marker is the witness.
+SELECT i.attempt
+FROM lifecycle_evidence i
+JOIN lifecycle_evidence s
+  ON s.job_id = i.job_id AND s.event_type = 'StallDetected' AND s.stage = i.stage AND s.attempt = i.attempt
+ AND s.applied AND s.payload->>'kind' = 'region_lost'
+WHERE i.job_id = %(job_id)s AND i.event_type = 'PublishIntended' AND i.stage = 'publish'
+  AND i.attempt < %(attempt)s AND i.payload->>'provider' = %(provider)s
+ORDER BY i.attempt DESC
+LIMIT 1;

@@ -3,7 +3,8 @@
 Two complete regions of their own on free ports (region A: a Kafka node, its own PostgreSQL server,
 an S3 endpoint and `tapeline run --role all`; region B: `tapeline stack up --region b` with
 MirrorMaker 2 and the media replicator), a provider that does not dedupe posts; one job completes
-in A, the others are transcoding (with checkpoints) or queued when every process of region A is
+in A, one is publishing (its post made at the provider, which answers slowly), one is transcoding (with
+checkpoints) when every process of region A is
 killed with SIGKILL (processors, Kafka, the PostgreSQL postmaster and its backends, the S3
 endpoint); then `tapeline region failover --to b --why ... --json` as a user runs it.
 
@@ -45,6 +46,9 @@ def test_failover_drill_finishes_every_job_once_and_fences_region_a() -> None:
     assert all(posts <= 1 for posts in result.posts_per_job.values()), result.posts_per_job
     assert sum(result.posts_per_job.values()) + result.needs_review >= len(result.posts_per_job) - result.uploads_lost
     assert "completed/publish" in result.stages_at_kill.values()  # the drill's first job ended in A
+    # One job's publish was in flight: its post made at the provider, the answer not yet back. Region B's
+    # attempt found it by its idempotency key (the claim marker stayed in A's store) and did not post again.
+    assert "running/publish" in result.stages_at_kill.values(), result.stages_at_kill
     unfinished = {job for job, stage in result.stages_at_kill.items() if not stage.startswith("completed/")}
     assert {a["job_id"] for a in result.lost_attempts} <= unfinished  # only what ran in A was lost with it
     assert all(yields >= 1 for yields in result.lost_yields.values()), result.lost_yields  # given back
