@@ -52,7 +52,7 @@ from domain import events as ev
 from domain.errors import ServiceUnavailable, TapelineError
 from domain.regions import failover_event, region_lost_row
 from tapeline.clock import system_clock
-from tapeline.region_authority import new_failover_id, read_regions, write_region_record
+from tapeline.region_authority import new_failover_id, read_regions, unanswered, write_region_record
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.failover")
@@ -98,7 +98,6 @@ def fail_over(regions: dict[str, Settings], to: str, why: str, *, operator: str 
     """Move the job history to region `to` (see the module for the steps). `regions`: `{"a": region
     A's settings, "b": region B's}`. `say` gets one line per step. Raises `FailoverError` (with the
     step) when a step cannot be done, `ValueError` for an unknown region or an empty reason."""
-    from tapeline.stack.kafka import _kafka_answers
 
     started = time.monotonic()
     if to not in regions:
@@ -111,13 +110,9 @@ def fail_over(regions: dict[str, Settings], to: str, why: str, *, operator: str 
         report.steps[name] = time.monotonic() - started
         say(f"{report.steps[name]:7.2f} s  {line}")
 
-    answers, why_not = _kafka_answers(target)
-    if not answers:
-        raise FailoverError(f"region {to}'s Kafka ({target.kafka_bootstrap_servers}) does not answer: {why_not}")
-    try:
-        psycopg.connect(target.database_url, connect_timeout=5).close()
-    except psycopg.Error as exc:
-        raise FailoverError(f"region {to}'s PostgreSQL does not answer: {exc}") from exc
+    why_not = unanswered(target)
+    if why_not is not None:
+        raise FailoverError(why_not)
     from tapeline.stack import ensure_topics
 
     ensure_topics(target)

@@ -190,6 +190,28 @@ class RegionGuard:
                 return
 
 
+def unanswered(settings: Settings, *, s3: bool = False) -> str | None:
+    """Why the region of `settings` cannot be worked on: its Kafka, its PostgreSQL or (with `s3`) its
+    S3 endpoint does not answer, as one sentence; None when all of them answer."""
+    import psycopg
+
+    from tapeline.stack.kafka import _kafka_answers
+    from tapeline.stack.s3 import _s3_answers
+
+    answers, why = _kafka_answers(settings)
+    if not answers:
+        return f"region {settings.region}'s Kafka ({settings.kafka_bootstrap_servers}) does not answer: {why}"
+    try:
+        psycopg.connect(settings.database_url, connect_timeout=5).close()
+    except psycopg.Error as exc:
+        return f"region {settings.region}'s PostgreSQL does not answer: {exc}"
+    if s3:
+        answers, why = _s3_answers(settings)
+        if not answers:
+            return f"region {settings.region}'s S3 ({settings.s3_endpoint}) does not answer: {why}"
+    return None
+
+
 def new_failover_id() -> str:
     """A failover's id (the `correlation_id` of its record)."""
     return str(uuid.uuid4())

@@ -176,21 +176,11 @@ def rejoin_as_standby(regions: dict[str, Settings], name: str, *, start_replicat
 
 def _check_services(standby: Settings) -> None:
     """Region `standby`'s Kafka, PostgreSQL and S3 answer; else RejoinRefused."""
-    import psycopg
+    from tapeline.region_authority import unanswered
 
-    from tapeline.stack.kafka import _kafka_answers
-    from tapeline.stack.s3 import _s3_answers
-
-    answers, why = _kafka_answers(standby)
-    if not answers:
-        raise RejoinRefused(f"region {standby.region}'s Kafka ({standby.kafka_bootstrap_servers}) does not answer: {why}")
-    try:
-        psycopg.connect(standby.database_url, connect_timeout=5).close()
-    except psycopg.Error as exc:
-        raise RejoinRefused(f"region {standby.region}'s PostgreSQL does not answer: {exc}") from exc
-    answers, why = _s3_answers(standby)
-    if not answers:
-        raise RejoinRefused(f"region {standby.region}'s S3 ({standby.s3_endpoint}) does not answer: {why}")
+    why = unanswered(standby, s3=True)
+    if why is not None:
+        raise RejoinRefused(why)
 
 
 def _stop_everything_of(regions: dict[str, Settings], name: str, active: str) -> None:
