@@ -141,7 +141,8 @@ def find_reusable(db: JobStore, store: ObjectStorage, sha256: str, fingerprints:
 
     A job that itself reused a result points at the job that transcoded (`reused_from`), so a chain
     always lends the original outputs. A candidate with a missing or changed object is logged and
-    skipped (a real transcode follows). Raises `StorageError` when S3 cannot answer.
+    skipped (a real transcode follows). The master and rendition URLs are `store`'s (this region's
+    origin), not the recorded ones. Raises `StorageError` when S3 cannot answer.
     """
     tried: set[str] = set()
     for fingerprint in fingerprints:
@@ -159,5 +160,10 @@ def find_reusable(db: JobStore, store: ObjectStorage, sha256: str, fingerprints:
                 log.info("completed job's outputs are incomplete; not reused", origin_job_id=origin,
                          missing=len(missing), first_missing=missing[0])
                 continue
-            return Reusable(**{**result.__dict__, "fingerprint": fingerprint})
+            # The URLs of this region's origin: the recorded ones name the origin the job was published
+            # at, another region's after a failover (docs/regions.md); the keys are the same in both.
+            renditions = [r.model_copy(update={"url": store.public_url(r.playlist_key)}) if r.playlist_key else r
+                          for r in result.renditions]
+            return Reusable(**{**result.__dict__, "fingerprint": fingerprint,
+                               "master_url": store.public_url(result.master_key), "renditions": renditions})
     return None
