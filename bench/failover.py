@@ -56,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg  # noqa: E402
 
+from bench.broker_failover import job_states as states  # noqa: E402
 from bench.stall_latency import env_for  # noqa: E402
 from domain import events as ev  # noqa: E402
 from domain.codec import default_codec  # noqa: E402
@@ -190,12 +191,6 @@ def _children(pid: int) -> list[int]:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
-
-
-def states(settings: Settings, job_ids: list[str]) -> dict[str, str]:
-    """job id -> state in `settings`' projection (jobs it does not have are absent)."""
-    with psycopg.connect(settings.database_url, connect_timeout=5) as conn:
-        return dict(conn.execute("SELECT job_id, state FROM job_state WHERE job_id = ANY(%s)", (job_ids,)).fetchall())
 
 
 def stages_of(settings: Settings, job_ids: list[str]) -> dict[str, str]:

@@ -16,7 +16,6 @@ out keeps the region record in a store both regions must reach (a quorum across 
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 import uuid
@@ -37,17 +36,12 @@ FENCED_EXIT_CODE = 3
 """`tapeline run` exits with this code when its region is fenced (the supervisor does not restart it)."""
 
 
-def _answers(settings: Settings, timeout_s: float = 1.0) -> bool:
+def _answers(settings: Settings) -> bool:
     """Whether something accepts a TCP connection at one of the region's bootstrap addresses (a
     port nobody listens on is refused at once: a region that is not there costs no wait)."""
-    for address in settings.kafka_bootstrap_servers.split(","):
-        host, _, port = address.strip().rpartition(":")
-        try:
-            with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port or 9092)), timeout=timeout_s):
-                return True
-        except (OSError, ValueError):
-            continue
-    return False
+    from tapeline.stack.base import _host_port, _port_open
+
+    return any(_port_open(*_host_port(a.strip(), 9092)) for a in settings.kafka_bootstrap_servers.split(","))
 
 
 def read_region_records(settings: Settings, timeout_s: float = 5.0) -> list[ev.RegionFailedOver] | None:
