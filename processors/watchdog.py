@@ -42,10 +42,10 @@ from processors.runtime import Outgoing, Runtime, transact
 from domain.lifecycle import FREE_STALL_KINDS, attempts_used
 from domain import events as ev
 from domain import pipeline
-from domain.errors import ServiceUnavailable, StorageError
+from domain.errors import Fenced, ServiceUnavailable, StorageError
 from tapeline.health import HealthState
 from tapeline.objects import StorageGauge
-from tapeline.ports import Clock, EventLog, EventLogError, JobStore, ObjectStorage
+from tapeline.ports import Clock, EventLog, EventLogError, JobStore, ObjectStorage, WriterBroken
 from tapeline.settings import Settings
 
 JUDGED_ELSEWHERE = frozenset({"worker_exited", "region_lost"})
@@ -248,6 +248,7 @@ class Watchdog:
         self.due_in_s: list[float] = []  # deadlines after the last tick's log clock, seconds (`next_wake_s`)
         self.refused_since: float | None = None  # monotonic: when the log began refusing (or holding) ticks
         self.outage: LogOutage | None = None  # the last such stretch, in log time (`excused_by_outage`)
+        self.writer_broken = False  # the client declared the ticks' writer unusable: `run` replaces it
         self.health = health or HealthState("watchdog", settings.instance_id)  # `tapeline run` serves it
         self.gauge: StorageGauge | None = None  # the bucket's bytes, when a storage limit is set
         self.storage_pressure = False
@@ -270,7 +271,8 @@ class Watchdog:
                 return
             log.info("watchdog is the leader")
             runtime = Runtime(settings, "watchdog", health=self.health, stop=stop, events=self.events, jobs=self.jobs)
-            producer = self.events.transactional_producer(f"{settings.app_name}.watchdog")
+            writer_id = f"{settings.app_name}.watchdog"
+            producer = self.events.transactional_producer(writer_id)
             self.jobs.run("set_stall_policy", {
                 "no_progress_timeout_s": settings.no_progress_timeout_s,
                 "handoff_timeout_s": settings.handoff_timeout_s, "intake_timeout_s": settings.intake_timeout_s})
@@ -281,12 +283,28 @@ class Watchdog:
                     started = time.monotonic()
                     leader.run("session_alive")  # still holding the session (and so the lock)
                     self.tick(runtime, producer)
+                    if self.writer_broken:
+                        producer = self.new_writer(producer, writer_id)
                     stop.wait(next_wake_s(tick_s=settings.tick_s, elapsed_s=time.monotonic() - started,
                                           due_in_s=self.due_in_s))
             finally:
                 runtime.close()
         finally:
             leader.close()
+
+    def new_writer(self, broken, writer_id: str):
+        """A writer for the ticks in place of `broken` (see `tick`). The leader lock makes this
+        watchdog the transactional id's only owner, so the new writer fences nothing but the broken
+        one. While the log cannot give one (`ServiceUnavailable`) it returns `broken`, and the next
+        tick, refused again, asks again."""
+        try:
+            writer = self.events.transactional_producer(writer_id)
+        except ServiceUnavailable as exc:
+            log.warning("no new writer for the watchdog yet; the next tick tries again", error=str(exc))
+            return broken
+        self.writer_broken = False
+        log.warning("the watchdog's writer was replaced after the client declared it unusable")
+        return writer
 
     def tick(self, runtime: Runtime, producer) -> RunResult | None:
         """Steps 1-5 once. Returns what was decided, or None when the projection was not caught up."""
@@ -309,8 +327,15 @@ class Watchdog:
             # Step 2
             for p in range(partitions):
                 runtime.wait_caught_up(p, max(2.0, settings.tick_s * 4))
-        except (ServiceUnavailable, EventLogError) as exc:
-            if isinstance(exc, EventLogError) and self.refused_since is None:
+        except (ServiceUnavailable, EventLogError, Fenced) as exc:
+            if isinstance(exc, Fenced):
+                if not isinstance(exc.__cause__, WriterBroken):
+                    raise  # a newer watchdog took the transactional id over: stop
+                # The client's own fatal error, no newer owner's fence (an abort after a record timed
+                # out in an election: INVALID_TXN_STATE). Exiting here made the supervisor restart the
+                # watchdog mid-outage, and it forgot how long the log had refused it (`outage`).
+                self.writer_broken = True
+            if isinstance(exc, (EventLogError, Fenced)) and self.refused_since is None:
                 self.refused_since = tried_at
             log.warning("projection not caught up: judging nothing this tick", error=str(exc))
             self.health.watchdog_ticks.labels(result="blind").inc()

@@ -22,6 +22,8 @@ from tapeline.settings import Settings
 
 SEND_OFFSETS_GRACE_S = 5.0
 """Seconds `KafkaWriter.send_offsets` waits past the call's own timeout before it calls the writer stuck."""
+RESUME_TIMEOUT_S = 10.0
+"""Seconds `KafkaWriter.begin_transaction` waits for an unfinished commit or abort it resumes."""
 
 
 def consumer(settings: Settings, group_id: str, **overrides: Any) -> Consumer:
@@ -211,6 +213,15 @@ class KafkaWriter:
 
     def __init__(self, client: Producer) -> None:
         self.client = client
+        self.unfinished: str | None = None
+        """"commit" or "abort": that call timed out while the client still runs it. librdkafka then
+        refuses every other transactional call with `_CONFLICT` ("Conflicting commit_transaction API
+        call is already in progress") until the same call is made again and ends (rdkafka_txnmgr.c
+        `rd_kafka_txn_curr_api_begin`; its timeout says "retry call to resume"). Before this was
+        tracked, a commit that timed out during a broker outage wedged its writer for good: the abort
+        after it and every later `begin_transaction` were refused, so an attempt's heartbeats stopped
+        for a whole lease after the log came back (issue 24, two brokers down). `begin_transaction`
+        and `abort_transaction` resume it first."""
 
     def _call(self, method, *args):
         try:
@@ -223,7 +234,36 @@ class KafkaWriter:
             raise
 
     def begin_transaction(self) -> None:
+        """Begin a transaction, after finishing an unfinished commit or abort (`unfinished`; waits up
+        to `RESUME_TIMEOUT_S`). A resumed commit may still commit the earlier transaction: its
+        caller was told the outcome is unknown and reconciles (`processors.attempt.Attempt.record`).
+        Raises `EventLogError` (retriable) while that call still does not end."""
+        if self.unfinished == "commit":
+            try:
+                self._resumable("commit", self.client.commit_transaction, RESUME_TIMEOUT_S)
+            except TransactionMustAbort:
+                self._resumable("abort", self.client.abort_transaction, RESUME_TIMEOUT_S)
+        elif self.unfinished == "abort":
+            self._resumable("abort", self.client.abort_transaction, RESUME_TIMEOUT_S)
         self._call(self.client.begin_transaction)
+
+    def _resumable(self, name: str, method, timeout_s: float) -> None:
+        """Call `method(timeout_s)` (commit or abort) and remember whether it is left `unfinished`:
+        a retriable `_TIMED_OUT` that requires no abort means it still runs in the client."""
+        try:
+            method(timeout_s)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            running = (isinstance(error, KafkaError) and error.code() == KafkaError._TIMED_OUT and error.retriable()
+                       and not error.txn_requires_abort() and not error.fatal())
+            self.unfinished = name if running else None
+            raise log_error(exc) from exc
+        except SystemError as exc:
+            if isinstance(exc.__cause__, KafkaException):
+                self.unfinished = None
+                raise log_error(exc.__cause__) from exc
+            raise
+        self.unfinished = None
 
     def produce(self, topic: str, key: bytes, value: bytes, partition: int, on_delivery=None) -> None:
         """`Producer.produce`; `on_delivery(topic, partition, offset)` runs for a stored record only."""
@@ -265,10 +305,19 @@ class KafkaWriter:
             raise outcome[0]
 
     def commit_transaction(self, timeout_s: float) -> None:
-        self._call(self.client.commit_transaction, timeout_s)
+        self._resumable("commit", self.client.commit_transaction, timeout_s)
 
     def abort_transaction(self, timeout_s: float) -> None:
-        self._call(self.client.abort_transaction, timeout_s)
+        """Abort the open transaction. When a commit is `unfinished` it is resumed instead (an abort
+        would be refused with `_CONFLICT`): if it ends, the transaction is committed and there is
+        nothing to abort; if the commit failed, the abort follows."""
+        if self.unfinished == "commit":
+            try:
+                self._resumable("commit", self.client.commit_transaction, timeout_s)
+                return
+            except TransactionMustAbort:
+                pass
+        self._resumable("abort", self.client.abort_transaction, timeout_s)
 
     def poll(self, timeout_s: float) -> None:
         self._call(self.client.poll, timeout_s)

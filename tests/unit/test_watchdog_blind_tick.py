@@ -10,7 +10,7 @@ from domain.errors import Fenced
 from processors.watchdog import Watchdog
 from tapeline.clock import system_clock
 from tapeline.health import HealthState
-from tapeline.ports import EventLogError, TransactionMustAbort, WriterFenced
+from tapeline.ports import EventLogError, TransactionMustAbort, WriterBroken, WriterFenced
 from tapeline.settings import Settings
 
 
@@ -81,6 +81,15 @@ def test_a_log_that_refuses_a_call_makes_the_tick_blind_not_the_watchdog_exit(ru
 def test_a_fenced_watchdog_still_stops():
     with pytest.raises(Fenced):
         watchdog().tick(Runtime(), Writer(WriterFenced("a newer watchdog took over")))
+
+
+def test_a_writer_the_client_declared_unusable_makes_the_tick_blind_and_is_replaced():
+    """INVALID_TXN_STATE after a record timed out in an election is the client's fatal error, not a
+    newer watchdog's fence: the tick is blind, the refusal is remembered as an outage, and `run`
+    replaces the writer (before, the watchdog exited and its restart forgot the outage)."""
+    dog = watchdog()
+    assert dog.tick(Runtime(), Writer(WriterBroken("Failed to end transaction: INVALID_TXN_STATE"))) is None
+    assert dog.writer_broken and dog.refused_since is not None and blind_ticks(dog) == 1
 
 
 class Jobs:
