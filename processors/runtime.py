@@ -175,7 +175,9 @@ def transact(producer: Writer, produce: Callable[[], None], *, consumer: Reader 
     (docs/design.md "Kafka errors: retried, aborted, fenced"):
 
     - a retriable commit error is repeated for up to `commit_retry_s` seconds (librdkafka: "the
-      application may call commit_transaction() again"), then raised as it is;
+      application may call commit_transaction() again"), then raised as it is; a commit left
+      running inside the client is finished by the writer before its next transaction or abort
+      (`tapeline.kafka.KafkaWriter.unfinished`), so its outcome is unknown to the caller;
     - `WriterFenced` (a newer producer with this transactional id, or the producer's fatal error)
       is raised as `Fenced`: the caller must stop and never retry; nothing is aborted (a fenced
       producer can neither commit nor abort);
