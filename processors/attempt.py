@@ -14,7 +14,7 @@ import structlog
 
 from domain import events as ev
 from domain.errors import Fenced, ServiceUnavailable
-from tapeline.ports import EventLogError, WriterBroken, WriterFenced
+from tapeline.ports import EventLogError, WriterFenced
 from domain.policy.claim import superseded_reason
 from processors.runtime import AttemptIdentity, Outgoing, Runtime, attempt_transactional_id, transact
 from tapeline.partitioner import partition_for
@@ -51,16 +51,22 @@ class Attempt:
                 transact(self.producer, lambda: self.runtime.produce(self.producer, outgoing),
                          name=point or f"{self.identity.stage}.{outgoing[0][1].event_type if outgoing else 'empty'}")
             except Fenced as exc:
-                if not isinstance(exc.__cause__, WriterBroken):
+                if not isinstance(exc.__cause__, WriterFenced):
                     raise
                 self.renew_writer(exc)
                 raise EventLogError(f"the attempt's writer was unusable and is replaced; nothing written: {exc}") from exc
 
     def renew_writer(self, broken: Exception) -> None:
-        """Replace the attempt's writer after the client declared it unusable (`WriterBroken`), once a
-        caught-up projection shows this attempt still owns the job: the new writer, with the same
-        transactional id, fences whatever held it. Raises `Fenced` (another owner) or `EventLogError`
-        (ownership cannot be checked yet, or no new writer: the next `send` tries again)."""
+        """Replace the attempt's writer after it was fenced or the client declared it unusable
+        (`WriterFenced`, `WriterBroken`), once a caught-up projection shows this attempt still owns
+        the job: the new writer, with the same transactional id, fences whatever held it. A fence is
+        not always a newer owner: the transaction coordinator bumps the producer epoch when it aborts
+        a transaction that outlived `transaction.timeout.ms` (a broker outage longer than that), and
+        librdkafka reports the old epoch as `_FENCED`; a second worker's claim of the same work item
+        fences the owner too, then drops the item. A newer owner's claim follows the stall or
+        operator event that ended this attempt in the log, so the caught-up projection shows it.
+        Raises `Fenced` (another owner) or `EventLogError` (ownership cannot be checked yet, or no
+        new writer: the next `send` tries again)."""
         identity, settings = self.identity, self.runtime.settings
         try:
             partition = partition_for(identity.job_id, self.runtime.partitions(settings.jobs_topic))

@@ -45,7 +45,7 @@ from domain import pipeline
 from domain.errors import Fenced, ServiceUnavailable, StorageError
 from tapeline.health import HealthState
 from tapeline.objects import StorageGauge
-from tapeline.ports import Clock, EventLog, EventLogError, JobStore, ObjectStorage, WriterBroken
+from tapeline.ports import Clock, EventLog, EventLogError, JobStore, ObjectStorage, WriterFenced
 from tapeline.settings import Settings
 
 JUDGED_ELSEWHERE = frozenset({"worker_exited", "region_lost"})
@@ -293,10 +293,11 @@ class Watchdog:
             leader.close()
 
     def new_writer(self, broken, writer_id: str):
-        """A writer for the ticks in place of `broken` (see `tick`). The leader lock makes this
-        watchdog the transactional id's only owner, so the new writer fences nothing but the broken
-        one. While the log cannot give one (`ServiceUnavailable`) it returns `broken`, and the next
+        """A writer for the ticks in place of `broken` (see `tick`), made once the leader's session
+        still answers (else this raises and the watchdog stops): the leader lock makes this watchdog
+        the transactional id's only owner, so the new writer fences nothing but the broken one. While the log cannot give one (`ServiceUnavailable`) it returns `broken`, and the next
         tick, refused again, asks again."""
+        self.leader.run("session_alive")  # still the leader: the new writer fences no other watchdog
         try:
             writer = self.events.transactional_producer(writer_id)
         except ServiceUnavailable as exc:
@@ -329,11 +330,14 @@ class Watchdog:
                 runtime.wait_caught_up(p, max(2.0, settings.tick_s * 4))
         except (ServiceUnavailable, EventLogError, Fenced) as exc:
             if isinstance(exc, Fenced):
-                if not isinstance(exc.__cause__, WriterBroken):
-                    raise  # a newer watchdog took the transactional id over: stop
-                # The client's own fatal error, no newer owner's fence (an abort after a record timed
-                # out in an election: INVALID_TXN_STATE). Exiting here made the supervisor restart the
-                # watchdog mid-outage, and it forgot how long the log had refused it (`outage`).
+                if not isinstance(exc.__cause__, WriterFenced):
+                    raise
+                # Not a newer watchdog (the leader lock keeps every other one from ticking) but the
+                # outage's mark on the writer: the client's fatal INVALID_TXN_STATE after an abort
+                # that followed a record's timeout, or the coordinator's epoch bump when it aborted a
+                # tick that outlived `transaction.timeout.ms` (reported as `_FENCED`). Exiting here
+                # made the supervisor restart the watchdog mid-outage, and it forgot how long the
+                # log had refused it (`outage`). `run` replaces the writer while it holds the lock.
                 self.writer_broken = True
             if isinstance(exc, (EventLogError, Fenced)) and self.refused_since is None:
                 self.refused_since = tried_at

@@ -97,7 +97,10 @@ def test_a_commit_that_timed_out_does_not_wedge_its_writer(cluster):
     topic = f"{cluster.topic_prefix}.wedge"
     admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap_servers})
     admin.create_topics([NewTopic(topic, 1, 3, config={"min.insync.replicas": "2"})])[topic].result(30)
-    writer = KafkaEventLog(cluster, "wedge-lso").transactional_producer(f"{cluster.app_name}.wedge")
+    # A transaction timeout far above the stop: the coordinator must not abort the transaction
+    # meanwhile (that bumps the epoch, and the resumed commit is then refused as fenced).
+    patient = cluster.model_copy(update={"transaction_timeout_ms": 120_000})
+    writer = KafkaEventLog(patient, "wedge-lso").transactional_producer(f"{cluster.app_name}.wedge")
 
     def produce_then_stop_every_node() -> None:
         writer.produce(topic, b"wedge", b"first", 0)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from domain import events as ev
 from domain.errors import Fenced
 from processors.attempt import Attempt
 from processors.runtime import AttemptIdentity
@@ -40,22 +39,32 @@ class Writer:
 
 
 class Jobs:
+    def __init__(self, owner: str = "tok") -> None:
+        self.owner = owner
+
     def one(self, name: str, params: dict) -> dict:
-        return {"state": "running", "stage": "transcode", "attempt": 1, "claim_token": "tok"}
+        return {"state": "running", "stage": "transcode", "attempt": 1, "claim_token": self.owner}
 
 
 class Runtime:
     settings = Settings(lease_s=30.0, heartbeat_interval_s=1.0)
-    jobs = Jobs()
     health = HealthState("transcode", "test")
+
+    def __init__(self, jobs: Jobs | None = None) -> None:
+        self.jobs = jobs or Jobs()
 
     def produce(self, producer, outgoing) -> None: ...
 
+    def partitions(self, topic: str) -> int:
+        return 4
 
-def attempt(writer: Writer) -> Attempt:
+    def wait_caught_up(self, partition: int, timeout_s: float) -> None: ...
+
+
+def attempt(writer: Writer, jobs: Jobs | None = None) -> Attempt:
     identity = AttemptIdentity(job_id="job", stage="transcode", attempt=1, claim_token="tok", recorded_by="w@h",
                                correlation_id="up", causation_id=None, clock=system_clock)
-    made = Attempt(Runtime(), identity, writer, item=None)
+    made = Attempt(Runtime(jobs), identity, writer, item=None)
     made.last_heartbeat -= 10  # a heartbeat is due
     return made
 
@@ -75,6 +84,6 @@ def test_a_refused_heartbeat_is_tried_again_at_the_next_call():
     assert writer.committed == 1
 
 
-def test_a_fenced_writer_still_stops_the_attempt():
+def test_a_fenced_writer_still_stops_the_attempt_when_a_newer_attempt_owns_the_job():
     with pytest.raises(Fenced):
-        beat(attempt(Writer(WriterFenced("a newer attempt took over"))))
+        beat(attempt(Writer(WriterFenced("a newer attempt took over")), Jobs(owner="newer")))

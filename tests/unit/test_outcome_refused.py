@@ -13,7 +13,7 @@ from processors.attempt import Attempt
 from processors.runtime import AttemptIdentity
 from tapeline.clock import system_clock
 from tapeline.health import HealthState
-from tapeline.ports import EventLogError, WriterBroken
+from tapeline.ports import EventLogError, WriterBroken, WriterFenced
 from tapeline.settings import Settings
 
 
@@ -151,6 +151,29 @@ def test_a_writer_the_client_declared_unusable_is_replaced_while_the_attempt_own
 
 def test_an_unusable_writer_is_not_replaced_when_another_attempt_owns_the_job():
     writer = Broken()
+    made, events = outcome(writer, Jobs(writer, owner="someone-else"))
+    with pytest.raises(Fenced):
+        made.record(events)
+    assert made.runtime.events.made == []
+
+
+class TimedOutByTheCoordinator(Writer):
+    """What a transaction that outlived `transaction.timeout.ms` in a broker outage leaves: the
+    coordinator aborted it and bumped the producer epoch, which librdkafka reports as a fence."""
+
+    def begin_transaction(self) -> None:
+        raise WriterFenced("Failed to end transaction: Local: This instance has been fenced by a newer instance")
+
+
+def test_a_fence_that_is_no_newer_owner_replaces_the_writer_while_the_attempt_owns_the_job():
+    made, events = outcome(TimedOutByTheCoordinator())
+    made.record(events)
+    (_, renewed), = made.runtime.events.made
+    assert made.producer is renewed and len(renewed.committed) == 1
+
+
+def test_a_fence_by_a_newer_owner_stops_the_attempt():
+    writer = TimedOutByTheCoordinator()
     made, events = outcome(writer, Jobs(writer, owner="someone-else"))
     with pytest.raises(Fenced):
         made.record(events)

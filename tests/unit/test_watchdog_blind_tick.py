@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from domain.errors import Fenced
+from domain.errors import Fenced, ServiceUnavailable
 from processors.watchdog import Watchdog
 from tapeline.clock import system_clock
 from tapeline.health import HealthState
@@ -78,9 +78,30 @@ def test_a_log_that_refuses_a_call_makes_the_tick_blind_not_the_watchdog_exit(ru
         assert writer.aborted == 1  # the next tick begins a fresh transaction
 
 
-def test_a_fenced_watchdog_still_stops():
+def test_a_fenced_tick_is_blind_and_the_writer_is_replaced_only_by_the_leader():
+    """A fence of the ticks' writer while this watchdog holds the leader lock is the coordinator's
+    epoch bump after it aborted a tick that outlived the transaction timeout (no other watchdog
+    ticks without the lock): blind, and replaced once the leader's session still answers."""
+    dog = watchdog()
+    assert dog.tick(Runtime(), Writer(WriterFenced("This instance has been fenced by a newer instance"))) is None
+    assert dog.writer_broken
+
+    class LostSession:
+        def run(self, name: str, params: dict | None = None) -> None:
+            raise ServiceUnavailable("the leader's session is gone")
+
+    dog.leader = LostSession()
+    with pytest.raises(ServiceUnavailable):
+        dog.new_writer(object(), "tapeline.watchdog")
+
+
+def test_another_error_of_the_tick_is_not_taken_for_a_fence():
+    class Refusing(Writer):
+        def begin_transaction(self) -> None:
+            raise Fenced("attempt 1 no longer owns job j")  # the projection's word, not the writer's
+
     with pytest.raises(Fenced):
-        watchdog().tick(Runtime(), Writer(WriterFenced("a newer watchdog took over")))
+        watchdog().tick(Runtime(), Refusing())
 
 
 def test_a_writer_the_client_declared_unusable_makes_the_tick_blind_and_is_replaced():
