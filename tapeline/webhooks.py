@@ -42,8 +42,10 @@ def checked_addresses(url: str, settings: Settings, resolver: Resolver = resolve
         why = refused_address(address, allow_private=settings.notify_allow_private,
                               allow_loopback=settings.notify_allow_loopback)
         if why is not None:
-            raise WebhookRefused(f"webhook URL {url} refused: {host} resolves to {why} (allowed only with "
-                                 f"TAPELINE_NOTIFY_ALLOW_PRIVATE=true)")
+            where = why if host == address else f"{host} resolves to {address}, and {why}"
+            setting = ("TAPELINE_NOTIFY_ALLOW_LOOPBACK=true or TAPELINE_NOTIFY_ALLOW_PRIVATE=true"
+                       if refused_address(address, allow_loopback=True) is None else "TAPELINE_NOTIFY_ALLOW_PRIVATE=true")
+            raise WebhookRefused(f"webhook URL {url} refused: {where} (allowed only with {setting})")
     return addresses
 
 
