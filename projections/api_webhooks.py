@@ -58,6 +58,10 @@ class Registered(Endpoint):
     """The registration's answer: the endpoint with its secret, shown this once."""
 
     secret: str
+    same_url: list[str] = Field(default_factory=list,
+                                description="The submitter's other endpoints at this URL: each event goes to every "
+                                            "one, with its own webhook-id and secret (remove the old one after a "
+                                            "secret rotation)")
 
 
 class Disable(BaseModel):
