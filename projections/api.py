@@ -56,7 +56,7 @@ from projections import api_actions, api_pages, api_reads, api_webhooks
 from projections.api_deps import Web, require_admin
 from projections.api_models import answers
 from projections.edge import CONTENT_SECURITY_POLICY, Answer, EdgeGuard, FlashSigner, allowed_hosts, script_hashes
-from projections.edge import problem as edge_problem
+from projections.edge import not_json, problem as edge_problem
 from projections.glossary import STALL_KINDS, glossary
 from projections.ports import Intake, OperatorActions, WebhookEndpoints
 from tapeline import read
@@ -336,15 +336,16 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
                 and any(d.dependency is require_admin for d in r.dependencies)]
 
     def admin_refusal(scope) -> Answer | None:
-        """`require_admin`'s answer for a request to an action route, from its headers alone (the
-        edge calls it before the body is read); None for other routes and for a good token."""
+        """`require_admin`'s answer for a request to an action route, then 415 for an action body not
+        declared JSON (`not_json`), from its headers alone (the edge calls it before the body is
+        read); None for other routes and for a good token with a JSON body or none."""
         if not any(route.matches(scope)[0] is Match.FULL for route in admin_routes()):
             return None
         try:
             require_admin(Request(scope))
         except HTTPException as exc:
             return edge_problem(exc.status_code, exc.detail, exc.headers)
-        return None
+        return not_json(scope)
 
     def body_limit(scope) -> int | None:
         """Bytes a request body may have: `POST /uploads` applies its own limits, every other route

@@ -126,6 +126,7 @@ ERRORS: dict[int, str] = {
     404: "No such job or dead letter in the projections",
     409: "The action does not apply to what the job or dead letter is now",
     413: "The body is larger than `serve_max_body_bytes` (checked before it is read)",
+    415: "An action's body not sent as JSON (`Content-Type: application/json`; checked before it is read)",
     422: "A parameter or body field out of its range or shape",
     503: "PostgreSQL, Kafka or the operator actions are not available",
 }
@@ -144,7 +145,7 @@ READS = answers(400, 422, 503)
 """The error answers of a read with parameters (a NUL, a value out of range, a service down)."""
 ONE = answers(400, 404, 422, 503)
 """The error answers of a read of one job or dead letter."""
-ACTIONS = answers(400, 401, 404, 409, 413, 422, 503)
+ACTIONS = answers(400, 401, 404, 409, 413, 415, 422, 503)
 """The error answers of an operator action."""
 
 

@@ -58,6 +58,10 @@ class Registered(Endpoint):
     """The registration's answer: the endpoint with its secret, shown this once."""
 
     secret: str
+    same_url: list[str] = Field(default_factory=list,
+                                description="The submitter's other endpoints at this URL: each event goes to every "
+                                            "one, with its own webhook-id and secret (remove the old one after a "
+                                            "secret rotation)")
 
 
 class Disable(BaseModel):
@@ -93,9 +97,9 @@ def endpoints(submitter: str | None = Query(None, max_length=OPERATOR_MAX, patte
 
 @router.post("/api/webhooks/{endpoint_id}/disable", tags=["webhooks"], responses=ACTIONS,
              dependencies=[Depends(require_admin)])
-def disable(endpoint_id: str, body: Disable, context: Web = Depends(web)) -> dict:
-    """Stop delivering to an endpoint. 404 for an unknown one."""
-    if not wired(context).set_enabled(endpoint_id, False, body.why):
+def disable(endpoint_id: str, body: Disable | None = None, context: Web = Depends(web)) -> dict:
+    """Stop delivering to an endpoint (the body, with `why`, is optional). 404 for an unknown one."""
+    if not wired(context).set_enabled(endpoint_id, False, (body or Disable()).why):
         raise HTTPException(404, f"no webhook endpoint {endpoint_id!r}")
     return {"endpoint_id": endpoint_id, "enabled": False}
 

@@ -4,8 +4,8 @@
 
 1. **Refusals that need no body.** `refuse(scope)` may answer first, from the method, path and
    headers alone: the read API's admin token is checked here (`projections/api.py`
-   `admin_refusal`, with `projections/api_deps.py` `require_admin`), so an unauthenticated body is
-   never read, let alone parsed (before, a 60 MB JSON body to an action without a token was
+   `admin_refusal`, with `projections/api_deps.py` `require_admin`), and then that an action's
+   body is declared JSON (`not_json`: 415), so an unauthenticated body is never read, let alone parsed (before, a 60 MB JSON body to an action without a token was
    parsed, +180 MB of server memory, then 401).
 2. **A size cap on every body.** `body_limit(scope)` gives the route's cap in bytes (None: the
    route reads its own body under its own rules, as `POST /uploads` does with
@@ -88,6 +88,25 @@ def problem(status: int, detail: str, headers: dict[str, str] | None = None) -> 
 
 
 Answer = tuple[int, bytes, list[tuple[bytes, bytes]]]
+
+
+def not_json(scope: Scope) -> Answer | None:
+    """415 for a request whose body is not declared JSON (`Content-Type` other than
+    `application/json` or `application/*+json`), None for a JSON body or no body at all
+    (`Content-Length: 0`, or neither it nor `Transfer-Encoding`). Decided from the headers alone,
+    before the body is read; for the JSON actions: curl's `-d` sends
+    `application/x-www-form-urlencoded`, which the body model would refuse with a 422 ("Input should
+    be a valid dictionary") that names neither the header nor the fix. Pure."""
+    headers = {k.lower(): v for k, v in scope.get("headers", [])}
+    length = headers.get(b"content-length", b"").strip()
+    if length in (b"", b"0") and b"transfer-encoding" not in headers:
+        return None
+    media = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
+    if media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json")):
+        return None
+    shown = media.decode("latin-1") or "none"
+    return problem(415, f"this action takes a JSON body, sent with Content-Type: application/json (this one was "
+                        f"{shown}); with curl: -H 'Content-Type: application/json' -d '{{...}}', or --json '{{...}}'")
 
 
 class EdgeGuard:

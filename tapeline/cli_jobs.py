@@ -300,6 +300,14 @@ def _reused_segments(payload: dict[str, Any], attempt: int) -> str:
                      f"{rendition} {ix[0]} (attempt {owner})" for (rendition, owner), ix in sorted(reused.items()))
 
 
+NOTIFICATION_EVENTS = ("NotificationIntended", "NotificationDelivered", "NotificationFailed",
+                       "NotificationDeadLettered", "WebhookEndpointDisabled")
+NOTIFICATION_DETAIL = ("notification_type", "endpoint_id", "try_number", "http_status", "elapsed_s", "tries",
+                       "reason", "retry_at")
+"""The notifier's events in a timeline: which endpoint, which try, what it answered (HTTP status; none:
+no answer), seconds the POST took, why it failed and when the next try is due."""
+
+
 def _detail(row: dict[str, Any]) -> str:
     payload = row["payload"]
     if row["event_type"] == "CheckpointRecorded":
@@ -319,6 +327,8 @@ def _detail(row: dict[str, Any]) -> str:
     if row["event_type"] == "ProviderBreakerChanged":
         return (f"{payload['provider']} {payload['from_state']}->{payload['to_state']} until={payload.get('until') or '-'} "
                 f"http={payload.get('http_status') or '-'} failures={payload['failures']} reason={payload['reason']}")
+    if row["event_type"] in NOTIFICATION_EVENTS:
+        return " ".join(f"{k}={payload[k]}" for k in NOTIFICATION_DETAIL if payload.get(k) is not None)
     if row["event_type"] == "PublishDeferred":
         quota = f" {payload['window']} {payload['used']}/{payload['limit']}" if payload.get("window") else ""
         return f"{payload['provider']} wait={payload['wait']}{quota} until={payload['until']}"

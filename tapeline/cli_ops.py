@@ -53,7 +53,8 @@ def dlq_list(reason: Optional[str] = typer.Option(None, "--reason", help="Only t
         out.print_json(json.dumps([_letter_json(r) for r in rows]))
         return
     if not rows:
-        out.print("no dead letters" + (f" with reason {reason}" if reason else ""))
+        out.print(("no pending dead letters (replayed or failed ones are hidden by --pending)" if pending
+                   else "no dead letters") + (f" with reason {reason}" if reason else ""))
         return
     table = Table("kind", "stage", "class", "attempts", "when (UTC)", "replayed", "error")
     # The id is what `dlq show` and `dlq replay` take: never shortened, whatever the terminal's width.

@@ -56,6 +56,11 @@ def add(url: str = typer.Argument(..., help="Where to POST (http or https; priva
     out.print(f"events: {', '.join(row['event_types'])}", highlight=False)
     out.print(f"secret: {row['secret']}", highlight=False)
     console.print("keep the secret now: it is not shown again (verify signatures with it, see docs/operating.md)")
+    if row["same_url"]:
+        console.print(f"note: {escape(row['submitter'])} already has this URL as {', '.join(row['same_url'])}: each "
+                      f"event goes to every one of them, with different webhook-ids and secrets (the receiver "
+                      f"cannot dedupe them); remove the old ones (`tapeline webhooks remove ID`) once the "
+                      f"receiver uses the new secret")
 
 
 @webhooks_app.command("list")

@@ -42,8 +42,10 @@ def checked_addresses(url: str, settings: Settings, resolver: Resolver = resolve
         why = refused_address(address, allow_private=settings.notify_allow_private,
                               allow_loopback=settings.notify_allow_loopback)
         if why is not None:
-            raise WebhookRefused(f"webhook URL {url} refused: {host} resolves to {why} (allowed only with "
-                                 f"TAPELINE_NOTIFY_ALLOW_PRIVATE=true)")
+            where = why if host == address else f"{host} resolves to {address}, and {why}"
+            setting = ("TAPELINE_NOTIFY_ALLOW_LOOPBACK=true or TAPELINE_NOTIFY_ALLOW_PRIVATE=true"
+                       if refused_address(address, allow_loopback=True) is None else "TAPELINE_NOTIFY_ALLOW_PRIVATE=true")
+            raise WebhookRefused(f"webhook URL {url} refused: {where} (allowed only with {setting})")
     return addresses
 
 
@@ -67,7 +69,11 @@ def check_secret(secret: str) -> str:
 def register(jobs: JobStore, settings: Settings, submitter: str, url: str, event_types: list[str],
              secret: str | None = None, resolver: Resolver = resolve) -> dict[str, Any]:
     """Register an endpoint of `submitter`; returns its row with the secret (the only time it is
-    shown). Raises `WebhookRefused` for a refused URL, an unknown event type or a bad secret."""
+    shown) and `same_url`, the ids of the submitter's endpoints already at this URL: each event goes
+    to every one of them, each with its own webhook-id and secret, so the receiver cannot dedupe
+    them (a second `add` of the same URL is allowed: it is how a secret is rotated, the old endpoint
+    removed once the receiver has the new secret). Raises `WebhookRefused` for a refused URL, an
+    unknown event type or a bad secret."""
     if not submitter.strip():
         raise WebhookRefused("a webhook endpoint needs a submitter")
     try:
@@ -76,9 +82,10 @@ def register(jobs: JobStore, settings: Settings, submitter: str, url: str, event
         raise WebhookRefused(str(exc)) from exc
     checked_addresses(url, settings, resolver)
     secret = check_secret(secret) if secret else new_secret()
+    same_url = [e["endpoint_id"] for e in endpoints(jobs, submitter) if e["url"] == url]
     row = jobs.one("webhook_endpoint_insert", {"endpoint_id": "ep_" + secrets.token_hex(8), "submitter": submitter,
                                                "url": url, "secret": secret, "event_types": types})
-    return {**row, "secret": secret}
+    return {**row, "secret": secret, "same_url": same_url}
 
 
 def endpoints(jobs: JobStore, submitter: str | None = None) -> list[dict[str, Any]]:

@@ -144,3 +144,31 @@ def test_a_page_shows_only_the_outcomes_this_server_wrote(server):
     path, query = answer.headers["location"].split("?", 1)
     forged = httpx.get(f"{base}{path}?{query.replace('no-such-job', 'evil.example')}")
     assert "no-such-job" in forged.text and "evil.example" not in forged.text
+
+
+def test_an_action_body_not_sent_as_json_is_415_naming_the_header(server):
+    """curl's `-d` alone sends `application/x-www-form-urlencoded`: an action answered FastAPI's 422
+    "Input should be a valid dictionary or object", naming neither the header nor the fix (found
+    registering a webhook endpoint with curl as a user, issue 23). Now 415 from the headers, before
+    the body is read; a JSON body, with or without a charset, still reaches the action, and an
+    action that takes no body needs no Content-Type."""
+    base, _, _ = server
+    admin = {"Authorization": f"Bearer {TOKEN}"}
+    body = '{"submitter": "edge", "url": "http://8.8.8.8/hook"}'
+    for content_type in ("application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x"):
+        answer = httpx.post(f"{base}/api/webhooks", headers={**admin, "Content-Type": content_type}, content=body)
+        assert answer.status_code == 415, (content_type, answer.text)
+        assert "Content-Type: application/json" in answer.json()["detail"] and content_type.split(";")[0] in answer.text
+    # no token: still 401 first, whatever the body
+    assert httpx.post(f"{base}/api/webhooks", data={"submitter": "edge"}).status_code == 401
+    made = httpx.post(f"{base}/api/webhooks", headers={**admin, "Content-Type": "application/json; charset=utf-8"},
+                      content=body)
+    assert made.status_code == 201, made.text
+    endpoint = made.json()["endpoint_id"]
+    # the reason of a disable is optional: a bare POST disables with the default one
+    bare = httpx.post(f"{base}/api/webhooks/{endpoint}/disable", headers=admin)
+    assert bare.status_code == 200 and bare.json()["enabled"] is False, bare.text
+    listed = httpx.get(f"{base}/api/webhooks", params={"submitter": "edge"}, headers=admin).json()
+    assert listed[0]["disabled_reason"] == "disabled by an operator"
+    assert httpx.post(f"{base}/api/webhooks/{endpoint}/enable", headers=admin).json()["enabled"] is True
+    assert httpx.delete(f"{base}/api/webhooks/{endpoint}", headers=admin).json()["removed"] is True

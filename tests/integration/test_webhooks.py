@@ -190,3 +190,20 @@ def test_the_read_only_role_never_reads_a_secret(settings, receiver):
             assert conn.execute("SELECT count(*) FROM webhook_endpoints WHERE submitter = 'erin'").fetchone()[0] == 1
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute("SELECT secret FROM webhook_endpoints")
+
+
+def test_a_second_endpoint_at_the_same_url_is_registered_with_a_note(settings):
+    """Registering the same URL again (a secret rotation, or an operator who lost the secret) makes a
+    second endpoint: every event then reaches the receiver twice, under two webhook-ids and two
+    secrets, which it cannot dedupe. Found adding an endpoint twice as a user: nothing said so."""
+    url = "http://127.0.0.1:9/same"
+    first = tapeline_cli(settings, "webhooks", "add", url, "--submitter", "rotating", "--json")
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["same_url"] == []
+    second = tapeline_cli(settings, "webhooks", "add", url, "--submitter", "rotating")
+    old = json.loads(first.stdout)["endpoint_id"]
+    assert second.returncode == 0, second.stderr
+    said = " ".join((second.stdout + second.stderr).split())
+    assert f"rotating already has this URL as {old}" in said and "cannot dedupe" in said, said
+    other = tapeline_cli(settings, "webhooks", "add", url + "/other", "--submitter", "rotating", "--json")
+    assert json.loads(other.stdout)["same_url"] == []

@@ -29,6 +29,24 @@ def test_loopback_alone_may_be_allowed():
     assert refused_address("10.0.0.1", allow_loopback=True) is not None
 
 
+def test_a_refusal_names_the_address_and_the_setting_that_would_allow_it():
+    from domain.errors import WebhookRefused
+    from tapeline.webhooks import checked_addresses
+
+    settings = Settings()
+    with pytest.raises(WebhookRefused) as named:
+        checked_addresses("http://localhost:8080/h", settings, lambda host, port: ["127.0.0.1"])
+    assert str(named.value) == ("webhook URL http://localhost:8080/h refused: localhost resolves to 127.0.0.1, and "
+                                "127.0.0.1 is a loopback address (allowed only with "
+                                "TAPELINE_NOTIFY_ALLOW_LOOPBACK=true or TAPELINE_NOTIFY_ALLOW_PRIVATE=true)")
+    with pytest.raises(WebhookRefused) as literal:
+        checked_addresses("http://10.0.0.5/h", settings, lambda host, port: ["10.0.0.5"])
+    assert str(literal.value) == ("webhook URL http://10.0.0.5/h refused: 10.0.0.5 is a private address "
+                                  "(allowed only with TAPELINE_NOTIFY_ALLOW_PRIVATE=true)")
+    allowed = settings.model_copy(update={"notify_allow_loopback": True})
+    assert checked_addresses("http://localhost:8080/h", allowed, lambda host, port: ["127.0.0.1"]) == ["127.0.0.1"]
+
+
 @pytest.mark.parametrize("address", ["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946", "8.8.8.8"])
 def test_global_addresses_are_allowed(address):
     assert refused_address(address) is None
