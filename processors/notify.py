@@ -21,8 +21,9 @@ One delivery (`deliver`), reconcile then act:
      offset and past this process's own writes), then read the delivery: delivered or dead-lettered
      -> nothing to do, ever; a try count other than the one scheduled -> another pass owns it;
   b. prove leadership (the lock's session answers) and check the URL's addresses again;
-  c. POST the signed body (Standard Webhooks headers; no redirects, a timeout, at most
-     `notify_response_limit_bytes` of the answer read);
+  c. POST the signed body to the address checked in b (the URL's host kept in `Host` and TLS, so a
+     DNS answer that changed since the check cannot redirect it; Standard Webhooks headers; no
+     redirects, a timeout, at most `notify_response_limit_bytes` of the answer read);
   d. record `NotificationDelivered` (2xx) or `NotificationFailed` with its retry time, plus
      `NotificationDeadLettered` when the schedule is spent and `WebhookEndpointDisabled` when the
      endpoint has failed without a success for `notify_disable_after_s`, in one transaction; then
@@ -51,7 +52,7 @@ from standardwebhooks import Webhook
 from domain import events as ev
 from domain.lifecycle import PAYLOAD_OMITS
 from domain.errors import Fenced, ServiceUnavailable, WebhookRefused
-from domain.policy.webhooks import NOTIFICATION_TYPES, delivery_id, next_try, should_disable
+from domain.policy.webhooks import NOTIFICATION_TYPES, delivery_id, next_try, pinned, should_disable
 from processors.runtime import Outgoing, Runtime, new_claim_token, transact
 from processors.watchdog import leader_key
 from tapeline import webhooks
@@ -111,12 +112,21 @@ class PostResult:
 
 
 def post(client: httpx.Client, url: str, body: bytes, headers: dict[str, str], timeout_s: float,
-         limit_bytes: int) -> PostResult:
+         limit_bytes: int, address: str | None = None) -> PostResult:
     """One POST: redirects are answers (a failure), not followed; the answer's body is read up to
-    `limit_bytes` and for at most `timeout_s` in all; every error is a failure with its reason."""
+    `limit_bytes` and for at most `timeout_s` in all; every error is a failure with its reason.
+    `address`: the IP literal the URL's host was checked at (`webhooks.checked_addresses`); the
+    connection goes there, with the URL's host in `Host` and in TLS (`pinned`)."""
     started = time.monotonic()
+    extensions: dict[str, str] = {}
+    if address is not None:
+        target = pinned(url, address)
+        url, headers = target.url, {**headers, "Host": target.host}
+        if target.sni_hostname:
+            extensions["sni_hostname"] = target.sni_hostname
     try:
-        with client.stream("POST", url, content=body, headers=headers, follow_redirects=False) as response:
+        with client.stream("POST", url, content=body, headers=headers, follow_redirects=False,
+                           extensions=extensions) as response:
             kept = b""
             for chunk in response.iter_raw():
                 kept += chunk[: max(0, limit_bytes - len(kept))]
@@ -267,15 +277,15 @@ class Notifier:
         with self._leader_lock:
             self.leader.run("session_alive")
         try:
-            webhooks.checked_addresses(row["url"], settings, self.resolver)
+            addresses = webhooks.checked_addresses(row["url"], settings, self.resolver)
         except WebhookRefused as exc:
             result = PostResult(None, f"refused: {exc}"[:500], 0.0)
         else:
-            # Step c
+            # Step c: to the address just checked, not to whatever the host resolves to next
             crash_point("notify.before_post")
             now = self.clock.now()
             result = post(client, row["url"], body, signed_headers(row["secret"], row["delivery_id"], body, now),
-                          settings.notify_timeout_s, settings.notify_response_limit_bytes)
+                          settings.notify_timeout_s, settings.notify_response_limit_bytes, address=addresses[0])
             crash_point("notify.after_post")
             self.health.webhook_post_seconds.observe(result.elapsed_s)
         # Step d

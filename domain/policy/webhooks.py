@@ -4,7 +4,8 @@
 - the `webhook-id` of a delivery (`delivery_id`): derived from the lifecycle event's dedup key and the
   endpoint, so every retry of one notification, through any crash or redeploy, carries the same id;
 - which addresses an endpoint may resolve to (`refused_address`): only globally routable ones
-  unless private ones are allowed;
+  unless private ones are allowed; the POST then goes to the address that was checked
+  (`pinned`), so a DNS answer that changes after the check cannot send it elsewhere;
 - the retry schedule (`next_try`) and when a failing endpoint is disabled (`should_disable`).
 """
 
@@ -14,7 +15,7 @@ import ipaddress
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 NOTIFICATION_TYPES: dict[str, str] = {
     "JobCompleted": "job.completed",
@@ -65,6 +66,31 @@ def check_url_shape(url: str) -> tuple[str, int]:
     except ValueError as exc:
         raise ValueError(f"webhook URL has a bad port: {exc}") from exc
     return parts.hostname, port
+
+
+@dataclass(frozen=True)
+class PinnedTarget:
+    """Where a POST to an endpoint goes once its address is checked: `url` names the address itself,
+    `host` is the `Host` header (the URL's host and any explicit port) and `sni_hostname` the name
+    TLS sends and verifies the certificate against (None for http)."""
+
+    url: str
+    host: str
+    sni_hostname: str | None
+
+
+def pinned(url: str, address: str) -> PinnedTarget:
+    """`url` rewritten to connect to `address` (an IP literal that `refused_address` allowed) while
+    the request still names the URL's host: without it the HTTP client resolves the host again,
+    and a DNS answer that changed since the check (DNS rebinding) could send the POST to a private
+    address. Raises ValueError for a URL `check_url_shape` refuses. Pure."""
+    check_url_shape(url)
+    parts = urlsplit(url)
+    literal = f"[{address}]" if ":" in address else address
+    netloc = f"{literal}:{parts.port}" if parts.port else literal
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return PinnedTarget(url=urlunsplit((parts.scheme, netloc, parts.path, parts.query, "")), host=host,
+                        sni_hostname=parts.hostname if parts.scheme == "https" else None)
 
 
 def refused_address(address: str, *, allow_private: bool = False, allow_loopback: bool = False) -> str | None:

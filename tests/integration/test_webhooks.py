@@ -207,3 +207,26 @@ def test_a_second_endpoint_at_the_same_url_is_registered_with_a_note(settings):
     assert f"rotating already has this URL as {old}" in said and "cannot dedupe" in said, said
     other = tapeline_cli(settings, "webhooks", "add", url + "/other", "--submitter", "rotating", "--json")
     assert json.loads(other.stdout)["same_url"] == []
+
+
+def test_a_post_goes_to_the_address_that_was_checked_not_to_a_new_dns_answer(receiver):
+    """DNS rebinding (issue 23 item 2): the host is resolved and checked, then the POST connects to
+    that checked address with the URL's host in `Host`, so a resolver that answers differently the
+    second time cannot send it elsewhere. Here the host does not resolve at all (`.invalid`, RFC
+    6761): the POST reaches the real receiver only because it is pinned to 127.0.0.1."""
+    import httpx
+    from processors.notify import post, signed_headers
+    from datetime import datetime, timezone
+
+    secret = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    receiver.secrets["/pinned"], receiver.scripts["/pinned"] = secret, [200]
+    url = f"http://rebind.invalid:{receiver.port}/pinned"
+    body = b'{"type": "job.completed"}'
+    headers = signed_headers(secret, "msg_pinned", body, datetime.now(timezone.utc))
+    with httpx.Client(timeout=5.0) as client:
+        unpinned = post(client, url, body, headers, 5.0, 4096)
+        result = post(client, url, body, headers, 5.0, 4096, address="127.0.0.1")
+    assert unpinned.status is None and "no answer" in unpinned.reason  # the name itself goes nowhere
+    assert result.ok, result.reason
+    (record,), = receiver.ids_of("/pinned").values()
+    assert record["headers"]["host"] == f"rebind.invalid:{receiver.port}"

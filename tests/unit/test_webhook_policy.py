@@ -118,3 +118,15 @@ def test_the_notification_audit_names_each_broken_promise():
                   source_dedup_key="a")  # the event of "a" intended again under another webhook-id
     assert audit_notifications(intended + delivered + [twice], {"a": [1], "b": [1]}, 0) == [
         "a to ep: 2 webhook-ids ['a', 'z']"]
+
+
+def test_a_post_is_pinned_to_the_address_that_was_checked():
+    from domain.policy.webhooks import pinned
+
+    plain = pinned("http://hooks.example.com/in?x=1", "93.184.216.34")
+    assert (plain.url, plain.host, plain.sni_hostname) == ("http://93.184.216.34/in?x=1", "hooks.example.com", None)
+    tls = pinned("https://Hooks.Example.com:8443/in", "2606:2800:220:1::248")
+    assert tls.url == "https://[2606:2800:220:1::248]:8443/in"
+    assert (tls.host, tls.sni_hostname) == ("Hooks.Example.com:8443", "hooks.example.com")
+    with pytest.raises(ValueError):
+        pinned("ftp://hooks.example.com/in", "93.184.216.34")
