@@ -304,7 +304,7 @@ class Watchdog:
             log.warning("no new writer for the watchdog yet; the next tick tries again", error=str(exc))
             return broken
         self.writer_broken = False
-        log.warning("the watchdog's writer was replaced after the client declared it unusable")
+        log.warning("the watchdog's writer was replaced (the client declared it unusable, or the coordinator fenced its epoch)")
         return writer
 
     def tick(self, runtime: Runtime, producer) -> RunResult | None:

@@ -238,30 +238,21 @@ class KafkaWriter:
         to `RESUME_TIMEOUT_S`). A resumed commit may still commit the earlier transaction: its
         caller was told the outcome is unknown and reconciles (`processors.attempt.Attempt.record`).
         Raises `EventLogError` (retriable) while that call still does not end."""
-        if self.unfinished == "commit":
-            try:
-                self._resumable("commit", self.client.commit_transaction, RESUME_TIMEOUT_S)
-            except TransactionMustAbort:
-                self._resumable("abort", self.client.abort_transaction, RESUME_TIMEOUT_S)
-        elif self.unfinished == "abort":
-            self._resumable("abort", self.client.abort_transaction, RESUME_TIMEOUT_S)
+        if self.unfinished:
+            self.abort_transaction(RESUME_TIMEOUT_S)  # resumes the unfinished call (see there)
         self._call(self.client.begin_transaction)
 
     def _resumable(self, name: str, method, timeout_s: float) -> None:
         """Call `method(timeout_s)` (commit or abort) and remember whether it is left `unfinished`:
         a retriable `_TIMED_OUT` that requires no abort means it still runs in the client."""
         try:
-            method(timeout_s)
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
+            self._call(method, timeout_s)
+        except EventLogError as exc:
+            kafka_error = exc.__cause__  # `_call` raises the port's error from the client's
+            error = kafka_error.args[0] if isinstance(kafka_error, KafkaException) and kafka_error.args else None
             running = (isinstance(error, KafkaError) and error.code() == KafkaError._TIMED_OUT and error.retriable()
                        and not error.txn_requires_abort() and not error.fatal())
             self.unfinished = name if running else None
-            raise log_error(exc) from exc
-        except SystemError as exc:
-            if isinstance(exc.__cause__, KafkaException):
-                self.unfinished = None
-                raise log_error(exc.__cause__) from exc
             raise
         self.unfinished = None
 
@@ -308,9 +299,10 @@ class KafkaWriter:
         self._resumable("commit", self.client.commit_transaction, timeout_s)
 
     def abort_transaction(self, timeout_s: float) -> None:
-        """Abort the open transaction. When a commit is `unfinished` it is resumed instead (an abort
-        would be refused with `_CONFLICT`): if it ends, the transaction is committed and there is
-        nothing to abort; if the commit failed, the abort follows."""
+        """Abort the open transaction, or finish an `unfinished` call: an unfinished commit is resumed
+        instead (an abort would be refused with `_CONFLICT`): if it ends, the transaction is
+        committed and there is nothing to abort; if the commit failed, the abort follows; an
+        unfinished abort is made again."""
         if self.unfinished == "commit":
             try:
                 self._resumable("commit", self.client.commit_transaction, timeout_s)
