@@ -137,22 +137,22 @@ def region_settings_for(work: Path, provider_url: str) -> Settings:
 def up_region_a(a: Settings) -> None:
     """Region A's Kafka, own PostgreSQL server and S3 endpoint under its home, and its topics."""
     from tapeline.stack import up_services
-    from tapeline.stack.base import _locked, _paths
+    from tapeline.home import locked, home_paths
     from tapeline.stack.pgserver import up_own_postgres
 
-    paths = _paths(a)
+    paths = home_paths(a)
     paths.home.mkdir(parents=True, exist_ok=True)
-    with _locked(paths):
+    with locked(paths):
         up_services(a, paths, None, up_own_postgres, region="a")
 
 
 def kill_region_a(a: Settings, processors: subprocess.Popen) -> list[int]:
     """SIGKILL every process of region A at once: the processors' group, the Kafka node, the
     PostgreSQL postmaster and the S3 endpoint (their pid files under A's home). Returns the pids."""
-    from tapeline.stack.base import _paths
+    from tapeline.home import home_paths
     from tapeline.stack.kafka import kafka_nodes
 
-    paths = _paths(a)
+    paths = home_paths(a)
     pids = [processors.pid]
     os.killpg(processors.pid, signal.SIGKILL)
     for pid_file in [n.pid_file for n in kafka_nodes(a, paths)] + [paths.s3_pid, paths.postgres / "data" / "postmaster.pid"]:
@@ -353,17 +353,18 @@ def drill(work: Path, jobs: int, seed: int, say=print) -> Round:
 def teardown(a: Settings, env: dict[str, str]) -> None:
     """Stop region B (`stack down --region b`: its processors, mirror, replicator, services) and
     region A's Kafka, S3 endpoint and own PostgreSQL server (what `up_region_a` started)."""
-    from tapeline.stack.base import _paths, _read_state, _s3_markers, stop_owned
+    from tapeline.home import home_paths, read_state, stop_owned
+    from tapeline.stack.s3 import s3_markers
     from tapeline.stack.kafka import kafka_nodes
     from tapeline.stack.pgserver import down_own_postgres
 
     subprocess.run([sys.executable, "-m", "tapeline.cli", "stack", "down", "--region", "b"], env=env,
                    capture_output=True, timeout=180)
-    paths = _paths(a)
+    paths = home_paths(a)
     for node in kafka_nodes(a, paths):
         stop_owned(node.pid_file, node.markers, "kafka (region a)", None)
-    stop_owned(paths.s3_pid, _s3_markers(a), "s3 (region a)", None)
-    server = (_read_state(paths).get("postgres") or {}).get("server")
+    stop_owned(paths.s3_pid, s3_markers(a), "s3 (region a)", None)
+    server = (read_state(paths).get("postgres") or {}).get("server")
     if server:
         try:
             down_own_postgres(paths, server, None)

@@ -110,7 +110,7 @@ def wait_node_exited(settings: Settings, node_id: int, timeout_s: float = 60.0) 
 def start_node(settings: Settings, node_id: int) -> None:
     """Start node `node_id` again with its data (`stack.start_kafka_node`); returns once it is spawned
     (it rejoins the cluster within seconds)."""
-    paths = stack.StackPaths(Path(settings.home).resolve())
+    paths = stack.HomePaths(Path(settings.home).resolve())
     nodes = stack.kafka_nodes(settings, paths)
     stack.start_kafka_node(settings, paths, next(n for n in nodes if n.node_id == node_id), nodes)
 

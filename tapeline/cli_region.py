@@ -39,10 +39,10 @@ def region_status(
     """
     from tapeline.region_measure import measure_region_lag
     from tapeline.region_objects import objects_report
-    from tapeline.stack.base import _paths
+    from tapeline.home import home_paths
     from tapeline.stack.mirror import mirror_status, mirrored_topics
 
-    from tapeline.stack.kafka import _kafka_answers
+    from tapeline.kafka import cluster_answers
 
     settings = load_settings()
     if settings.region != "a":
@@ -52,7 +52,7 @@ def region_status(
 
     regions = region_settings()
     for name, region in regions.items():  # a quick answer, not 30 s of client retries
-        answers, why = _kafka_answers(region)
+        answers, why = cluster_answers(region)
         if not answers:
             fail(RuntimeError(f"region {name}'s Kafka ({region.kafka_bootstrap_servers}) does not answer: {why}"
                               + ("; start it with `tapeline stack up --region b`" if name == "b" else "")))
@@ -63,10 +63,10 @@ def region_status(
     except Exception as exc:  # a cluster that does not answer, a topic missing in the active region
         fail(RuntimeError(f"region lag not measured: {type(exc).__name__}: {exc}"))
         return
-    mirror = mirror_status(target, _paths(target), settings.region_b_mirror)
+    mirror = mirror_status(target, home_paths(target), settings.region_b_mirror)
     from tapeline.stack.replicator import replicator_status
 
-    replicator = replicator_status(_paths(target), standby)
+    replicator = replicator_status(home_paths(target), standby)
     report = {"active": active, "standby": standby, "direction": f"{active} -> {standby}",
               "source": source.kafka_bootstrap_servers, "target": target.kafka_bootstrap_servers,
               **lag.as_dict(), "mirror": {k: mirror[k] for k in ("up", "pid", "enabled", "heartbeat_age_s", "log")},
@@ -273,7 +273,7 @@ def region_rejoin(
     same once per region epoch, starting region B's services first.
     """
     from tapeline.cli_common import region_settings
-    from tapeline.stack.base import StackError, _locked, _paths
+    from tapeline.home import StackError, locked, home_paths
     from tapeline.standby import RejoinRefused, rejoin_as_standby
 
     if region not in ("a", "b"):
@@ -283,7 +283,7 @@ def region_rejoin(
                         "objects: say --as-standby"), code=2)
     regions = region_settings()
     try:
-        with _locked(_paths(regions[region])):
+        with locked(home_paths(regions[region])):
             report = rejoin_as_standby(regions, region, say=(lambda _line: None) if as_json else out.print,
                                        console=None if as_json else out)
     except RejoinRefused as exc:

@@ -113,7 +113,7 @@ def fail_over(regions: dict[str, Settings], to: str, why: str, *, operator: str 
     why_not = unanswered(target)
     if why_not is not None:
         raise FailoverError(why_not)
-    from tapeline.stack import ensure_topics
+    from tapeline.topics import ensure_topics
 
     ensure_topics(target)
     view = read_regions(regions)
@@ -152,11 +152,11 @@ def fail_over(regions: dict[str, Settings], to: str, why: str, *, operator: str 
         step("drained", "the mirror copied every committed record" if behind == 0
              else f"not drained within {drain_timeout_s:g} s: {behind} events behind")
 
-    from tapeline.stack.base import _paths
+    from tapeline.home import home_paths
     from tapeline.stack.mirror import down_mirror
     from tapeline.stack.replicator import down_replicator
 
-    paths = _paths(target)
+    paths = home_paths(target)
     down_mirror(paths, None)
     down_replicator(paths, None)
     step("mirror_stopped", f"mirror and media replicator into region {to} stopped")

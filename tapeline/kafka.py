@@ -14,6 +14,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from domain.errors import ServiceUnavailable
+from tapeline.home import host_port, port_open
 from tapeline.partitioner import murmur2, partition_for  # noqa: F401 (the partitioner's home is client-free)
 from tapeline.ports import (EventLogError, Offset, Partition, PartitionEnd, ReadError, Record, TransactionMustAbort,
                             WriterBroken, WriterFenced, WriterStuck, broker_time)  # noqa: F401 - broker_time: `kafka.broker_time` as before
@@ -428,3 +429,25 @@ class KafkaAssignedReader:
 
     def close(self) -> None:
         self.client.close()
+
+
+def admin_client(settings: Settings, **extra: Any):
+    """An admin client of the cluster at the bootstrap addresses (5 s socket timeout), `extra` librdkafka
+    settings on top."""
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers, "socket.timeout.ms": 5000, **extra})
+
+
+def cluster_answers(settings: Settings, timeout_s: float = 3.0, brokers: int = 1) -> tuple[bool, str | None]:
+    """True if the cluster at the bootstrap addresses serves metadata listing at least `brokers` brokers."""
+    addresses = [a.strip() for a in settings.kafka_bootstrap_servers.split(",")]
+    if not any(port_open(*host_port(a, 9092)) for a in addresses):
+        return False, f"nothing listens on {', '.join(addresses)}"
+    try:
+        metadata = admin_client(settings).list_topics(timeout=timeout_s)
+    except Exception as exc:  # KafkaException or a timeout inside librdkafka
+        return False, str(exc)
+    if len(metadata.brokers) < brokers:
+        return False, f"the cluster reports {len(metadata.brokers)} of {brokers} brokers registered"
+    return True, None

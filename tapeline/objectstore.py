@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable
 
@@ -334,3 +336,14 @@ class ObjectStore:
         except (BotoCoreError, ClientError) as exc:
             raise StorageError(f"measuring bucket {self.bucket} failed: {exc}") from exc
         return total
+
+
+def endpoint_answers(settings: Settings, timeout_s: float = 3.0) -> tuple[bool, str | None]:
+    """True if an HTTP server answers at the S3 endpoint (any HTTP status counts as an answer)."""
+    try:
+        with urllib.request.urlopen(settings.s3_endpoint, timeout=timeout_s):
+            return True, None
+    except urllib.error.HTTPError:
+        return True, None
+    except (urllib.error.URLError, OSError) as exc:
+        return False, str(getattr(exc, "reason", exc))

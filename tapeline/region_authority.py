@@ -39,9 +39,9 @@ FENCED_EXIT_CODE = 3
 def _answers(settings: Settings) -> bool:
     """Whether something accepts a TCP connection at one of the region's bootstrap addresses (a
     port nobody listens on is refused at once: a region that is not there costs no wait)."""
-    from tapeline.stack.base import _host_port, _port_open
+    from tapeline.home import host_port, port_open
 
-    return any(_port_open(*_host_port(a.strip(), 9092)) for a in settings.kafka_bootstrap_servers.split(","))
+    return any(port_open(*host_port(a.strip(), 9092)) for a in settings.kafka_bootstrap_servers.split(","))
 
 
 def read_region_records(settings: Settings, timeout_s: float = 5.0) -> list[ev.RegionFailedOver] | None:
@@ -189,10 +189,10 @@ def unanswered(settings: Settings, *, s3: bool = False) -> str | None:
     S3 endpoint does not answer, as one sentence; None when all of them answer."""
     import psycopg
 
-    from tapeline.stack.kafka import _kafka_answers
-    from tapeline.stack.s3 import _s3_answers
+    from tapeline.kafka import cluster_answers
+    from tapeline.objectstore import endpoint_answers
 
-    answers, why = _kafka_answers(settings)
+    answers, why = cluster_answers(settings)
     if not answers:
         return f"region {settings.region}'s Kafka ({settings.kafka_bootstrap_servers}) does not answer: {why}"
     try:
@@ -200,7 +200,7 @@ def unanswered(settings: Settings, *, s3: bool = False) -> str | None:
     except psycopg.Error as exc:
         return f"region {settings.region}'s PostgreSQL does not answer: {exc}"
     if s3:
-        answers, why = _s3_answers(settings)
+        answers, why = endpoint_answers(settings)
         if not answers:
             return f"region {settings.region}'s S3 ({settings.s3_endpoint}) does not answer: {why}"
     return None

@@ -98,7 +98,7 @@ def needs_reset(regions: dict[str, Settings], name: str) -> bool:
     history at some epoch (region a at epoch 0; any region a `RegionFailedOver` names) and its stack
     state records no reset at the current epoch. False while `name` is the active region."""
     from tapeline.region_authority import read_regions
-    from tapeline.stack.base import _paths, _read_state
+    from tapeline.home import home_paths, read_state
 
     view = read_regions(regions)
     current = view.authority
@@ -106,7 +106,7 @@ def needs_reset(regions: dict[str, Settings], name: str) -> bool:
         return False
     records = [r for rs in view.records.values() for r in rs]
     held = name == FIRST_ACTIVE or any(r.to_region == name for r in records)
-    reset_at = (_read_state(_paths(regions[name])).get("standby") or {}).get("reset_at_epoch")
+    reset_at = (read_state(home_paths(regions[name])).get("standby") or {}).get("reset_at_epoch")
     return held and reset_at != current.epoch
 
 
@@ -156,10 +156,10 @@ def rejoin_as_standby(regions: dict[str, Settings], name: str, *, start_replicat
     report.tables_reset = reset_projections(standby)
     step("projections_reset", f"{len(report.tables_reset)} tables of region {name}'s schema {standby.db_schema!r} "
                               "emptied")
-    from tapeline.stack.base import _paths, _update_state
+    from tapeline.home import home_paths, update_state
 
-    paths = _paths(standby)
-    _update_state(paths, "standby", {"reset_at_epoch": current.epoch, "active": current.active,
+    paths = home_paths(standby)
+    update_state(paths, "standby", {"reset_at_epoch": current.epoch, "active": current.active,
                                      "reset_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                      "set_aside": len(report.set_aside)})
     _write_report(standby, report)
@@ -187,14 +187,14 @@ def _stop_everything_of(regions: dict[str, Settings], name: str, active: str) ->
     """Stop `name`'s detached processors and the mirror and replicator of both directions (their
     files under each region's home). Each only if it runs."""
     from tapeline import supervisor
-    from tapeline.stack.base import _paths
+    from tapeline.home import home_paths
     from tapeline.stack.mirror import down_mirror
     from tapeline.stack.replicator import down_replicator
 
     if supervisor.stop_detached(regions[name]):
         log.warning("the rejoining region's processors were running; stopped", region=name)
     for region in (name, active):
-        paths = _paths(regions[region])
+        paths = home_paths(regions[region])
         down_mirror(paths, None)
         down_replicator(paths, None)
 
@@ -287,8 +287,8 @@ def reset_log(standby: Settings, active: Settings, timeout_s: float = 60.0) -> t
     from confluent_kafka.admin import AdminClient
 
     from tapeline.region_authority import read_region_records, write_region_record
-    from tapeline.stack import ensure_topics
-    from tapeline.stack.base import StackError
+    from tapeline.topics import ensure_topics
+    from tapeline.home import StackError
     from tapeline.stack.mirror import mirror_internal_topics, mirrored_topics
 
     admin = AdminClient({"bootstrap.servers": standby.kafka_bootstrap_servers})

@@ -196,6 +196,7 @@ def private_moto_server(settings: Settings, directory: Path, **overrides: Any) -
     memory, used by every test) must never see. Yields (settings pointing at it + `overrides`, process)."""
     import socket
 
+    from tapeline.objectstore import endpoint_answers
     from tapeline.stack import s3 as stack
 
     with socket.socket() as sock:
@@ -206,7 +207,7 @@ def private_moto_server(settings: Settings, directory: Path, **overrides: Any) -
     server = subprocess.Popen(stack.s3_server_command("127.0.0.1", port), stdout=log, stderr=log, cwd=directory,
                               env=stack.s3_server_env(private), start_new_session=True)
     try:
-        wait_for(lambda: stack._s3_answers(private)[0], 30, "the private moto_server to answer")
+        wait_for(lambda: endpoint_answers(private)[0], 30, "the private moto_server to answer")
         stack._ensure_bucket(private, None)
         yield private, server
     finally:

@@ -57,15 +57,15 @@ from rich.console import Console
 
 from tapeline.settings import Settings
 
-from tapeline.stack.base import StackError, StackPaths, _locked, _paths, _read_state, _s3_markers, _say, _update_state, stop_owned
+from tapeline.home import StackError, HomePaths, locked, home_paths, read_state, say, update_state, stop_owned
 from tapeline.stack.ffmpeg import _ffmpeg_version, check_ffmpeg
 from tapeline.stack.kafka import KafkaNode, _start_kafka, _wait_for_kafka, kafka_nodes, kafka_status, start_kafka_node
-from tapeline.stack.topics import delete_topics, ensure_topics
+from tapeline.topics import delete_topics, ensure_topics
 from tapeline.stack.postgres import _up_postgres, drop_database, masked_dsn, postgres_status
-from tapeline.stack.s3 import _ensure_bucket, _s3_answers, _s3_client, _up_s3, public_read_policy, s3_status
+from tapeline.stack.s3 import _ensure_bucket, _s3_client, s3_markers, _up_s3, public_read_policy, s3_status
 from tapeline.stack.monitoring import down_monitoring, monitoring_status, up_monitoring
 
-__all__ = ["up", "status", "down", "StackError", "StackPaths", "KafkaNode", "kafka_nodes", "start_kafka_node", "_s3_client", "check_ffmpeg", "drop_database", "ensure_topics", "delete_topics", "masked_dsn", "public_read_policy", "_s3_answers", "_ensure_bucket"]
+__all__ = ["up", "status", "down", "StackError", "HomePaths", "KafkaNode", "kafka_nodes", "start_kafka_node", "_s3_client", "check_ffmpeg", "drop_database", "ensure_topics", "delete_topics", "masked_dsn", "public_read_policy", "_s3_answers", "_ensure_bucket"]
 """The local stack's API (the services' modules hold the rest)."""
 
 
@@ -89,16 +89,16 @@ def up(settings: Settings, console: Console | None = None, monitoring: bool = Fa
             or the log file.
     """
     settings = with_recorded_brokers(settings)
-    paths = _paths(settings)
-    with _locked(paths):
+    paths = home_paths(settings)
+    with locked(paths):
         up_services(settings, paths, console, _up_postgres)
         if monitoring:
             up_monitoring(settings, paths, console)
     return status(settings)
 
 
-def up_services(settings: Settings, paths: StackPaths, console: Console | None,
-                up_postgres: Callable[[Settings, StackPaths, Console | None], None], region: str = "") -> None:
+def up_services(settings: Settings, paths: HomePaths, console: Console | None,
+                up_postgres: Callable[[Settings, HomePaths, Console | None], None], region: str = "") -> None:
     """Start one region's services under `paths` (the caller holds its lock): check ffmpeg, start
     the Kafka node(s) (the JVMs boot while PostgreSQL and S3 come up), `up_postgres` (region A's
     Debian cluster, or region B's own server), the S3 endpoint, then wait for Kafka and create the
@@ -110,10 +110,10 @@ def up_services(settings: Settings, paths: StackPaths, console: Console | None,
     up_postgres(settings, paths, console)
     _up_s3(settings, paths, console)
     _wait_for_kafka(settings, paths, kafka)
-    _say(console, f"[bold]kafka[/]: ready on {settings.kafka_bootstrap_servers}{label}"
+    say(console, f"[bold]kafka[/]: ready on {settings.kafka_bootstrap_servers}{label}"
                   + (f" ({time.monotonic() - started:.1f} s after start)" if kafka else ""))
     ensure_topics(settings)
-    _say(console, f"[bold]kafka[/]: {len(settings.all_topics())} topics present (prefix {settings.topic_prefix!r}){label}")
+    say(console, f"[bold]kafka[/]: {len(settings.all_topics())} topics present (prefix {settings.topic_prefix!r}){label}")
 
 
 def with_recorded_brokers(settings: Settings) -> Settings:
@@ -122,7 +122,7 @@ def with_recorded_brokers(settings: Settings) -> Settings:
     settings name it themselves (TAPELINE_KAFKA_BROKERS)."""
     if "kafka_brokers" in settings.model_fields_set:
         return settings
-    recorded = (_read_state(_paths(settings)).get("kafka") or {}).get("nodes")
+    recorded = (read_state(home_paths(settings)).get("kafka") or {}).get("nodes")
     if isinstance(recorded, int) and recorded != settings.kafka_brokers:
         return settings.model_copy(update={"kafka_brokers": recorded})
     return settings
@@ -143,8 +143,8 @@ def status(settings: Settings) -> dict[str, Any]:
     Takes up to ~10 s when services are down (connection timeouts), well under a second when up.
     """
     settings = with_recorded_brokers(settings)
-    paths = _paths(settings)
-    state = _read_state(paths)
+    paths = home_paths(settings)
+    state = read_state(paths)
 
     kafka = kafka_status(settings, paths)
 
@@ -176,10 +176,10 @@ def down(settings: Settings, console: Console | None = None) -> None:
         StackError: `pg_ctlcluster stop` failed.
     """
     settings = with_recorded_brokers(settings)
-    paths = _paths(settings)
+    paths = home_paths(settings)
     if not paths.home.is_dir():
         return
-    with _locked(paths):
+    with locked(paths):
         down_monitoring(settings, paths, console)
         from tapeline.stack.mirror import down_mirror
         from tapeline.stack.replicator import down_replicator
@@ -188,21 +188,21 @@ def down(settings: Settings, console: Console | None = None) -> None:
         down_replicator(paths, console)
         nodes = kafka_nodes(settings, paths)
         for name, pid_file, markers in ([(f"kafka node {n.node_id}" if len(nodes) > 1 else "kafka", n.pid_file, n.markers)
-                                         for n in nodes] + [("s3", paths.s3_pid, _s3_markers(settings))]):
+                                         for n in nodes] + [("s3", paths.s3_pid, s3_markers(settings))]):
             stop_owned(pid_file, markers, name, console)
-        _update_state(paths, "kafka", None)
-        _update_state(paths, "s3", None)
+        update_state(paths, "kafka", None)
+        update_state(paths, "s3", None)
 
-        pg_state = _read_state(paths).get("postgres")
+        pg_state = read_state(paths).get("postgres")
         if pg_state:
             version, _, name = pg_state["cluster"].partition("/")
-            _say(console, f"[bold]postgres[/]: stopping cluster {pg_state['cluster']} (the stack started it)")
+            say(console, f"[bold]postgres[/]: stopping cluster {pg_state['cluster']} (the stack started it)")
             result = subprocess.run(["pg_ctlcluster", version, name, "stop"], capture_output=True, text=True)
             if result.returncode != 0 and "is not running" not in (result.stdout + result.stderr):
                 raise StackError(f"`pg_ctlcluster {version} {name} stop` failed:\n"
                                  f"{(result.stdout + result.stderr).strip()}")
-            _update_state(paths, "postgres", None)
+            update_state(paths, "postgres", None)
         else:
-            _say(console, "[bold]postgres[/]: not started by the stack; leaving it alone")
+            say(console, "[bold]postgres[/]: not started by the stack; leaving it alone")
 
 

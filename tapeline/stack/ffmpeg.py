@@ -7,7 +7,7 @@ import subprocess
 
 
 
-from tapeline.stack.base import StackError
+from tapeline.home import StackError
 
 # --------------------------------------------------------------------------------------------
 # ffmpeg

@@ -17,9 +17,17 @@ from typing import Any
 
 from rich.console import Console
 
-from tapeline.settings import Settings
+from tapeline.settings import PROJECT_ROOT, Settings
+from tapeline.kafka import admin_client, cluster_answers
+from tapeline.home import KAFKA_JVM_FLAGS, StackError, HomePaths, host_port, log_errors, now_iso, owned_pid, port_open, say, spawn, tail, update_state
 
-from tapeline.stack.base import KAFKA_HEAP, KAFKA_JVM_FLAGS, KAFKA_READY_TIMEOUT_S, POM, StackError, StackPaths, _host_port, _log_errors, _now, _owned_pid, _port_open, _say, _spawn, _tail, _update_state
+
+KAFKA_READY_TIMEOUT_S = 120.0
+"""How long `up` waits for a freshly started broker to answer a metadata request, seconds."""
+KAFKA_HEAP = ("-Xmx512m", "-Xms256m")
+"""A modest broker heap on purpose: a 2-core CI machine must leave room for ffmpeg."""
+POM = PROJECT_ROOT / "stack" / "pom.xml"
+"""The Maven project that resolves the Kafka broker jars."""
 
 # --------------------------------------------------------------------------------------------
 # Kafka
@@ -59,11 +67,11 @@ class KafkaNode:
 
     @property
     def markers(self) -> tuple[str, ...]:
-        """What the node's command line holds (`_owned_pid`): the broker class and its properties file."""
+        """What the node's command line holds (`owned_pid`): the broker class and its properties file."""
         return ("kafka.Kafka", str(self.properties))
 
 
-def kafka_nodes(settings: Settings, paths: StackPaths) -> list[KafkaNode]:
+def kafka_nodes(settings: Settings, paths: HomePaths) -> list[KafkaNode]:
     """The nodes `settings.kafka_brokers` asks for (`Settings.kafka_nodes` gives their ports)."""
     single = settings.kafka_brokers == 1
     return [KafkaNode(node_id, host, port, controller, paths.kafka if single else paths.kafka / f"node-{node_id}")
@@ -132,7 +140,7 @@ default.replication.factor={replicas}
 """
 
 
-def _ensure_kafka_libs(paths: StackPaths, console: Console | None) -> None:
+def _ensure_kafka_libs(paths: HomePaths, console: Console | None) -> None:
     """Download the broker jars with Maven into `<home>/kafka/libs` unless they are there.
 
     The jars are fetched again when `stack/pom.xml` changed since they were fetched (stamp
@@ -153,7 +161,7 @@ def _ensure_kafka_libs(paths: StackPaths, console: Console | None) -> None:
                          "Install it with `apt-get install -y maven openjdk-17-jre-headless`.")
     if not POM.is_file():
         raise StackError(f"{POM} is missing; run the stack from a source checkout of Tapeline.")
-    _say(console, f"[bold]kafka[/]: resolving broker jars from Maven Central into {paths.kafka_libs}")
+    say(console, f"[bold]kafka[/]: resolving broker jars from Maven Central into {paths.kafka_libs}")
     if paths.kafka_libs.is_dir():
         shutil.rmtree(paths.kafka_libs)  # no stale jar of another version stays on the classpath
     paths.kafka_libs.mkdir(parents=True)
@@ -181,7 +189,7 @@ def _kafka_cluster_id() -> str:
             return cluster_id
 
 
-def _cluster_id(paths: StackPaths, nodes: list[KafkaNode]) -> str:
+def _cluster_id(paths: HomePaths, nodes: list[KafkaNode]) -> str:
     """The cluster id every node is formatted with: a formatted node's (`meta.properties`), else new."""
     for node in nodes:
         meta = node.data / "meta.properties"
@@ -192,7 +200,7 @@ def _cluster_id(paths: StackPaths, nodes: list[KafkaNode]) -> str:
     return _kafka_cluster_id()
 
 
-def _format_kafka_storage(paths: StackPaths, node: KafkaNode, cluster_id: str, console: Console | None) -> bool:
+def _format_kafka_storage(paths: HomePaths, node: KafkaNode, cluster_id: str, console: Console | None) -> bool:
     """Format a node's KRaft storage once with `cluster_id`; returns whether it formatted.
 
     The quorum is static (`controller.quorum.voters`), so the format runs without `--standalone`:
@@ -201,7 +209,7 @@ def _format_kafka_storage(paths: StackPaths, node: KafkaNode, cluster_id: str, c
     """
     if (node.data / "meta.properties").is_file():
         return False
-    _say(console, f"[bold]kafka[/]: formatting node {node.node_id} storage {node.data} (cluster id {cluster_id})")
+    say(console, f"[bold]kafka[/]: formatting node {node.node_id} storage {node.data} (cluster id {cluster_id})")
     result = subprocess.run([_java(), "-cp", f"{paths.kafka_libs}/*", "kafka.tools.StorageTool", "format",
                              "-t", cluster_id, "-c", str(node.properties)],
                             capture_output=True, text=True, cwd=node.dir)
@@ -211,53 +219,33 @@ def _format_kafka_storage(paths: StackPaths, node: KafkaNode, cluster_id: str, c
     return True
 
 
-def _admin(settings: Settings, **extra: Any):
-    from confluent_kafka.admin import AdminClient
-
-    return AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers, "socket.timeout.ms": 5000, **extra})
-
-
-def _kafka_answers(settings: Settings, timeout_s: float = 3.0, brokers: int = 1) -> tuple[bool, str | None]:
-    """True if the cluster at the bootstrap addresses serves metadata listing at least `brokers` brokers."""
-    addresses = [a.strip() for a in settings.kafka_bootstrap_servers.split(",")]
-    if not any(_port_open(*_host_port(a, 9092)) for a in addresses):
-        return False, f"nothing listens on {', '.join(addresses)}"
-    try:
-        metadata = _admin(settings).list_topics(timeout=timeout_s)
-    except Exception as exc:  # KafkaException or a timeout inside librdkafka
-        return False, str(exc)
-    if len(metadata.brokers) < brokers:
-        return False, f"the cluster reports {len(metadata.brokers)} of {brokers} brokers registered"
-    return True, None
-
-
-def start_kafka_node(settings: Settings, paths: StackPaths, node: KafkaNode, nodes: list[KafkaNode],
+def start_kafka_node(settings: Settings, paths: HomePaths, node: KafkaNode, nodes: list[KafkaNode],
                      console: Console | None = None) -> subprocess.Popen | None:
     """Start one node unless it runs or its port answers; returns the new process, if any. Writes its
     server.properties and formats its storage first (once). Fault tests use it to restart a node
     they killed."""
-    pid = _owned_pid(node.pid_file, node.markers)
+    pid = owned_pid(node.pid_file, node.markers)
     if pid is not None:
-        _say(console, f"[bold]kafka[/]: node {node.node_id} already running (pid {pid})")
+        say(console, f"[bold]kafka[/]: node {node.node_id} already running (pid {pid})")
         return None
-    if _port_open(node.host, node.port):
-        _say(console, f"[bold]kafka[/]: something already answers on {node.address}; reusing it")
+    if port_open(node.host, node.port):
+        say(console, f"[bold]kafka[/]: something already answers on {node.address}; reusing it")
         return None
     node.pid_file.unlink(missing_ok=True)
     node.data.mkdir(parents=True, exist_ok=True)
     node.properties.write_text(_server_properties(settings, node, nodes))
     _format_kafka_storage(paths, node, _cluster_id(paths, nodes), console)
     argv = [_java(), *KAFKA_HEAP, *KAFKA_JVM_FLAGS, "-cp", f"{paths.kafka_libs}/*", "kafka.Kafka", str(node.properties)]
-    proc = _spawn(argv, node.log, node.pid_file, cwd=node.dir)
-    _say(console, f"[bold]kafka[/]: node {node.node_id} started pid {proc.pid} on {node.address}, log {node.log}")
+    proc = spawn(argv, node.log, node.pid_file, cwd=node.dir)
+    say(console, f"[bold]kafka[/]: node {node.node_id} started pid {proc.pid} on {node.address}, log {node.log}")
     return proc
 
 
-def _start_kafka(settings: Settings, paths: StackPaths, console: Console | None) -> list[subprocess.Popen]:
+def _start_kafka(settings: Settings, paths: HomePaths, console: Console | None) -> list[subprocess.Popen]:
     """Start every node that does not run yet (`start_kafka_node`); returns the new processes."""
     nodes = kafka_nodes(settings, paths)
-    strangers = [n for n in nodes if _owned_pid(n.pid_file, n.markers) is None and _port_open(n.host, n.port)]
-    if len(nodes) > 1 and strangers and not _kafka_answers(settings, brokers=len(nodes))[0]:
+    strangers = [n for n in nodes if owned_pid(n.pid_file, n.markers) is None and port_open(n.host, n.port)]
+    if len(nodes) > 1 and strangers and not cluster_answers(settings, brokers=len(nodes))[0]:
         raise StackError(f"something that is not this stack's {len(nodes)}-node cluster already answers on "
                          f"{', '.join(n.address for n in strangers)} (a one-broker stack? `tapeline stack down` "
                          "first, then `tapeline stack up --brokers 3`)")
@@ -265,14 +253,14 @@ def _start_kafka(settings: Settings, paths: StackPaths, console: Console | None)
     _warn_if_broker_logs_silent(paths, console)
     started = [proc for node in nodes if (proc := start_kafka_node(settings, paths, node, nodes, console))]
     if started:
-        _update_state(paths, "kafka", {"pids": [p.pid for p in started], "started_at": _now(),
+        update_state(paths, "kafka", {"pids": [p.pid for p in started], "started_at": now_iso(),
                                        "bootstrap": settings.kafka_bootstrap_servers, "nodes": len(nodes)})
-    elif not any(_owned_pid(n.pid_file, n.markers) for n in nodes):
-        _update_state(paths, "kafka", None)  # every node answered without being ours: reused
+    elif not any(owned_pid(n.pid_file, n.markers) for n in nodes):
+        update_state(paths, "kafka", None)  # every node answered without being ours: reused
     return started
 
 
-def _warn_if_broker_logs_silent(paths: StackPaths, console: Console | None) -> None:
+def _warn_if_broker_logs_silent(paths: HomePaths, console: Console | None) -> None:
     """Warn when the jars bind no SLF4J logger: the broker would then log nothing, not even why it died.
 
     slf4j-simple 2.x needs slf4j-api 2.x; with Kafka's own slf4j-api 1.7 first, SLF4J falls back
@@ -282,12 +270,12 @@ def _warn_if_broker_logs_silent(paths: StackPaths, console: Console | None) -> N
     api_1 = any(name.startswith("slf4j-api-1.") for name in jars)
     simple_2 = any(name.startswith("slf4j-simple-2.") for name in jars)
     if api_1 and simple_2:
-        _say(console, "[yellow]kafka[/]: slf4j-api 1.x with slf4j-simple 2.x in the broker jars: the broker "
+        say(console, "[yellow]kafka[/]: slf4j-api 1.x with slf4j-simple 2.x in the broker jars: the broker "
                       "will log nothing (fix: add org.slf4j:slf4j-api 2.x to stack/pom.xml; the jars are "
                       "fetched again on the next start)")
 
 
-def _wait_for_kafka(settings: Settings, paths: StackPaths, procs: list[subprocess.Popen],
+def _wait_for_kafka(settings: Settings, paths: HomePaths, procs: list[subprocess.Popen],
                     timeout_s: float = KAFKA_READY_TIMEOUT_S) -> float:
     """Wait until the cluster serves metadata with every node registered; returns the seconds waited.
 
@@ -306,14 +294,14 @@ def _wait_for_kafka(settings: Settings, paths: StackPaths, procs: list[subproces
             if proc.poll() is not None:
                 log = logs.get(proc.pid, nodes[0].log)
                 raise StackError(f"Kafka exited with code {proc.returncode} while starting. "
-                                 f"{_log_errors(log)}See {log}:\n{_tail(log)}")
-        ok, reason = _kafka_answers(settings, timeout_s=3.0, brokers=len(nodes))
+                                 f"{log_errors(log)}See {log}:\n{tail(log)}")
+        ok, reason = cluster_answers(settings, timeout_s=3.0, brokers=len(nodes))
         if ok:
             return time.monotonic() - started
         time.sleep(0.5)
     log = nodes[0].log
     raise StackError(f"Kafka did not answer on {settings.kafka_bootstrap_servers} within {timeout_s:.0f} s "
-                     f"({reason}). {_log_errors(log)}See {log}:\n{_tail(log)}")
+                     f"({reason}). {log_errors(log)}See {log}:\n{tail(log)}")
 
 
 def _quorum(nodes: list[KafkaNode]) -> dict[str, Any]:
@@ -332,23 +320,23 @@ def _quorum(nodes: list[KafkaNode]) -> dict[str, Any]:
             "epoch": best[1] if best else None}
 
 
-def kafka_status(settings: Settings, paths: StackPaths) -> dict[str, Any]:
+def kafka_status(settings: Settings, paths: HomePaths) -> dict[str, Any]:
     """The cluster's status for `stack status`: `address`, `up`, `pid` (node 1's, when the stack runs
     it), `started_by_stack`, `log`, `error`; and `nodes` (each node's id, address, controller address,
     whether its port answers, its pid when the stack runs it, its log), `brokers_registered` (ids in
     the metadata), `quorum` (`_quorum`) and `under_replicated_partitions` (partitions with fewer
     in-sync replicas than replicas; None when the cluster does not answer)."""
     nodes = kafka_nodes(settings, paths)
-    up, error = _kafka_answers(settings)
+    up, error = cluster_answers(settings)
     rows, registered, under = [], [], None
     for node in nodes:
-        pid = _owned_pid(node.pid_file, node.markers)
+        pid = owned_pid(node.pid_file, node.markers)
         rows.append({"node_id": node.node_id, "address": node.address,
-                     "controller": f"{node.host}:{node.controller_port}", "up": _port_open(node.host, node.port),
+                     "controller": f"{node.host}:{node.controller_port}", "up": port_open(node.host, node.port),
                      "pid": pid, "log": str(node.log) if pid else None})
     if up:
         try:
-            metadata = _admin(settings).list_topics(timeout=5)
+            metadata = admin_client(settings).list_topics(timeout=5)
             registered = sorted(metadata.brokers)
             under = sum(1 for topic in metadata.topics.values() for p in topic.partitions.values()
                         if len(p.isrs) < len(p.replicas))

@@ -22,7 +22,7 @@ from rich.console import Console
 
 from tapeline.settings import Settings
 
-from tapeline.stack.base import KAFKA_JVM_FLAGS, StackError, StackPaths, _log_errors, _now, _owned_pid, _say, _spawn, _tail, _update_state, stop_owned
+from tapeline.home import KAFKA_JVM_FLAGS, StackError, HomePaths, log_errors, now_iso, owned_pid, say, spawn, tail, update_state, stop_owned
 from tapeline.stack.kafka import _java
 
 MIRROR_MAIN = "org.apache.kafka.connect.mirror.MirrorMaker"
@@ -133,7 +133,7 @@ def mirror_internal_topics(source_region: str) -> list[str]:
             f"mm2-offset-syncs.{source_region}.internal"]
 
 
-def _markers(paths: StackPaths) -> tuple[str, ...]:
+def _markers(paths: HomePaths) -> tuple[str, ...]:
     return (MIRROR_MAIN, str(paths.mirror / "mm2.properties"))
 
 
@@ -164,9 +164,9 @@ def newest_heartbeat_ms(target: Settings, timeout_s: float = 5.0) -> int | None:
         consumer.close()
 
 
-def up_mirror(source: Settings, target: Settings, paths: StackPaths, console: Console | None) -> None:
+def up_mirror(source: Settings, target: Settings, paths: HomePaths, console: Console | None) -> None:
     """Start MirrorMaker 2 for the flow `source.region` -> `target.region` (unless this stack's runs
-    already), its files under `paths` (the target's home: `_paths(target)`), with a fresh
+    already), its files under `paths` (the target's home: `home_paths(target)`), with a fresh
     mm2.properties, and wait for its first heartbeat in the target.
 
     Raises:
@@ -174,9 +174,9 @@ def up_mirror(source: Settings, target: Settings, paths: StackPaths, console: Co
             MIRROR_READY_TIMEOUT_S seconds (the message shows the log's first errors and tail).
     """
     properties, log, pid_file = paths.mirror / "mm2.properties", paths.mirror / "mirror.log", paths.mirror / "mirror.pid"
-    pid = _owned_pid(pid_file, _markers(paths))
+    pid = owned_pid(pid_file, _markers(paths))
     if pid is not None:
-        _say(console, f"[bold]mirror[/]: MirrorMaker 2 already running (pid {pid})")
+        say(console, f"[bold]mirror[/]: MirrorMaker 2 already running (pid {pid})")
         return
     if not any(paths.kafka_libs.glob("connect-mirror-[0-9]*.jar")):
         raise StackError(f"MirrorMaker 2 (connect-mirror) is not among the Kafka jars in {paths.kafka_libs}; "
@@ -186,35 +186,35 @@ def up_mirror(source: Settings, target: Settings, paths: StackPaths, console: Co
     argv = [_java(), *MIRROR_HEAP, *KAFKA_JVM_FLAGS, "-cp", f"{paths.kafka_libs}/*", MIRROR_MAIN,
             str(properties), "--clusters", target.region]
     started_ms = int(time.time() * 1000)
-    proc = _spawn(argv, log, pid_file, cwd=paths.mirror)
-    _update_state(paths, "mirror", {"pid": proc.pid, "started_at": _now(), "log": str(log),
+    proc = spawn(argv, log, pid_file, cwd=paths.mirror)
+    update_state(paths, "mirror", {"pid": proc.pid, "started_at": now_iso(), "log": str(log),
                                     "flow": f"{source.region} -> {target.region}",
                                     "source": source.kafka_bootstrap_servers, "topics": len(mirrored_topics(source))})
-    _say(console, f"[bold]mirror[/]: started MirrorMaker 2 pid {proc.pid} ({source.kafka_bootstrap_servers} -> "
+    say(console, f"[bold]mirror[/]: started MirrorMaker 2 pid {proc.pid} ({source.kafka_bootstrap_servers} -> "
                   f"{target.kafka_bootstrap_servers}, {len(mirrored_topics(source))} topics), log {log}")
     deadline = time.monotonic() + MIRROR_READY_TIMEOUT_S
     while (newest := newest_heartbeat_ms(target)) is None or newest < started_ms:
         if proc.poll() is not None:
-            raise StackError(f"MirrorMaker 2 exited with code {proc.returncode}. {_log_errors(log)}See {log}:\n"
-                             f"{_tail(log)}")
+            raise StackError(f"MirrorMaker 2 exited with code {proc.returncode}. {log_errors(log)}See {log}:\n"
+                             f"{tail(log)}")
         if time.monotonic() > deadline:
             raise StackError(f"MirrorMaker 2 wrote no heartbeat to region {target.region} within {MIRROR_READY_TIMEOUT_S:.0f} s. "
-                             f"{_log_errors(log)}See {log}:\n{_tail(log)}")
+                             f"{log_errors(log)}See {log}:\n{tail(log)}")
         time.sleep(1.0)
-    _say(console, f"[bold]mirror[/]: heartbeats arrive in region {target.region}")
+    say(console, f"[bold]mirror[/]: heartbeats arrive in region {target.region}")
 
 
-def down_mirror(paths: StackPaths, console: Console | None) -> None:
+def down_mirror(paths: HomePaths, console: Console | None) -> None:
     """Stop this stack's MirrorMaker 2 (by its pid file, only if that process is still the mirror)."""
     stop_owned(paths.mirror / "mirror.pid", _markers(paths), "mirror", console, quiet_when_absent=True)
-    _update_state(paths, "mirror", None)
+    update_state(paths, "mirror", None)
 
 
-def mirror_status(target: Settings, paths: StackPaths, enabled: bool) -> dict[str, Any]:
+def mirror_status(target: Settings, paths: HomePaths, enabled: bool) -> dict[str, Any]:
     """`{"up", "pid", "enabled", "log", "heartbeat_age_s", "address"}`: whether the mirror into `target`
     (its files under `paths`) runs, and how old the newest heartbeat in `target` is (None: none yet, or
     the target does not answer). `address` is the flow, e.g. `"a -> b"`."""
-    pid = _owned_pid(paths.mirror / "mirror.pid", _markers(paths))
+    pid = owned_pid(paths.mirror / "mirror.pid", _markers(paths))
     newest = newest_heartbeat_ms(target, timeout_s=3.0) if pid is not None else None
     age = None if newest is None else round(max(0.0, time.time() - newest / 1000.0), 1)
     source = "b" if target.region == "a" else "a"

@@ -25,7 +25,7 @@ from tapeline.settings import PROJECT_ROOT, Settings
 from domain.pipeline import STAGE_NAMES
 from tapeline.supervisor import ROLES
 
-from tapeline.stack.base import StackError, StackPaths, _now, _owned_pid, _say, _spawn, _update_state, _wait_ready, stop_owned
+from tapeline.home import StackError, HomePaths, now_iso, owned_pid, say, spawn, update_state, wait_ready, stop_owned
 
 MONITORING_READY_TIMEOUT_S = 30.0
 """How long `up --with-monitoring` waits for Prometheus and Alertmanager to report ready, seconds."""
@@ -39,12 +39,12 @@ PROMETHEUS_BINARY = "prometheus"
 ALERTMANAGER_BINARY = "prometheus-alertmanager"  # Debian's name for the alertmanager binary
 
 
-def monitoring_dir(paths: StackPaths) -> Path:
+def monitoring_dir(paths: HomePaths) -> Path:
     """`<home>/monitoring`: configs, targets, data, logs and pid files of both services."""
     return paths.home / "monitoring"
 
 
-def _files(paths: StackPaths, service: str) -> dict[str, Path]:
+def _files(paths: HomePaths, service: str) -> dict[str, Path]:
     base = monitoring_dir(paths) / service
     return {"dir": base, "data": base / "data", "log": base / f"{service}.log", "pid": base / f"{service}.pid",
             "config": base / f"{service}.yml"}
@@ -120,7 +120,7 @@ def prometheus_config(settings: Settings, targets_file: Path) -> dict[str, Any]:
     }
 
 
-def _command(settings: Settings, paths: StackPaths, service: str) -> list[str]:
+def _command(settings: Settings, paths: HomePaths, service: str) -> list[str]:
     files = _files(paths, service)
     if service == "prometheus":
         return [shutil.which(PROMETHEUS_BINARY) or PROMETHEUS_BINARY, f"--config.file={files['config']}",
@@ -142,7 +142,7 @@ def _ready(settings: Settings, service: str, timeout_s: float = 2.0) -> tuple[bo
         return False, str(getattr(exc, "reason", exc))
 
 
-def _write_configs(settings: Settings, paths: StackPaths) -> None:
+def _write_configs(settings: Settings, paths: HomePaths) -> None:
     prom = _files(paths, "prometheus")
     prom["data"].mkdir(parents=True, exist_ok=True)
     _files(paths, "alertmanager")["data"].mkdir(parents=True, exist_ok=True)
@@ -153,7 +153,7 @@ def _write_configs(settings: Settings, paths: StackPaths) -> None:
         tmp.replace(path)
 
 
-def up_monitoring(settings: Settings, paths: StackPaths, console: Console | None) -> None:
+def up_monitoring(settings: Settings, paths: HomePaths, console: Console | None) -> None:
     """Start (or reuse) Alertmanager, then Prometheus, and wait until both report ready.
 
     Writes `<home>/monitoring/prometheus/{prometheus.yml,targets.json}` every time; a Prometheus the
@@ -170,31 +170,31 @@ def up_monitoring(settings: Settings, paths: StackPaths, console: Console | None
     _write_configs(settings, paths)
     for service in ("alertmanager", "prometheus"):
         files = _files(paths, service)
-        pid = _owned_pid(files["pid"], _markers(settings, service))
+        pid = owned_pid(files["pid"], _markers(settings, service))
         proc = None
         if pid is not None:
-            _say(console, f"[bold]{service}[/]: already running (pid {pid})")
+            say(console, f"[bold]{service}[/]: already running (pid {pid})")
             if service == "prometheus":
                 os.kill(pid, signal.SIGHUP)  # re-read prometheus.yml (targets.json is watched anyway)
         elif _ready(settings, service)[0]:
-            _say(console, f"[bold]{service}[/]: {_address(settings, service)} answers; reusing it")
-            _update_state(paths, service, None)
+            say(console, f"[bold]{service}[/]: {_address(settings, service)} answers; reusing it")
+            update_state(paths, service, None)
         else:
-            proc = _spawn(_command(settings, paths, service), files["log"], files["pid"], cwd=files["dir"])
-            _say(console, f"[bold]{service}[/]: started pid {proc.pid} on http://{_address(settings, service)}/")
-            _update_state(paths, service, {"pid": proc.pid, "started_at": _now(),
+            proc = spawn(_command(settings, paths, service), files["log"], files["pid"], cwd=files["dir"])
+            say(console, f"[bold]{service}[/]: started pid {proc.pid} on http://{_address(settings, service)}/")
+            update_state(paths, service, {"pid": proc.pid, "started_at": now_iso(),
                                            "address": _address(settings, service), "log": str(files["log"])})
-        _wait_ready(service, lambda: _ready(settings, service), proc, files["log"], MONITORING_READY_TIMEOUT_S)
+        wait_ready(service, lambda: _ready(settings, service), proc, files["log"], MONITORING_READY_TIMEOUT_S)
 
 
-def monitoring_status(settings: Settings, paths: StackPaths) -> dict[str, dict[str, Any]]:
+def monitoring_status(settings: Settings, paths: HomePaths) -> dict[str, dict[str, Any]]:
     """`{"prometheus": {...}, "alertmanager": {...}}` for `stack status`: each with `address` (URL),
     `up` (its /-/ready answers 200), `pid` (the stack's own live process or None), `started_by_stack`,
     `log`, and `error` when down (not started: `stack up --with-monitoring`). Never raises."""
     report = {}
     for service in ("prometheus", "alertmanager"):
         files = _files(paths, service)
-        pid = _owned_pid(files["pid"], _markers(settings, service))
+        pid = owned_pid(files["pid"], _markers(settings, service))
         up, error = _ready(settings, service, timeout_s=1.0)
         entry: dict[str, Any] = {"address": f"http://{_address(settings, service)}/", "up": up, "pid": pid,
                                  "started_by_stack": pid is not None, "log": str(files["log"]) if pid else None}
@@ -208,11 +208,11 @@ def monitoring_status(settings: Settings, paths: StackPaths) -> dict[str, dict[s
     return report
 
 
-def down_monitoring(settings: Settings, paths: StackPaths, console: Console | None) -> None:
+def down_monitoring(settings: Settings, paths: HomePaths, console: Console | None) -> None:
     """Stop Prometheus, then Alertmanager, if the stack started them (pid file and command line match);
     anything else on their ports is left alone."""
     for service in ("prometheus", "alertmanager"):
         files = _files(paths, service)
         # never started here: nothing to say when monitoring is not used
         if stop_owned(files["pid"], _markers(settings, service), service, console, quiet_when_absent=True):
-            _update_state(paths, service, None)
+            update_state(paths, service, None)

@@ -24,8 +24,8 @@ from rich.console import Console
 
 from tapeline.settings import Settings
 
-from tapeline.stack.base import PG_READY_TIMEOUT_S, StackError, StackPaths, _now, _say, _update_state
-from tapeline.stack.postgres import _pg_connect_error, _pg_ensure_role_and_db, _pg_params, masked_dsn
+from tapeline.home import StackError, HomePaths, now_iso, say, update_state
+from tapeline.stack.postgres import PG_READY_TIMEOUT_S, _pg_connect_error, _pg_ensure_role_and_db, _pg_params, masked_dsn
 
 
 def pg_binary(name: str) -> Path:
@@ -56,7 +56,7 @@ def server_options(host: str, port: str, socket_dir: Path) -> str:
     return f"-p {port} -c listen_addresses={host} -c unix_socket_directories={socket_dir}"
 
 
-def up_own_postgres(settings: Settings, paths: StackPaths, console: Console | None) -> None:
+def up_own_postgres(settings: Settings, paths: HomePaths, console: Console | None) -> None:
     """Make `settings.database_url` answer from a server of the stack's own: reuse one that answers,
     else create the cluster once (`initdb`), start it (`pg_ctl start`, recorded in `stack.json` as
     `postgres.server`) and create the DSN's role and database.
@@ -66,7 +66,7 @@ def up_own_postgres(settings: Settings, paths: StackPaths, console: Console | No
             their output or the log's tail), or the DSN still fails after PG_READY_TIMEOUT_S seconds.
     """
     if _pg_connect_error(settings) is None:
-        _say(console, f"[bold]postgres[/]: {masked_dsn(settings.database_url)} answers; reusing it")
+        say(console, f"[bold]postgres[/]: {masked_dsn(settings.database_url)} answers; reusing it")
         return
     params = _pg_params(settings)
     if params["host"] not in ("127.0.0.1", "localhost", "::1"):
@@ -77,7 +77,7 @@ def up_own_postgres(settings: Settings, paths: StackPaths, console: Console | No
     shutil.chown(paths.postgres, "postgres", "postgres")
     paths.postgres.chmod(0o700)
     if not (data / "PG_VERSION").is_file():
-        _say(console, f"[bold]postgres[/]: creating region {settings.region}'s own cluster in {data}")
+        say(console, f"[bold]postgres[/]: creating region {settings.region}'s own cluster in {data}")
         result = _as_postgres([str(pg_binary("initdb")), "-D", str(data), "-U", "postgres", "-E", "UTF8",
                                "--locale=C", "--auth-local=peer", "--auth-host=scram-sha-256"])
         if result.returncode != 0:
@@ -85,7 +85,7 @@ def up_own_postgres(settings: Settings, paths: StackPaths, console: Console | No
                              f"{(result.stdout + result.stderr).strip()[-2000:]}")
     host = "127.0.0.1" if params["host"] == "localhost" else params["host"]
     if _as_postgres([str(pg_binary("pg_ctl")), "-D", str(data), "status"]).returncode == 0:
-        _say(console, f"[bold]postgres[/]: region {settings.region}'s server ({data}) runs")
+        say(console, f"[bold]postgres[/]: region {settings.region}'s server ({data}) runs")
         _pg_ensure_role_and_db(params, params["port"], console, socket_dir=str(paths.postgres))
         return
     result = _as_postgres([str(pg_binary("pg_ctl")), "-D", str(data), "-l", str(log), "-w",
@@ -94,9 +94,9 @@ def up_own_postgres(settings: Settings, paths: StackPaths, console: Console | No
     if result.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:]) if log.is_file() else ""
         raise StackError(f"pg_ctl start ({data}) failed:\n{(result.stdout + result.stderr).strip()}\n{tail}")
-    _update_state(paths, "postgres", {"server": str(data), "cluster": f"own server {data} port {params['port']}",
-                                      "port": int(params["port"]), "log": str(log), "started_at": _now()})
-    _say(console, f"[bold]postgres[/]: started region {settings.region}'s server on {host}:{params['port']}, "
+    update_state(paths, "postgres", {"server": str(data), "cluster": f"own server {data} port {params['port']}",
+                                      "port": int(params["port"]), "log": str(log), "started_at": now_iso()})
+    say(console, f"[bold]postgres[/]: started region {settings.region}'s server on {host}:{params['port']}, "
                   f"log {log}")
     _pg_ensure_role_and_db(params, params["port"], console, socket_dir=str(paths.postgres))
     error = _pg_connect_error(settings)
@@ -104,15 +104,15 @@ def up_own_postgres(settings: Settings, paths: StackPaths, console: Console | No
         raise StackError(f"PostgreSQL still refuses {masked_dsn(settings.database_url)}: {error}")
 
 
-def down_own_postgres(paths: StackPaths, data: str, console: Console | None) -> None:
+def down_own_postgres(paths: HomePaths, data: str, console: Console | None) -> None:
     """Stop the server whose cluster is `data` (`pg_ctl stop -m fast`); one already stopped is fine.
 
     Raises:
         StackError: `pg_ctl stop` failed otherwise.
     """
-    _say(console, f"[bold]postgres[/]: stopping the stack's own server {data}")
+    say(console, f"[bold]postgres[/]: stopping the stack's own server {data}")
     result = _as_postgres([str(pg_binary("pg_ctl")), "-D", data, "-m", "fast", "-w", "stop"])
     output = (result.stdout + result.stderr).strip()
     if result.returncode != 0 and "Is server running?" not in output and "No such file" not in output:
         raise StackError(f"pg_ctl stop ({data}) failed:\n{output}")
-    _update_state(paths, "postgres", None)
+    update_state(paths, "postgres", None)

@@ -14,7 +14,10 @@ from rich.console import Console
 
 from tapeline.settings import Settings
 
-from tapeline.stack.base import PG_READY_TIMEOUT_S, StackError, StackPaths, _now, _say, _update_state
+from tapeline.home import StackError, HomePaths, now_iso, say, update_state
+
+PG_READY_TIMEOUT_S = 30.0
+"""How long `up` waits for PostgreSQL to accept the DSN after starting its cluster, seconds."""
 
 # --------------------------------------------------------------------------------------------
 # PostgreSQL
@@ -143,7 +146,7 @@ def _pg_ensure_reader_role(port: str, user: str, console: Console | None) -> Non
                              "-p", port, "-d", "postgres"], input=reader_role_sql() + "\n" + reader_grant_sql(user) + "\n",
                             capture_output=True, text=True, cwd="/")
     if result.returncode != 0:
-        _say(console, f"[yellow]postgres[/]: could not create role tapeline_reader: {result.stderr.strip()}")
+        say(console, f"[yellow]postgres[/]: could not create role tapeline_reader: {result.stderr.strip()}")
 
 
 def _pg_ensure_role_and_db(params: dict[str, str], port: str, console: Console | None,
@@ -178,11 +181,11 @@ def _pg_ensure_role_and_db(params: dict[str, str], port: str, console: Console |
                             input=script, capture_output=True, text=True, cwd="/")
     if result.returncode != 0:
         raise StackError(f"Creating the PostgreSQL role/database failed:\n{result.stderr.strip()}")
-    _say(console, f"[bold]postgres[/]: role {params['user']!r} (CREATEDB) and database "
+    say(console, f"[bold]postgres[/]: role {params['user']!r} (CREATEDB) and database "
                   f"{params['dbname']!r} are present")
 
 
-def _up_postgres(settings: Settings, paths: StackPaths, console: Console | None) -> None:
+def _up_postgres(settings: Settings, paths: HomePaths, console: Console | None) -> None:
     """Make `settings.database_url` answer: reuse it, or start the Debian cluster and create the role.
 
     Raises:
@@ -190,7 +193,7 @@ def _up_postgres(settings: Settings, paths: StackPaths, console: Console | None)
             DSN still fails after starting the cluster and creating the role and database.
     """
     if _pg_connect_error(settings) is None:
-        _say(console, f"[bold]postgres[/]: {masked_dsn(settings.database_url)} answers; reusing it")
+        say(console, f"[bold]postgres[/]: {masked_dsn(settings.database_url)} answers; reusing it")
         _warn_if_no_createdb(settings, console)
         params = _pg_params(settings)
         if params["host"] in ("127.0.0.1", "localhost", "::1", ""):
@@ -208,21 +211,21 @@ def _up_postgres(settings: Settings, paths: StackPaths, console: Console | None)
                          f"Create one with `pg_createcluster <version> main -p {params['port']}`.")
     cluster = clusters[0]
     if not cluster["status"].startswith("online"):
-        _say(console, f"[bold]postgres[/]: starting cluster {cluster['version']}/{cluster['name']}")
+        say(console, f"[bold]postgres[/]: starting cluster {cluster['version']}/{cluster['name']}")
         result = subprocess.run(["pg_ctlcluster", cluster["version"], cluster["name"], "start"],
                                 capture_output=True, text=True)
         if result.returncode != 0:
             raise StackError(f"`pg_ctlcluster {cluster['version']} {cluster['name']} start` failed:\n"
                              f"{(result.stdout + result.stderr).strip()}")
-        _update_state(paths, "postgres", {"cluster": f"{cluster['version']}/{cluster['name']}",
-                                          "port": int(cluster["port"]), "started_at": _now()})
+        update_state(paths, "postgres", {"cluster": f"{cluster['version']}/{cluster['name']}",
+                                          "port": int(cluster["port"]), "started_at": now_iso()})
     _pg_ensure_role_and_db(params, cluster["port"], console)
     deadline = time.monotonic() + PG_READY_TIMEOUT_S
     while (error := _pg_connect_error(settings)) is not None:
         if time.monotonic() > deadline:
             raise StackError(f"PostgreSQL still refuses {masked_dsn(settings.database_url)}: {error}")
         time.sleep(0.5)
-    _say(console, f"[bold]postgres[/]: {masked_dsn(settings.database_url)} answers")
+    say(console, f"[bold]postgres[/]: {masked_dsn(settings.database_url)} answers")
 
 
 def _warn_if_no_createdb(settings: Settings, console: Console | None) -> None:
@@ -234,7 +237,7 @@ def _warn_if_no_createdb(settings: Settings, console: Console | None) -> None:
     with contextlib.suppress(psycopg.Error), psycopg.connect(settings.database_url, connect_timeout=3) as conn:
         row = conn.execute(q("can_create_database")).fetchone()
         if row is not None and not row[0]:
-            _say(console, "[yellow]postgres[/]: the role cannot CREATE DATABASE; tests that create "
+            say(console, "[yellow]postgres[/]: the role cannot CREATE DATABASE; tests that create "
                           "their own database will fail (ALTER ROLE ... CREATEDB)")
 
 

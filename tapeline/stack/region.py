@@ -17,7 +17,8 @@ from tapeline import supervisor
 from tapeline.settings import Settings
 
 from tapeline.stack import up_services
-from tapeline.stack.base import StackError, _locked, _say, _paths, _read_state, _s3_markers, _update_state, stop_owned
+from tapeline.home import StackError, locked, say, home_paths, read_state, update_state, stop_owned
+from tapeline.stack.s3 import s3_markers
 from tapeline.stack.kafka import kafka_nodes, kafka_status
 from tapeline.stack.mirror import down_mirror, mirror_status, up_mirror
 from tapeline.stack.pgserver import down_own_postgres, up_own_postgres
@@ -38,21 +39,21 @@ def up_region_b(settings: Settings, console: Console | None = None, mirror: bool
     Returns `region_b_status(settings)`. Raises StackError as `up` does (and see `up_mirror`).
     """
     target = settings.for_region("b")
-    paths = _paths(target)
-    with _locked(paths):
+    paths = home_paths(target)
+    with locked(paths):
         up_services(target, paths, console, up_own_postgres, region="b")
         if settings.region_b_mirror if mirror is None else mirror:
             active = _active_region(settings)
             if active == "b":  # after a failover: mirroring A's log into B would mix A's writes into B's history
-                _say(console, "[bold]mirror[/]: not started: region b holds the job history (failed over); "
+                say(console, "[bold]mirror[/]: not started: region b holds the job history (failed over); "
                               "region a rejoins as the standby instead (docs/regions.md \"Failback\")")
             elif _reset_needed(settings):  # region B held the job history since its last reset (a failback)
                 from tapeline.standby import rejoin_as_standby
 
-                _say(console, "[bold]region b[/]: held the job history since its last reset: reset as the "
+                say(console, "[bold]region b[/]: held the job history since its last reset: reset as the "
                               "standby before the mirror starts (docs/regions.md \"Failback\")")
                 rejoin_as_standby({"a": settings, "b": target}, "b", console=console,
-                                  say=lambda line: _say(console, f"[bold]rejoin b[/]: {line}"))
+                                  say=lambda line: say(console, f"[bold]rejoin b[/]: {line}"))
             else:
                 up_mirror(settings, target, paths, console)
                 up_replicator(target, paths, console)
@@ -67,20 +68,20 @@ def down_region_b(settings: Settings, console: Console | None = None) -> None:
         StackError: `pg_ctl stop` failed.
     """
     target = settings.for_region("b")
-    paths = _paths(target)
+    paths = home_paths(target)
     if not paths.home.is_dir():
         return
-    with _locked(paths):
+    with locked(paths):
         if supervisor.stop_detached(target):  # region B's processors, started by a failover
-            _say(console, "[bold]processors (region b)[/]: stopped")
+            say(console, "[bold]processors (region b)[/]: stopped")
         down_mirror(paths, console)
         down_replicator(paths, console)
         for name, pid_file, markers in ([("kafka (region b)", n.pid_file, n.markers) for n in kafka_nodes(target, paths)]
-                                        + [("s3 (region b)", paths.s3_pid, _s3_markers(target))]):
+                                        + [("s3 (region b)", paths.s3_pid, s3_markers(target))]):
             stop_owned(pid_file, markers, name, console)
-        _update_state(paths, "kafka", None)
-        _update_state(paths, "s3", None)
-        server = (_read_state(paths).get("postgres") or {}).get("server")
+        update_state(paths, "kafka", None)
+        update_state(paths, "s3", None)
+        server = (read_state(paths).get("postgres") or {}).get("server")
         if server:
             down_own_postgres(paths, server, console)
 
@@ -105,8 +106,8 @@ def region_b_status(settings: Settings) -> dict[str, Any]:
     "home", "kafka", "postgres", "s3", "mirror", "replicator"}` (`mirror_status`, `replicator_status`).
     Never raises for a down service."""
     target = settings.for_region("b")
-    paths = _paths(target)
-    state = _read_state(paths)
+    paths = home_paths(target)
+    state = read_state(paths)
     return {"region": "b", "home": str(paths.home), "kafka": kafka_status(target, paths),
             "postgres": postgres_status(target, state.get("postgres") or {}), "s3": s3_status(target, paths), "mirror": mirror_status(target, paths, settings.region_b_mirror),
             "replicator": {**replicator_status(paths, "b"), "enabled": settings.region_b_mirror},
@@ -119,10 +120,10 @@ def region_a_standby_status(settings: Settings) -> dict[str, Any] | None:
     (`tapeline region rejoin a --as-standby`), shaped like `region_b_status`'s `mirror` and
     `replicator`: `{"mirror", "replicator", "standby"}` (`standby`: the reset recorded in A's stack
     state), or None when neither runs and region A is not a standby. Never raises for a down service."""
-    from tapeline.stack.base import _read_state
+    from tapeline.home import read_state
 
-    paths = _paths(settings)
-    standby = _read_state(paths).get("standby")
+    paths = home_paths(settings)
+    standby = read_state(paths).get("standby")
     mirror = mirror_status(settings, paths, True)
     replicator = replicator_status(paths, "a")
     if not (mirror["up"] or replicator["up"]) and (not standby or _active_region(settings) == "a"):

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from tapeline.settings import Settings
 
-from tapeline.stack.base import StackError, StackPaths, _now, _owned_pid, _say, _spawn, _update_state, _wait_ready, stop_owned
+from tapeline.home import StackError, HomePaths, now_iso, owned_pid, say, spawn, update_state, wait_ready, stop_owned
 
 REPLICATOR_READY_TIMEOUT_S = 90.0
 """How long `up` waits for the replicator to hold its lock and read region B's log, seconds."""
@@ -22,11 +22,11 @@ READY_LINE = '"event": "replicating"'
 """The log line the replicator writes once it follows every partition (tapeline/replicator.py `run`)."""
 
 
-def _dir(paths: StackPaths) -> Path:
+def _dir(paths: HomePaths) -> Path:
     return paths.home / "replicator"
 
 
-def _markers(paths: StackPaths) -> tuple[str, ...]:
+def _markers(paths: HomePaths) -> tuple[str, ...]:
     return ("tapeline.cli", "replicate", str(_dir(paths)))
 
 
@@ -38,7 +38,7 @@ def _started_run(log: Path) -> str:
         return ""
 
 
-def up_replicator(target: Settings, paths: StackPaths, console: Console | None) -> None:
+def up_replicator(target: Settings, paths: HomePaths, console: Console | None) -> None:
     """Start `tapeline region replicate --to <target.region>` in the background (unless this stack's runs
     already), its files under `paths` (the target's home), with this process's environment (region
     A's settings: the command derives both regions from them), and wait until it follows the target's
@@ -50,33 +50,33 @@ def up_replicator(target: Settings, paths: StackPaths, console: Console | None) 
     """
     workdir = _dir(paths)
     log, pid_file = workdir / "replicator.log", workdir / "replicator.pid"
-    pid = _owned_pid(pid_file, _markers(paths))
+    pid = owned_pid(pid_file, _markers(paths))
     if pid is not None:
-        _say(console, f"[bold]replicator[/]: already running (pid {pid})")
+        say(console, f"[bold]replicator[/]: already running (pid {pid})")
         return
     workdir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "tapeline.cli", "region", "replicate", "--to", target.region,
             "--workdir", str(workdir)]
-    proc = _spawn(argv, log, pid_file, cwd=workdir)
-    _update_state(paths, "replicator", {"pid": proc.pid, "started_at": _now(), "log": str(log)})
+    proc = spawn(argv, log, pid_file, cwd=workdir)
+    update_state(paths, "replicator", {"pid": proc.pid, "started_at": now_iso(), "log": str(log)})
     source = "b" if target.region == "a" else "a"
-    _say(console, f"[bold]replicator[/]: started pid {proc.pid} (media {target.s3_endpoint} <- region {source}), "
+    say(console, f"[bold]replicator[/]: started pid {proc.pid} (media {target.s3_endpoint} <- region {source}), "
                   f"log {log}")
-    _wait_ready("replicator", lambda: (READY_LINE in _started_run(log), f"not following region {target.region}'s "
+    wait_ready("replicator", lambda: (READY_LINE in _started_run(log), f"not following region {target.region}'s "
                                        "log yet"), proc, log, REPLICATOR_READY_TIMEOUT_S)
-    _say(console, f"[bold]replicator[/]: following region {target.region}'s log")
+    say(console, f"[bold]replicator[/]: following region {target.region}'s log")
 
 
-def down_replicator(paths: StackPaths, console: Console | None) -> None:
+def down_replicator(paths: HomePaths, console: Console | None) -> None:
     """Stop this stack's replicator (SIGTERM, by its pid file, only if that process is still it)."""
     stop_owned(_dir(paths) / "replicator.pid", _markers(paths), "replicator", console, quiet_when_absent=True)
-    _update_state(paths, "replicator", None)
+    update_state(paths, "replicator", None)
 
 
-def replicator_status(paths: StackPaths, target_region: str = "b") -> dict[str, Any]:
+def replicator_status(paths: HomePaths, target_region: str = "b") -> dict[str, Any]:
     """`{"up", "pid", "log", "started_by_stack", "address"}` of the replicator into `target_region`
     whose files are under `paths` (that region's home)."""
-    pid = _owned_pid(_dir(paths) / "replicator.pid", _markers(paths))
+    pid = owned_pid(_dir(paths) / "replicator.pid", _markers(paths))
     source = "b" if target_region == "a" else "a"
     return {"up": pid is not None, "pid": pid, "started_by_stack": pid is not None,
             "address": f"media {source} -> {target_region}",

@@ -14,7 +14,18 @@ from rich.console import Console
 
 from tapeline.settings import Settings
 
-from tapeline.stack.base import S3_READY_TIMEOUT_S, StackError, StackPaths, _host_port, _now, _owned_pid, _s3_markers, _say, _spawn, _update_state, _wait_ready
+from tapeline.objectstore import endpoint_answers
+from tapeline.home import StackError, HomePaths, host_port, now_iso, owned_pid, say, spawn, update_state, wait_ready
+
+S3_READY_TIMEOUT_S = 30.0
+"""How long `up` waits for a freshly started moto_server to answer HTTP, seconds."""
+
+
+def s3_markers(settings: Settings) -> tuple[str, ...]:
+    """What the command line of the stack's own S3 server holds (its module and port): a pid file is
+    trusted only for such a process."""
+    _, port = host_port(urlsplit(settings.s3_endpoint).netloc, 80)
+    return ("tapeline.s3server", str(port))
 
 # --------------------------------------------------------------------------------------------
 # S3 (moto behind tapeline.s3server's signature gate)
@@ -32,17 +43,6 @@ def s3_server_env(settings: Settings) -> dict[str, str]:
     environment, never on the command line, where `ps` would show the secret)."""
     return {**os.environ, "TAPELINE_S3_ACCESS_KEY": settings.s3_access_key,
             "TAPELINE_S3_SECRET_KEY": settings.s3_secret_key, "TAPELINE_S3_BUCKET": settings.s3_bucket}
-
-
-def _s3_answers(settings: Settings, timeout_s: float = 3.0) -> tuple[bool, str | None]:
-    """True if an HTTP server answers at the S3 endpoint (any HTTP status counts as an answer)."""
-    try:
-        with urllib.request.urlopen(settings.s3_endpoint, timeout=timeout_s):
-            return True, None
-    except urllib.error.HTTPError:
-        return True, None
-    except (urllib.error.URLError, OSError) as exc:
-        return False, str(getattr(exc, "reason", exc))
 
 
 def _s3_client(settings: Settings):
@@ -83,51 +83,51 @@ def _ensure_bucket(settings: Settings, console: Console | None) -> None:
         extra = ({} if settings.s3_region == "us-east-1"
                  else {"CreateBucketConfiguration": {"LocationConstraint": settings.s3_region}})
         s3.create_bucket(Bucket=bucket, **extra)
-        _say(console, f"[bold]s3[/]: created bucket {bucket}")
+        say(console, f"[bold]s3[/]: created bucket {bucket}")
     try:
         s3.get_bucket_policy(Bucket=bucket)
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") != "NoSuchBucketPolicy":
             raise StackError(f"Reading the policy of bucket {bucket} failed: {exc}") from exc
         s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps(public_read_policy(bucket)))
-        _say(console, f"[bold]s3[/]: {bucket}/published/* is publicly readable; everything else is private")
+        say(console, f"[bold]s3[/]: {bucket}/published/* is publicly readable; everything else is private")
 
 
-def _up_s3(settings: Settings, paths: StackPaths, console: Console | None) -> None:
+def _up_s3(settings: Settings, paths: HomePaths, console: Console | None) -> None:
     """Make the S3 endpoint answer (reuse, or start `tapeline.s3server`) and ensure the bucket.
 
     Raises:
         StackError: the server exits, or does not answer within S3_READY_TIMEOUT_S.
     """
-    pid = _owned_pid(paths.s3_pid, _s3_markers(settings))
+    pid = owned_pid(paths.s3_pid, s3_markers(settings))
     proc = None
     if pid is not None:
-        _say(console, f"[bold]s3[/]: tapeline.s3server already running (pid {pid})")
-    elif _s3_answers(settings)[0]:
-        _say(console, f"[bold]s3[/]: {settings.s3_endpoint} answers; reusing it")
-        _update_state(paths, "s3", None)
+        say(console, f"[bold]s3[/]: tapeline.s3server already running (pid {pid})")
+    elif endpoint_answers(settings)[0]:
+        say(console, f"[bold]s3[/]: {settings.s3_endpoint} answers; reusing it")
+        update_state(paths, "s3", None)
     else:
         parts = urlsplit(settings.s3_endpoint)
-        host, port = _host_port(parts.netloc, 443 if parts.scheme == "https" else 80)
+        host, port = host_port(parts.netloc, 443 if parts.scheme == "https" else 80)
         paths.s3.mkdir(parents=True, exist_ok=True)
-        proc = _spawn(s3_server_command(host, port), paths.s3_log, paths.s3_pid, cwd=paths.s3,
+        proc = spawn(s3_server_command(host, port), paths.s3_log, paths.s3_pid, cwd=paths.s3,
                       env=s3_server_env(settings))
-        _say(console, f"[bold]s3[/]: started tapeline.s3server pid {proc.pid} on {settings.s3_endpoint} "
+        say(console, f"[bold]s3[/]: started tapeline.s3server pid {proc.pid} on {settings.s3_endpoint} "
                       "(moto, objects in memory; signed requests only, anonymous reads of published/)")
-        _update_state(paths, "s3", {"pid": proc.pid, "started_at": _now(), "endpoint": settings.s3_endpoint,
+        update_state(paths, "s3", {"pid": proc.pid, "started_at": now_iso(), "endpoint": settings.s3_endpoint,
                                     "log": str(paths.s3_log)})
-    _wait_ready(f"tapeline.s3server ({settings.s3_endpoint})", lambda: _s3_answers(settings), proc, paths.s3_log,
+    wait_ready(f"tapeline.s3server ({settings.s3_endpoint})", lambda: endpoint_answers(settings), proc, paths.s3_log,
                 S3_READY_TIMEOUT_S)
     _ensure_bucket(settings, console)
 
 
 
 
-def s3_status(settings: Settings, paths: StackPaths) -> dict[str, Any]:
+def s3_status(settings: Settings, paths: HomePaths) -> dict[str, Any]:
     """`{"address", "bucket", "up", "pid", "started_by_stack", "log"[, "error"]}` of the S3 endpoint
     `settings` names (`pid`: the stack's own server, alive; None otherwise). Never raises."""
-    pid = _owned_pid(paths.s3_pid, _s3_markers(settings))
-    up, error = _s3_answers(settings)
+    pid = owned_pid(paths.s3_pid, s3_markers(settings))
+    up, error = endpoint_answers(settings)
     report = {"address": settings.s3_endpoint, "bucket": settings.s3_bucket, "up": up, "pid": pid,
               "started_by_stack": pid is not None, "log": str(paths.s3_log) if pid else None}
     if error:

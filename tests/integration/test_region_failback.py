@@ -35,7 +35,7 @@ from tapeline.clock import system_clock
 from tapeline.objectstore import ObjectStore
 from tapeline.region_measure import measure_region_lag
 from tapeline.settings import Settings
-from tapeline.stack.base import _paths, _port_open, _read_state
+from tapeline.home import home_paths, port_open, read_state
 from tapeline.stack.mirror import down_mirror, mirror_internal_topics, mirrored_topics
 from tapeline.stack.region import down_region_b
 from tapeline.stack.replicator import down_replicator
@@ -62,7 +62,7 @@ def _free_port_base(count: int = ROLE_PORTS) -> int:
 
     for _ in range(200):
         base = random.randrange(21000, 28000 - count)
-        if not any(_port_open("127.0.0.1", base + i) for i in range(count)):
+        if not any(port_open("127.0.0.1", base + i) for i in range(count)):
             return base
     raise RuntimeError("no run of free ports")
 
@@ -90,15 +90,15 @@ def regions(isolated: Settings) -> Iterator[tuple[Settings, Settings]]:
     finally:
         for region in (a, b):
             supervisor.stop_detached(region)
-        down_mirror(_paths(a), None)
-        down_replicator(_paths(a), None)
+        down_mirror(home_paths(a), None)
+        down_replicator(home_paths(a), None)
         down = tapeline_cli(a, "stack", "down", "--region", "b", timeout_s=120)
         if down.returncode != 0:
             print(f"stack down --region b failed:\n{down.stderr}")
             down_region_b(a)
         ports = [int(b.kafka_bootstrap.rpartition(":")[2]), b.kafka_controller_port, b.region_b_postgres_port,
                  int(b.s3_endpoint.rpartition(":")[2])]
-        wait_for(lambda: not any(_port_open("127.0.0.1", port) for port in ports), 30,
+        wait_for(lambda: not any(port_open("127.0.0.1", port) for port in ports), 30,
                  f"stack down --region b to stop everything it started (ports {ports})")
         # The mirror b -> a kept its internal topics in region A's cluster, the suite's shared one: a later
         # module (test_region_mirror) checks that a mirror into B writes nothing into A.
@@ -225,7 +225,7 @@ def test_failback_round_trip_loses_nothing_and_completes_every_job_once(regions,
                         if e.event_type == "UploadCompleted" and ev.job_id_for(e.upload_id) == first["job_id"])
     assert store_a.head(first_source) is not None  # kept in place: B names it with the same sha256
     assert (Path(a.home) / "rejoin" / "epoch-1.json").is_file()
-    assert _read_state(_paths(a))["standby"]["reset_at_epoch"] == 1
+    assert read_state(home_paths(a))["standby"]["reset_at_epoch"] == 1
 
     # 5. The mirror B -> A catches up: region status measures from the active region B into A.
     started = time.monotonic()
@@ -277,7 +277,7 @@ def test_failback_round_trip_loses_nothing_and_completes_every_job_once(regions,
     timings["standby_b_again_s"] = time.monotonic() - started
     assert up.returncode == 0, f"{up.stdout}\n{up.stderr}"
     assert "reset as the standby" in up.stderr
-    assert _read_state(_paths(b))["standby"]["reset_at_epoch"] == 2
+    assert read_state(home_paths(b))["standby"]["reset_at_epoch"] == 2
     status = wait_for(lambda: (s := _region_status(a))["events_behind"] == 0 and s["objects"].get("pending") == 0
                       and s, 180, "the mirror A -> B to catch up again")
     assert status["direction"] == "a -> b" and status["mirror"]["up"]
@@ -294,9 +294,9 @@ def test_failback_round_trip_loses_nothing_and_completes_every_job_once(regions,
 def stack_mirror_down(a: Settings) -> bool:
     """The mirror B -> A is not running (its pid file may stay behind)."""
     from tapeline.stack.mirror import _markers
-    from tapeline.stack.base import _owned_pid
+    from tapeline.home import owned_pid
 
-    return _owned_pid(_paths(a).mirror / "mirror.pid", _markers(_paths(a))) is None
+    return owned_pid(home_paths(a).mirror / "mirror.pid", _markers(home_paths(a))) is None
 
 
 def test_rejoin_without_as_standby_changes_nothing(regions) -> None:

@@ -32,7 +32,7 @@ from tapeline import kafka
 from tapeline.clock import system_clock
 from tapeline.objectstore import ObjectStore
 from tapeline.settings import Settings
-from tapeline.stack.base import _owned_pid, _paths
+from tapeline.home import owned_pid, home_paths
 from tapeline.stack.replicator import _markers as replicator_markers
 from tapeline.wiring import build_runtime
 from tests.conftest import settings_env, tapeline_cli, wait_for
@@ -282,12 +282,12 @@ def test_an_object_not_yet_in_region_a_is_pending_until_it_arrives_never_assumed
 
 def _stop_stack_replicator(b: Settings) -> None:
     """SIGTERM the replicator `stack up --region b` started, and wait until it is gone."""
-    paths = _paths(b)
+    paths = home_paths(b)
     pid_file = paths.home / "replicator" / "replicator.pid"
-    pid = _owned_pid(pid_file, replicator_markers(paths))
+    pid = owned_pid(pid_file, replicator_markers(paths))
     assert pid is not None
     os.kill(pid, signal.SIGTERM)
-    wait_for(lambda: _owned_pid(pid_file, replicator_markers(paths)) is None, 30, "the replicator to stop on SIGTERM")
+    wait_for(lambda: owned_pid(pid_file, replicator_markers(paths)) is None, 30, "the replicator to stop on SIGTERM")
 
 
 def test_while_region_a_s3_does_not_answer_the_replicator_waits_on_the_record(regions, tmp_path: Path) -> None:
@@ -331,7 +331,7 @@ def test_a_replicator_killed_mid_copy_restarts_and_replicates_everything_once(re
     a, b = regions
     store_a, store_b = ObjectStore(a), ObjectStore(b)
     _stop_stack_replicator(b)
-    assert '"event": "replicator stopped"' in (_paths(b).home / "replicator" / "replicator.log").read_text()
+    assert '"event": "replicator stopped"' in (home_paths(b).home / "replicator" / "replicator.log").read_text()
     job = Job(a, segments=6)
     job.store_in_a(store_a)
     _write_events(a, *job.events())

@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from tapeline.settings import Settings
-from tapeline.stack.base import _owned_pid, _paths, _port_open
+from tapeline.home import owned_pid, home_paths, port_open
 from tapeline.stack.mirror import _markers
 from tapeline.stack.region import down_region_b, region_b_status
 from tests.conftest import tapeline_cli, wait_for
@@ -62,7 +62,7 @@ def regions(isolated: Settings) -> Iterator[tuple[Settings, Settings]]:
         b = a.for_region("b")
         ports = [int(b.kafka_bootstrap.rpartition(":")[2]), b.kafka_controller_port, b.region_b_postgres_port,
                  int(b.s3_endpoint.rpartition(":")[2])]
-        wait_for(lambda: not any(_port_open("127.0.0.1", port) for port in ports), 30,
+        wait_for(lambda: not any(port_open("127.0.0.1", port) for port in ports), 30,
                  f"stack down --region b to stop everything it started (ports {ports})")
         shutil.rmtree(home, ignore_errors=True)
 
@@ -177,7 +177,7 @@ def _region_status(a: Settings) -> dict:
 def test_region_status_counts_committed_events_behind_then_zero(regions) -> None:
     a, b = regions
     wait_for(lambda: _region_status(a)["events_behind"] == 0, 60, "region B caught up before the test")
-    pid = _owned_pid(_paths(b).mirror / "mirror.pid", _markers(_paths(b)))
+    pid = owned_pid(home_paths(b).mirror / "mirror.pid", _markers(home_paths(b)))
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)  # the mirror stands still while A gets 21 committed and 7 aborted lifecycle records
     try:
@@ -210,7 +210,7 @@ def test_stack_status_shows_both_regions_and_the_mirror(regions) -> None:
     region_b = report["region_b"]
     assert region_b["kafka"]["address"] == b.kafka_bootstrap and region_b["kafka"]["up"] is True
     assert region_b["postgres"]["up"] is True and region_b["postgres"]["started_by_stack"] is True
-    assert str(_paths(b).postgres / "data") in region_b["postgres"]["cluster"]  # its own server, data under its home
+    assert str(home_paths(b).postgres / "data") in region_b["postgres"]["cluster"]  # its own server, data under its home
     assert region_b["s3"]["address"] == b.s3_endpoint and region_b["s3"]["up"] is True
     assert region_b["mirror"]["up"] is True and region_b["mirror"]["heartbeat_age_s"] is not None
     assert region_b["replicator"]["up"] is True and region_b["replicator"]["started_by_stack"] is True

@@ -30,7 +30,7 @@ from tapeline.settings import Settings
 from tapeline.stack.cli import stack_app
 from tapeline.stack import (
     StackError,
-    StackPaths,
+    HomePaths,
     kafka_nodes,
     _s3_client,
     check_ffmpeg,
@@ -256,7 +256,7 @@ def test_down_signals_only_processes_the_stack_recorded(tmp_path: Path) -> None:
     command line are the stack's, leave a stranger (whose pid sits in a pid file) alone, drop
     stale pid files, and not touch PostgreSQL (stack.json records no cluster)."""
     settings = Settings(home=tmp_path / "home", s3_endpoint="http://127.0.0.1:1")
-    paths = StackPaths(settings.home.resolve())
+    paths = HomePaths(settings.home.resolve())
     [node] = kafka_nodes(settings, paths)  # the one-node layout: files directly in <home>/kafka/
     paths.kafka.mkdir(parents=True)
     paths.s3.mkdir(parents=True)

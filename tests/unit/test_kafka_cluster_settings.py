@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tapeline.settings import Settings
-from tapeline.stack.base import StackPaths
+from tapeline.home import HomePaths
 from tapeline.stack.kafka import _server_properties, kafka_nodes
 
 
@@ -35,7 +35,7 @@ def test_a_bootstrap_list_given_is_used_as_it_is_and_replication_can_be_named():
 
 def test_each_node_has_its_own_files_and_every_node_votes():
     settings = Settings(kafka_bootstrap="127.0.0.1:19092", kafka_controller_port=19093, kafka_brokers=3)
-    nodes = kafka_nodes(settings, StackPaths(Path("/h")))
+    nodes = kafka_nodes(settings, HomePaths(Path("/h")))
     assert [n.dir for n in nodes] == [Path("/h/kafka/node-1"), Path("/h/kafka/node-2"), Path("/h/kafka/node-3")]
     text = _server_properties(settings, nodes[1], nodes)
     lines = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
@@ -46,7 +46,7 @@ def test_each_node_has_its_own_files_and_every_node_votes():
     assert (lines["default.replication.factor"], lines["min.insync.replicas"], lines["transaction.state.log.min.isr"],
             lines["offsets.topic.replication.factor"], lines["unclean.leader.election.enable"]) == ("3", "2", "2", "3", "false")
     single = Settings(kafka_bootstrap="127.0.0.1:19092", kafka_controller_port=19093)
-    one = kafka_nodes(single, StackPaths(Path("/h")))
+    one = kafka_nodes(single, HomePaths(Path("/h")))
     assert one[0].dir == Path("/h/kafka") and one[0].data == Path("/h/kafka/data")  # the one-node layout as before
     lines = dict(line.split("=", 1) for line in _server_properties(single, one[0], one).splitlines()
                  if "=" in line and not line.startswith("#"))

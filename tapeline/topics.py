@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import time
 
-
+from tapeline.home import StackError
+from tapeline.kafka import admin_client
 from tapeline.settings import Settings
 
-from tapeline.stack.base import StackError, TOPICS_TIMEOUT_S
-from tapeline.stack.kafka import _admin
+TOPICS_TIMEOUT_S = 60.0
+"""How long `ensure_topics` keeps retrying while the broker is not yet ready, seconds."""
 
 JOBS_TOPIC_CONFIG = {
     "retention.ms": "-1",  # the lifecycle log is the only record: keep it forever
@@ -36,7 +37,7 @@ def delete_topics(settings: Settings, timeout_s: float = 30.0) -> list[str]:
     effort: returns the topics that could not be deleted (missing ones count as deleted)."""
     from confluent_kafka import KafkaError, KafkaException
 
-    admin = _admin(settings)
+    admin = admin_client(settings)
     failed = []
     for topic, future in admin.delete_topics(list(settings.all_topics()), operation_timeout=timeout_s).items():
         try:
@@ -76,7 +77,7 @@ def ensure_topics(settings: Settings, timeout_s: float = TOPICS_TIMEOUT_S) -> No
             config.update(SIDE_TOPIC_CONFIG)
         wanted[topic] = (partitions, config)
 
-    admin = _admin(settings)
+    admin = admin_client(settings)
     deadline = time.monotonic() + timeout_s
     pending = dict(wanted)
     existed: set[str] = set()

@@ -1,4 +1,7 @@
-"""Paths, state, timeouts and process helpers shared by the local stack's services."""
+"""The local home (`settings.home`, `.tapeline/` by default): its paths, the state file `stack.json`
+under a lock, and the child processes Tapeline starts there (detached, pid files checked against the
+command line before any signal). Used by the dev stack (devstack/) and by the region operations that
+start and stop the mirror and the media replicator (regions/)."""
 
 from __future__ import annotations
 
@@ -14,27 +17,16 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
-from urllib.parse import urlsplit
 
 from rich.console import Console
 
-from tapeline.settings import PROJECT_ROOT, Settings
+from tapeline.settings import Settings
 
 
-KAFKA_READY_TIMEOUT_S = 120.0
-"""How long `up` waits for a freshly started broker to answer a metadata request, seconds."""
-S3_READY_TIMEOUT_S = 30.0
-"""How long `up` waits for a freshly started moto_server to answer HTTP, seconds."""
-PG_READY_TIMEOUT_S = 30.0
-"""How long `up` waits for PostgreSQL to accept the DSN after starting its cluster, seconds."""
 STOP_TIMEOUT_S = 30.0
 """How long `down` waits after SIGTERM before it sends SIGKILL, seconds."""
-TOPICS_TIMEOUT_S = 60.0
-"""How long `ensure_topics` keeps retrying while the broker is not yet ready, seconds."""
 LOG_ROTATE_BYTES = 50 * 1024**2
 """A service log larger than this (bytes) is moved to `<name>.1` when the service starts again."""
-KAFKA_HEAP = ("-Xmx512m", "-Xms256m")
-"""A modest broker heap on purpose: a 2-core CI machine must leave room for ffmpeg."""
 
 KAFKA_JVM_FLAGS = (
     # What kafka-server-start.sh uses; without it a 2-core JVM picks the serial collector.
@@ -44,8 +36,6 @@ KAFKA_JVM_FLAGS = (
     "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd'T'HH:mm:ss.SSSXXX",
 )
 
-POM = PROJECT_ROOT / "stack" / "pom.xml"
-"""The Maven project that resolves the Kafka broker jars."""
 
 class StackError(RuntimeError):
     """A local service could not be brought up or checked; the message says what to do."""
@@ -56,7 +46,7 @@ class StackError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class StackPaths:
+class HomePaths:
     """Every file the stack owns, all under one home directory (the Kafka jars under `libs` when given:
     region B runs region A's jars)."""
 
@@ -103,16 +93,16 @@ class StackPaths:
         return self.s3 / "moto.pid"
 
 
-def _paths(settings: Settings) -> StackPaths:
-    return StackPaths(Path(settings.home).resolve(),
+def home_paths(settings: Settings) -> HomePaths:
+    return HomePaths(Path(settings.home).resolve(),
                       Path(settings.kafka_jars).resolve() if settings.kafka_jars is not None else None)
 
 
-def _now() -> str:
+def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _read_state(paths: StackPaths) -> dict[str, Any]:
+def read_state(paths: HomePaths) -> dict[str, Any]:
     """`stack.json` as a dict (empty if missing or unreadable)."""
     try:
         return json.loads(paths.state.read_text())
@@ -120,7 +110,7 @@ def _read_state(paths: StackPaths) -> dict[str, Any]:
         return {}
 
 
-def _write_state(paths: StackPaths, state: dict[str, Any]) -> None:
+def write_state(paths: HomePaths, state: dict[str, Any]) -> None:
     """Replace `stack.json` atomically."""
     paths.home.mkdir(parents=True, exist_ok=True)
     tmp = paths.state.with_suffix(".json.tmp")
@@ -128,18 +118,18 @@ def _write_state(paths: StackPaths, state: dict[str, Any]) -> None:
     tmp.replace(paths.state)
 
 
-def _update_state(paths: StackPaths, service: str, record: dict[str, Any] | None) -> None:
+def update_state(paths: HomePaths, service: str, record: dict[str, Any] | None) -> None:
     """Set (or, with None, remove) one service's record in `stack.json`."""
-    state = _read_state(paths)
+    state = read_state(paths)
     if record is None:
         state.pop(service, None)
     else:
         state[service] = record
-    _write_state(paths, state)
+    write_state(paths, state)
 
 
 @contextlib.contextmanager
-def _locked(paths: StackPaths) -> Iterator[None]:
+def locked(paths: HomePaths) -> Iterator[None]:
     """Hold an exclusive lock on `<home>/stack.lock` so two `up`s never start two brokers."""
     paths.home.mkdir(parents=True, exist_ok=True)
     with open(paths.lock, "w") as handle:
@@ -150,7 +140,7 @@ def _locked(paths: StackPaths) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _host_port(address: str, default_port: int) -> tuple[str, int]:
+def host_port(address: str, default_port: int) -> tuple[str, int]:
     """Split `host:port` (or a URL's netloc) into its parts."""
     host, _, port = address.rpartition(":")
     if not host:
@@ -158,7 +148,7 @@ def _host_port(address: str, default_port: int) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
+def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
     """True if something accepts TCP connections at host:port within timeout_s seconds."""
     try:
         with socket.create_connection((host, port), timeout=timeout_s):
@@ -167,7 +157,7 @@ def _port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
-def _tail(path: Path, lines: int = 25) -> str:
+def tail(path: Path, lines: int = 25) -> str:
     """The last lines of a log file, for error messages."""
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -175,7 +165,7 @@ def _tail(path: Path, lines: int = 25) -> str:
         return "(no log yet)"
 
 
-def _wait_ready(name: str, answers: Callable[[], tuple[bool, str]], proc: "subprocess.Popen | None", log: Path,
+def wait_ready(name: str, answers: Callable[[], tuple[bool, str]], proc: "subprocess.Popen | None", log: Path,
                 timeout_s: float) -> None:
     """Poll `answers()` (ready, why not) every 0.2 s until it says ready. Raises `StackError` with the
     log's tail when `proc` (the process this call started, None when it was already running) exits
@@ -183,13 +173,13 @@ def _wait_ready(name: str, answers: Callable[[], tuple[bool, str]], proc: "subpr
     deadline = time.monotonic() + timeout_s
     while not (answer := answers())[0]:
         if proc is not None and proc.poll() is not None:
-            raise StackError(f"{name} exited with code {proc.returncode}. See {log}:\n{_tail(log)}")
+            raise StackError(f"{name} exited with code {proc.returncode}. See {log}:\n{tail(log)}")
         if time.monotonic() > deadline:
-            raise StackError(f"{name} was not ready within {timeout_s:.0f} s ({answer[1]}). See {log}:\n{_tail(log)}")
+            raise StackError(f"{name} was not ready within {timeout_s:.0f} s ({answer[1]}). See {log}:\n{tail(log)}")
         time.sleep(0.2)
 
 
-def _log_errors(path: Path, limit: int = 5) -> str:
+def log_errors(path: Path, limit: int = 5) -> str:
     """The first ERROR/FATAL lines the current run (since the last start marker) wrote to a log."""
     try:
         text = path.read_text(errors="replace")
@@ -200,7 +190,7 @@ def _log_errors(path: Path, limit: int = 5) -> str:
     return ("First errors:\n" + "\n".join(hits) + "\n") if hits else ""
 
 
-def _say(console: Console | None, message: str) -> None:
+def say(console: Console | None, message: str) -> None:
     if console is not None:
         console.print(message)
 
@@ -209,7 +199,7 @@ def _say(console: Console | None, message: str) -> None:
 # Processes the stack starts: pid files checked against the command line
 
 
-def _cmdline(pid: int) -> list[str] | None:
+def cmdline(pid: int) -> list[str] | None:
     """The argv of a live, non-zombie process, or None if there is no such process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -223,7 +213,7 @@ def _cmdline(pid: int) -> list[str] | None:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
-def _owned_pid(pid_file: Path, markers: tuple[str, ...]) -> int | None:
+def owned_pid(pid_file: Path, markers: tuple[str, ...]) -> int | None:
     """The pid in pid_file if that process is alive and its argv contains every marker.
 
     A pid file whose process is gone, or whose pid now belongs to another program, is stale and
@@ -233,18 +223,13 @@ def _owned_pid(pid_file: Path, markers: tuple[str, ...]) -> int | None:
         pid = int(pid_file.read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
-    argv = _cmdline(pid)
+    argv = cmdline(pid)
     if argv is None or not all(any(marker in arg for arg in argv) for marker in markers):
         return None
     return pid
 
 
-def _s3_markers(settings: Settings) -> tuple[str, ...]:
-    _, port = _host_port(urlsplit(settings.s3_endpoint).netloc, 80)
-    return ("tapeline.s3server", str(port))
-
-
-def _spawn(argv: list[str], log: Path, pid_file: Path, cwd: Path,
+def spawn(argv: list[str], log: Path, pid_file: Path, cwd: Path,
            env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start argv detached (own session), output appended to log, pid written to pid_file; `env`
     (default: this process's environment)."""
@@ -252,7 +237,7 @@ def _spawn(argv: list[str], log: Path, pid_file: Path, cwd: Path,
     if log.exists() and log.stat().st_size > LOG_ROTATE_BYTES:
         log.replace(log.with_name(log.name + ".1"))
     with open(log, "ab") as out:
-        out.write(f"\n===== {_now()} starting: {' '.join(argv)}\n".encode())
+        out.write(f"\n===== {now_iso()} starting: {' '.join(argv)}\n".encode())
         out.flush()
         proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True, env=env)
@@ -267,34 +252,34 @@ def stop_owned(pid_file: Path, markers: tuple[str, ...], name: str, console: Con
     pid file left by a process that is gone (or not ours) is removed without signalling anything;
     with no pid file, says the service was not started by the stack unless `quiet_when_absent`.
     Returns whether there was a pid file (stale or not)."""
-    pid = _owned_pid(pid_file, markers)
+    pid = owned_pid(pid_file, markers)
     if pid is not None:
-        _stop_pid(pid, name, console)
+        stop_pid(pid, name, console)
     elif pid_file.exists():
-        _say(console, f"[bold]{name}[/]: stale pid file {pid_file} (process gone or not ours); removing it")
+        say(console, f"[bold]{name}[/]: stale pid file {pid_file} (process gone or not ours); removing it")
     else:
         if not quiet_when_absent:
-            _say(console, f"[bold]{name}[/]: not started by the stack; leaving it alone")
+            say(console, f"[bold]{name}[/]: not started by the stack; leaving it alone")
         return False
     pid_file.unlink(missing_ok=True)
     return True
 
 
-def _stop_pid(pid: int, name: str, console: Console | None, timeout_s: float = STOP_TIMEOUT_S) -> None:
+def stop_pid(pid: int, name: str, console: Console | None, timeout_s: float = STOP_TIMEOUT_S) -> None:
     """SIGTERM pid, wait up to timeout_s seconds, then SIGKILL it."""
-    _say(console, f"[bold]{name}[/]: stopping pid {pid} (SIGTERM)")
+    say(console, f"[bold]{name}[/]: stopping pid {pid} (SIGTERM)")
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if _cmdline(pid) is None:
+        if cmdline(pid) is None:
             return
         time.sleep(0.2)
-    _say(console, f"[yellow]{name}[/]: still alive after {timeout_s:.0f} s, sending SIGKILL")
+    say(console, f"[yellow]{name}[/]: still alive after {timeout_s:.0f} s, sending SIGKILL")
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _cmdline(pid) is not None:
+    while time.monotonic() < deadline and cmdline(pid) is not None:
         time.sleep(0.1)
 
 
