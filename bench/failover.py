@@ -203,7 +203,7 @@ def stages_of(settings: Settings, job_ids: list[str]) -> dict[str, str]:
 
 def mirrored_events(settings: Settings) -> list[tuple[str, ev.Event, float]]:
     """(topic, event, broker time in seconds) of every committed record of the mirrored topics."""
-    from tapeline.stack.mirror import mirrored_topics
+    from regions.mirror import mirrored_topics
 
     codec = default_codec()
     found = []

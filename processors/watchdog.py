@@ -133,7 +133,7 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
     stalled (a heartbeat arrived meanwhile) is ignored.
 
     - a stalled attempt (lease_expired | no_progress | worker_exited, from `processors/rescue.py` |
-      region_lost, from `tapeline/failover.py`, which gives its attempt back): `StallDetected` then, within the attempt
+      region_lost, from `regions/failover.py`, which gives its attempt back): `StallDetected` then, within the attempt
       budget (yields do not count), `RetryScheduled` + `StageQueued` + `WorkItem` for the next
       attempt at once (error class by the stall's kind: `stall_error_class`, worker_lost or
       progress_stalled); out of budget, `JobDeadLettered` on the lifecycle log

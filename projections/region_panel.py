@@ -3,7 +3,7 @@ how far region B, the standby (docs/regions.md), is behind region A.
 
 **Where the figures come from: the media replicator's own measurement**, read from its health port
 (`GET http://<replicator_health_address>/health/deep`, its `region_replication` section:
-tapeline/region_monitor.py). The replicator runs in region B and already measures the lag every
+regions/monitor.py). The replicator runs in region B and already measures the lag every
 `replicate_measure_every_s` seconds for its Prometheus gauges, so the panel shows exactly what the
 alerts see, and a page costs one small HTTP GET on the loopback (cached `CACHE_S` seconds, at most
 `FETCH_TIMEOUT_S`), never a scan of region A's log (which `tapeline region status` does, seconds

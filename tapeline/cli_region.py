@@ -1,9 +1,9 @@
 """`tapeline region status` and `region replicate` (docs/regions.md).
 
-`status`: how far region B's copy of the log is behind region A (`tapeline/region_lag.py`: events
+`status`: how far region B's copy of the log is behind region A (`regions/mirror_lag.py`: events
 behind by counting committed records, seconds behind on A's clock) and how far its copy of the media
-is (`tapeline/region_objects.py`: objects named by B's log against those replicated).
-`replicate`: the media replicator in the foreground (`tapeline/replicator.py`).
+is (`regions/object_audit.py`: objects named by B's log against those replicated).
+`replicate`: the media replicator in the foreground (`regions/replicator.py`).
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ def region_status(
 
     Exit code 1 when either region's Kafka does not answer.
     """
-    from tapeline.region_measure import measure_region_lag
-    from tapeline.region_objects import objects_report
+    from regions.measure import measure_region_lag
+    from regions.object_audit import objects_report
     from tapeline.home import home_paths
-    from tapeline.stack.mirror import mirror_status, mirrored_topics
+    from regions.mirror import mirror_status, mirrored_topics
 
     from tapeline.kafka import cluster_answers
 
@@ -64,7 +64,7 @@ def region_status(
         fail(RuntimeError(f"region lag not measured: {type(exc).__name__}: {exc}"))
         return
     mirror = mirror_status(target, home_paths(target), settings.region_b_mirror)
-    from tapeline.stack.replicator import replicator_status
+    from regions.replicator_process import replicator_status
 
     replicator = replicator_status(home_paths(target), standby)
     report = {"active": active, "standby": standby, "direction": f"{active} -> {standby}",
@@ -96,14 +96,14 @@ def region_status(
 def mirror_direction(regions: dict) -> tuple[str, str]:
     """(active region, standby region) as the region epochs of the regions that answer say: the
     mirror runs from the active region into the standby (`("a", "b")` before any failover)."""
-    from tapeline.region_authority import read_regions
+    from regions.authority import read_regions
 
     active = read_regions(regions).authority.active
     return active, next(name for name in regions if name != active)
 
 
 def _objects_line(objects: dict) -> str:
-    """The objects line of `region status` (`tapeline/region_objects.py` `objects_report`)."""
+    """The objects line of `region status` (`regions/object_audit.py` `objects_report`)."""
     replicator = objects["replicator"]
     runs = (f"replicator up (pid {replicator['pid']})" if replicator["up"]
             else "[red]replicator not running[/] (tapeline stack up --region b, or tapeline region replicate)")
@@ -135,7 +135,7 @@ def region_replicate(
     /health/live, /health/ready (once it follows the log), /health/deep (with `region_replication`, the
     latest lag measurement) and /metrics (the `tapeline_region_*` gauges) on health_host, and measures
     region B's lag every `replicate_measure_every_s` seconds in a background thread
-    (tapeline/region_monitor.py). A port already in use is logged and the replicator runs without it.
+    (regions/monitor.py). A port already in use is logged and the replicator runs without it.
 
     With `--to a` it runs the other way (region B's store -> region A's, following region A's log
     mirrored from B, its rows in region A's PostgreSQL): the failback (docs/regions.md "Failback").
@@ -145,7 +145,7 @@ def region_replicate(
     """
     from domain.errors import TapelineError
     from tapeline import logs
-    from tapeline.replicator import Replicator
+    from regions.replicator import Replicator
 
     logs.configure(log_format)
     settings = load_settings()
@@ -179,7 +179,7 @@ def _serve_region_metrics(settings, target, stop: threading.Event, ready: thread
     import structlog
 
     from tapeline.health import HealthServer, HealthState
-    from tapeline.region_monitor import RegionMonitor
+    from regions.monitor import RegionMonitor
 
     if not settings.replicate_health_port:
         return None
@@ -231,7 +231,7 @@ def region_failover(
     """
     from tapeline import logs
     from tapeline.cli_common import region_settings
-    from tapeline.failover import FailoverError, fail_over
+    from regions.failover import FailoverError, fail_over
 
     logs.configure("json" if as_json else "console", level="WARNING")  # on stderr: stdout holds the report
 
@@ -259,7 +259,7 @@ def region_rejoin(
     as_json: bool = typer.Option(False, "--json", help="One JSON object: the steps' times and what was reset."),
 ) -> None:
     """Make a region that was failed over from an empty standby of the active region (docs/regions.md
-    "Failback"; tapeline/standby.py): stop its processors and every mirror and media replicator; move
+    "Failback"; regions/rejoin.py): stop its processors and every mirror and media replicator; move
     the objects its old log names that the active region's log does not (with the same sha256) under
     `orphans/region-<R>/epoch-<E>/`; delete and create again its contract topics (the region records
     are kept, the active region's copied in) and the mirror's internal topics; empty its projection
@@ -274,7 +274,7 @@ def region_rejoin(
     """
     from tapeline.cli_common import region_settings
     from tapeline.home import StackError, locked, home_paths
-    from tapeline.standby import RejoinRefused, rejoin_as_standby
+    from regions.rejoin import RejoinRefused, rejoin_as_standby
 
     if region not in ("a", "b"):
         fail(ValueError(f"unknown region {region!r}: a or b"), code=2)

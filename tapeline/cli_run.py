@@ -77,7 +77,7 @@ def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f
         pid = supervisor.detach(settings, role)
         console.print(f"processors running in the background (pid {pid}); logs: {settings.home / 'logs' / 'run.log'}")
         return
-    from tapeline.region_authority import FENCED_EXIT_CODE, RegionGuard, check_region
+    from regions.authority import FENCED_EXIT_CODE, RegionGuard, check_region
 
     regions = region_settings()
     reason = check_region(settings.region, regions)  # a fenced region's processors write nothing

@@ -279,7 +279,7 @@ class HealthState:
 
     def set_section(self, name: str, doc: Any) -> None:
         """Publish `doc` (JSON-ready) under `name` in `/health/deep`, replacing the previous one (the media
-        replicator's `region_replication`, tapeline/region_monitor.py)."""
+        replicator's `region_replication`, regions/monitor.py)."""
         with self._lock:
             self._sections[name] = doc
 

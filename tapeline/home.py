@@ -10,6 +10,7 @@ import fcntl
 import json
 import os
 import signal
+import shutil
 import socket
 import subprocess
 import time
@@ -35,6 +36,15 @@ KAFKA_JVM_FLAGS = (
     "-Dorg.slf4j.simpleLogger.showDateTime=true",
     "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd'T'HH:mm:ss.SSSXXX",
 )
+
+
+def java() -> str:
+    """The `java` on PATH (Kafka's broker and MirrorMaker 2 run on it). Raises `StackError` naming the
+    package to install when there is none."""
+    java = shutil.which("java")
+    if java is None:
+        raise StackError("Java 17+ is needed for Kafka. Install it with `apt-get install -y openjdk-17-jre-headless`.")
+    return java
 
 
 class StackError(RuntimeError):
@@ -77,7 +87,7 @@ class HomePaths:
 
     @property
     def mirror(self) -> Path:
-        """MirrorMaker 2 (region B): `mm2.properties`, `mirror.log`, `mirror.pid` (tapeline/stack/mirror.py)."""
+        """MirrorMaker 2 (region B): `mm2.properties`, `mirror.log`, `mirror.pid` (regions/mirror.py)."""
         return self.home / "mirror"
 
     @property

@@ -47,7 +47,7 @@ def child_env(role: str, health_port_base: int = 0, extra_index: int | None = No
     env = dict(os.environ)
     env.pop("TAPELINE_HEALTH_PORT", None)  # one port shared by every child would make all but one crash-loop
     env["TAPELINE_WORKER_NAME"] = name or role  # the child's stable name: its holdings survive its death
-    env[SUPERVISED_ENV] = "1"  # its supervisor watches the region's fence (tapeline/region_authority.py)
+    env[SUPERVISED_ENV] = "1"  # its supervisor watches the region's fence (regions/authority.py)
     if health_port_base:
         offset = ROLES.index(role) if extra_index is None else len(ROLES) + extra_index
         env["TAPELINE_HEALTH_PORT"] = str(health_port_base + offset)

@@ -181,8 +181,8 @@ def down(settings: Settings, console: Console | None = None) -> None:
         return
     with locked(paths):
         down_monitoring(settings, paths, console)
-        from tapeline.stack.mirror import down_mirror
-        from tapeline.stack.replicator import down_replicator
+        from regions.mirror import down_mirror
+        from regions.replicator_process import down_replicator
 
         down_mirror(paths, console)  # the failback's mirror b -> a and replicator into A (region rejoin a), if they run
         down_replicator(paths, console)

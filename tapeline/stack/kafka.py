@@ -19,7 +19,7 @@ from rich.console import Console
 
 from tapeline.settings import PROJECT_ROOT, Settings
 from tapeline.kafka import admin_client, cluster_answers
-from tapeline.home import KAFKA_JVM_FLAGS, StackError, HomePaths, host_port, log_errors, now_iso, owned_pid, port_open, say, spawn, tail, update_state
+from tapeline.home import KAFKA_JVM_FLAGS, java, StackError, HomePaths, host_port, log_errors, now_iso, owned_pid, port_open, say, spawn, tail, update_state
 
 
 KAFKA_READY_TIMEOUT_S = 120.0
@@ -173,13 +173,6 @@ def _ensure_kafka_libs(paths: HomePaths, console: Console | None) -> None:
     stamp.write_text(f"{pom_hash}\n")
 
 
-def _java() -> str:
-    java = shutil.which("java")
-    if java is None:
-        raise StackError("Java 17+ is needed for Kafka. Install it with `apt-get install -y openjdk-17-jre-headless`.")
-    return java
-
-
 def _kafka_cluster_id() -> str:
     """A random Kafka cluster id: a UUID in unpadded URL-safe base64, as `StorageTool random-uuid`
     prints it (and, like Kafka, never one starting with a dash)."""
@@ -210,7 +203,7 @@ def _format_kafka_storage(paths: HomePaths, node: KafkaNode, cluster_id: str, co
     if (node.data / "meta.properties").is_file():
         return False
     say(console, f"[bold]kafka[/]: formatting node {node.node_id} storage {node.data} (cluster id {cluster_id})")
-    result = subprocess.run([_java(), "-cp", f"{paths.kafka_libs}/*", "kafka.tools.StorageTool", "format",
+    result = subprocess.run([java(), "-cp", f"{paths.kafka_libs}/*", "kafka.tools.StorageTool", "format",
                              "-t", cluster_id, "-c", str(node.properties)],
                             capture_output=True, text=True, cwd=node.dir)
     if result.returncode != 0 or not (node.data / "meta.properties").is_file():
@@ -235,7 +228,7 @@ def start_kafka_node(settings: Settings, paths: HomePaths, node: KafkaNode, node
     node.data.mkdir(parents=True, exist_ok=True)
     node.properties.write_text(_server_properties(settings, node, nodes))
     _format_kafka_storage(paths, node, _cluster_id(paths, nodes), console)
-    argv = [_java(), *KAFKA_HEAP, *KAFKA_JVM_FLAGS, "-cp", f"{paths.kafka_libs}/*", "kafka.Kafka", str(node.properties)]
+    argv = [java(), *KAFKA_HEAP, *KAFKA_JVM_FLAGS, "-cp", f"{paths.kafka_libs}/*", "kafka.Kafka", str(node.properties)]
     proc = spawn(argv, node.log, node.pid_file, cwd=node.dir)
     say(console, f"[bold]kafka[/]: node {node.node_id} started pid {proc.pid} on {node.address}, log {node.log}")
     return proc

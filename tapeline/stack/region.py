@@ -20,9 +20,9 @@ from tapeline.stack import up_services
 from tapeline.home import StackError, locked, say, home_paths, read_state, update_state, stop_owned
 from tapeline.stack.s3 import s3_markers
 from tapeline.stack.kafka import kafka_nodes, kafka_status
-from tapeline.stack.mirror import down_mirror, mirror_status, up_mirror
+from regions.mirror import down_mirror, mirror_status, up_mirror
 from tapeline.stack.pgserver import down_own_postgres, up_own_postgres
-from tapeline.stack.replicator import down_replicator, replicator_status, up_replicator
+from regions.replicator_process import down_replicator, replicator_status, up_replicator
 from tapeline.stack.postgres import postgres_status
 from tapeline.stack.s3 import s3_status
 
@@ -31,10 +31,10 @@ def up_region_b(settings: Settings, console: Console | None = None, mirror: bool
     """Bring up region B for region A's `settings`: its Kafka node, its own PostgreSQL server, its S3
     endpoint and bucket, the topic contract in its Kafka, then (unless `mirror` is False, default
     `settings.region_b_mirror`) MirrorMaker 2 from region A and the media replicator
-    (`tapeline region replicate`, tapeline/stack/replicator.py) that follows the mirrored log. Idempotent, like `up`; region A must
+    (`tapeline region replicate`, regions/replicator_process.py) that follows the mirrored log. Idempotent, like `up`; region A must
     answer for the mirror to start (it is read, never started here). No mirror while region B holds
     the job history; after a switch back to region A, region B's diverged log, projections and
-    objects are reset first (`tapeline/standby.py` `rejoin_as_standby`, once per region epoch).
+    objects are reset first (`regions/rejoin.py` `rejoin_as_standby`, once per region epoch).
 
     Returns `region_b_status(settings)`. Raises StackError as `up` does (and see `up_mirror`).
     """
@@ -48,7 +48,7 @@ def up_region_b(settings: Settings, console: Console | None = None, mirror: bool
                 say(console, "[bold]mirror[/]: not started: region b holds the job history (failed over); "
                               "region a rejoins as the standby instead (docs/regions.md \"Failback\")")
             elif _reset_needed(settings):  # region B held the job history since its last reset (a failback)
-                from tapeline.standby import rejoin_as_standby
+                from regions.rejoin import rejoin_as_standby
 
                 say(console, "[bold]region b[/]: held the job history since its last reset: reset as the "
                               "standby before the mirror starts (docs/regions.md \"Failback\")")
@@ -87,16 +87,16 @@ def down_region_b(settings: Settings, console: Console | None = None) -> None:
 
 
 def _reset_needed(settings: Settings) -> bool:
-    """Whether region B must be reset before it mirrors region A again (`tapeline/standby.py`
+    """Whether region B must be reset before it mirrors region A again (`regions/rejoin.py`
     `needs_reset`): it held the job history since its last reset."""
-    from tapeline.standby import needs_reset
+    from regions.rejoin import needs_reset
 
     return needs_reset({"a": settings, "b": settings.for_region("b")}, "b")
 
 
 def _active_region(settings: Settings) -> str:
     """The region that holds the job history, as the region epochs of the regions that answer say."""
-    from tapeline.region_authority import read_regions
+    from regions.authority import read_regions
 
     return read_regions({"a": settings, "b": settings.for_region("b")}).authority.active
 

@@ -560,8 +560,8 @@ def test_the_overview_shows_region_b_not_running_then_its_replicators_figures(wo
     running" while nothing answers there; the figures a replicator's health server publishes (its
     `region_replication` section, as `tapeline region replicate` serves it) once one answers."""
     from tapeline.health import HealthServer, HealthState
-    from tapeline.region_monitor import RegionSample, region_section
-    from tapeline.region_lag import PartitionCount, RegionLag, partition_lag
+    from regions.monitor import RegionSample, region_section
+    from regions.mirror_lag import PartitionCount, RegionLag, partition_lag
 
     settings, _ = world
     with TestClient(create_app(settings.model_copy(update={"replicate_health_port": 0})),

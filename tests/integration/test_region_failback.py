@@ -33,12 +33,12 @@ from domain.codec import encode
 from tapeline import kafka, supervisor
 from tapeline.clock import system_clock
 from tapeline.objectstore import ObjectStore
-from tapeline.region_measure import measure_region_lag
+from regions.measure import measure_region_lag
 from tapeline.settings import Settings
 from tapeline.home import home_paths, port_open, read_state
-from tapeline.stack.mirror import down_mirror, mirror_internal_topics, mirrored_topics
+from regions.mirror import down_mirror, mirror_internal_topics, mirrored_topics
 from tapeline.stack.region import down_region_b
-from tapeline.stack.replicator import down_replicator
+from regions.replicator_process import down_replicator
 from tapeline.samples import sample_video
 from tests.conftest import Pipeline, tapeline_cli, wait_for
 from tests.integration.helpers import committed_events
@@ -293,7 +293,7 @@ def test_failback_round_trip_loses_nothing_and_completes_every_job_once(regions,
 
 def stack_mirror_down(a: Settings) -> bool:
     """The mirror B -> A is not running (its pid file may stay behind)."""
-    from tapeline.stack.mirror import _markers
+    from regions.mirror import _markers
     from tapeline.home import owned_pid
 
     return owned_pid(home_paths(a).mirror / "mirror.pid", _markers(home_paths(a))) is None

@@ -33,7 +33,7 @@ from tapeline.clock import system_clock
 from tapeline.objectstore import ObjectStore
 from tapeline.settings import Settings
 from tapeline.home import owned_pid, home_paths
-from tapeline.stack.replicator import _markers as replicator_markers
+from regions.replicator_process import _markers as replicator_markers
 from tapeline.wiring import build_runtime
 from tests.conftest import settings_env, tapeline_cli, wait_for
 from tests.integration import test_region_mirror
@@ -206,7 +206,7 @@ def _metrics(a: Settings) -> dict[str, float]:
 
 
 def test_the_replicator_exports_region_bs_lag_and_the_dashboard_panel_shows_it(regions) -> None:
-    """After the first test's job: the replicator's own periodic measurement (tapeline/region_monitor.py)
+    """After the first test's job: the replicator's own periodic measurement (regions/monitor.py)
     says what `region status` says, on its metrics port, in /health/deep and on the dashboard's panel."""
     from projections.region_panel import RegionPanelSource
 

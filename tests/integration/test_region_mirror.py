@@ -26,7 +26,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from tapeline.settings import Settings
 from tapeline.home import owned_pid, home_paths, port_open
-from tapeline.stack.mirror import _markers
+from regions.mirror import _markers
 from tapeline.stack.region import down_region_b, region_b_status
 from tests.conftest import tapeline_cli, wait_for
 

@@ -15,7 +15,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "compose" / "alerts.yml"
 RULE_TESTS = ROOT / "compose" / "prometheus-tests" / "alerts_test.yml"
-EXPORTERS = ("tapeline/health.py", "projections/api.py", "tapeline/region_monitor.py")
+EXPORTERS = ("tapeline/health.py", "projections/api.py", "regions/monitor.py")
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:

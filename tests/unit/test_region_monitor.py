@@ -1,8 +1,8 @@
-"""Region B's lag as metrics (tapeline/region_monitor.py): what a measurement sets on the gauges the
+"""Region B's lag as metrics (regions/monitor.py): what a measurement sets on the gauges the
 alerts read (compose/alerts.yml group tapeline-region-b), the ages computed at scrape time, a failed
 measurement keeping the last values and not moving the measured timestamp, and the `/health/deep`
 section the dashboard's panel reads. The measurement's reads are `region status`'s own
-(tapeline/region_measure.py, tapeline/region_objects.py), tested against real services in
+(regions/measure.py, regions/object_audit.py), tested against real services in
 tests/integration/test_region_mirror.py and test_region_media.py."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from domain.replication import ObjectTotals
 from tapeline.health import HealthState
-from tapeline.region_lag import PartitionCount, RegionLag, partition_lag
-from tapeline.region_monitor import RegionGauges, RegionSample, region_section
+from regions.mirror_lag import PartitionCount, RegionLag, partition_lag
+from regions.monitor import RegionGauges, RegionSample, region_section
 
 T0 = datetime(2026, 12, 5, 12, 0, tzinfo=timezone.utc)
 

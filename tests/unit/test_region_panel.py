@@ -15,8 +15,8 @@ from domain.replication import ObjectTotals
 from projections import region_panel
 from projections.region_panel import RegionPanelSource, panel
 from tapeline.health import HealthServer, HealthState
-from tapeline.region_lag import PartitionCount, RegionLag, partition_lag
-from tapeline.region_monitor import RegionSample, region_section
+from regions.mirror_lag import PartitionCount, RegionLag, partition_lag
+from regions.monitor import RegionSample, region_section
 from tapeline.settings import Settings
 
 ALERTS = Path(__file__).resolve().parents[2] / "compose" / "alerts.yml"

@@ -1,5 +1,5 @@
 """Region B's pure parts: the settings overlay (`Settings.for_region`), the mm2.properties rendering and
-the lag arithmetic (`tapeline/region_lag.py`)."""
+the lag arithmetic (`regions/mirror_lag.py`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tapeline.region_lag import PartitionCount, RegionLag, partition_lag
+from regions.mirror_lag import PartitionCount, RegionLag, partition_lag
 from tapeline.settings import Settings
-from tapeline.stack.mirror import mirror_internal_topics, mm2_properties, mirrored_topics
+from regions.mirror import mirror_internal_topics, mm2_properties, mirrored_topics
 
 
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -178,7 +178,7 @@ def test_totals_sum_events_and_take_the_largest_seconds() -> None:
     data = report.as_dict()
     assert data["topics"]["t.jobs"] == {"events_behind": 2, "surplus_in_b": 0, "seconds_behind": 2.0, "exact": True}
     assert data["topics"]["t.uploads"]["seconds_behind"] == 0.5
-    assert "objects" not in data  # measured apart (tapeline/region_objects.py)
+    assert "objects" not in data  # measured apart (regions/object_audit.py)
     unknown = RegionLag(at, [partition_lag(_count(0, 50, 0, counted=False))])
     assert (unknown.events_behind, unknown.seconds_behind, unknown.exact) == (50, None, False)
     assert RegionLag(at, []).as_totals() == {"events_behind": 0, "surplus_in_b": 0, "seconds_behind": 0.0,

@@ -18,7 +18,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from domain.replication import NamedObject, ObjectTotals, RecordedObject, object_totals
 from tapeline import kafka
 from tapeline.postgres import connect, q
-from tapeline.replicator import broker_time, followed_topics, named_in
+from regions.replicator import broker_time, followed_topics, named_in
 from tapeline.settings import Settings
 
 

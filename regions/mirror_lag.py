@@ -118,5 +118,5 @@ class RegionLag:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (`tapeline region status --json`): totals and each topic's (the media objects are
-        measured apart: `tapeline/region_objects.py`)."""
+        measured apart: `regions/object_audit.py`)."""
         return {**self.as_totals(), "measured_at": self.measured_at.isoformat(), "topics": self.by_topic()}

@@ -7,7 +7,7 @@ uploads topic, every partition assigned, no consumer group), and for each record
 1. decodes it and asks `domain/replication.py` `objects_named` which objects it names (an
    undecodable record names none: the projector dead-letters it, the replicator moves on);
 2. for each object not yet replicated with the same sha256, copies it from region A's store to
-   region B's, verified (`tapeline/media_copy.py` `copy_object`), and records the outcome in region
+   region B's, verified (`regions/media_copy.py` `copy_object`), and records the outcome in region
    B's PostgreSQL at once (`region_objects`: replicated, or pending with the reason);
 3. when every object of the record is replicated or recorded as pending, advances the partition's
    progress (`region_replication_progress.next_offset`).
@@ -37,7 +37,7 @@ from domain.replication import NamedObject, Verdict, after_failure, objects_name
 from tapeline import kafka
 from tapeline.clock import Clock, system_clock
 from tapeline.crashpoints import crash_point
-from tapeline.media_copy import Copied, CopyFailed, copy_object
+from regions.media_copy import Copied, CopyFailed, copy_object
 from tapeline.objectstore import ObjectStore
 from tapeline.postgres import connect, migrate, q
 from tapeline.settings import Settings

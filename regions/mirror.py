@@ -5,7 +5,7 @@ the standby region.
 pure rendering of both regions' settings) and runs `org.apache.kafka.connect.mirror.MirrorMaker` on
 the stack's Kafka jars (`stack/pom.xml` pins `connect-mirror` at the broker's version), for the
 flow `a->b` only (`--clusters b`: this process writes to region B). After a failover to region B,
-`tapeline region rejoin a --as-standby` (tapeline/standby.py) runs the flow `b->a` the same way, its
+`tapeline region rejoin a --as-standby` (regions/rejoin.py) runs the flow `b->a` the same way, its
 files under region A's home (`--clusters a`). The cluster aliases are the regions' names. Its log is
 `<target home>/mirror/mirror.log`, its pid `mirror/mirror.pid`; `stack down --region b`, a failover
 into the target, or a rejoin stops it. What it copies, and why each setting, is in docs/regions.md
@@ -22,8 +22,7 @@ from rich.console import Console
 
 from tapeline.settings import Settings
 
-from tapeline.home import KAFKA_JVM_FLAGS, StackError, HomePaths, log_errors, now_iso, owned_pid, say, spawn, tail, update_state, stop_owned
-from tapeline.stack.kafka import _java
+from tapeline.home import KAFKA_JVM_FLAGS, java, StackError, HomePaths, log_errors, now_iso, owned_pid, say, spawn, tail, update_state, stop_owned
 
 MIRROR_MAIN = "org.apache.kafka.connect.mirror.MirrorMaker"
 MIRROR_HEAP = ("-Xmx256m", "-Xms64m")
@@ -63,7 +62,7 @@ def mm2_properties(source: Settings, target: Settings) -> str:
     groups = re.escape(source.app_name) + r"\..*"
     rf = target.replication_factor
     lines = [
-        "# Written by tapeline/stack/mirror.py (`tapeline stack up --region b` or `tapeline region rejoin`) on",
+        "# Written by regions/mirror.py (`tapeline stack up --region b` or `tapeline region rejoin`) on",
         f"# every start; edits are overwritten. MirrorMaker 2, dedicated mode: region {s} -> region {t}",
         "# (docs/regions.md).",
         f"clusters = {s}, {t}",
@@ -183,7 +182,7 @@ def up_mirror(source: Settings, target: Settings, paths: HomePaths, console: Con
                          "they come from stack/pom.xml: `tapeline stack up` fetches them again when it changed")
     paths.mirror.mkdir(parents=True, exist_ok=True)
     properties.write_text(mm2_properties(source, target))
-    argv = [_java(), *MIRROR_HEAP, *KAFKA_JVM_FLAGS, "-cp", f"{paths.kafka_libs}/*", MIRROR_MAIN,
+    argv = [java(), *MIRROR_HEAP, *KAFKA_JVM_FLAGS, "-cp", f"{paths.kafka_libs}/*", MIRROR_MAIN,
             str(properties), "--clusters", target.region]
     started_ms = int(time.time() * 1000)
     proc = spawn(argv, log, pid_file, cwd=paths.mirror)

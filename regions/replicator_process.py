@@ -1,7 +1,7 @@
 """The media replicator as a process of region B's stack: `tapeline region replicate` in the
 background, started by `tapeline stack up --region b` beside the log mirror and stopped by `stack down
 --region b` (docs/regions.md "Media replication"). Its log is `<region B home>/replicator/replicator.log`,
-its pid `replicator/replicator.pid`; what it does is `tapeline/replicator.py`.
+its pid `replicator/replicator.pid`; what it does is `regions/replicator.py`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tapeline.home import StackError, HomePaths, now_iso, owned_pid, say, spawn,
 REPLICATOR_READY_TIMEOUT_S = 90.0
 """How long `up` waits for the replicator to hold its lock and read region B's log, seconds."""
 READY_LINE = '"event": "replicating"'
-"""The log line the replicator writes once it follows every partition (tapeline/replicator.py `run`)."""
+"""The log line the replicator writes once it follows every partition (regions/replicator.py `run`)."""
 
 
 def _dir(paths: HomePaths) -> Path:

@@ -27,7 +27,7 @@ copies). `rejoin_as_standby` resets it, then mirrors the active region into it:
    migrated (a no-op unless the code moved on). R's database is the deployment's database, not the
    server's: other databases and schemas on it are untouched.
 6. `mirror_started`, `replicator_started`: MirrorMaker 2 active -> R and the media replicator into R,
-   their files under R's home (`tapeline/stack/mirror.py`, `tapeline/stack/replicator.py`).
+   their files under R's home (`regions/mirror.py`, `regions/replicator_process.py`).
 
 Each step is idempotent: a rejoin run again (after a crash, or on a standby already rejoined) does
 the same again and ends in the same state. `R`'s stack state records the epoch it was reset at
@@ -97,7 +97,7 @@ def needs_reset(regions: dict[str, Settings], name: str) -> bool:
     """Whether region `name`, a standby now, may hold a log of its own that diverged: it held the job
     history at some epoch (region a at epoch 0; any region a `RegionFailedOver` names) and its stack
     state records no reset at the current epoch. False while `name` is the active region."""
-    from tapeline.region_authority import read_regions
+    from regions.authority import read_regions
     from tapeline.home import home_paths, read_state
 
     view = read_regions(regions)
@@ -120,7 +120,7 @@ def rejoin_as_standby(regions: dict[str, Settings], name: str, *, start_replicat
     Raises `RejoinRefused` when `name` holds the job history or a region does not answer (nothing
     changed), `ValueError` for an unknown region, `StackError` when the mirror or the replicator
     does not start (the reset is done; run again)."""
-    from tapeline.region_authority import read_regions
+    from regions.authority import read_regions
 
     if name not in regions:
         raise ValueError(f"unknown region {name!r}: {', '.join(regions)}")
@@ -164,8 +164,8 @@ def rejoin_as_standby(regions: dict[str, Settings], name: str, *, start_replicat
                                      "set_aside": len(report.set_aside)})
     _write_report(standby, report)
     if start_replication:
-        from tapeline.stack.mirror import up_mirror
-        from tapeline.stack.replicator import up_replicator
+        from regions.mirror import up_mirror
+        from regions.replicator_process import up_replicator
 
         up_mirror(active, standby, paths, console)
         step("mirror_started", f"MirrorMaker 2 {current.active} -> {name} running (files under {paths.mirror})")
@@ -176,7 +176,7 @@ def rejoin_as_standby(regions: dict[str, Settings], name: str, *, start_replicat
 
 def _check_services(standby: Settings) -> None:
     """Region `standby`'s Kafka, PostgreSQL and S3 answer; else RejoinRefused."""
-    from tapeline.region_authority import unanswered
+    from regions.authority import unanswered
 
     why = unanswered(standby, s3=True)
     if why is not None:
@@ -188,8 +188,8 @@ def _stop_everything_of(regions: dict[str, Settings], name: str, active: str) ->
     files under each region's home). Each only if it runs."""
     from tapeline import supervisor
     from tapeline.home import home_paths
-    from tapeline.stack.mirror import down_mirror
-    from tapeline.stack.replicator import down_replicator
+    from regions.mirror import down_mirror
+    from regions.replicator_process import down_replicator
 
     if supervisor.stop_detached(regions[name]):
         log.warning("the rejoining region's processors were running; stopped", region=name)
@@ -207,7 +207,7 @@ def _named_in_log(settings: Settings, timeout_s: float = 120.0) -> dict[str, str
     from confluent_kafka import Consumer, TopicPartition
 
     from domain.errors import ServiceUnavailable
-    from tapeline.replicator import named_in
+    from regions.replicator import named_in
 
     consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers, "group.id": "tapeline-standby-read",
                          "enable.auto.commit": False, "isolation.level": "read_committed",
@@ -286,10 +286,10 @@ def reset_log(standby: Settings, active: Settings, timeout_s: float = 60.0) -> t
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
 
-    from tapeline.region_authority import read_region_records, write_region_record
+    from regions.authority import read_region_records, write_region_record
     from tapeline.topics import ensure_topics
     from tapeline.home import StackError
-    from tapeline.stack.mirror import mirror_internal_topics, mirrored_topics
+    from regions.mirror import mirror_internal_topics, mirrored_topics
 
     admin = AdminClient({"bootstrap.servers": standby.kafka_bootstrap_servers})
     existing = set(admin.list_topics(timeout=10).topics)

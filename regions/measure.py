@@ -1,6 +1,6 @@
 """Region B's lag measured: the reads in both regions' Kafka behind `tapeline region status`.
 
-The arithmetic and what each figure means are in `tapeline/region_lag.py` (pure); this module only
+The arithmetic and what each figure means are in `regions/mirror_lag.py` (pure); this module only
 reads: A's mirrored partitions `read_committed` from their log start to their last stable offset
 (counting records and keeping two timestamps), B's partitions' watermarks.
 """
@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from tapeline import kafka
-from tapeline.region_lag import PartitionCount, RegionLag, partition_lag
+from regions.mirror_lag import PartitionCount, RegionLag, partition_lag
 from tapeline.settings import Settings
 
 

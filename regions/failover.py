@@ -6,13 +6,13 @@ The steps, in order (each timed from the command's start, `FailoverReport.steps`
    its topics exist (`ensure_topics`, with `<prefix>.regions`).
 2. `fenced`: a `RegionFailedOver` with the next region epoch is written to R's `<prefix>.regions`,
    and to the region left behind when its Kafka answers (a planned switch). From here on the left
-   region's processors stop at their next check (`tapeline/region_authority.py`) and write nothing;
+   region's processors stop at their next check (`regions/authority.py`) and write nothing;
    a left region that comes back reads the fence from R. Run again after a crash, the command finds
    R already active and goes on with the steps below (each is idempotent).
 3. `drained` (planned switch only): the left region's processors have stopped writing (`_wait_left_quiet`:
    its detached supervisor gone, its end offsets still for two region check intervals), then the
    mirror into R has copied every committed record of the left region (events behind 0,
-   `tapeline/region_measure.py`), each waited for up to `drain_timeout_s`.
+   `regions/measure.py`), each waited for up to `drain_timeout_s`.
 4. `mirror_stopped`: MirrorMaker 2 and the media replicator of R are stopped (R's own writes must
    not be mixed with the left region's, and the left region's objects are no longer reachable).
 5. `projections_caught_up`: R's PostgreSQL is migrated and a projector folds R's log until it has
@@ -52,7 +52,7 @@ from domain import events as ev
 from domain.errors import ServiceUnavailable, TapelineError
 from domain.regions import failover_event, region_lost_row
 from tapeline.clock import system_clock
-from tapeline.region_authority import new_failover_id, read_regions, unanswered, write_region_record
+from regions.authority import new_failover_id, read_regions, unanswered, write_region_record
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.failover")
@@ -153,8 +153,8 @@ def fail_over(regions: dict[str, Settings], to: str, why: str, *, operator: str 
              else f"not drained within {drain_timeout_s:g} s: {behind} events behind")
 
     from tapeline.home import home_paths
-    from tapeline.stack.mirror import down_mirror
-    from tapeline.stack.replicator import down_replicator
+    from regions.mirror import down_mirror
+    from regions.replicator_process import down_replicator
 
     paths = home_paths(target)
     down_mirror(paths, None)
@@ -191,7 +191,7 @@ def _wait_left_quiet(source: Settings, timeout_s: float) -> bool:
     from confluent_kafka import Consumer, TopicPartition
 
     from tapeline import supervisor
-    from tapeline.stack.mirror import mirrored_topics
+    from regions.mirror import mirrored_topics
 
     deadline = time.monotonic() + timeout_s
     while supervisor.running_pid(source) is not None and time.monotonic() < deadline:
@@ -224,8 +224,8 @@ def _wait_left_quiet(source: Settings, timeout_s: float) -> bool:
 def _drain(source: Settings, target: Settings, timeout_s: float) -> int:
     """Wait until the mirror has copied every committed record of `source` (events behind 0);
     returns the events still behind when `timeout_s` passed (0: drained)."""
-    from tapeline.region_measure import measure_region_lag
-    from tapeline.stack.mirror import mirrored_topics
+    from regions.measure import measure_region_lag
+    from regions.mirror import mirrored_topics
 
     deadline = time.monotonic() + timeout_s
     behind = -1

@@ -1,5 +1,5 @@
 """One object copied from region A's store to region B's, verified on the way (docs/regions.md
-"Media replication"). The adapter under `tapeline/replicator.py`; what to copy and what to do after
+"Media replication"). The adapter under `regions/replicator.py`; what to copy and what to do after
 a failure are decided in `domain/replication.py`.
 
 The copy streams the object from A into a temporary file in 1 MiB blocks, computing its sha256 as

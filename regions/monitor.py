@@ -3,9 +3,9 @@
 The media replicator (`tapeline region replicate`, which runs in region B and knows both regions)
 measures, every `replicate_measure_every_s` seconds in a background thread of its own (copying never
 waits on it), what `tapeline region status` shows, with the same code: the log's lag
-(`tapeline/region_measure.py` `measure_region_lag`, arithmetic `tapeline/region_lag.py`), the media
-objects (`tapeline/region_objects.py` `measure_objects`) and the mirror's newest heartbeat in B
-(`tapeline/stack/mirror.py` `newest_heartbeat_ms`). Each measurement is bounded by
+(`regions/measure.py` `measure_region_lag`, arithmetic `regions/mirror_lag.py`), the media
+objects (`regions/object_audit.py` `measure_objects`) and the mirror's newest heartbeat in B
+(`regions/mirror.py` `newest_heartbeat_ms`). Each measurement is bounded by
 `replicate_measure_timeout_s` and the measurement's budget of A's offsets (200,000, as `region
 status`).
 
@@ -32,7 +32,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from domain.replication import ObjectTotals
-from tapeline.region_lag import RegionLag
+from regions.mirror_lag import RegionLag
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.region_monitor")
@@ -177,9 +177,9 @@ def measure_sample(source: Settings, target: Settings, *, timeout_s: float, scan
     """Measure region B (`target`) against region A (`source`) once, with the code `region status`
     uses. A part that cannot be measured (a region's Kafka or B's PostgreSQL not answering) is None,
     and said in `errors`; never raises for an unreachable service."""
-    from tapeline.region_measure import measure_region_lag
-    from tapeline.region_objects import measure_objects
-    from tapeline.stack.mirror import mirrored_topics, newest_heartbeat_ms
+    from regions.measure import measure_region_lag
+    from regions.object_audit import measure_objects
+    from regions.mirror import mirrored_topics, newest_heartbeat_ms
 
     now = datetime.now(timezone.utc)
     errors: list[str] = []
