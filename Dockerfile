@@ -8,7 +8,10 @@ RUN apt-get update \
 
 WORKDIR /app
 COPY pyproject.toml ./
+COPY domain ./domain
 COPY tapeline ./tapeline
+COPY regions ./regions
+COPY devstack ./devstack
 COPY schemas ./schemas
 COPY producers ./producers
 COPY processors ./processors

@@ -13,7 +13,7 @@ lifecycle partition and none on the dead node (polled every 0.2 s: Kafka's own p
 controller bounds by `broker.session.timeout.ms`, 9 s by default, plus the election); `pause_s`, the
 longest stretch from the kill on without a committed lifecycle record (the watchdog ticks every
 partition each `tick_s`, so a healthy pipeline never goes longer than that). At the end
-`tapeline.chaos.audit` checks every job (ended once, one post, one output set, projection equal to
+`devstack.chaos.audit` checks every job (ended once, one post, one output set, projection equal to
 a fold of the log), and the log gives the attempts that started but did not succeed (`attempts_lost`)
 and the `StallDetected` events.
 
@@ -46,9 +46,9 @@ from bench.stall_latency import env_for  # noqa: E402
 from domain import events as ev  # noqa: E402
 from domain.codec import default_codec  # noqa: E402
 from producers.submit import publish, upload  # noqa: E402
-from tapeline import broker_faults as faults  # noqa: E402
-from tapeline import stack  # noqa: E402
-from tapeline.chaos import ENDED_STATES, ProviderProcess, audit, committed_messages  # noqa: E402
+from devstack import broker_faults as faults  # noqa: E402
+import devstack as stack  # noqa: E402
+from devstack.chaos import ENDED_STATES, ProviderProcess, audit, committed_messages  # noqa: E402
 from tapeline.samples import sample_video  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402
 

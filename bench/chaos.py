@@ -4,7 +4,7 @@ several jobs each, through a real pipeline publishing to a real provider that do
 Round 1 enables each crash point of `tapeline.crashpoints.PIPELINE_CRASH_POINTS` in turn (fires
 once) while `--jobs` jobs run. Round 2 runs `--random` rounds; each re-arms a random crash point
 and, with probability 1/2, pauses a random processor (SIGSTOP, 0.5-8 s, longer than the lease
-sometimes, then SIGCONT). At the end `tapeline.chaos.audit` checks every job: ended with a reason,
+sometimes, then SIGCONT). At the end `devstack.chaos.audit` checks every job: ended with a reason,
 one post per completed job, one committed `JobCompleted`, one published output set, projection equal
 to a fold over the log.
 
@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import bench_settings, drop_bench_database  # noqa: E402
 from bench.stall_latency import env_for  # noqa: E402
 from producers.submit import publish, upload  # noqa: E402
-from tapeline.chaos import ENDED_STATES, ProviderProcess, audit  # noqa: E402
+from devstack.chaos import ENDED_STATES, ProviderProcess, audit  # noqa: E402
 from tapeline.crashpoints import PIPELINE_CRASH_POINTS, tier_for_point  # noqa: E402
 from tapeline.samples import sample_video  # noqa: E402
 from domain.pipeline import STAGE_NAMES  # noqa: E402

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tapeline.postgres import migrate  # noqa: E402
 from tapeline.objectstore import ObjectStore  # noqa: E402
-from tapeline import stack  # noqa: E402
+import devstack as stack  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402
 
 

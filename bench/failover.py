@@ -21,7 +21,7 @@ committed record time minus the newest of A's records that B holds (both on A's 
 started again, read-only, after the failover); `reencoded_s`, media seconds region B encoded again
 that region A had already recorded as checkpoints (one segment of each job at most, plus checkpoints
 whose objects had not replicated); posts per job at the provider, `duplicates` and `lost` from
-`tapeline.chaos.audit` on region B (one JobCompleted, one post, one output set per job; `needs_review`
+`devstack.chaos.audit` on region B (one JobCompleted, one post, one output set per job; `needs_review`
 where a post cannot be proven). A job whose upload never reached B is counted in `uploads_lost` (its
 submitter had an answer from A: that is the RPO, not the failover). Then region A's services and its
 old `tapeline run --role all` are started again: the processors must exit 3 ("fenced") and add
@@ -61,8 +61,8 @@ from bench.stall_latency import env_for  # noqa: E402
 from domain import events as ev  # noqa: E402
 from domain.codec import default_codec  # noqa: E402
 from producers.submit import publish, upload  # noqa: E402
-from tapeline.broker_faults import free_port_block  # noqa: E402
-from tapeline.chaos import ENDED_STATES, ProviderProcess, audit, committed_messages  # noqa: E402
+from devstack.broker_faults import free_port_block  # noqa: E402
+from devstack.chaos import ENDED_STATES, ProviderProcess, audit, committed_messages  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402
 
 JOB_TIMEOUT_S = 300.0
@@ -136,9 +136,9 @@ def region_settings_for(work: Path, provider_url: str) -> Settings:
 
 def up_region_a(a: Settings) -> None:
     """Region A's Kafka, own PostgreSQL server and S3 endpoint under its home, and its topics."""
-    from tapeline.stack import up_services
+    from devstack import up_services
     from tapeline.home import locked, home_paths
-    from tapeline.stack.pgserver import up_own_postgres
+    from devstack.pgserver import up_own_postgres
 
     paths = home_paths(a)
     paths.home.mkdir(parents=True, exist_ok=True)
@@ -150,7 +150,7 @@ def kill_region_a(a: Settings, processors: subprocess.Popen) -> list[int]:
     """SIGKILL every process of region A at once: the processors' group, the Kafka node, the
     PostgreSQL postmaster and the S3 endpoint (their pid files under A's home). Returns the pids."""
     from tapeline.home import home_paths
-    from tapeline.stack.kafka import kafka_nodes
+    from devstack.kafka_nodes import kafka_nodes
 
     paths = home_paths(a)
     pids = [processors.pid]
@@ -354,9 +354,9 @@ def teardown(a: Settings, env: dict[str, str]) -> None:
     """Stop region B (`stack down --region b`: its processors, mirror, replicator, services) and
     region A's Kafka, S3 endpoint and own PostgreSQL server (what `up_region_a` started)."""
     from tapeline.home import home_paths, read_state, stop_owned
-    from tapeline.stack.s3 import s3_markers
-    from tapeline.stack.kafka import kafka_nodes
-    from tapeline.stack.pgserver import down_own_postgres
+    from devstack.s3 import s3_markers
+    from devstack.kafka_nodes import kafka_nodes
+    from devstack.pgserver import down_own_postgres
 
     subprocess.run([sys.executable, "-m", "tapeline.cli", "stack", "down", "--region", "b"], env=env,
                    capture_output=True, timeout=180)

@@ -51,7 +51,8 @@ from projections import logread, writes  # noqa: E402
 from tapeline.postgres import connect  # noqa: E402
 from domain import events as ev  # noqa: E402
 from domain.codec import default_codec  # noqa: E402
-from tapeline import kafka, stack  # noqa: E402
+from tapeline import kafka  # noqa: E402
+import devstack as stack
 from tapeline.settings import Settings  # noqa: E402
 
 

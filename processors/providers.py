@@ -158,7 +158,7 @@ class OriginProvider:
 
 
 class WebhookProvider:
-    """An HTTP endpoint receiving posts with an `Idempotency-Key` header (see tapeline/provider_server.py)."""
+    """An HTTP endpoint receiving posts with an `Idempotency-Key` header (see devstack/provider_server.py)."""
 
     name = "webhook"
 

@@ -3,7 +3,7 @@
 This module is the entry point (`python -m tapeline.cli`, the `tapeline` console script: `main`) and
 builds `app`; the commands live in `cli_run.py` (migrate, run, serve), `cli_jobs.py` (submit, status,
 stalled, timeline, demo), `cli_ops.py` (dlq, review, cancel), `cli_region.py` (region), `projections/cli.py` (replay, export)
-and `tapeline/stack/cli.py` (stack), and are registered here in the order `tapeline --help` lists them.
+and `devstack/commands.py` (stack), and are registered here in the order `tapeline --help` lists them.
 """
 
 from __future__ import annotations
@@ -20,12 +20,22 @@ app = typer.Typer(help="Tapeline: event-sourced media jobs (upload -> transcode 
                   no_args_is_help=True, pretty_exceptions_enable=False)
 
 
-try:
-    from tapeline.stack.cli import stack_app
+def add_plugin_commands(target: typer.Typer) -> None:
+    """Let installed packages add their command groups: each entry point of the group
+    `tapeline.commands` names a function `register(app)`. The local dev stack's `stack`
+    (devstack/commands.py `register`, declared in pyproject.toml) reaches the command line this way,
+    so the product never imports the dev stack. A plugin whose package is missing is left out."""
+    from importlib.metadata import entry_points
 
-    app.add_typer(stack_app, name="stack", help="Start, inspect and stop the local real services (no Docker).")
-except ImportError:  # pragma: no cover - the stack module ships with the package
-    pass
+    for point in entry_points(group="tapeline.commands"):
+        try:
+            register = point.load()
+        except ImportError:  # pragma: no cover - an install without the dev stack
+            continue
+        register(target)
+
+
+add_plugin_commands(app)
 
 from projections.cli import export, replay  # noqa: E402  (replay --into/--swap, export; see projections/cli.py)
 app.command()(replay)

@@ -82,7 +82,7 @@ class HomePaths:
     @property
     def postgres(self) -> Path:
         """A region's own PostgreSQL server (region B): `data/` (owned by the `postgres` user), its log
-        and socket (tapeline/stack/pgserver.py)."""
+        and socket (devstack/pgserver.py)."""
         return self.home / "postgres"
 
     @property

@@ -246,7 +246,7 @@ class Settings(BaseSettings):
     health_port_base: int = Field(0, description="run --role all: child i of supervisor.ROLES (projector, intake, "
                                                  "transcode, publish, ...) gets port base + i; 0 disables")
 
-    # Local monitoring (`tapeline stack up --with-monitoring`, tapeline/stack/monitoring.py).
+    # Local monitoring (`tapeline stack up --with-monitoring`, devstack/monitoring.py).
     prometheus_port: int = Field(19090, description="Port of the local stack's Prometheus (127.0.0.1)")
     alertmanager_port: int = Field(19091, description="Port of the local stack's Alertmanager (127.0.0.1)")
     monitoring_interval_s: float = Field(15.0, gt=0, le=3600, description="The local Prometheus's scrape and rule "

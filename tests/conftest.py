@@ -48,7 +48,7 @@ def base_settings() -> Settings:
     settings = Settings()
     given = all(os.environ.get(v) for v in ("TAPELINE_KAFKA_BOOTSTRAP", "TAPELINE_DATABASE_URL", "TAPELINE_S3_ENDPOINT"))
     if not given:
-        from tapeline import stack
+        import devstack as stack
 
         stack.up(settings)
     return settings
@@ -84,7 +84,7 @@ def isolated_settings(base_settings: Settings, tag: str, database_url: str, **up
 def own_database(base_settings: Settings, tag: str) -> Iterator[str]:
     """A fresh database `tapeline_test_<tag>` on the shared PostgreSQL, migrated; yields its URL and
     drops it afterwards (a leftover session of another role leaks it: printed, the test stands)."""
-    from tapeline import stack
+    import devstack as stack
 
     dbname = f"tapeline_test_{tag}"
     with psycopg.connect(base_settings.database_url, autocommit=True) as conn:
@@ -105,7 +105,7 @@ def own_database(base_settings: Settings, tag: str) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def isolated(base_settings: Settings) -> Iterator[Settings]:
     """A module's own topics (small partition counts), app name and database on the shared services."""
-    from tapeline import stack
+    import devstack as stack
 
     tag = uuid.uuid4().hex[:8]
     with own_database(base_settings, tag) as url:
@@ -190,14 +190,14 @@ def make_dsn(settings: Settings) -> str:
 
 @contextlib.contextmanager
 def private_moto_server(settings: Settings, directory: Path, **overrides: Any) -> Iterator[tuple[Settings, subprocess.Popen]]:
-    """A local object store (`tapeline.s3server`: moto behind the signature gate) of the caller's own
+    """A local object store (`devstack.s3server`: moto behind the signature gate) of the caller's own
     on a free port, with the bucket and policy `tapeline stack up`
     creates: for tests that pause S3 or sweep the whole bucket, which the shared endpoint (objects in
     memory, used by every test) must never see. Yields (settings pointing at it + `overrides`, process)."""
     import socket
 
     from tapeline.objectstore import endpoint_answers
-    from tapeline.stack import s3 as stack
+    from devstack import s3 as stack
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

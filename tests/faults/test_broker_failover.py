@@ -29,10 +29,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from domain import events as ev
 from domain.codec import default_codec
-from tapeline import broker_faults as faults
-from tapeline import stack
+from devstack import broker_faults as faults
+import devstack as stack
 from processors.runtime import transact
-from tapeline.chaos import ENDED_STATES, ProviderProcess, audit, committed_messages
+from devstack.chaos import ENDED_STATES, ProviderProcess, audit, committed_messages
 from tapeline.kafka import KafkaEventLog
 from tapeline.ports import EventLogError
 from tapeline.settings import Settings

@@ -21,7 +21,7 @@ import uuid
 import pytest
 
 from domain import pipeline
-from tapeline.chaos import ENDED_STATES, ProviderProcess, audit
+from devstack.chaos import ENDED_STATES, ProviderProcess, audit
 from tapeline.crashpoints import PIPELINE_CRASH_POINTS, tier_for_point
 from tapeline.samples import sample_video
 from tests.conftest import Pipeline, wait_for

@@ -15,7 +15,7 @@ from domain.codec import default_codec
 from tapeline.samples import sample_video
 from tests.conftest import Pipeline, tapeline_cli, wait_for
 from tests.faults.conftest import OTHER_STAGES, job_row
-from tapeline.chaos import ProviderProcess as ProviderServer
+from devstack.chaos import ProviderProcess as ProviderServer
 from tests.faults.test_worker_faults import assert_completed_once, wait_state, wait_transcoding
 from tests.integration.helpers import committed_events, committed_messages, of_job
 

@@ -4,7 +4,7 @@ real pipeline (`tapeline run --role all`), the notifier is killed with SIGKILL a
 supervision restarts it, and at the end:
 
 - every crash point fired;
-- the chaos audit (`tapeline/chaos.py` `audit_notifications`) finds nothing: every POST signed, one
+- the chaos audit (`devstack/chaos.py` `audit_notifications`) finds nothing: every POST signed, one
   webhook-id per notified event, each recorded delivered exactly once after a 2xx, nothing POSTed
   after its record, every intended notification delivered;
 - every job's notification is recorded delivered exactly once (one committed `NotificationDelivered`
@@ -26,7 +26,7 @@ import pytest
 
 from domain.policy.webhooks import delivery_id
 from producers.submit import upload
-from tapeline.chaos import audit_notifications
+from devstack.chaos import audit_notifications
 from tapeline.crashpoints import NOTIFY_CRASH_POINTS
 from tapeline.samples import sample_video
 from tests.conftest import Pipeline, tapeline_cli, wait_for

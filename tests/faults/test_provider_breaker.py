@@ -12,7 +12,7 @@ from typing import Iterator
 import psycopg
 import pytest
 
-from tapeline.chaos import ProviderProcess
+from devstack.chaos import ProviderProcess
 from tapeline.samples import sample_video
 from tapeline.settings import Settings
 from tests.conftest import Pipeline, tapeline_cli, wait_for

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tapeline.chaos import ProviderProcess
+from devstack.chaos import ProviderProcess
 from tapeline.samples import sample_video
 from tests.conftest import Pipeline
 from tests.faults.conftest import job_row

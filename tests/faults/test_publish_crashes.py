@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from processors.publish import idempotency_key, marker_key
-from tapeline.chaos import ProviderProcess, audit
+from devstack.chaos import ProviderProcess, audit
 from tapeline.objectstore import ObjectStore
 from tapeline.samples import sample_video
 from tapeline.settings import Settings

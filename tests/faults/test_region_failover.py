@@ -9,7 +9,7 @@ killed with SIGKILL (processors, Kafka, the PostgreSQL postmaster and its backen
 endpoint); then `tapeline region failover --to b --why ... --json` as a user runs it.
 
 Asserted: region B accepts uploads within 60 s of the command; every job ends in B exactly once
-(one JobCompleted, one post at the provider, one output set: `tapeline.chaos.audit`) or is held for
+(one JobCompleted, one post at the provider, one output set: `devstack.chaos.audit`) or is held for
 review; the attempt running in A is queued again as a `region_lost` stall that used no attempt;
 the first resumed attempt starts after the command; and once region A's services come back, its
 old `tapeline run --role all` exits 3 saying it is fenced and adds nothing to A's log.

@@ -7,7 +7,7 @@ import subprocess
 
 from domain import events as ev
 from domain.codec import default_codec
-from tapeline.chaos import committed_messages, keys_under  # re-exported for the tests
+from devstack.chaos import committed_messages, keys_under  # re-exported for the tests
 
 __all__ = ["committed_messages", "keys_under", "committed_events", "of_job"]
 from tapeline.settings import Settings

@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from tapeline.chaos import keys_under
+from devstack.chaos import keys_under
 from tapeline.objectstore import ObjectStore
 from tapeline.samples import sample_video
 from tapeline.settings import Settings

@@ -17,7 +17,7 @@ from psycopg.rows import dict_row
 
 from domain.lifecycle_data import LIFECYCLE, Ending
 from tapeline.postgres import lifecycle_table_rows, migrate, qf, sync_lifecycle_tables
-from tapeline.stack import drop_database
+from devstack import drop_database
 
 
 @pytest.fixture(scope="module")

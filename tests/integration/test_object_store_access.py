@@ -1,4 +1,4 @@
-"""Issue 20, item 2: the local default object store (`tapeline stack up`'s `tapeline.s3server`, moto
+"""Issue 20, item 2: the local default object store (`tapeline stack up`'s `devstack.s3server`, moto
 behind a signature gate) serves requests signed with the project's credentials and, anonymously,
 GET/HEAD of objects under `published/` and nothing else. Against a store of this module's own (the
 one `stack up` starts, on a free port), with plain HTTP requests as curl sends them and botocore's
@@ -18,7 +18,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from tapeline.objectstore import ObjectStore, client
-from tapeline.stack import public_read_policy
+from devstack import public_read_policy
 from tests.conftest import private_moto_server
 from tests.integration.test_http_intake import clip  # noqa: F401 (a fixture)
 

@@ -16,7 +16,8 @@ from projections.projector import apply_batch
 from tapeline.wiring import build_projector
 from tapeline.postgres import connect, migrate
 from domain import events as ev
-from tapeline import kafka, stack
+from tapeline import kafka
+import devstack as stack
 from tapeline.clock import system_clock
 from tests.conftest import wait_for
 from tests.integration.helpers import committed_messages

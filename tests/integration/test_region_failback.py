@@ -37,7 +37,7 @@ from regions.measure import measure_region_lag
 from tapeline.settings import Settings
 from tapeline.home import home_paths, port_open, read_state
 from regions.mirror import down_mirror, mirror_internal_topics, mirrored_topics
-from tapeline.stack.region import down_region_b
+from devstack.second_region import down_region_b
 from regions.replicator_process import down_replicator
 from tapeline.samples import sample_video
 from tests.conftest import Pipeline, tapeline_cli, wait_for

@@ -27,7 +27,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from tapeline.settings import Settings
 from tapeline.home import owned_pid, home_paths, port_open
 from regions.mirror import _markers
-from tapeline.stack.region import down_region_b, region_b_status
+from devstack.second_region import down_region_b, region_b_status
 from tests.conftest import tapeline_cli, wait_for
 
 pytestmark = pytest.mark.integration
@@ -231,7 +231,7 @@ def test_region_status_says_plainly_when_region_b_is_not_up(isolated: Settings) 
 
 
 def test_region_b_processors_refuse_to_run_while_region_a_holds_the_history(regions) -> None:
-    from tapeline.chaos import committed_messages
+    from devstack.chaos import committed_messages
 
     a, b = regions
     before = {t: len(committed_messages(b, t)) for t in (b.jobs_topic, b.regions_topic)}

@@ -13,7 +13,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from tapeline.postgres import SCHEMA_SNAPSHOT, dump_schema, migrate, normalise_schema_dump, pg_dump_path, qf
-from tapeline.stack import drop_database
+from devstack import drop_database
 
 
 @pytest.fixture()

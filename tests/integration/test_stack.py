@@ -27,8 +27,8 @@ from psycopg.conninfo import conninfo_to_dict
 from typer.testing import CliRunner
 
 from tapeline.settings import Settings
-from tapeline.stack.cli import stack_app
-from tapeline.stack import (
+from devstack.commands import stack_app
+from devstack import (
     StackError,
     HomePaths,
     kafka_nodes,

@@ -20,7 +20,8 @@ from projections import pgschema
 from projections.export import export
 from projections.replay import replay
 from tapeline.postgres import migrate
-from tapeline import kafka, stack
+from tapeline import kafka
+import devstack as stack
 from tests.conftest import settings_env, tapeline_cli, wait_for
 from tests.integration.test_projector import run_projector_until_caught_up
 from tests.integration.test_replay import phase, produce, rows

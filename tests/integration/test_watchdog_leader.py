@@ -16,7 +16,7 @@ import pytest
 from tapeline.health import HealthState
 from tapeline.postgres import migrate
 from tapeline.wiring import build_processor
-from tapeline import stack
+import devstack as stack
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ import pytest
 
 from processors.intake import record_backoff, record_hold_bound_s
 from tapeline.objectstore import normalised_content_type
-from tapeline.s3server import anonymous_allowed
+from devstack.s3server import anonymous_allowed
 from tapeline.settings import Settings
 
 
@@ -54,13 +54,13 @@ def test_a_failing_record_is_tried_a_bounded_number_of_times():
     ("host=h password='s3cr3t with space' dbname=d", "password=*** dbname=d host=h"),
 ])
 def test_dsn_passwords_are_masked(dsn, masked):
-    from tapeline.stack import masked_dsn
+    from devstack import masked_dsn
 
     assert masked_dsn(dsn) == masked and "s3cr3t" not in masked_dsn(dsn)
 
 
 def test_a_malformed_key_value_dsn_is_not_shown():
-    from tapeline.stack import masked_dsn
+    from devstack import masked_dsn
 
     assert "s3cr3t" not in masked_dsn("host=h password=s3cr3t dbname")
 
@@ -83,7 +83,7 @@ def test_multipart_listings_carry_the_time_each_upload_was_created():
     uploads in flight; the local server's middleware puts the creation time in its place."""
     from datetime import datetime, timedelta, timezone
 
-    from tapeline.s3server import MultipartInitiated
+    from devstack.s3server import MultipartInitiated
 
     clock = [datetime(2026, 12, 5, 12, 0, 0, 250000, tzinfo=timezone.utc)]
     listing = (b"<ListMultipartUploadsResult><Upload><Key>a</Key><UploadId>up-1</UploadId>"

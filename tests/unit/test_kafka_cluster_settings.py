@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tapeline.settings import Settings
 from tapeline.home import HomePaths
-from tapeline.stack.kafka import _server_properties, kafka_nodes
+from devstack.kafka_nodes import _server_properties, kafka_nodes
 
 
 def test_one_broker_by_default_replicates_nothing():

@@ -1,4 +1,4 @@
-"""The local monitoring's generated configuration (tapeline/stack/monitoring.py): `promtool check
+"""The local monitoring's generated configuration (devstack/monitoring.py): `promtool check
 config` accepts the Prometheus configuration `stack up --with-monitoring` writes (with the shipped rules
 and the file_sd target list), and the targets follow the supervisor's health ports."""
 
@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from tapeline.settings import Settings
-from tapeline.stack.monitoring import ALERT_RULES, prometheus_config, scrape_targets
+from devstack.monitoring import ALERT_RULES, prometheus_config, scrape_targets
 from tapeline.supervisor import ROLES
 
 

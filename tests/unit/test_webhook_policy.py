@@ -88,7 +88,7 @@ def test_event_types_are_checked():
 
 def test_the_notification_audit_names_each_broken_promise():
     from domain import events as ev
-    from tapeline.chaos import audit_notifications
+    from devstack.chaos import audit_notifications
     from tests.fakeclock import FixedClock
 
     clock = FixedClock()

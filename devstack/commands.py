@@ -11,8 +11,8 @@ from rich.table import Table
 
 from tapeline.settings import Settings
 
-from tapeline.stack import StackError, down, ensure_topics, status, up
-from tapeline.stack.region import down_region_b, region_b_status, up_region_b
+from devstack import StackError, down, ensure_topics, status, up
+from devstack.second_region import down_region_b, region_b_status, up_region_b
 
 REGION_HELP = ("Region: a (the default deployment) or b (the standby: its own Kafka, PostgreSQL server and S3 on "
                "region A's ports + TAPELINE_REGION_B_PORT_OFFSET, PostgreSQL on 5433, and MirrorMaker 2 from "
@@ -142,7 +142,7 @@ def status_command(
     settings = region_a_settings()
     report = status(settings)
     region_b = region_b_status(settings)
-    from tapeline.stack.region import region_a_standby_status
+    from devstack.second_region import region_a_standby_status
 
     into_a = region_a_standby_status(settings)
     if as_json:
@@ -202,3 +202,9 @@ def topics_command() -> None:
         raise typer.Exit(1) from exc
     for topic, partitions in settings.all_topics().items():
         typer.echo(f"{topic}\t{partitions} partitions")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `stack` to the `tapeline` command (the entry point `tapeline.commands` names this function;
+    tapeline/cli.py calls it)."""
+    app.add_typer(stack_app, name="stack", help="Start, inspect and stop the local real services (no Docker).")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
-from tapeline import stack
-from tapeline.chaos import committed_messages
+import devstack as stack
+from devstack.chaos import committed_messages
 from tapeline.settings import Settings
 
 CLUSTER_TIMING = {"lease_s": 30.0, "heartbeat_interval_s": 1.0, "no_progress_timeout_s": 30.0,

@@ -88,7 +88,7 @@ def _server_properties(settings: Settings, node: KafkaNode, nodes: list[KafkaNod
     min_isr = min(settings.min_insync_replicas, replicas)
     controller = f"{node.host}:{node.controller_port}"
     return f"""\
-# Written by `tapeline stack up` (tapeline/stack/kafka.py) on every start; edits are overwritten.
+# Written by `tapeline stack up` (devstack/kafka_nodes.py) on every start; edits are overwritten.
 # Node {node.node_id} of {len(nodes)}: a combined KRaft broker and controller for local development and
 # tests. {"ONE node, so nothing is replicated. Production runs replication factor 3 and min.insync.replicas=2."
          if len(nodes) == 1 else f"Replication factor {replicas}, min.insync.replicas {min_isr}, as production."}

@@ -16,7 +16,7 @@ It stands in for a social/video platform or a CMS webhook in tests, the demo and
   answer 503 (`"lookups": "up"` restores them); `{"reply_delay_s": 8}` records each post at once and
   answers it 8 s later (a slow provider: a caller killed meanwhile made a post it never heard of).
 
-Run: `python -m tapeline.provider_server --port 18080 --mode nodedupe [--record posts.jsonl]`.
+Run: `python -m devstack.provider_server --port 18080 --mode nodedupe [--record posts.jsonl]`.
 Every post is also appended to the record file (JSON lines), so a test can read what the server
 received even after killing it.
 """

@@ -1,4 +1,4 @@
-"""The local S3 endpoint: moto behind `tapeline.s3server`'s signature gate, with the bucket and its policy."""
+"""The local S3 endpoint: moto behind `devstack.s3server`'s signature gate, with the bucket and its policy."""
 
 from __future__ import annotations
 
@@ -25,16 +25,16 @@ def s3_markers(settings: Settings) -> tuple[str, ...]:
     """What the command line of the stack's own S3 server holds (its module and port): a pid file is
     trusted only for such a process."""
     _, port = host_port(urlsplit(settings.s3_endpoint).netloc, 80)
-    return ("tapeline.s3server", str(port))
+    return ("devstack.s3server", str(port))
 
 # --------------------------------------------------------------------------------------------
-# S3 (moto behind tapeline.s3server's signature gate)
+# S3 (moto behind devstack.s3server's signature gate)
 
 
 def s3_server_command(host: str, port: int) -> list[str]:
-    """The command line of the local object store (`tapeline.s3server`) on host:port, run by this
+    """The command line of the local object store (`devstack.s3server`) on host:port, run by this
     interpreter (its environment has moto)."""
-    return [sys.executable, "-m", "tapeline.s3server", "-H", host, "-p", str(port)]
+    return [sys.executable, "-m", "devstack.s3server", "-H", host, "-p", str(port)]
 
 
 def s3_server_env(settings: Settings) -> dict[str, str]:
@@ -94,7 +94,7 @@ def _ensure_bucket(settings: Settings, console: Console | None) -> None:
 
 
 def _up_s3(settings: Settings, paths: HomePaths, console: Console | None) -> None:
-    """Make the S3 endpoint answer (reuse, or start `tapeline.s3server`) and ensure the bucket.
+    """Make the S3 endpoint answer (reuse, or start `devstack.s3server`) and ensure the bucket.
 
     Raises:
         StackError: the server exits, or does not answer within S3_READY_TIMEOUT_S.
@@ -102,7 +102,7 @@ def _up_s3(settings: Settings, paths: HomePaths, console: Console | None) -> Non
     pid = owned_pid(paths.s3_pid, s3_markers(settings))
     proc = None
     if pid is not None:
-        say(console, f"[bold]s3[/]: tapeline.s3server already running (pid {pid})")
+        say(console, f"[bold]s3[/]: devstack.s3server already running (pid {pid})")
     elif endpoint_answers(settings)[0]:
         say(console, f"[bold]s3[/]: {settings.s3_endpoint} answers; reusing it")
         update_state(paths, "s3", None)
@@ -112,11 +112,11 @@ def _up_s3(settings: Settings, paths: HomePaths, console: Console | None) -> Non
         paths.s3.mkdir(parents=True, exist_ok=True)
         proc = spawn(s3_server_command(host, port), paths.s3_log, paths.s3_pid, cwd=paths.s3,
                       env=s3_server_env(settings))
-        say(console, f"[bold]s3[/]: started tapeline.s3server pid {proc.pid} on {settings.s3_endpoint} "
+        say(console, f"[bold]s3[/]: started devstack.s3server pid {proc.pid} on {settings.s3_endpoint} "
                       "(moto, objects in memory; signed requests only, anonymous reads of published/)")
         update_state(paths, "s3", {"pid": proc.pid, "started_at": now_iso(), "endpoint": settings.s3_endpoint,
                                     "log": str(paths.s3_log)})
-    wait_ready(f"tapeline.s3server ({settings.s3_endpoint})", lambda: endpoint_answers(settings), proc, paths.s3_log,
+    wait_ready(f"devstack.s3server ({settings.s3_endpoint})", lambda: endpoint_answers(settings), proc, paths.s3_log,
                 S3_READY_TIMEOUT_S)
     _ensure_bucket(settings, console)
 

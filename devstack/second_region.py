@@ -3,7 +3,7 @@
 Region B's settings come from region A's by the one rule `Settings.for_region("b")` (ports +10000,
 PostgreSQL on 5433, home `<home>/region-b`; docs/regions.md). Its services are the same as region
 A's, started by the same code, except PostgreSQL: a server of its own under its home
-(tapeline/stack/pgserver.py) instead of Debian's cluster. Region A is never started, stopped or
+(devstack/pgserver.py) instead of Debian's cluster. Region A is never started, stopped or
 changed here; the mirror only reads it.
 """
 
@@ -16,15 +16,15 @@ from rich.console import Console
 from tapeline import supervisor
 from tapeline.settings import Settings
 
-from tapeline.stack import up_services
+from devstack import up_services
 from tapeline.home import StackError, locked, say, home_paths, read_state, update_state, stop_owned
-from tapeline.stack.s3 import s3_markers
-from tapeline.stack.kafka import kafka_nodes, kafka_status
+from devstack.s3 import s3_markers
+from devstack.kafka_nodes import kafka_nodes, kafka_status
 from regions.mirror import down_mirror, mirror_status, up_mirror
-from tapeline.stack.pgserver import down_own_postgres, up_own_postgres
+from devstack.pgserver import down_own_postgres, up_own_postgres
 from regions.replicator_process import down_replicator, replicator_status, up_replicator
-from tapeline.stack.postgres import postgres_status
-from tapeline.stack.s3 import s3_status
+from devstack.database import postgres_status
+from devstack.s3 import s3_status
 
 
 def up_region_b(settings: Settings, console: Console | None = None, mirror: bool | None = None) -> dict[str, Any]:

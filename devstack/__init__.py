@@ -1,4 +1,8 @@
-"""The local stack: real Kafka (KRaft), PostgreSQL, an S3 endpoint and ffmpeg, without Docker.
+"""The local dev stack and test harness: real Kafka (KRaft), PostgreSQL, an S3 endpoint and ffmpeg,
+without Docker, plus what tests and benchmarks drive against them (`chaos`, `broker_faults`, the
+signature-gated S3 server `s3server`, the local publish provider `provider_server`). This package
+sits above the product: it may import any of it, and nothing in the product imports it (the
+`tapeline stack` commands reach the CLI through the `tapeline.commands` entry point).
 
 `tapeline stack up` brings up every service the default `Settings` point at, reusing whatever
 already answers and starting only what is missing:
@@ -8,15 +12,15 @@ already answers and starting only what is missing:
   (`stack up --brokers 3`), three such nodes in one quorum, every topic replicated three times.
 * **PostgreSQL** - the Debian package's cluster (`pg_ctlcluster`), plus the role and database
   named in `settings.database_url`.
-* **S3** - moto's S3 behind a signature gate, `python -m tapeline.s3server` (objects live in its
+* **S3** - moto's S3 behind a signature gate, `python -m devstack.s3server` (objects live in its
   memory and are gone when it stops), with the bucket `settings.s3_bucket`: requests signed with
   `s3_access_key`/`s3_secret_key` pass, anonymous ones only as GET/HEAD of objects under
-  `published/` (tapeline/s3server.py says why not moto's own IAM mode).
+  `published/` (devstack/s3server.py says why not moto's own IAM mode).
 * **ffmpeg** - checked, never started.
 * **Prometheus and Alertmanager** - only with `up(..., monitoring=True)` (`stack up
   --with-monitoring`): Debian's binaries on 127.0.0.1 (`prometheus_port`, `alertmanager_port`),
   loading compose/alerts.yml and scraping the processors' and the API's metrics
-  (tapeline/stack/monitoring.py).
+  (devstack/monitoring.py).
 
 Everything the stack writes lives under `settings.home` (one project-owned directory)::
 
@@ -26,10 +30,10 @@ Everything the stack writes lives under `settings.home` (one project-owned direc
     <home>/kafka/data/           KRaft metadata and topic data
     <home>/kafka/server.properties, kafka.log, kafka.pid
     <home>/kafka/node-<n>/data/, server.properties, kafka.log, kafka.pid   (a cluster's node n)
-    <home>/s3/moto.log, moto.pid    (the tapeline.s3server process)
+    <home>/s3/moto.log, moto.pid    (the devstack.s3server process)
     <home>/monitoring/prometheus/   prometheus.yml, targets.json (file_sd), data/, prometheus.log, .pid
     <home>/monitoring/alertmanager/ data/, alertmanager.log, alertmanager.pid
-    <home>/region-b/             region B (`up_region_b`, tapeline/stack/region.py; docs/regions.md): its own
+    <home>/region-b/             region B (`up_region_b`, devstack/second_region.py; docs/regions.md): its own
                                  stack.json, kafka/, s3/, postgres/ (its own server's data, log, socket) and
                                  mirror/ (mm2.properties, mirror.log, mirror.pid: MirrorMaker 2 from region A)
 
@@ -58,12 +62,12 @@ from rich.console import Console
 from tapeline.settings import Settings
 
 from tapeline.home import StackError, HomePaths, locked, home_paths, read_state, say, update_state, stop_owned
-from tapeline.stack.ffmpeg import _ffmpeg_version, check_ffmpeg
-from tapeline.stack.kafka import KafkaNode, _start_kafka, _wait_for_kafka, kafka_nodes, kafka_status, start_kafka_node
+from devstack.ffmpeg import _ffmpeg_version, check_ffmpeg
+from devstack.kafka_nodes import KafkaNode, _start_kafka, _wait_for_kafka, kafka_nodes, kafka_status, start_kafka_node
 from tapeline.topics import delete_topics, ensure_topics
-from tapeline.stack.postgres import _up_postgres, drop_database, masked_dsn, postgres_status
-from tapeline.stack.s3 import _ensure_bucket, _s3_client, s3_markers, _up_s3, public_read_policy, s3_status
-from tapeline.stack.monitoring import down_monitoring, monitoring_status, up_monitoring
+from devstack.database import _up_postgres, drop_database, masked_dsn, postgres_status
+from devstack.s3 import _ensure_bucket, _s3_client, s3_markers, _up_s3, public_read_policy, s3_status
+from devstack.monitoring import down_monitoring, monitoring_status, up_monitoring
 
 __all__ = ["up", "status", "down", "StackError", "HomePaths", "KafkaNode", "kafka_nodes", "start_kafka_node", "_s3_client", "check_ffmpeg", "drop_database", "ensure_topics", "delete_topics", "masked_dsn", "public_read_policy", "_s3_answers", "_ensure_bucket"]
 """The local stack's API (the services' modules hold the rest)."""
@@ -75,7 +79,7 @@ __all__ = ["up", "status", "down", "StackError", "HomePaths", "KafkaNode", "kafk
 
 def up(settings: Settings, console: Console | None = None, monitoring: bool = False) -> dict[str, Any]:
     """Bring up Kafka, PostgreSQL and S3 for `settings`, check ffmpeg, and create the topics; with
-    `monitoring`, also Alertmanager and Prometheus (tapeline/stack/monitoring.py).
+    `monitoring`, also Alertmanager and Prometheus (devstack/monitoring.py).
 
     Idempotent: whatever already answers is reused (nothing is started twice, nothing existing is
     recreated); only what is missing is started and then recorded in `<home>/stack.json`.

@@ -1,6 +1,6 @@
 """The local object store: moto's S3 in this process behind a signature gate (issue 20, item 2).
 
-`python -m tapeline.s3server --host H --port P` serves moto's S3 (objects in memory) with
+`python -m devstack.s3server --host H --port P` serves moto's S3 (objects in memory) with
 `SignedOnly` in front of it, so the endpoint enforces what the README promises:
 
 * a request signed with AWS Signature V4 (`Authorization: AWS4-HMAC-SHA256 ...`) by the
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("MOTO_PORT", str(args.port))
     app = SignedOnly(MultipartInitiated(DomainDispatcherApplication(create_backend_app)), settings.s3_access_key,
                      settings.s3_secret_key, settings.s3_bucket)
-    print(f"tapeline.s3server: S3 on http://{args.host}:{args.port}, signed requests by "
+    print(f"devstack.s3server: S3 on http://{args.host}:{args.port}, signed requests by "
           f"{settings.s3_access_key!r}; anonymous GET/HEAD of {settings.s3_bucket}/{PUBLIC_PREFIX}* only", flush=True)
     run_simple(args.host, args.port, app, threaded=True)
 

@@ -1,6 +1,6 @@
 """A region's own PostgreSQL server (region B): a second cluster with its data under the stack's home.
 
-Region A uses Debian's cluster (`pg_ctlcluster`, tapeline/stack/postgres.py). Region B must not
+Region A uses Debian's cluster (`pg_ctlcluster`, devstack/database.py). Region B must not
 share it (issue 25: its own server, not another database), and its files belong under region B's
 home, so it runs the Debian binaries (`initdb`, `pg_ctl` of the newest `/usr/lib/postgresql/<v>/bin`)
 directly as the `postgres` OS user (the server refuses to run as root)::
@@ -25,7 +25,7 @@ from rich.console import Console
 from tapeline.settings import Settings
 
 from tapeline.home import StackError, HomePaths, now_iso, say, update_state
-from tapeline.stack.postgres import PG_READY_TIMEOUT_S, _pg_connect_error, _pg_ensure_role_and_db, _pg_params, masked_dsn
+from devstack.database import PG_READY_TIMEOUT_S, _pg_connect_error, _pg_ensure_role_and_db, _pg_params, masked_dsn
 
 
 def pg_binary(name: str) -> Path:

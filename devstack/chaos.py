@@ -34,7 +34,7 @@ ENDED_STATES = TERMINAL_STATES  # final and reopenable: the job stopped moving (
 
 
 class ProviderProcess:
-    """`python -m tapeline.provider_server` as a real child process on a free port."""
+    """`python -m devstack.provider_server` as a real child process on a free port."""
 
     def __init__(self, directory: Path, mode: str = "nodedupe", timeout_s: float = 20.0) -> None:
         with socket.socket() as sock:
@@ -42,7 +42,7 @@ class ProviderProcess:
             self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.record = directory / f"posts-{self.port}.jsonl"
-        self.process = subprocess.Popen([sys.executable, "-m", "tapeline.provider_server", "--port", str(self.port),
+        self.process = subprocess.Popen([sys.executable, "-m", "devstack.provider_server", "--port", str(self.port),
                                          "--mode", mode, "--record", str(self.record)],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s
@@ -67,7 +67,7 @@ class ProviderProcess:
         return httpx.get(f"{self.url}/requests", timeout=5).json()
 
     def control(self, **change: Any) -> None:
-        """Inject faults (see tapeline/provider_server.py `/_control`)."""
+        """Inject faults (see devstack/provider_server.py `/_control`)."""
         httpx.post(f"{self.url}/_control", json=change, timeout=5).raise_for_status()
 
     def stop(self) -> None:
