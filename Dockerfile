@@ -10,6 +10,7 @@ WORKDIR /app
 COPY pyproject.toml ./
 COPY domain ./domain
 COPY tapeline ./tapeline
+COPY cli ./cli
 COPY regions ./regions
 COPY devstack ./devstack
 COPY schemas ./schemas

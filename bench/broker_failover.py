@@ -115,7 +115,7 @@ def main() -> int:
         raise
     log_path = work / "run.log"
     log = open(log_path, "ab")
-    pipeline = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "all"], env=env_for(settings),
+    pipeline = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--role", "all"], env=env_for(settings),
                                 stdout=log, stderr=log, start_new_session=True)
     clip = sample_video("carphone_pristine.mp4")
     jobs: dict[str, str] = {}

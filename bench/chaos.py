@@ -123,7 +123,7 @@ def main() -> int:
     points_file.write_text("")
     log = open(work / "run.log", "ab")
     env = dict(env_for(settings), TAPELINE_CRASH_POINTS_FILE=str(points_file), TAPELINE_CRASH_ONCE_DIR=str(once))
-    pipeline = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "all"], env=env,
+    pipeline = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--role", "all"], env=env,
                                 stdout=log, stderr=log, start_new_session=True)
     small, longer = sample_video("carphone_pristine.mp4"), sample_video("bigbuckbunny.mp4")
     jobs: dict[str, str] = {}

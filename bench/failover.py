@@ -245,14 +245,14 @@ def drill(work: Path, jobs: int, seed: int, say=print) -> Round:
     log = open(work / "run-a.log", "ab")
     try:
         up_region_a(a)
-        up = subprocess.run([sys.executable, "-m", "tapeline.cli", "stack", "up", "--region", "b"], env=env,
+        up = subprocess.run([sys.executable, "-m", "cli.main", "stack", "up", "--region", "b"], env=env,
                             capture_output=True, text=True, timeout=300)
         if up.returncode != 0:
             raise RuntimeError(f"stack up --region b failed:\n{up.stdout}\n{up.stderr}")
         from tapeline.postgres import migrate
 
         migrate(a.database_url, a.db_schema, a.reader_role)
-        processors = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "all"], env=env,
+        processors = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--role", "all"], env=env,
                                       stdout=log, stderr=log, start_new_session=True)
         clip = long_clip(work)
         job_ids: list[str] = []
@@ -280,7 +280,7 @@ def drill(work: Path, jobs: int, seed: int, say=print) -> Round:
         say(f"killed region a ({len(killed)} processes); stages then: {result.stages_at_kill}")
 
         started_at = time.time()
-        command = subprocess.run([sys.executable, "-m", "tapeline.cli", "region", "failover", "--to", "b", "--why",
+        command = subprocess.run([sys.executable, "-m", "cli.main", "region", "failover", "--to", "b", "--why",
                                   "drill: region a killed", "--json"], env=env, capture_output=True, text=True,
                                  timeout=600)
         if command.returncode != 0:
@@ -335,7 +335,7 @@ def drill(work: Path, jobs: int, seed: int, say=print) -> Round:
         held = [t for topic, e, t in a_events if (topic, e.event_id) in b_ids]
         result.rpo_s = (max(t for _, _, t in a_events) - max(held)) if missing and held else 0.0
         before = len(a_events)
-        old = subprocess.run([sys.executable, "-m", "tapeline.cli", "run", "--role", "all"], env=env,
+        old = subprocess.run([sys.executable, "-m", "cli.main", "run", "--role", "all"], env=env,
                              capture_output=True, text=True, timeout=120)
         after = len(mirrored_events(a))
         result.fence_message = old.stderr.strip().splitlines()[-1] if old.stderr.strip() else ""
@@ -358,7 +358,7 @@ def teardown(a: Settings, env: dict[str, str]) -> None:
     from devstack.kafka_nodes import kafka_nodes
     from devstack.pgserver import down_own_postgres
 
-    subprocess.run([sys.executable, "-m", "tapeline.cli", "stack", "down", "--region", "b"], env=env,
+    subprocess.run([sys.executable, "-m", "cli.main", "stack", "down", "--region", "b"], env=env,
                    capture_output=True, timeout=180)
     paths = home_paths(a)
     for node in kafka_nodes(a, paths):

@@ -91,7 +91,7 @@ def main() -> None:
     for name, argv in (("projector", ["run", "--role", "projector"]), ("intake", ["run", "--role", "intake"]),
                        ("serve", ["serve", "--port", str(port)])):
         log = open(work / f"{name}.log", "ab")
-        children.append(subprocess.Popen([sys.executable, "-m", "tapeline.cli", *argv], env=env, stdout=log,
+        children.append(subprocess.Popen([sys.executable, "-m", "cli.main", *argv], env=env, stdout=log,
                                          stderr=log, start_new_session=True))
     db = psycopg.connect(settings.database_url, autocommit=True)
     http = httpx.Client(base_url=url, timeout=120.0, headers={"Authorization": f"Bearer {TOKEN}"})

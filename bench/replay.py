@@ -160,7 +160,7 @@ def measure_replay(settings: Settings, schema: str, engine: str = "auto", expect
     for name in ("app_name", "kafka_bootstrap", "database_url", "topic_prefix", "uploads_partitions",
                  "jobs_partitions", "work_partitions"):
         env[f"TAPELINE_{name.upper()}"] = str(getattr(settings, name))
-    done = subprocess.run([sys.executable, "-m", "tapeline.cli", "replay", "--into", schema, "--json",
+    done = subprocess.run([sys.executable, "-m", "cli.main", "replay", "--into", schema, "--json",
                            "--batch-size", os.environ.get("BENCH_BATCH_SIZE", "5000"), "--engine", engine],
                           env=env, stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:

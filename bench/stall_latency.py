@@ -1,6 +1,6 @@
 """Stall-detection latency against real processes: kill -9 of a worker, of a whole host, and a hung ffmpeg, lease L.
 
-Two "hosts" run transcode: each is a supervisor (`tapeline.supervisor.supervise`, as under
+Two "hosts" run transcode: each is a supervisor (`cli.supervisor.supervise`, as under
 `tapeline run --role all`, with its rescue on exit) with one transcode worker child and its own
 `TAPELINE_HOME` (so neither sees the other's holdings). The projector, intake, watchdog and publish
 run as plain processes beside them. For each run: submit a 32 s real video, wait until its transcode
@@ -59,12 +59,12 @@ def env_for(settings: Settings) -> dict[str, str]:
 
 def start(role: str, settings: Settings, logs: Path) -> subprocess.Popen:
     log = open(logs / f"{role}-{uuid.uuid4().hex[:4]}.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", role], env=env_for(settings),
+    return subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--role", role], env=env_for(settings),
                             stdout=log, stderr=log, start_new_session=True)
 
 
-HOST = ("import sys; from tapeline.settings import Settings; from tapeline.supervisor import supervise; "
-        "from tapeline.wiring import rescue_on_exit; settings = Settings(); "
+HOST = ("import sys; from tapeline.settings import Settings; from cli.supervisor import supervise; "
+        "from cli.wiring import rescue_on_exit; settings = Settings(); "
         "sys.exit(supervise(('transcode',), grace_s=5.0, on_exit=rescue_on_exit(settings)))")
 """A transcode host: the supervisor of `tapeline run --role all`, with only the transcode role."""
 

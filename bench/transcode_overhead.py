@@ -43,7 +43,7 @@ from processors.runtime import AttemptIdentity, Runtime, new_claim_token  # noqa
 from processors.transcode import TranscodeWorker  # noqa: E402
 from processors.worker import Attempt  # noqa: E402
 from domain import events as ev  # noqa: E402
-from tapeline.wiring import build_runtime  # noqa: E402
+from cli.wiring import build_runtime  # noqa: E402
 from tapeline.objectstore import ObjectStore  # noqa: E402
 from tapeline.samples import sample_video  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402

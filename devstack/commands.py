@@ -206,5 +206,5 @@ def topics_command() -> None:
 
 def register(app: typer.Typer) -> None:
     """Add `stack` to the `tapeline` command (the entry point `tapeline.commands` names this function;
-    tapeline/cli.py calls it)."""
+    cli/main.py calls it)."""
     app.add_typer(stack_app, name="stack", help="Start, inspect and stop the local real services (no Docker).")

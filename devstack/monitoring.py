@@ -23,7 +23,7 @@ from rich.console import Console
 
 from tapeline.settings import PROJECT_ROOT, Settings
 from domain.pipeline import STAGE_NAMES
-from tapeline.supervisor import ROLES
+from cli.supervisor import ROLES
 
 from tapeline.home import StackError, HomePaths, now_iso, owned_pid, say, spawn, update_state, wait_ready, stop_owned
 

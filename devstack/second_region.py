@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
-from tapeline import supervisor
+from cli import supervisor
 from tapeline.settings import Settings
 
 from devstack import up_services

@@ -4,7 +4,7 @@ A stage is declared once here, as a `StageSpec` (its name, the module and class 
 its work item must carry, whether it may be skipped, its default lease and no-progress timeout, the
 crash points of its own side effects). A pipeline profile names stages in order. Everything else
 derives from this one registry: the work topics (`tapeline.settings.Settings.all_topics`), the roles
-of `tapeline run` and their health ports (`tapeline/cli_run.py`, `tapeline/supervisor.py`), the
+of `tapeline run` and their health ports (`cli/run_command.py`, `cli/supervisor.py`), the
 crash-point list (`tapeline/crashpoints.py`), the next stage after a success
 (`processors.worker.StageWorker.hand_on`), the work item the watchdog rebuilds
 (`processors/watchdog.py`), the display order (`tapeline/read.py`), and the fold's stage order for
@@ -32,7 +32,7 @@ class StageSpec:
 
     `name`: the stage (work topics `<prefix>.work.<name>.<tier>`, role `tapeline run --role <name>`);
     `worker`: `"module:Class"` of its `processors.worker.StageWorker` subclass (imported only by
-    `tapeline.wiring`); `needs`: the `WorkItem` fields beyond the job's identity its work reads,
+    `cli.wiring`); `needs`: the `WorkItem` fields beyond the job's identity its work reads,
     which the watchdog fills in when it rebuilds a work item from the job's row (`inputs`: the
     outputs earlier stages recorded; `audio_playlist_key`; `x264_preset`); `optional`: under the
     degradation ladder (a degraded job) the stage is skipped with a `StageSkipped` event;

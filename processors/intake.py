@@ -188,7 +188,7 @@ class IntakeProcessor:
 
     def __init__(self, settings: Settings, *, events: EventLog, jobs: JobStore, storage: ObjectStorage,
                  media: MediaTool, clock: Clock, health: HealthState | None = None) -> None:
-        """The adapters (`tapeline/wiring.py` `build_processor`): `events`, the uploads and lifecycle
+        """The adapters (`cli/wiring.py` `build_processor`): `events`, the uploads and lifecycle
         logs; `jobs`, the projection it reconciles against; `storage`, where sources are; `media`, the
         probe; `clock`, what its events are stamped with. `run` closes `events` and `jobs` when it ends."""
         self.settings = settings

@@ -46,7 +46,7 @@ log = structlog.get_logger("tapeline.operator")
 
 @dataclass(frozen=True)
 class ActionAdapters:
-    """The adapters one operator action runs on, fresh for each action (`tapeline/wiring.py`
+    """The adapters one operator action runs on, fresh for each action (`cli/wiring.py`
     `OperatorService` builds them): `events` and `jobs` are closed when the action ends; `storage`
     builds the bucket's adapter when the action needs it; `clock` stamps the events."""
 

@@ -43,7 +43,7 @@ def new_claim_token() -> str:
 class Runtime:
     """What one processor process holds: settings, its event log (`EventLog`: writers, partition
     counts, last stable offsets) and its job store (`JobStore`: the projection's reads), and the
-    offsets it wrote. The adapters are handed in (`tapeline/wiring.py` builds them: `build_processor`
+    offsets it wrote. The adapters are handed in (`cli/wiring.py` builds them: `build_processor`
     for the processors, `build_runtime` for tests and benches)."""
 
     def __init__(self, settings: Settings, role: str, health: HealthState | None = None,

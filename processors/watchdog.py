@@ -236,7 +236,7 @@ class Watchdog:
 
     def __init__(self, settings: Settings, *, leader: JobStore, jobs: JobStore, events: EventLog,
                  storage: ObjectStorage, clock: Clock, health: HealthState | None = None) -> None:
-        """The adapters (`tapeline/wiring.py` `build_processor`): `leader`, a job store of its own whose
+        """The adapters (`cli/wiring.py` `build_processor`): `leader`, a job store of its own whose
         session holds the leader lock; `jobs`, the one it reads the projection through; `events`, the
         lifecycle log; `storage`, the bucket the cleanup sweeps; `clock`, what its events are stamped
         with. It closes `leader`, `jobs` and `events` when `run` ends."""

@@ -96,7 +96,7 @@ class StageWorker:
 
     def __init__(self, settings: Settings, *, events: EventLog, jobs: JobStore, storage: ObjectStorage,
                  clock: Clock, health: HealthState | None = None) -> None:
-        """The adapters (`tapeline/wiring.py` `build_processor`): `events`, the work topics and the
+        """The adapters (`cli/wiring.py` `build_processor`): `events`, the work topics and the
         lifecycle log (one transactional writer per claimed job, `<app>.<stage>.<job_id>`); `jobs`, the
         projection it reconciles against; `storage`, the bucket; `clock`, what its events are stamped
         with. `run` closes `events` and `jobs` when it ends."""

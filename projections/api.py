@@ -10,7 +10,7 @@ One FastAPI app (`create_app`) serves:
   every few seconds from the JSON API (no build step, no CDN);
 - operator actions (replay a dead letter, resolve a review, cancel a job) as JSON endpoints with a
   bearer token and as dashboard forms with a token field. They call the `OperatorActions` port
-  (`projections/ports.py`; `tapeline/wiring.py` binds it to the CLI's runners in
+  (`projections/ports.py`; `cli/wiring.py` binds it to the CLI's runners in
   `processors/operator.py`): they emit events and never write a projection;
 - `/health/live`, `/health/ready` and `/metrics` (prometheus-client, this process's own registry);
 - the HTTP intake `POST /uploads` (the `Intake` port, `producers/http_intake.py`: streamed uploads with API tokens,
@@ -232,7 +232,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
     `actions` carries out operator actions (without it every action answers 503); `webhooks` registers
     customer webhook endpoints (`/api/webhooks`; without it they answer 503); `storage_bytes` measures
     the bucket for the problems strip (None: storage is not shown there); `intake` adds
-    `POST /uploads`. `tapeline.wiring.build_app` passes both. The routes are in `ROUTERS`; they
+    `POST /uploads`. `cli.wiring.build_app` passes both. The routes are in `ROUTERS`; they
     reach this app's pool, settings and actions through `app.state.web` (`api_deps.Web`).
     """
     from contextlib import asynccontextmanager

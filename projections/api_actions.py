@@ -26,7 +26,7 @@ router = APIRouter()
 def wired(context: Web) -> OperatorActions:
     """The app's operator actions; raises HTTPException 503 when this server has none."""
     if context.actions is None:
-        raise HTTPException(503, "this server has no operator actions wired (see tapeline.wiring.build_app)")
+        raise HTTPException(503, "this server has no operator actions wired (see cli.wiring.build_app)")
     return context.actions
 
 

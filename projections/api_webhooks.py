@@ -1,6 +1,6 @@
 """Webhook endpoints in the admin API (`projections/api.py` includes `router`): register, list,
 disable, enable and remove a submitter's endpoints under `/api/webhooks` (bearer admin token). They
-call the app's `WebhookEndpoints` port (`projections/ports.py`, wired by `tapeline/wiring.py`); the
+call the app's `WebhookEndpoints` port (`projections/ports.py`, wired by `cli/wiring.py`); the
 secret is in the answer to the registration only, never logged."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class Disable(BaseModel):
 
 def wired(context: Web) -> WebhookEndpoints:
     if context.webhooks is None:
-        raise HTTPException(503, "this server has no webhook endpoints wired (see tapeline.wiring.build_app)")
+        raise HTTPException(503, "this server has no webhook endpoints wired (see cli.wiring.build_app)")
     return context.webhooks
 
 

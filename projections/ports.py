@@ -1,6 +1,6 @@
 """Ports of the web layer: what `projections/api.py` asks of the rest, as small Protocols.
 
-The API never imports the processors or the producers; `tapeline/wiring.py` builds the adapters
+The API never imports the processors or the producers; `cli/wiring.py` builds the adapters
 (`processors/operator.py` behind `OperatorActions`, `producers/http_intake.py` behind `Intake`) and
 passes them to `create_app`.
 """

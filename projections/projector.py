@@ -10,7 +10,7 @@ Commit protocol, per batch of records (one PostgreSQL transaction):
   Step 6. commit. A crash before step 6 leaves nothing; the restart resumes at the stored offsets.
 Steps 1 and 3 are pure (`projections/fold.py`, shared with the bulk replay); steps 2, 4 and 5 are
 the PostgreSQL writes of `projections/writes.py`. The loop reads the log through the event-log port
-(`tapeline.ports.EventLog.assigned_reader`, built by `tapeline/wiring.py` `build_projector`): it is
+(`tapeline.ports.EventLog.assigned_reader`, built by `cli/wiring.py` `build_projector`): it is
 assigned its partitions at the stored offsets (no consumer-group commits), reads committed records
 only, and on reaching a partition's end stores that position too, so "caught up" can be judged
 against the last stable offset even after transaction markers.

@@ -190,7 +190,7 @@ def _wait_left_quiet(source: Settings, timeout_s: float) -> bool:
     what it found)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from tapeline import supervisor
+    from cli import supervisor
     from regions.mirror import mirrored_topics
 
     deadline = time.monotonic() + timeout_s
@@ -244,7 +244,7 @@ class _projector:
     """A projector of `settings` in a thread of this process, for the `with` block."""
 
     def __init__(self, settings: Settings) -> None:
-        from tapeline.wiring import build_projector
+        from cli.wiring import build_projector
 
         self.projector = build_projector(settings, lag_interval_s=0)
         self.stop = threading.Event()
@@ -286,7 +286,7 @@ def _requeue_lost_attempts(target: Settings, record: ev.RegionFailedOver) -> lis
     from processors.runtime import transact
     from processors.watchdog import run_once
     from tapeline.read import jobs_in_state
-    from tapeline.wiring import build_runtime
+    from cli.wiring import build_runtime
 
     from psycopg.rows import dict_row
 
@@ -310,7 +310,7 @@ def _requeue_lost_attempts(target: Settings, record: ev.RegionFailedOver) -> lis
 def start_region_processors(target: Settings) -> int:
     """Start `tapeline run --role all` of region `target.region` in the background (the environment's
     settings with TAPELINE_REGION set); returns its pid (a running one is reused)."""
-    from tapeline import supervisor
+    from cli import supervisor
 
     env = {**os.environ, "TAPELINE_REGION": target.region}
     env.pop("TAPELINE_HEALTH_PORT", None)  # its children get theirs from its (derived) health port base
@@ -319,7 +319,7 @@ def start_region_processors(target: Settings) -> int:
 
 def intake_health_url(target: Settings) -> str:
     """Where region `target`'s intake child answers `/health/ready` (supervisor.ROLES index 1)."""
-    from tapeline.supervisor import ROLES
+    from cli.supervisor import ROLES
 
     return f"http://127.0.0.1:{target.health_port_base + ROLES.index('intake')}/health/ready"
 

@@ -186,7 +186,7 @@ def _check_services(standby: Settings) -> None:
 def _stop_everything_of(regions: dict[str, Settings], name: str, active: str) -> None:
     """Stop `name`'s detached processors and the mirror and replicator of both directions (their
     files under each region's home). Each only if it runs."""
-    from tapeline import supervisor
+    from cli import supervisor
     from tapeline.home import home_paths
     from regions.mirror import down_mirror
     from regions.replicator_process import down_replicator

@@ -27,7 +27,7 @@ def _dir(paths: HomePaths) -> Path:
 
 
 def _markers(paths: HomePaths) -> tuple[str, ...]:
-    return ("tapeline.cli", "replicate", str(_dir(paths)))
+    return ("cli.main", "replicate", str(_dir(paths)))
 
 
 def _started_run(log: Path) -> str:
@@ -55,7 +55,7 @@ def up_replicator(target: Settings, paths: HomePaths, console: Console | None) -
         say(console, f"[bold]replicator[/]: already running (pid {pid})")
         return
     workdir.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "tapeline.cli", "region", "replicate", "--to", target.region,
+    argv = [sys.executable, "-m", "cli.main", "region", "replicate", "--to", target.region,
             "--workdir", str(workdir)]
     proc = spawn(argv, log, pid_file, cwd=workdir)
     update_state(paths, "replicator", {"pid": proc.pid, "started_at": now_iso(), "log": str(log)})

@@ -4,7 +4,7 @@ A worker with a stable name (`Settings.worker_name`) writes one small JSON file 
 it holds an attempt: `<home>/run/holdings/<app_name>.<worker_name>.<pid>.json`, written after its
 `AttemptStarted` committed and removed when the attempt ended. When that process dies, its file stays:
 
-- the supervisor of `tapeline run --role all` sees the child exit (`tapeline/supervisor.py`) and reads
+- the supervisor of `tapeline run --role all` sees the child exit (`cli/supervisor.py`) and reads
   the file of that pid;
 - a worker restarted by an external supervisor (systemd, Kubernetes) under the same name finds the
   files of earlier incarnations whose process no longer exists.

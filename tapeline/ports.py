@@ -1,6 +1,6 @@
 """The ports the processors depend on: small typing Protocols, one per outside system.
 
-A processor is handed its adapters (built in one place, `tapeline/wiring.py` `build_processor`) and
+A processor is handed its adapters (built in one place, `cli/wiring.py` `build_processor`) and
 calls them only through these shapes; which adapter stands behind each:
 
 | port            | adapter                                   | what stands behind it          |

@@ -127,7 +127,7 @@ class Pipeline:
 
     def start(self) -> "Pipeline":
         self.log = open(self.log_path, "ab")
-        self.process = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "all"],
+        self.process = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--role", "all"],
                                         env={**settings_env(self.settings), **self.extra_env}, stdout=self.log,
                                         stderr=self.log, start_new_session=True)
         return self
@@ -180,7 +180,7 @@ def pipeline(isolated: Settings, tmp_path_factory: pytest.TempPathFactory) -> It
 def tapeline_cli(settings: Settings, *args: str, timeout_s: float = 300.0,
                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the `tapeline` CLI as a user would, with the module's settings (and `env`) in the environment."""
-    return subprocess.run([sys.executable, "-m", "tapeline.cli", *args], env={**settings_env(settings), **(env or {})},
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], env={**settings_env(settings), **(env or {})},
                           capture_output=True, text=True, timeout=timeout_s)
 
 

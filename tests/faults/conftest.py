@@ -70,7 +70,7 @@ class Roles:
         from tests.conftest import settings_env
 
         log = open(self.log_dir / f"{role}-{len(self.processes)}.log", "ab")
-        process = subprocess.Popen([*(wrapper or []), sys.executable, "-m", "tapeline.cli", "run", "--role", role],
+        process = subprocess.Popen([*(wrapper or []), sys.executable, "-m", "cli.main", "run", "--role", role],
                                    env={**settings_env(self.settings), **(env or {})}, stdout=log, stderr=log,
                                    start_new_session=True)
         self.processes.append((role, process, log))

@@ -52,7 +52,7 @@ class Roles:
         for role in roles:
             log = open(self.log_dir / f"{role}.log", "ab")
             self.processes[role] = subprocess.Popen(
-                [sys.executable, "-m", "tapeline.cli", "run", "--role", role],
+                [sys.executable, "-m", "cli.main", "run", "--role", role],
                 env={**settings_env(self.settings), **self.extra_env}, stdout=log, stderr=log,
                 start_new_session=True)
             log.close()

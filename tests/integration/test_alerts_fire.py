@@ -41,7 +41,7 @@ def free_port() -> int:
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tapeline.cli", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], env=env, capture_output=True, text=True,
                           timeout=120)
 
 
@@ -73,7 +73,7 @@ def test_a_dead_letter_fires_its_alert_in_alertmanager(isolated, tmp_path):
         for name, args, extra in (("projector", ["run", "--role", "projector"], {"TAPELINE_HEALTH_PORT": str(health)}),
                                   ("serve", ["serve"], {})):
             log = open(tmp_path / f"{name}.log", "ab")
-            processes.append((name, log, subprocess.Popen([sys.executable, "-m", "tapeline.cli", *args],
+            processes.append((name, log, subprocess.Popen([sys.executable, "-m", "cli.main", *args],
                                                           env={**env, **extra}, stdout=log, stderr=log,
                                                           start_new_session=True)))
         base = f"http://127.0.0.1:{api}"
@@ -155,7 +155,7 @@ def test_a_stalled_real_job_fires_its_alert_in_alertmanager(isolated, tmp_path):
         for name, args in (("projector", ["run", "--role", "projector"]), ("intake", ["run", "--role", "intake"]),
                            ("watchdog", ["run", "--role", "watchdog"]), ("serve", ["serve"])):
             log = open(tmp_path / f"{name}.log", "ab")
-            processes.append((name, log, subprocess.Popen([sys.executable, "-m", "tapeline.cli", *args], env=env,
+            processes.append((name, log, subprocess.Popen([sys.executable, "-m", "cli.main", *args], env=env,
                                                           stdout=log, stderr=log, start_new_session=True)))
         base = f"http://127.0.0.1:{api}"
         submitted = cli(env, "submit", str(sample_video("carphone_pristine.mp4")), "--json")

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from processors.runtime import transact
-from tapeline.wiring import build_runtime
+from cli.wiring import build_runtime
 from tapeline import read
 from projections.projector import apply_batch
 from tapeline.kafka import broker_time

@@ -13,11 +13,11 @@ import subprocess
 import pytest
 from typer.testing import CliRunner
 
-from tapeline.cli import app
+from cli.main import app
 
 from domain.policy.tiers import after_claim, choose_tier
 from tapeline import read
-from tapeline.cli_jobs import _detail
+from cli.job_commands import _detail
 from tapeline.objectstore import ObjectStore
 from tests.conftest import settings_env, wait_for
 from tests.integration.helpers import committed_events, keys_under, of_job

@@ -30,7 +30,7 @@ import uvicorn
 from pydantic import SecretStr
 
 from projections.glossary import explain
-from tapeline.wiring import build_app as create_app
+from cli.wiring import build_app as create_app
 from tapeline.samples import sample_video
 from tests.conftest import Pipeline, tapeline_cli, wait_for
 from tests.faults.conftest import FAULT_TIMING, job_row

@@ -20,7 +20,7 @@ from tests.faults.test_worker_faults import wait_state
 from tests.integration.helpers import committed_events, of_job
 from tests.integration.receiver import Receiver, body_of
 from tests.integration.test_dead_letters import dlq_list
-from tapeline.wiring import build_app
+from cli.wiring import build_app
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import pytest
 
 from tapeline.samples import sample_video
 from tapeline.settings import Settings
-from tapeline.supervisor import ROLES
+from cli.supervisor import ROLES
 from tests.conftest import Pipeline, tapeline_cli, wait_for
 
 pytestmark = pytest.mark.integration

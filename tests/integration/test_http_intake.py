@@ -47,7 +47,7 @@ def intake_server(settings, log_path: Path, processes: list | None = None) -> It
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     log = open(log_path, "ab")
-    server = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "serve", "--port", str(port)],
+    server = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--port", str(port)],
                               env=settings_env(settings), stdout=log, stderr=log, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     if processes is not None:
@@ -202,7 +202,7 @@ def test_submit_url_waits_out_a_503_then_completes(isolated, pipeline, clip, tmp
                 return conn.execute("SELECT count(*) FROM intake_uploads WHERE priority = 'index' AND submitter = 'alice' "
                                     "AND state = 'uploading'").fetchone()[0] == 1
         wait_for(holding, 20, "the held upload to be admitted", interval_s=0.05)
-        cli = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "submit", str(path), "--url", url, "--token",
+        cli = subprocess.Popen([sys.executable, "-m", "cli.main", "submit", str(path), "--url", url, "--token",
                                 "tok-bob", "--priority", "index", "--retries", "60", "--wait", "--json", "--timeout", "120"],
                                env=settings_env(settings), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         reader = threading.Thread(target=lambda: stderr.extend(cli.stderr))

@@ -28,9 +28,9 @@ from pydantic import SecretStr
 
 from domain import events as ev
 from processors.runtime import transact
-from tapeline.wiring import build_runtime
+from cli.wiring import build_runtime
 from tapeline.clock import system_clock
-from tapeline.wiring import build_app
+from cli.wiring import build_app
 from tests.conftest import settings_env, wait_for
 from tests.integration.test_read_api import LADDER, Job, event_types, job_row, projected_lifecycles
 
@@ -48,7 +48,7 @@ def world(isolated, tmp_path_factory):
 
 def cli(settings, *args: str) -> subprocess.Popen:
     """A `tapeline` CLI process with the module's settings and the pause between read and commit."""
-    return subprocess.Popen([sys.executable, "-m", "tapeline.cli", *args], env={**settings_env(settings), **PAUSE},
+    return subprocess.Popen([sys.executable, "-m", "cli.main", *args], env={**settings_env(settings), **PAUSE},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -177,7 +177,7 @@ def test_a_duplicate_work_item_of_a_claimed_ended_or_superseded_attempt_never_ru
     ours = {job.job_id for job in (claimed, ended, superseded)}
     log_path = tmp_path / "transcode.log"
     with open(log_path, "ab") as log:
-        worker = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "transcode"],
+        worker = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--role", "transcode"],
                                   env=settings_env(settings), stdout=log, stderr=log, start_new_session=True)
     try:
         def skipped() -> dict[str, str]:

@@ -17,10 +17,10 @@ from fastapi.testclient import TestClient
 
 from domain import events as ev
 from processors.runtime import transact
-from tapeline.wiring import build_runtime
+from cli.wiring import build_runtime
 from projections.api import create_app
 from tapeline.objectstore import ObjectStore
-from tapeline.wiring import build_app, storage_meter
+from cli.wiring import build_app, storage_meter
 from tests.integration.test_alerts_fire import free_port
 from tests.conftest import settings_env, wait_for
 from tests.integration.test_read_api import Job, job_row
@@ -42,7 +42,7 @@ def strip(client: TestClient, path: str) -> dict[str, str]:
 def test_a_dead_letter_and_a_silent_watchdog_are_on_the_strip_with_their_links(isolated, tmp_path):
     settings = isolated
     log = open(tmp_path / "processors.log", "ab")
-    procs = [subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "projector"],
+    procs = [subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--role", "projector"],
                               env=settings_env(settings), stdout=log, stderr=log, start_new_session=True)]
     try:
         dead = Job("standard")
@@ -77,7 +77,7 @@ def test_a_dead_letter_and_a_silent_watchdog_are_on_the_strip_with_their_links(i
             assert 'href="/stalled"' in silent
 
             # A real watchdog ticks the log clock forward: the line goes away; the dead letter stays.
-            procs.append(subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "watchdog"],
+            procs.append(subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--role", "watchdog"],
                                           env=settings_env(settings), stdout=log, stderr=log, start_new_session=True))
             wait_for(lambda: "watchdog_not_ticking" not in strip(client, "/"), 60, "the watchdog line to go away")
             assert "dead_letters" in strip(client, "/")

@@ -19,7 +19,7 @@ from tapeline.lag import LagObserver, lag_reader, measure
 from tapeline.postgres import connect
 from tapeline import kafka
 from tapeline.health import HealthState
-from tapeline.wiring import build_projector
+from cli.wiring import build_projector
 from tests.conftest import settings_env, tapeline_cli, wait_for
 from tests.integration.test_projector import lifecycle, run_projector_until_caught_up
 from tests.integration.test_replay import produce
@@ -155,7 +155,7 @@ def test_a_served_projector_process_exports_the_gauges_on_metrics(isolated, prod
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "projector"],
+    process = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--role", "projector"],
                                env={**settings_env(isolated), "TAPELINE_HEALTH_PORT": str(port)},
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -10,10 +10,10 @@ import psycopg
 import pytest
 
 from processors.runtime import transact
-from tapeline.wiring import build_runtime
+from cli.wiring import build_runtime
 from domain.lifecycle import JOB_STATE_COLUMNS
 from projections.projector import apply_batch
-from tapeline.wiring import build_projector
+from cli.wiring import build_projector
 from tapeline.postgres import connect, migrate
 from domain import events as ev
 from tapeline import kafka
@@ -155,7 +155,7 @@ def test_projector_refuses_offsets_from_another_kafka_cluster(isolated, written)
 
 
 def test_waiting_for_a_job_fails_fast_when_the_projections_come_from_another_cluster(isolated, written):
-    from tapeline.cli_jobs import _wait_for_job
+    from cli.job_commands import _wait_for_job
     from domain.errors import TapelineError
 
     run_projector_until_caught_up(isolated)  # records this cluster

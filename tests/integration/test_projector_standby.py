@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from processors.runtime import transact
-from tapeline.wiring import build_runtime
+from cli.wiring import build_runtime
 from tapeline.postgres import migrate
 from tests.conftest import settings_env, wait_for
 from tests.integration.test_projector import lifecycle
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 def start_projector(settings, log_path):
     with open(log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "projector"],
+        return subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--role", "projector"],
                                 env=settings_env(settings), stdout=log, stderr=log, start_new_session=True)
 
 

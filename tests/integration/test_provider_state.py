@@ -69,7 +69,7 @@ def test_the_highest_version_wins_in_any_order_and_the_trigger_applies_evidence(
 def test_the_read_api_shows_each_providers_breaker_and_quota_use(isolated):
     from fastapi.testclient import TestClient
 
-    from tapeline.wiring import build_app as create_app
+    from cli.wiring import build_app as create_app
 
     settings = isolated.model_copy(update={"webhook_quota": 30, "webhook_daily_quota": 5000})
     with psycopg.connect(isolated.database_url, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:

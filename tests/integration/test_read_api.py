@@ -33,8 +33,8 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from processors.runtime import transact
-from tapeline.wiring import build_runtime
-from tapeline.wiring import build_app as create_app
+from cli.wiring import build_runtime
+from cli.wiring import build_app as create_app
 from domain import events as ev
 from domain.lifecycle import TERMINAL_STATES
 from tapeline.clock import system_clock
@@ -119,7 +119,7 @@ def projected_lifecycles(settings, log_dir) -> Iterator[dict[str, Job]]:
     projected; yields the jobs. The projector's log goes to `log_dir` and its tail is printed."""
     log_path = log_dir / "projector.log"
     with open(log_path, "ab") as log:
-        projector = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "projector"],
+        projector = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--role", "projector"],
                                      env=settings_env(settings), stdout=log, stderr=log, start_new_session=True)
     try:
         jobs, events = lifecycles()
@@ -402,7 +402,7 @@ def test_tapeline_serve_command(world):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**settings_env(settings), "TAPELINE_SERVE_PORT": str(port)}
-    server = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "serve", "--log-format", "console"], env=env,
+    server = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--log-format", "console"], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         base = f"http://127.0.0.1:{port}"

@@ -30,7 +30,8 @@ from confluent_kafka.admin import AdminClient
 
 from domain import events as ev
 from domain.codec import encode
-from tapeline import kafka, supervisor
+from tapeline import kafka
+from cli import supervisor
 from tapeline.clock import system_clock
 from tapeline.objectstore import ObjectStore
 from regions.measure import measure_region_lag

@@ -34,7 +34,7 @@ from tapeline.objectstore import ObjectStore
 from tapeline.settings import Settings
 from tapeline.home import owned_pid, home_paths
 from regions.replicator_process import _markers as replicator_markers
-from tapeline.wiring import build_runtime
+from cli.wiring import build_runtime
 from tests.conftest import settings_env, tapeline_cli, wait_for
 from tests.integration import test_region_mirror
 
@@ -306,7 +306,7 @@ def test_while_region_a_s3_does_not_answer_the_replicator_waits_on_the_record(re
         dead = sock.getsockname()[1]
     log = tmp_path / "replicate.log"
     with open(log, "wb") as out:
-        waiting = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "region", "replicate", "--workdir",
+        waiting = subprocess.Popen([sys.executable, "-m", "cli.main", "region", "replicate", "--workdir",
                                     str(tmp_path)], stdout=out, stderr=subprocess.STDOUT,
                                    env={**settings_env(a), "TAPELINE_S3_ENDPOINT": f"http://127.0.0.1:{dead}",
                                         "TAPELINE_S3_MAX_ATTEMPTS": "1"})
@@ -338,7 +338,7 @@ def test_a_replicator_killed_mid_copy_restarts_and_replicates_everything_once(re
     wait_for(lambda: _status(a)["events_behind"] == 0, 60, "the mirror to carry the job's events")
     before = _rows(b)
     # A replicator of our own that kills itself (SIGKILL) once an object is in B and not yet recorded.
-    crashed = subprocess.run([sys.executable, "-m", "tapeline.cli", "region", "replicate", "--workdir", str(tmp_path)],
+    crashed = subprocess.run([sys.executable, "-m", "cli.main", "region", "replicate", "--workdir", str(tmp_path)],
                              env={**settings_env(a), "TAPELINE_CRASH_POINTS": "replicate.after_copy",
                                   "TAPELINE_CRASH_ONCE_DIR": str(tmp_path)},
                              capture_output=True, text=True, timeout=120)

@@ -24,7 +24,7 @@ from projections.replay import replay, replay_lock
 from domain.codec import default_codec
 from tapeline import kafka
 from tests.conftest import tapeline_cli, wait_for
-from tapeline.wiring import build_projector
+from cli.wiring import build_projector
 from tests.integration.test_projector import run_projector_until_caught_up
 
 pytestmark = pytest.mark.integration

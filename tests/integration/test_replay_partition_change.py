@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from processors.runtime import transact
-from tapeline.wiring import build_runtime
+from cli.wiring import build_runtime
 from tests.conftest import tapeline_cli
 from tests.integration.test_projector import lifecycle
 

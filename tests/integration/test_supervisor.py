@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from tapeline.samples import sample_video
-from tapeline.supervisor import ROLES
+from cli.supervisor import ROLES
 from tests.conftest import tapeline_cli, wait_for
 
 pytestmark = pytest.mark.integration

@@ -169,7 +169,7 @@ def test_run_migrates_the_configured_schema_and_not_public(isolated, tmp_path):
            f"{params.get('port', 5432)}/{dbname}")
     settings = isolated.model_copy(update={"database_url": url, "db_schema": "live_x"})
     logfile = open(tmp_path / "run.log", "wb")
-    process = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "projector"],
+    process = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--role", "projector"],
                                env={**settings_env(settings), "TAPELINE_HEALTH_PORT": "0"}, stdout=logfile,
                                stderr=logfile, start_new_session=True)
     try:
@@ -207,7 +207,7 @@ def test_export_of_one_job_counts_other_jobs_apart_and_a_closed_pipe_ends_quietl
     for fmt in ("jsonl", "avro"):
         read_end, write_end = os.pipe()
         os.close(read_end)  # the reader has gone before the first byte (`| head` after its line)
-        closed = subprocess.run([sys.executable, "-m", "tapeline.cli", "export", "--format", fmt],
+        closed = subprocess.run([sys.executable, "-m", "cli.main", "export", "--format", fmt],
                                 env=settings_env(isolated), stdout=write_end, stderr=subprocess.PIPE, text=True,
                                 timeout=120)
         os.close(write_end)

@@ -20,7 +20,7 @@ import pytest
 
 from domain import events as ev
 from processors.runtime import transact
-from tapeline.wiring import build_runtime
+from cli.wiring import build_runtime
 from tapeline import read
 from tests.conftest import tapeline_cli, wait_for
 from tests.integration.test_read_api import Job, job_row, projected_lifecycles

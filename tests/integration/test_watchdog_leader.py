@@ -15,7 +15,7 @@ import pytest
 
 from tapeline.health import HealthState
 from tapeline.postgres import migrate
-from tapeline.wiring import build_processor
+from cli.wiring import build_processor
 import devstack as stack
 from tests.conftest import wait_for
 

@@ -15,7 +15,7 @@ import uvicorn
 from pydantic import SecretStr
 
 from projections.edge import allowed_hosts
-from tapeline.wiring import build_app
+from cli.wiring import build_app
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration

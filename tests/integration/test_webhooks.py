@@ -19,7 +19,7 @@ from tests.integration.receiver import Receiver, body_of
 from tapeline.postgres import migrate
 from tests.integration.roles import rows
 from tests.integration.test_problems_strip import strip
-from tapeline.wiring import build_app
+from cli.wiring import build_app
 from fastapi.testclient import TestClient
 
 pytestmark = pytest.mark.integration

@@ -132,7 +132,7 @@ def test_a_worker_restarted_under_its_stable_name_rescues_its_earlier_incarnatio
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not process_alive(pid), 10, "the worker to die")
         log = open(work / "restarted.log", "ab")
-        restarted = subprocess.Popen([sys.executable, "-m", "tapeline.cli", "run", "--role", "transcode"],
+        restarted = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--role", "transcode"],
                                      env={**settings_env(settings), "TAPELINE_WORKER_NAME": name}, stdout=log, stderr=log,
                                      start_new_session=True)
         stall = wait_for(lambda: first(settings, job, "StallDetected", kind="worker_exited"), 30,

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from tapeline.settings import Settings
-from tapeline.supervisor import ROLES
+from cli.supervisor import ROLES
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"

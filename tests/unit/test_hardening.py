@@ -71,7 +71,7 @@ def test_a_malformed_intake_tokens_setting_never_prints_a_token(tokens):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "tapeline.cli", "status"], capture_output=True, text=True, timeout=60,
+    done = subprocess.run([sys.executable, "-m", "cli.main", "status"], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "TAPELINE_INTAKE_TOKENS": tokens})
     assert done.returncode == 2, done.stderr
     assert "TAPELINE_INTAKE_TOKENS" in done.stderr.upper() or "intake_tokens" in done.stderr

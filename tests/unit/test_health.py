@@ -194,7 +194,7 @@ def test_unknown_path_is_404(server):
 
 
 def test_supervisor_gives_each_child_its_own_port(monkeypatch):
-    from tapeline.supervisor import ROLES, child_env
+    from cli.supervisor import ROLES, child_env
 
     monkeypatch.setenv("TAPELINE_HEALTH_PORT", "9999")
     assert ROLES[:4] == ("projector", "intake", "transcode", "publish")

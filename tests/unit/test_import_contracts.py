@@ -50,7 +50,7 @@ def test_each_contract_fails_on_a_forbidden_import(tmp_path: Path):
         "producers/__init__.py": "",
         "tapeline/__init__.py": "",
         "tapeline/settings.py": "import processors.worker\n",  # contract 3
-        "tapeline/supervisor.py": "import schemas.register\n",  # contract 4
+        "tapeline/logs.py": "import schemas.register\n",  # contract 4
         "tapeline/ports.py": "import tapeline.kafka\n",  # contract 5
         "projections/projector.py": "import confluent_kafka\n",  # contract 6
         "schemas/__init__.py": "", "schemas/register.py": "",

@@ -3,7 +3,7 @@ again shows the attempts it started (6), with the 3 its last budget counted besi
 
 from __future__ import annotations
 
-from tapeline.cli_ops import _letter_attempts
+from cli.operator_commands import _letter_attempts
 from tapeline.read import letter_attempts
 
 

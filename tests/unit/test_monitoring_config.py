@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tapeline.settings import Settings
 from devstack.monitoring import ALERT_RULES, prometheus_config, scrape_targets
-from tapeline.supervisor import ROLES
+from cli.supervisor import ROLES
 
 
 def test_the_written_configuration_passes_promtool(tmp_path: Path):

@@ -48,7 +48,7 @@ def test_the_clock_import_paths_still_work():
 
 def test_build_processor_hands_each_role_its_adapters_through_the_ports():
     from tapeline.health import HealthState
-    from tapeline.wiring import build_processor
+    from cli.wiring import build_processor
 
     settings = Settings()
     for role in ("watchdog", "intake", "transcode", "publish"):

@@ -9,7 +9,7 @@ from domain.lifecycle import attempts_used
 from projections.provider_status import describe
 from domain import events as ev
 from domain.codec import default_codec
-from tapeline.supervisor import ROLES, child_env, instances
+from cli.supervisor import ROLES, child_env, instances
 from tests.golden import assert_decodes_as_expected, load
 from tests.unit.test_fold import fold_all, happy_path, new
 

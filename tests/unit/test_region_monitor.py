@@ -146,7 +146,7 @@ def test_a_replicator_whose_metrics_port_is_taken_runs_without_it():
     import socket
     import threading
 
-    from tapeline.cli_region import _serve_region_metrics
+    from cli.region_commands import _serve_region_metrics
     from tapeline.settings import Settings
 
     with socket.socket() as taken:

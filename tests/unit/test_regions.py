@@ -186,7 +186,7 @@ def test_totals_sum_events_and_take_the_largest_seconds() -> None:
 
 
 def test_region_status_says_what_is_pending_and_why() -> None:
-    from tapeline.cli_region import _objects_line
+    from cli.region_commands import _objects_line
 
     up = {"up": True, "pid": 42, "log": "x"}
     line = _objects_line({"named": 5, "replicated": 3, "replicated_bytes": 900, "pending": 2, "pending_bytes": 70,

@@ -10,7 +10,7 @@ from processors.segment_plan import AUDIO, Checkpoint, LocalSegment, plan_resume
 from domain.policy.retry import Action, RetryPolicy, retry_decision
 from domain.lifecycle import evolve
 from domain import events as ev
-from tapeline.cli_jobs import _reused_segments
+from cli.job_commands import _reused_segments
 from domain.errors import TranscodeFailed
 from tests.unit.test_fold import T0, fold_all, happy_path, new
 

@@ -15,7 +15,7 @@ from tapeline.settings import Settings
 @pytest.mark.parametrize("value, reason", [("inf", "finite number"), ("nan", "finite number"),
                                            ("1e12", "less than or equal to 86400"), ("0", "greater than 0")])
 def test_a_bad_lease_is_refused_in_one_line(value, reason):
-    done = subprocess.run([sys.executable, "-m", "tapeline.cli", "status"], capture_output=True, text=True, timeout=60,
+    done = subprocess.run([sys.executable, "-m", "cli.main", "status"], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "TAPELINE_LEASE_S": value})
     assert done.returncode == 2
     assert f"invalid setting TAPELINE_LEASE_S='{value}'" in done.stderr and reason in done.stderr
@@ -30,7 +30,7 @@ def test_a_bad_lease_is_refused_in_one_line(value, reason):
      "TAPELINE_WEBHOOK_TIMEOUT_S (10 s) must be less than TAPELINE_LEASE_S (8 s)"),
 ])
 def test_timeouts_that_do_not_fit_inside_the_lease_are_refused_in_one_line(env, reason):
-    done = subprocess.run([sys.executable, "-m", "tapeline.cli", "status"], capture_output=True, text=True, timeout=60,
+    done = subprocess.run([sys.executable, "-m", "cli.main", "status"], capture_output=True, text=True, timeout=60,
                           env={**os.environ, **env})
     assert done.returncode == 2
     assert f"invalid settings: {reason}" in done.stderr

@@ -15,7 +15,7 @@ from tapeline import postgres
 
 ROOT = Path(__file__).resolve().parents[2]
 
-PACKAGES = ("domain", "processors", "projections", "producers", "tapeline", "regions", "devstack", "schemas")
+PACKAGES = ("domain", "processors", "projections", "producers", "tapeline", "cli", "regions", "devstack", "schemas")
 SQL_FREE_FILES = tuple(sorted(str(path.relative_to(ROOT)) for package in PACKAGES
                               for path in (ROOT / package).rglob("*.py")))
 """Every Python file of the packages (relative to the repository): none holds an SQL statement

@@ -4,7 +4,7 @@ status). Before, a NotificationDelivered showed nothing and a NotificationFailed
 
 from __future__ import annotations
 
-from tapeline.cli_jobs import _detail
+from cli.job_commands import _detail
 
 
 def row(event_type: str, **payload) -> dict:

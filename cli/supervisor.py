@@ -35,7 +35,7 @@ SUPERVISED_ENV = "TAPELINE_SUPERVISED"
 
 
 def child_command(role: str, extra: list[str] | None = None) -> list[str]:
-    return [sys.executable, "-m", "tapeline.cli", "run", "--role", role, *(extra or [])]
+    return [sys.executable, "-m", "cli.main", "run", "--role", role, *(extra or [])]
 
 
 def child_env(role: str, health_port_base: int = 0, extra_index: int | None = None,
@@ -75,7 +75,7 @@ def supervise(roles: tuple[str, ...], stop_signals: tuple[int, ...] = (signal.SI
     seconds for its n-th consecutive crash (the last entry repeats). `workers`: processes per stage
     (`{"publish": 2}`; default one per role, see `instances`). `on_exit(name, role, pid, returncode)`
     runs in its own thread as soon as a child is seen to exit (within 0.2 s) while not stopping: the
-    rescue of what it held (`tapeline/wiring.py`); a negative returncode is the killing signal. Returns 0."""
+    rescue of what it held (`cli/wiring.py`); a negative returncode is the killing signal. Returns 0."""
     plan = {name: (role, extra) for name, role, extra in instances(roles, workers)}
     roles = tuple(plan)  # child names from here on
     stopping = False

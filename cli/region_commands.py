@@ -18,7 +18,7 @@ import typer
 from rich.table import Table
 
 from domain.errors import TapelineError
-from tapeline.cli_common import fail, load_settings, out
+from cli.helpers import fail, load_settings, out
 
 region_app = typer.Typer(help="The second region (docs/regions.md): replication lag of the log and the media "
                               "from region A to region B; the media replicator.", no_args_is_help=True)
@@ -48,7 +48,7 @@ def region_status(
     if settings.region != "a":
         fail(RuntimeError(f"`region status` takes region A's settings; unset TAPELINE_REGION (it is "
                           f"{settings.region!r})"), code=2)
-    from tapeline.cli_common import region_settings
+    from cli.helpers import region_settings
 
     regions = region_settings()
     for name, region in regions.items():  # a quick answer, not 30 s of client retries
@@ -157,7 +157,7 @@ def region_replicate(
         signal.signal(signum, lambda *_: stop.set())
     if to not in ("a", "b"):
         fail(ValueError(f"unknown region {to!r}: a or b"), code=2)
-    from tapeline.cli_common import region_settings
+    from cli.helpers import region_settings
 
     regions = region_settings()
     target, source = regions[to], regions["b" if to == "a" else "a"]
@@ -230,7 +230,7 @@ def region_failover(
     unknown region.
     """
     from tapeline import logs
-    from tapeline.cli_common import region_settings
+    from cli.helpers import region_settings
     from regions.failover import FailoverError, fail_over
 
     logs.configure("json" if as_json else "console", level="WARNING")  # on stderr: stdout holds the report
@@ -272,7 +272,7 @@ def region_rejoin(
     (run it again: every step is idempotent). For region b, `tapeline stack up --region b` does the
     same once per region epoch, starting region B's services first.
     """
-    from tapeline.cli_common import region_settings
+    from cli.helpers import region_settings
     from tapeline.home import StackError, locked, home_paths
     from regions.rejoin import RejoinRefused, rejoin_as_standby
 

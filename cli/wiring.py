@@ -5,7 +5,7 @@ the producers) with the operator actions of `processors/operator.py` and the HTT
 `producers/http_intake.py`; `serve` runs it (`tapeline serve`). `build_processor` builds one
 processor role with its adapters (the ports of `tapeline/ports.py`: Kafka's `KafkaEventLog`,
 PostgreSQL's `PostgresJobStore`, S3's `ObjectStore`, the system clock) for `tapeline run`
-(`tapeline/cli_run.py` `run_role`, in each child of the supervisor too), the projector through
+(`cli/run_command.py` `run_role`, in each child of the supervisor too), the projector through
 `build_projector`; `rescue_on_exit` builds the supervisor's rescuer the same way.
 """
 
@@ -261,7 +261,7 @@ def build_projector(settings: Settings, projection: str = "main", batch_size: in
 
 
 def rescue_on_exit(settings: Settings):
-    """The supervisor's `on_exit` callback (`tapeline/supervisor.py`): when a worker child dies,
+    """The supervisor's `on_exit` callback (`cli/supervisor.py`): when a worker child dies,
     retry at once the attempt it held (`tapeline/holdings.py`, `processors/rescue.py`). A rescue that
     cannot be made now is logged and left to the attempt's lease."""
     import structlog

@@ -1,5 +1,5 @@
 """`tapeline submit`, `status`, `stalled`, `timeline` and `demo`: a job from the command line, in
-and out (registered on the main CLI in `tapeline/cli.py`)."""
+and out (registered on the main CLI in `cli/main.py`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from rich.table import Table
 
 from domain.errors import TapelineError
 from domain.policy.tiers import TIERS
-from tapeline.cli_common import FINAL, console, fail, load_settings, out
+from cli.helpers import FINAL, console, fail, load_settings, out
 from tapeline.settings import Settings
 
 

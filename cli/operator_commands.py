@@ -1,5 +1,5 @@
 """`tapeline dlq`, `review` and `cancel`: the operator's commands over dead letters, jobs in
-needs_review and running jobs (registered on the main CLI in `tapeline/cli.py`)."""
+needs_review and running jobs (registered on the main CLI in `cli/main.py`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from domain.errors import NoSuchDeadLetter, TapelineError
-from tapeline.cli_common import fail, load_settings, out
+from cli.helpers import fail, load_settings, out
 
 dlq_app = typer.Typer(help="Dead letters: jobs out of attempts and records that could not be decoded.",
                       no_args_is_help=True)
@@ -102,7 +102,7 @@ def dlq_replay(dead_letter_id: Optional[str] = typer.Argument(None, help="Dead l
     """Reopen dead-lettered jobs: `JobReplayed` + the next attempt, with a fresh attempt budget.
     Idempotent: a dead letter already replayed, or a job no longer dead-lettered, is left alone."""
     from processors.operator import default_operator
-    from tapeline.wiring import OperatorService
+    from cli.wiring import OperatorService
 
     settings = load_settings()
     try:
@@ -146,7 +146,7 @@ def dlq_fail(dead_letter_id: Optional[str] = typer.Argument(None, help="Dead let
     job.failed webhook), optionally refunding the submitter's quota; the dead letter leaves the
     pending list. Idempotent: a job already failed is left alone and the answer says by whom."""
     from processors.operator import default_operator
-    from tapeline.wiring import OperatorService
+    from cli.wiring import OperatorService
 
     settings = load_settings()
     try:
@@ -195,7 +195,7 @@ def review_resolve(job: str = typer.Argument(..., help="Job id in needs_review")
                    operator: Optional[str] = typer.Option(None, "--operator", help="Who (default user@host)")) -> None:
     """Resolve a needs_review job after checking the provider by hand."""
     from processors.operator import default_operator
-    from tapeline.wiring import OperatorService
+    from cli.wiring import OperatorService
 
     if (posted is None) == (not not_posted):
         fail(TapelineError("say what you found: --posted PROVIDER_REF or --not-posted"), 2)
@@ -213,7 +213,7 @@ def cancel(job: str = typer.Argument(..., help="Job id"),
     next heartbeat). Exit 2 for an unknown job, 1 for one that has already ended."""
     from domain.errors import NoSuchJob
     from processors.operator import default_operator
-    from tapeline.wiring import OperatorService
+    from cli.wiring import OperatorService
 
     try:
         done = OperatorService(load_settings()).cancel_job(job, operator or default_operator(), why)

@@ -1,5 +1,5 @@
 """`tapeline webhooks`: a submitter's webhook endpoints for customer notifications (registered on
-the main CLI in `tapeline/cli.py`; the notifier, `tapeline run --role notify`, delivers to them)."""
+the main CLI in `cli/main.py`; the notifier, `tapeline run --role notify`, delivers to them)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rich.table import Table
 
 from domain.errors import TapelineError
 from domain.policy.webhooks import ALL_TYPES
-from tapeline.cli_common import console, fail, load_settings, out
+from cli.helpers import console, fail, load_settings, out
 
 webhooks_app = typer.Typer(help="Customer webhook endpoints: signed notifications of a submitter's jobs "
                                 "(Standard Webhooks).", no_args_is_help=True)

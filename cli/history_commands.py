@@ -1,4 +1,4 @@
-"""`tapeline replay` and `tapeline export` (mounted on the main CLI in `tapeline/cli.py`).
+"""`tapeline replay` and `tapeline export` (mounted on the main CLI in `cli/main.py`).
 
     tapeline replay --into SCHEMA [--as-of TS] [--force]   rebuild every projection into SCHEMA
     tapeline replay --swap SCHEMA                          catch SCHEMA up, then make it the live schema

@@ -1,5 +1,5 @@
 """`tapeline migrate`, `run` and `serve`: the commands that start the processes (registered on the
-main CLI in `tapeline/cli.py`)."""
+main CLI in `cli/main.py`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import typer
 
 from domain.errors import TapelineError
 from tapeline import logs
-from tapeline.cli_common import region_settings, console, fail, load_settings
+from cli.helpers import region_settings, console, fail, load_settings
 from domain.pipeline import STAGE_NAMES
 from tapeline.settings import Settings
 
@@ -39,7 +39,7 @@ def migrate() -> None:
 def run_role(settings: Settings, role: str) -> int:
     """Run one processor role in this process until SIGTERM/SIGINT."""
     from tapeline.health import HealthServer, HealthState
-    from tapeline.wiring import build_processor
+    from cli.wiring import build_processor
 
     stop = threading.Event()
     # `kill -USR1 <pid>` writes every thread's Python stack to the process's stderr (the run log): how
@@ -63,7 +63,7 @@ def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f
         stop: bool = typer.Option(False, "--stop", help="Stop the background processors started with --detach"),
         log_format: str = typer.Option("json", "--log-format", envvar="TAPELINE_LOG_FORMAT", help="json | console")) -> None:
     """Run the processors: one role, or every role as supervised child processes."""
-    from tapeline import supervisor
+    from cli import supervisor
 
     settings = load_settings()
     logs.configure(log_format)
@@ -89,7 +89,7 @@ def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f
                             lambda _reason: os.kill(os.getpid(), signal.SIGTERM)).start()
     try:
         from tapeline.postgres import migrate as run_migrations
-        from tapeline.wiring import rescue_on_exit
+        from cli.wiring import rescue_on_exit
 
         run_migrations(settings.database_url, settings.db_schema, settings.reader_role)
         if role == "all":
@@ -114,7 +114,7 @@ def serve(host: Optional[str] = typer.Option(None, "--host", envvar="TAPELINE_SE
           log_format: str = typer.Option("json", "--log-format", envvar="TAPELINE_LOG_FORMAT", help="json | console")) -> None:
     """Serve the read API (/api, OpenAPI at /docs), the web dashboard (/), /health/* and /metrics. Reads through
     the read-only role `tapeline_reader`; actions (replay, resolve, cancel) need TAPELINE_ADMIN_TOKEN."""
-    from tapeline.wiring import serve as run_server
+    from cli.wiring import serve as run_server
 
     logs.configure(log_format)
     settings = load_settings()

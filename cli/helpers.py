@@ -1,4 +1,4 @@
-"""What the `tapeline` command's modules share (`tapeline/cli.py` and the command modules
+"""What the `tapeline` command's modules share (`cli/main.py` and the command modules
 `cli_run.py`, `cli_jobs.py`, `cli_ops.py`): the two consoles, the settings and the one way a command
 fails."""
 
@@ -22,7 +22,7 @@ def load_settings() -> Settings:
     """The settings from the environment (`TAPELINE_*`) and `.env`: region A's, or with
     `TAPELINE_REGION=b` region B's, derived from them by `Settings.for_region` (the one rule; the
     environment always describes region A). Raises pydantic's ValidationError for a setting that fails
-    validation (`tapeline.cli.main` reports it)."""
+    validation (`cli.main.main` reports it)."""
     return region_settings()[Settings().region]
 
 

@@ -1,8 +1,8 @@
 """The `tapeline` command line. Every setting is also a `TAPELINE_*` environment variable.
 
-This module is the entry point (`python -m tapeline.cli`, the `tapeline` console script: `main`) and
-builds `app`; the commands live in `cli_run.py` (migrate, run, serve), `cli_jobs.py` (submit, status,
-stalled, timeline, demo), `cli_ops.py` (dlq, review, cancel), `cli_region.py` (region), `projections/cli.py` (replay, export)
+This module is the entry point (`python -m cli.main`, the `tapeline` console script: `main`) and
+builds `app`; the commands live in `run_command.py` (migrate, run, serve), `job_commands.py` (submit, status,
+stalled, timeline, demo), `operator_commands.py` (dlq, review, cancel), `region_commands.py` (region), `cli/history_commands.py` (replay, export)
 and `devstack/commands.py` (stack), and are registered here in the order `tapeline --help` lists them.
 """
 
@@ -12,8 +12,8 @@ import sys
 
 import typer
 
-from tapeline import cli_jobs, cli_ops, cli_region, cli_run, cli_webhooks
-from tapeline.cli_common import console
+from cli import job_commands, operator_commands, region_commands, run_command, webhook_commands
+from cli.helpers import console
 from tapeline.settings import Settings
 
 app = typer.Typer(help="Tapeline: event-sourced media jobs (upload -> transcode -> publish) on Kafka.",
@@ -37,22 +37,22 @@ def add_plugin_commands(target: typer.Typer) -> None:
 
 add_plugin_commands(app)
 
-from projections.cli import export, replay  # noqa: E402  (replay --into/--swap, export; see projections/cli.py)
+from cli.history_commands import export, replay  # noqa: E402  (replay --into/--swap, export; see cli/history_commands.py)
 app.command()(replay)
 app.command()(export)
-app.command()(cli_run.migrate)
-app.command()(cli_run.run)
-app.command()(cli_jobs.submit)
-app.command()(cli_jobs.status)
-app.command()(cli_jobs.stalled)
-app.command()(cli_jobs.timeline)
-app.add_typer(cli_ops.dlq_app, name="dlq")
-app.add_typer(cli_ops.review_app, name="review")
-app.add_typer(cli_webhooks.webhooks_app, name="webhooks")
-app.add_typer(cli_region.region_app, name="region")
-app.command()(cli_ops.cancel)
-app.command()(cli_run.serve)
-app.command()(cli_jobs.demo)
+app.command()(run_command.migrate)
+app.command()(run_command.run)
+app.command()(job_commands.submit)
+app.command()(job_commands.status)
+app.command()(job_commands.stalled)
+app.command()(job_commands.timeline)
+app.add_typer(operator_commands.dlq_app, name="dlq")
+app.add_typer(operator_commands.review_app, name="review")
+app.add_typer(webhook_commands.webhooks_app, name="webhooks")
+app.add_typer(region_commands.region_app, name="region")
+app.command()(operator_commands.cancel)
+app.command()(run_command.serve)
+app.command()(job_commands.demo)
 
 
 def main() -> None:  # pragma: no cover
