@@ -231,6 +231,7 @@ def region_failover(
     """
     from tapeline import logs
     from cli.helpers import region_settings
+    from cli.wiring import RegionProcesses
     from regions.failover import FailoverError, fail_over
 
     logs.configure("json" if as_json else "console", level="WARNING")  # on stderr: stdout holds the report
@@ -238,7 +239,7 @@ def region_failover(
     if to not in ("a", "b"):
         fail(ValueError(f"unknown region {to!r}: a or b"), code=2)
     try:
-        report = fail_over(region_settings(), to, why, operator=operator, drain_timeout_s=drain_timeout_s,
+        report = fail_over(region_settings(), to, why, processes=RegionProcesses(), operator=operator, drain_timeout_s=drain_timeout_s,
                            start_processors=not no_processors, say=(lambda _line: None) if as_json else out.print)
     except (FailoverError, ValueError) as exc:
         fail(exc)
@@ -274,6 +275,7 @@ def region_rejoin(
     """
     from cli.helpers import region_settings
     from tapeline.home import StackError, locked, home_paths
+    from cli.wiring import RegionProcesses
     from regions.rejoin import RejoinRefused, rejoin_as_standby
 
     if region not in ("a", "b"):
@@ -284,7 +286,7 @@ def region_rejoin(
     regions = region_settings()
     try:
         with locked(home_paths(regions[region])):
-            report = rejoin_as_standby(regions, region, say=(lambda _line: None) if as_json else out.print,
+            report = rejoin_as_standby(regions, region, processes=RegionProcesses(), say=(lambda _line: None) if as_json else out.print,
                                        console=None if as_json else out)
     except RejoinRefused as exc:
         fail(exc, code=2)

@@ -39,7 +39,7 @@ def add(url: str = typer.Argument(..., help="Where to POST (http or https; priva
                                                                     "one, shown once)"),
         as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
     """Register an endpoint. Its signing secret is printed this once and never shown again."""
-    from tapeline import webhooks
+    from tapeline import webhook_endpoints as webhooks
 
     settings, store = load_settings(), _store()
     try:
@@ -67,7 +67,7 @@ def add(url: str = typer.Argument(..., help="Where to POST (http or https; priva
 def list_(submitter: Optional[str] = typer.Option(None, "--submitter", help="Only this submitter's endpoints"),
           as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
     """List endpoints (never their secrets) with their delivery counts."""
-    from tapeline import webhooks
+    from tapeline import webhook_endpoints as webhooks
 
     store = _store()
     try:
@@ -93,7 +93,7 @@ def list_(submitter: Optional[str] = typer.Option(None, "--submitter", help="Onl
 
 
 def _set(endpoint_id: str, enabled: bool, why: str | None) -> None:
-    from tapeline import webhooks
+    from tapeline import webhook_endpoints as webhooks
 
     store = _store()
     try:
@@ -121,7 +121,7 @@ def enable(endpoint_id: str = typer.Argument(..., help="Endpoint id from `tapeli
 @webhooks_app.command("remove")
 def remove(endpoint_id: str = typer.Argument(..., help="Endpoint id from `tapeline webhooks list`")) -> None:
     """Remove an endpoint: nothing more is sent to it (deliveries not done are dead-lettered)."""
-    from tapeline import webhooks
+    from tapeline import webhook_endpoints as webhooks
 
     store = _store()
     try:

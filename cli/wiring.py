@@ -12,7 +12,7 @@ PostgreSQL's `PostgresJobStore`, S3's `ObjectStore`, the system clock) for `tape
 from __future__ import annotations
 
 import importlib
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from typing import TYPE_CHECKING
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 class OperatorService:
-    """`projections.ports.OperatorActions` over `processors/operator.py`, bound to one deployment's
+    """`projections.web_ports.OperatorActions` over `processors/operator.py`, bound to one deployment's
     settings (each call emits its events in its own Kafka transaction, on adapters of its own: the
     web app runs actions concurrently). The CLI's `dlq replay`, `resolve` and `cancel` use it too."""
 
@@ -72,7 +72,7 @@ class OperatorService:
 
 
 class WebhookService:
-    """`projections.ports.WebhookEndpoints` over `tapeline/webhooks.py`, one PostgreSQL session per
+    """`projections.web_ports.WebhookEndpoints` over `tapeline/webhook_endpoints.py`, one PostgreSQL session per
     call as the login role (the read API's role cannot write)."""
 
     def __init__(self, settings: Settings) -> None:
@@ -88,28 +88,28 @@ class WebhookService:
             store.close()
 
     def register(self, submitter: str, url: str, event_types: Sequence[str], secret: str | None) -> dict:
-        from tapeline import webhooks
+        from tapeline import webhook_endpoints as webhooks
 
         return self._call(webhooks.register, self.settings, submitter, url, list(event_types), secret=secret)
 
     def endpoints(self, submitter: str | None) -> list[dict]:
-        from tapeline import webhooks
+        from tapeline import webhook_endpoints as webhooks
 
         return self._call(webhooks.endpoints, submitter)
 
     def set_enabled(self, endpoint_id: str, enabled: bool, reason: str | None) -> bool:
-        from tapeline import webhooks
+        from tapeline import webhook_endpoints as webhooks
 
         return self._call(webhooks.set_enabled, endpoint_id, enabled, reason)
 
     def remove(self, endpoint_id: str) -> bool:
-        from tapeline import webhooks
+        from tapeline import webhook_endpoints as webhooks
 
         return self._call(webhooks.remove, endpoint_id)
 
 
 class HttpIntake:
-    """`projections.ports.Intake` over `producers/http_intake.py`: `POST /uploads` writes as the
+    """`projections.web_ports.Intake` over `producers/http_intake.py`: `POST /uploads` writes as the
     login role (it writes `intake_uploads`), not as the read API's read-only role."""
 
     def __init__(self, settings: Settings) -> None:
@@ -294,3 +294,34 @@ def rescue_on_exit(settings: Settings):
         holdings.release(settings, name, pid)
 
     return on_exit
+
+
+class RegionProcesses:
+    """The roof's side of region operations (`regions/processes.py` `Processes`): this module's
+    projector and runtime, and the supervisor's background `run --role all`."""
+
+    def build_projector(self, settings: Settings) -> Any:
+        return build_projector(settings, lag_interval_s=0)
+
+    def build_runtime(self, settings: Settings, name: str) -> Any:
+        return build_runtime(settings, name)
+
+    def running_pid(self, settings: Settings) -> int | None:
+        from cli import supervisor
+
+        return supervisor.running_pid(settings)
+
+    def start_all(self, settings: Settings, env: Mapping[str, str]) -> int:
+        from cli import supervisor
+
+        return supervisor.detach(settings, "all", env=dict(env))
+
+    def stop_all(self, settings: Settings) -> bool:
+        from cli import supervisor
+
+        return supervisor.stop_detached(settings)
+
+    def health_port(self, settings: Settings, role: str) -> int:
+        from cli.supervisor import ROLES
+
+        return settings.health_port_base + ROLES.index(role)

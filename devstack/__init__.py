@@ -62,14 +62,14 @@ from rich.console import Console
 from tapeline.settings import Settings
 
 from tapeline.home import StackError, HomePaths, locked, home_paths, read_state, say, update_state, stop_owned
-from devstack.ffmpeg import _ffmpeg_version, check_ffmpeg
-from devstack.kafka_nodes import KafkaNode, _start_kafka, _wait_for_kafka, kafka_nodes, kafka_status, start_kafka_node
+from devstack.ffmpeg import ffmpeg_version, check_ffmpeg
+from devstack.kafka_nodes import KafkaNode, start_kafka, wait_for_kafka, kafka_nodes, kafka_status, start_kafka_node
 from tapeline.topics import delete_topics, ensure_topics
-from devstack.database import _up_postgres, drop_database, masked_dsn, postgres_status
-from devstack.s3 import _ensure_bucket, _s3_client, s3_markers, _up_s3, public_read_policy, s3_status
+from devstack.database import up_postgres, drop_database, masked_dsn, postgres_status
+from devstack.s3 import ensure_bucket, s3_client, s3_markers, up_s3, public_read_policy, s3_status
 from devstack.monitoring import down_monitoring, monitoring_status, up_monitoring
 
-__all__ = ["up", "status", "down", "StackError", "HomePaths", "KafkaNode", "kafka_nodes", "start_kafka_node", "_s3_client", "check_ffmpeg", "drop_database", "ensure_topics", "delete_topics", "masked_dsn", "public_read_policy", "_s3_answers", "_ensure_bucket"]
+__all__ = ["up", "status", "down", "StackError", "HomePaths", "KafkaNode", "kafka_nodes", "start_kafka_node", "s3_client", "check_ffmpeg", "drop_database", "ensure_topics", "delete_topics", "masked_dsn", "public_read_policy", "_s3_answers", "ensure_bucket"]
 """The local stack's API (the services' modules hold the rest)."""
 
 
@@ -95,7 +95,7 @@ def up(settings: Settings, console: Console | None = None, monitoring: bool = Fa
     settings = with_recorded_brokers(settings)
     paths = home_paths(settings)
     with locked(paths):
-        up_services(settings, paths, console, _up_postgres)
+        up_services(settings, paths, console, up_postgres)
         if monitoring:
             up_monitoring(settings, paths, console)
     return status(settings)
@@ -110,10 +110,10 @@ def up_services(settings: Settings, paths: HomePaths, console: Console | None,
     label = f" (region {region})" if region else ""
     check_ffmpeg()
     started = time.monotonic()
-    kafka = _start_kafka(settings, paths, console)
+    kafka = start_kafka(settings, paths, console)
     up_postgres(settings, paths, console)
-    _up_s3(settings, paths, console)
-    _wait_for_kafka(settings, paths, kafka)
+    up_s3(settings, paths, console)
+    wait_for_kafka(settings, paths, kafka)
     say(console, f"[bold]kafka[/]: ready on {settings.kafka_bootstrap_servers}{label}"
                   + (f" ({time.monotonic() - started:.1f} s after start)" if kafka else ""))
     ensure_topics(settings)
@@ -155,7 +155,7 @@ def status(settings: Settings) -> dict[str, Any]:
     postgres = postgres_status(settings, state.get("postgres") or {})
     s3 = s3_status(settings, paths)
 
-    version = _ffmpeg_version()
+    version = ffmpeg_version()
     ffmpeg = {"address": shutil.which("ffmpeg"), "version": version, "up": version is not None,
               "ffprobe": shutil.which("ffprobe")}
     if version is None or ffmpeg["ffprobe"] is None:

@@ -23,7 +23,7 @@ PG_READY_TIMEOUT_S = 30.0
 # PostgreSQL
 
 
-def _pg_params(settings: Settings) -> dict[str, str]:
+def pg_params(settings: Settings) -> dict[str, str]:
     from psycopg.conninfo import conninfo_to_dict
 
     params = {key: str(value) for key, value in conninfo_to_dict(settings.database_url).items()}
@@ -54,7 +54,7 @@ def masked_dsn(dsn: str) -> str:
         return "(a key=value DSN libpq cannot parse; not shown)"
 
 
-def _pg_connect_error(settings: Settings, timeout_s: int = 3) -> str | None:
+def pg_connect_error(settings: Settings, timeout_s: int = 3) -> str | None:
     """None if the DSN accepts a connection and `SELECT 1`, else the error text."""
     import psycopg
 
@@ -149,7 +149,7 @@ def _pg_ensure_reader_role(port: str, user: str, console: Console | None) -> Non
         say(console, f"[yellow]postgres[/]: could not create role tapeline_reader: {result.stderr.strip()}")
 
 
-def _pg_ensure_role_and_db(params: dict[str, str], port: str, console: Console | None,
+def ensure_role_and_db(params: dict[str, str], port: str, console: Console | None,
                            socket_dir: str | None = None) -> None:
     """Create the DSN's role (LOGIN, CREATEDB, its password) and database if missing.
 
@@ -185,24 +185,24 @@ def _pg_ensure_role_and_db(params: dict[str, str], port: str, console: Console |
                   f"{params['dbname']!r} are present")
 
 
-def _up_postgres(settings: Settings, paths: HomePaths, console: Console | None) -> None:
+def up_postgres(settings: Settings, paths: HomePaths, console: Console | None) -> None:
     """Make `settings.database_url` answer: reuse it, or start the Debian cluster and create the role.
 
     Raises:
         StackError: PostgreSQL is not installed, no local cluster serves the DSN's port, or the
             DSN still fails after starting the cluster and creating the role and database.
     """
-    if _pg_connect_error(settings) is None:
+    if pg_connect_error(settings) is None:
         say(console, f"[bold]postgres[/]: {masked_dsn(settings.database_url)} answers; reusing it")
         _warn_if_no_createdb(settings, console)
-        params = _pg_params(settings)
+        params = pg_params(settings)
         if params["host"] in ("127.0.0.1", "localhost", "::1", ""):
             _pg_ensure_reader_role(params["port"], params["user"], console)
         return
-    params = _pg_params(settings)
+    params = pg_params(settings)
     if params["host"] not in ("127.0.0.1", "localhost", "::1", "") and not params["host"].startswith("/"):
         raise StackError(f"PostgreSQL at {masked_dsn(settings.database_url)} does not answer: "
-                         f"{_pg_connect_error(settings)}. It is not local, so the stack does not manage it.")
+                         f"{pg_connect_error(settings)}. It is not local, so the stack does not manage it.")
     if shutil.which("pg_ctlcluster") is None:
         raise StackError("PostgreSQL is not installed. Install it with `apt-get install -y postgresql`.")
     clusters = [c for c in _pg_clusters() if c["port"] == params["port"]]
@@ -219,9 +219,9 @@ def _up_postgres(settings: Settings, paths: HomePaths, console: Console | None) 
                              f"{(result.stdout + result.stderr).strip()}")
         update_state(paths, "postgres", {"cluster": f"{cluster['version']}/{cluster['name']}",
                                           "port": int(cluster["port"]), "started_at": now_iso()})
-    _pg_ensure_role_and_db(params, cluster["port"], console)
+    ensure_role_and_db(params, cluster["port"], console)
     deadline = time.monotonic() + PG_READY_TIMEOUT_S
-    while (error := _pg_connect_error(settings)) is not None:
+    while (error := pg_connect_error(settings)) is not None:
         if time.monotonic() > deadline:
             raise StackError(f"PostgreSQL still refuses {masked_dsn(settings.database_url)}: {error}")
         time.sleep(0.5)
@@ -247,7 +247,7 @@ def postgres_status(settings: Settings, recorded: dict[str, Any]) -> dict[str, A
     """`{"address" (password masked), "up", "cluster", "started_by_stack", "log"[, "error"]}` of the
     PostgreSQL server `settings.database_url` names; `recorded`: what `stack up` wrote of it in
     stack.json (empty when the stack did not start it). Never raises."""
-    error = _pg_connect_error(settings)
+    error = pg_connect_error(settings)
     report = {"address": masked_dsn(settings.database_url), "up": error is None, "cluster": recorded.get("cluster"),
               "started_by_stack": bool(recorded), "log": recorded.get("log")}
     if error:

@@ -24,11 +24,11 @@ def check_ffmpeg() -> None:
     if missing:
         raise StackError(f"{' and '.join(missing)} not found on PATH. Install them with "
                          f"`apt-get install -y ffmpeg` (Debian), then retry.")
-    if _ffmpeg_version() is None:
+    if ffmpeg_version() is None:
         raise StackError("`ffmpeg -version` failed. Reinstall with `apt-get install -y --reinstall ffmpeg`.")
 
 
-def _ffmpeg_version() -> str | None:
+def ffmpeg_version() -> str | None:
     """ffmpeg's version string (e.g. `5.1.9-0+deb12u1`), or None if it cannot be run."""
     try:
         out = subprocess.run(["ffmpeg", "-hide_banner", "-version"], capture_output=True, text=True,

@@ -234,7 +234,7 @@ def start_kafka_node(settings: Settings, paths: HomePaths, node: KafkaNode, node
     return proc
 
 
-def _start_kafka(settings: Settings, paths: HomePaths, console: Console | None) -> list[subprocess.Popen]:
+def start_kafka(settings: Settings, paths: HomePaths, console: Console | None) -> list[subprocess.Popen]:
     """Start every node that does not run yet (`start_kafka_node`); returns the new processes."""
     nodes = kafka_nodes(settings, paths)
     strangers = [n for n in nodes if owned_pid(n.pid_file, n.markers) is None and port_open(n.host, n.port)]
@@ -268,7 +268,7 @@ def _warn_if_broker_logs_silent(paths: HomePaths, console: Console | None) -> No
                       "fetched again on the next start)")
 
 
-def _wait_for_kafka(settings: Settings, paths: HomePaths, procs: list[subprocess.Popen],
+def wait_for_kafka(settings: Settings, paths: HomePaths, procs: list[subprocess.Popen],
                     timeout_s: float = KAFKA_READY_TIMEOUT_S) -> float:
     """Wait until the cluster serves metadata with every node registered; returns the seconds waited.
 

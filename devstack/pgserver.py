@@ -10,7 +10,7 @@ directly as the `postgres` OS user (the server refuses to run as root)::
     <home>/postgres/.s.PGSQL.<port> its socket (nothing in /var/run/postgresql)
 
 It listens on the DSN's host and port only. The DSN's role (LOGIN, CREATEDB, its password) and
-database are created as region A's are (`_pg_ensure_role_and_db`, over this server's socket).
+database are created as region A's are (`ensure_role_and_db`, over this server's socket).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from rich.console import Console
 from tapeline.settings import Settings
 
 from tapeline.home import StackError, HomePaths, now_iso, say, update_state
-from devstack.database import PG_READY_TIMEOUT_S, _pg_connect_error, _pg_ensure_role_and_db, _pg_params, masked_dsn
+from devstack.database import PG_READY_TIMEOUT_S, pg_connect_error, ensure_role_and_db, pg_params, masked_dsn
 
 
 def pg_binary(name: str) -> Path:
@@ -65,10 +65,10 @@ def up_own_postgres(settings: Settings, paths: HomePaths, console: Console | Non
         StackError: not root, the DSN is not local, `initdb` or `pg_ctl` fails (the message holds
             their output or the log's tail), or the DSN still fails after PG_READY_TIMEOUT_S seconds.
     """
-    if _pg_connect_error(settings) is None:
+    if pg_connect_error(settings) is None:
         say(console, f"[bold]postgres[/]: {masked_dsn(settings.database_url)} answers; reusing it")
         return
-    params = _pg_params(settings)
+    params = pg_params(settings)
     if params["host"] not in ("127.0.0.1", "localhost", "::1"):
         raise StackError(f"PostgreSQL at {masked_dsn(settings.database_url)} does not answer and is not on "
                          "127.0.0.1, so the stack does not start it.")
@@ -86,7 +86,7 @@ def up_own_postgres(settings: Settings, paths: HomePaths, console: Console | Non
     host = "127.0.0.1" if params["host"] == "localhost" else params["host"]
     if _as_postgres([str(pg_binary("pg_ctl")), "-D", str(data), "status"]).returncode == 0:
         say(console, f"[bold]postgres[/]: region {settings.region}'s server ({data}) runs")
-        _pg_ensure_role_and_db(params, params["port"], console, socket_dir=str(paths.postgres))
+        ensure_role_and_db(params, params["port"], console, socket_dir=str(paths.postgres))
         return
     result = _as_postgres([str(pg_binary("pg_ctl")), "-D", str(data), "-l", str(log), "-w",
                            "-t", str(int(PG_READY_TIMEOUT_S)), "-o", server_options(host, params["port"], paths.postgres),
@@ -98,8 +98,8 @@ def up_own_postgres(settings: Settings, paths: HomePaths, console: Console | Non
                                       "port": int(params["port"]), "log": str(log), "started_at": now_iso()})
     say(console, f"[bold]postgres[/]: started region {settings.region}'s server on {host}:{params['port']}, "
                   f"log {log}")
-    _pg_ensure_role_and_db(params, params["port"], console, socket_dir=str(paths.postgres))
-    error = _pg_connect_error(settings)
+    ensure_role_and_db(params, params["port"], console, socket_dir=str(paths.postgres))
+    error = pg_connect_error(settings)
     if error is not None:
         raise StackError(f"PostgreSQL still refuses {masked_dsn(settings.database_url)}: {error}")
 

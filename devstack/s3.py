@@ -45,7 +45,7 @@ def s3_server_env(settings: Settings) -> dict[str, str]:
             "TAPELINE_S3_SECRET_KEY": settings.s3_secret_key, "TAPELINE_S3_BUCKET": settings.s3_bucket}
 
 
-def _s3_client(settings: Settings):
+def s3_client(settings: Settings):
     import boto3
     from botocore.config import Config
 
@@ -69,11 +69,11 @@ def public_read_policy(bucket: str, prefix: str = "published/") -> dict[str, Any
     }
 
 
-def _ensure_bucket(settings: Settings, console: Console | None) -> None:
+def ensure_bucket(settings: Settings, console: Console | None) -> None:
     """Create `settings.s3_bucket` if missing and give it the published-prefix read policy if it has none."""
     from botocore.exceptions import ClientError
 
-    s3 = _s3_client(settings)
+    s3 = s3_client(settings)
     bucket = settings.s3_bucket
     try:
         s3.head_bucket(Bucket=bucket)
@@ -93,7 +93,7 @@ def _ensure_bucket(settings: Settings, console: Console | None) -> None:
         say(console, f"[bold]s3[/]: {bucket}/published/* is publicly readable; everything else is private")
 
 
-def _up_s3(settings: Settings, paths: HomePaths, console: Console | None) -> None:
+def up_s3(settings: Settings, paths: HomePaths, console: Console | None) -> None:
     """Make the S3 endpoint answer (reuse, or start `devstack.s3server`) and ensure the bucket.
 
     Raises:
@@ -118,7 +118,7 @@ def _up_s3(settings: Settings, paths: HomePaths, console: Console | None) -> Non
                                     "log": str(paths.s3_log)})
     wait_ready(f"devstack.s3server ({settings.s3_endpoint})", lambda: endpoint_answers(settings), proc, paths.s3_log,
                 S3_READY_TIMEOUT_S)
-    _ensure_bucket(settings, console)
+    ensure_bucket(settings, console)
 
 
 

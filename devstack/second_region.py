@@ -48,11 +48,12 @@ def up_region_b(settings: Settings, console: Console | None = None, mirror: bool
                 say(console, "[bold]mirror[/]: not started: region b holds the job history (failed over); "
                               "region a rejoins as the standby instead (docs/regions.md \"Failback\")")
             elif _reset_needed(settings):  # region B held the job history since its last reset (a failback)
+                from cli.wiring import RegionProcesses
                 from regions.rejoin import rejoin_as_standby
 
                 say(console, "[bold]region b[/]: held the job history since its last reset: reset as the "
                               "standby before the mirror starts (docs/regions.md \"Failback\")")
-                rejoin_as_standby({"a": settings, "b": target}, "b", console=console,
+                rejoin_as_standby({"a": settings, "b": target}, "b", processes=RegionProcesses(), console=console,
                                   say=lambda line: say(console, f"[bold]rejoin b[/]: {line}"))
             else:
                 up_mirror(settings, target, paths, console)

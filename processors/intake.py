@@ -1,6 +1,6 @@
 """Intake: `UploadCompleted` -> `JobAccepted` + `StageQueued` + a transcode work item, or `JobRejected`.
 
-The pure core is `domain/policy/intake.py` (`decide`, `preflight`); `IntakeProcessor` is the
+The pure core is `domain/policy/intake_decision.py` (`decide`, `preflight`); `IntakeProcessor` is the
 loop: poll -> reconcile -> probe -> one transaction with the events and the upload's offset.
 Duplicates of an upload collapse onto one job because the job id is `uuid5(upload_id)` and a job
 that already exists in the (caught-up) projection gets no second decision.
@@ -27,8 +27,8 @@ from domain.errors import (DecodeError, InvalidInput, MediaError, QuotaExceeded,
                              ObjectMissing, TapelineError)
 from tapeline.health import HealthState
 from tapeline.objects import sha256_file
-from domain.policy import intake as policy
-from domain.policy.intake import preflight
+from domain.policy import intake_decision as policy
+from domain.policy.intake_decision import preflight
 from tapeline.settings import Settings
 from tapeline.ports import Clock, EventLog, EventLogError, JobStore, MediaTool, ObjectStorage, Record, WriterStuck
 
@@ -64,7 +64,7 @@ def record_hold_bound_s(settings: Settings) -> float:
 def decide(existing: dict[str, Any] | None, upload: ev.UploadCompleted, probe: ev.SourceMedia | TapelineError,
            settings: Settings, recorded_by: str, profile: reuse.OutputProfile | None = None,
            reusable: reuse.Reusable | None = None, *, clock: Clock) -> list[Outgoing]:
-    """The intake decision for one upload: `domain/policy/intake.py` `decide` (the rules are its
+    """The intake decision for one upload: `domain/policy/intake_decision.py` `decide` (the rules are its
     docstring's) with `clock`'s stamps, and with `profile` None the full profile
     (`reuse.full_profile` of `media.plan_ladder`)."""
     if profile is None and existing is None and not isinstance(probe, TapelineError):

@@ -29,7 +29,7 @@ from processors.encode_plan import (AUDIO_BITRATE_KBPS, VIDEO_BITRATE_KBPS, buil
 from processors.source_probe import (ALLOWED_CONTAINERS, INTERLACED_FIELD_ORDERS, MAX_AUDIO_RATE_HZ,
                                      PLAYLIST_SIGNATURES, STREAM_LENGTH_NOTE_S, Probe, choose_audio,
                                      encoder_frame_rate_of, interpret_probe, sniff_playlist, source_handling,
-                                     stream_duration, _dicts, _number)
+                                     stream_duration, as_dicts, as_number)
 
 __all__ = [  # this module's own names and the pure ones it re-exports
     "ALLOWED_CONTAINERS", "AUDIO_BITRATE_KBPS", "INTERLACED_FIELD_ORDERS", "MAX_AUDIO_RATE_HZ", "PLAYLIST_SIGNATURES",
@@ -156,12 +156,12 @@ def keyframe_before(path: Path, time_s: float, stream: int | None = None, timeou
                                f"{max(0.0, time_s):.6f}%+#1", "-select_streams", selector, "-show_entries",
                                "packet=pts_time,flags", "-of", "json", str(path)],
                               capture_output=True, text=True, timeout=timeout_s, check=False)
-        packets = _dicts(json.loads(done.stdout or "{}").get("packets"))
+        packets = as_dicts(json.loads(done.stdout or "{}").get("packets"))
     except (subprocess.TimeoutExpired, json.JSONDecodeError, OSError):
         return None
     if done.returncode != 0 or not packets or "K" not in str(packets[0].get("flags", "")):
         return None
-    return _number(packets[0].get("pts_time"))
+    return as_number(packets[0].get("pts_time"))
 
 
 def run_ffmpeg(args: list[str], *, on_progress: Callable[[Progress], None] | None = None,
@@ -303,7 +303,7 @@ def probe_duration(path: Path) -> float:
     when ffprobe states none. Raises `InvalidInput` when ffprobe cannot read it."""
     info, _ = _run_probe(["-protocol_whitelist", "file", "-show_entries", "format=duration", str(path)])
     fmt = info.get("format")
-    return (_number(fmt.get("duration")) if isinstance(fmt, dict) else None) or 0.0
+    return (as_number(fmt.get("duration")) if isinstance(fmt, dict) else None) or 0.0
 
 
 def verify_outputs(out_dir: Path, ladder: list[Rendition], media: SourceMedia, has_audio: bool,

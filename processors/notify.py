@@ -55,7 +55,7 @@ from domain.errors import Fenced, ServiceUnavailable, WebhookRefused
 from domain.policy.webhooks import NOTIFICATION_TYPES, delivery_id, next_try, pinned, should_disable
 from processors.runtime import Outgoing, Runtime, new_claim_token, transact
 from processors.watchdog import leader_key
-from tapeline import webhooks
+from tapeline import webhook_endpoints as webhooks
 from tapeline.partitioner import partition_for
 from tapeline.crashpoints import crash_point
 from tapeline.health import HealthState

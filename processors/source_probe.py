@@ -54,7 +54,7 @@ def _ratio(text: Any) -> float:
     return value if math.isfinite(value) and value > 0 else 0.0
 
 
-def _number(value: Any) -> float | None:
+def as_number(value: Any) -> float | None:
     """A ffprobe number (often a string; "N/A" when unknown) as a finite float, else None."""
     try:
         number = float(value)
@@ -69,7 +69,7 @@ def _count(value: Any) -> int | None:
     return int(text) if text.isascii() and text.isdigit() and len(text) < 19 else None
 
 
-def _dicts(value: Any) -> list[dict]:
+def as_dicts(value: Any) -> list[dict]:
     """The dict items of a JSON list (anything else: none)."""
     return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
@@ -77,11 +77,11 @@ def _dicts(value: Any) -> list[dict]:
 def _rotation(stream: dict) -> int:
     """Display rotation of a video stream in degrees, 0..359 (display matrix first, then the old
     `rotate` tag). Angles that are not a multiple of 90 are ignored, as ffmpeg's autorotate does."""
-    candidates = [side.get("rotation") for side in _dicts(stream.get("side_data_list"))]
+    candidates = [side.get("rotation") for side in as_dicts(stream.get("side_data_list"))]
     tags = stream.get("tags")
     candidates.append(tags.get("rotate") if isinstance(tags, dict) else None)
     for value in candidates:
-        degrees = _number(value)
+        degrees = as_number(value)
         if degrees is not None:
             rounded = int(round(degrees / 90.0)) * 90 if abs(degrees) < 1e6 else 0
             return rounded % 360 if abs(degrees - rounded) <= 2 else 0
@@ -165,10 +165,10 @@ def stream_duration(stream: dict, fmt: dict) -> float | None:
     """A stream's own duration in seconds: its `duration`, else its `DURATION` tag (Matroska), else
     the container's duration; None when none is stated. Pure."""
     tags = stream.get("tags") if isinstance(stream.get("tags"), dict) else {}
-    for value in (_number(stream.get("duration")), _clock(tags.get("DURATION"))):
+    for value in (as_number(stream.get("duration")), _clock(tags.get("DURATION"))):
         if value is not None and value > 0:
             return value
-    value = _number(fmt.get("duration"))
+    value = as_number(fmt.get("duration"))
     return value if value is not None and value > 0 else None
 
 
@@ -223,7 +223,7 @@ def interpret_probe(info: dict) -> Probe:
     no video stream (audio-only, image), `InvalidInput` when the video stream has no picture size or
     the source has no duration, or the packets read fall short of what the index lists (truncated).
     """
-    streams = _dicts(info.get("streams"))
+    streams = as_dicts(info.get("streams"))
     fmt = info.get("format") if isinstance(info.get("format"), dict) else {}
 
     def is_picture(s: dict) -> bool:
@@ -258,11 +258,11 @@ def interpret_probe(info: dict) -> Probe:
     frames = listed if listed is not None else (int(round(duration * fps)) if fps and duration * fps < 1e12 else None)
     bit_rate = _count(fmt.get("bit_rate"))
     audio_s = stream_duration(audio, fmt) if audio else None
-    starts = [t for t in (_number(s.get("start_time")) for s in streams) if t is not None]
-    file_start = _number(fmt.get("start_time"))
+    starts = [t for t in (as_number(s.get("start_time")) for s in streams) if t is not None]
+    file_start = as_number(fmt.get("start_time"))
     file_start = min(starts) if file_start is None and starts else (file_start or 0.0)
-    video_start = max(0.0, (_number(video.get("start_time")) or file_start) - file_start)
-    audio_start = max(0.0, (_number(audio.get("start_time")) or file_start) - file_start) if audio else 0.0
+    video_start = max(0.0, (as_number(video.get("start_time")) or file_start) - file_start)
+    audio_start = max(0.0, (as_number(audio.get("start_time")) or file_start) - file_start) if audio else 0.0
     media = SourceMedia(
         format_name=str(fmt.get("format_name") or "unknown"), duration_s=duration, width=width, height=height,
         display_width=max(1, int(round(display_w))), display_height=max(1, int(round(display_h))),

@@ -3,7 +3,7 @@
 Claim protocol for one work item (docs/design.md "The lease protocol"):
   Step 0. choose: keep the head record of each work-topic partition (partition paused) and take the
           head of the tier `tiers.choose_tier` picks: the highest tier with work, unless a lower one
-          has been passed over `tier_starvation_limit` times in a row (processors/tiers.py);
+          has been passed over `tier_starvation_limit` times in a row (processors/tier_heads.py);
   Step 1. reconcile: wait until the projection has caught up with the job's partition of the
           lifecycle log, then skip an item whose job ended, whose stage passed, whose attempt is
           stale or already claimed (`should_skip`, pure: domain/policy/claim.py);
@@ -33,7 +33,7 @@ from processors import rescue
 from processors.runtime import (AttemptIdentity, Outgoing, Runtime, attempt_transactional_id, dead_letter_record,
                                 new_claim_token, transact)
 from domain.policy.tiers import after_claim, choose_tier, tier_of
-from processors.tiers import HeadBuffer
+from processors.tier_heads import HeadBuffer
 from domain.lifecycle import attempts_used
 from domain import events as ev
 from domain import pipeline
@@ -123,7 +123,7 @@ class StageWorker:
         store = self.store
         topics = settings.work_topics(self.stage)
         # fetch.wait.max.ms 100: a work item reaches an idle worker within 0.1 s (default 0.5 s).
-        # enable.partition.eof: Step 0 learns which partitions have nothing waiting (processors/tiers.py).
+        # enable.partition.eof: Step 0 learns which partitions have nothing waiting (processors/tier_heads.py).
         consumer = self.events.consumer(f"{settings.app_name}.{self.stage}",
                                         **{"fetch.wait.max.ms": 100, "enable.partition.eof": True})
         self.buffer = HeadBuffer(consumer, settings.tier_gather_s)

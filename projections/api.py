@@ -10,7 +10,7 @@ One FastAPI app (`create_app`) serves:
   every few seconds from the JSON API (no build step, no CDN);
 - operator actions (replay a dead letter, resolve a review, cancel a job) as JSON endpoints with a
   bearer token and as dashboard forms with a token field. They call the `OperatorActions` port
-  (`projections/ports.py`; `cli/wiring.py` binds it to the CLI's runners in
+  (`projections/web_ports.py`; `cli/wiring.py` binds it to the CLI's runners in
   `processors/operator.py`): they emit events and never write a projection;
 - `/health/live`, `/health/ready` and `/metrics` (prometheus-client, this process's own registry);
 - the HTTP intake `POST /uploads` (the `Intake` port, `producers/http_intake.py`: streamed uploads with API tokens,
@@ -58,7 +58,7 @@ from projections.api_models import answers
 from projections.edge import CONTENT_SECURITY_POLICY, Answer, EdgeGuard, FlashSigner, allowed_hosts, script_hashes
 from projections.edge import not_json, problem as edge_problem
 from projections.glossary import STALL_KINDS, glossary
-from projections.ports import Intake, OperatorActions, WebhookEndpoints
+from projections.web_ports import Intake, OperatorActions, WebhookEndpoints
 from tapeline import read
 from projections.provider_status import provider_overview
 from projections.problems import Sources, problems_router

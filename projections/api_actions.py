@@ -1,7 +1,7 @@
 """Operator actions (`projections/api.py` includes `router`): replay a dead letter, cancel a job,
 resolve a review, as JSON endpoints under `/api` (bearer admin token, `api_deps.require_admin`) and
 as the dashboard's form posts under `/ui` (a token field). They call the app's `OperatorActions`
-port (`projections/ports.py`): they emit events and never write a projection."""
+port (`projections/web_ports.py`): they emit events and never write a projection."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from domain.errors import NotCancellable, NotReplayable, TapelineError
 from projections.api_deps import Web, client_of, job_or_404, page, require_admin, token_ok, web
 from projections.api_models import (ACTIONS, ID_MAX, NUL_FREE, OPERATOR_MAX, TOKEN_MAX, WHY_MAX, Action, ActionResult,
                                     FailRequest, ReplayRequest, ResolveRequest)
-from projections.ports import OperatorActions
+from projections.web_ports import OperatorActions
 from tapeline import read
 
 log = structlog.get_logger("tapeline.api")

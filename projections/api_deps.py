@@ -20,7 +20,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from domain.errors import ServiceUnavailable
 from projections.edge import FlashSigner
-from projections.ports import OperatorActions, WebhookEndpoints
+from projections.web_ports import OperatorActions, WebhookEndpoints
 from projections.problems import Sources, problems_now
 from projections.region_panel import RegionPanelSource
 from tapeline import read

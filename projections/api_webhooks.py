@@ -1,6 +1,6 @@
 """Webhook endpoints in the admin API (`projections/api.py` includes `router`): register, list,
 disable, enable and remove a submitter's endpoints under `/api/webhooks` (bearer admin token). They
-call the app's `WebhookEndpoints` port (`projections/ports.py`, wired by `cli/wiring.py`); the
+call the app's `WebhookEndpoints` port (`projections/web_ports.py`, wired by `cli/wiring.py`); the
 secret is in the answer to the registration only, never logged."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from domain.errors import WebhookRefused
 from domain.policy.webhooks import ALL_TYPES
 from projections.api_deps import Web, require_admin, web
 from projections.api_models import ACTIONS, NUL_FREE, OPERATOR_MAX, WHY_MAX, answers
-from projections.ports import WebhookEndpoints
+from projections.web_ports import WebhookEndpoints
 
 log = structlog.get_logger("tapeline.api")
 router = APIRouter()

@@ -39,7 +39,6 @@ from __future__ import annotations
 import getpass
 import os
 import socket
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -53,6 +52,7 @@ from domain.errors import ServiceUnavailable, TapelineError
 from domain.regions import failover_event, region_lost_row
 from tapeline.clock import system_clock
 from regions.authority import new_failover_id, read_regions, unanswered, write_region_record
+from regions.processes import Processes, ProjectorThread
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.failover")
@@ -92,12 +92,13 @@ def _operator() -> str:
         return f"uid {os.getuid()}@{socket.gethostname()}"
 
 
-def fail_over(regions: dict[str, Settings], to: str, why: str, *, operator: str | None = None,
+def fail_over(regions: dict[str, Settings], to: str, why: str, *, processes: Processes, operator: str | None = None,
               drain_timeout_s: float = 60.0, start_processors: bool = True, accept_timeout_s: float = 120.0,
               say: Callable[[str], None] = lambda _line: None) -> FailoverReport:
     """Move the job history to region `to` (see the module for the steps). `regions`: `{"a": region
-    A's settings, "b": region B's}`. `say` gets one line per step. Raises `FailoverError` (with the
-    step) when a step cannot be done, `ValueError` for an unknown region or an empty reason."""
+    A's settings, "b": region B's}`; `processes`: the roof's projector, runtime and background
+    processors (`regions/processes.py`). `say` gets one line per step. Raises `FailoverError` (with
+    the step) when a step cannot be done, `ValueError` for an unknown region or an empty reason."""
 
     started = time.monotonic()
     if to not in regions:
@@ -147,7 +148,7 @@ def fail_over(regions: dict[str, Settings], to: str, why: str, *, operator: str 
                    + (" (resumed: recorded by an earlier run)" if resumed else ""))
 
     if planned:
-        _wait_left_quiet(source, drain_timeout_s)  # failback (issue 25 item 6): its last writes come before the drain
+        _wait_left_quiet(processes, source, drain_timeout_s)  # failback (issue 25 item 6): its last writes come before the drain
         behind = _drain(source, target, drain_timeout_s)
         step("drained", "the mirror copied every committed record" if behind == 0
              else f"not drained within {drain_timeout_s:g} s: {behind} events behind")
@@ -164,24 +165,24 @@ def fail_over(regions: dict[str, Settings], to: str, why: str, *, operator: str 
     from tapeline.postgres import migrate
 
     migrate(target.database_url, target.db_schema, target.reader_role)
-    with _projector(target):
+    with ProjectorThread(processes, target):
         _wait_caught_up(target, timeout_s=max(60.0, accept_timeout_s))
         step("projections_caught_up", f"region {to}'s projections applied its whole log")
-        report.lost_attempts = _requeue_lost_attempts(target, record)
+        report.lost_attempts = _requeue_lost_attempts(processes, target, record)
         _wait_caught_up(target, timeout_s=max(60.0, accept_timeout_s))
     step("lost_attempts_requeued", f"{len(report.lost_attempts)} attempt(s) lost with region {left} queued again "
                                    "(region_lost: no attempt used)")
 
     if start_processors:
-        report.processors_pid = start_region_processors(target)
+        report.processors_pid = start_region_processors(processes, target)
         step("processors_started", f"region {to}'s processors running (pid {report.processors_pid}, log "
                                    f"{target.home / 'logs' / 'run.log'})")
-        _wait_intake_ready(target, accept_timeout_s)
+        _wait_intake_ready(processes, target, accept_timeout_s)
         step("accepting_uploads", f"region {to}'s intake is ready: it accepts uploads")
     return report
 
 
-def _wait_left_quiet(source: Settings, timeout_s: float) -> bool:
+def _wait_left_quiet(processes: Processes, source: Settings, timeout_s: float) -> bool:
     """A planned switch: wait until the fenced region's processors have stopped writing (their guard
     sees the fence within `region_check_interval_s`, then they stop gracefully), so the drain cannot
     measure 0 before their last transaction commits: its detached supervisor (this machine's) has
@@ -190,11 +191,10 @@ def _wait_left_quiet(source: Settings, timeout_s: float) -> bool:
     what it found)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from cli import supervisor
     from regions.mirror import mirrored_topics
 
     deadline = time.monotonic() + timeout_s
-    while supervisor.running_pid(source) is not None and time.monotonic() < deadline:
+    while processes.running_pid(source) is not None and time.monotonic() < deadline:
         time.sleep(0.5)
     settle_s = 2 * source.region_check_interval_s
     client = Consumer({"bootstrap.servers": source.kafka_bootstrap_servers, "group.id": "tapeline-failover-quiet",
@@ -240,26 +240,6 @@ def _drain(source: Settings, target: Settings, timeout_s: float) -> int:
         time.sleep(1.0)
 
 
-class _projector:
-    """A projector of `settings` in a thread of this process, for the `with` block."""
-
-    def __init__(self, settings: Settings) -> None:
-        from cli.wiring import build_projector
-
-        self.projector = build_projector(settings, lag_interval_s=0)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.projector.run, args=(self.stop,), name="failover-projector",
-                                       daemon=True)
-
-    def __enter__(self) -> "_projector":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop.set()
-        self.thread.join(30)
-
-
 def _wait_caught_up(settings: Settings, timeout_s: float) -> None:
     """Until the projection has applied every committed record of its topics. Raises FailoverError
     after `timeout_s`."""
@@ -280,13 +260,12 @@ def _wait_caught_up(settings: Settings, timeout_s: float) -> None:
                         + (f" ({last.events} events behind)" if last is not None else ""))
 
 
-def _requeue_lost_attempts(target: Settings, record: ev.RegionFailedOver) -> list[dict[str, Any]]:
+def _requeue_lost_attempts(processes: Processes, target: Settings, record: ev.RegionFailedOver) -> list[dict[str, Any]]:
     """`StallDetected(region_lost)` and the retry for every job running in `target`'s projection, in
     one transaction; returns `[{job_id, stage, attempt}]` of the attempts lost."""
     from processors.runtime import transact
     from processors.watchdog import run_once
     from tapeline.read import jobs_in_state
-    from cli.wiring import build_runtime
 
     from psycopg.rows import dict_row
 
@@ -296,7 +275,7 @@ def _requeue_lost_attempts(target: Settings, record: ev.RegionFailedOver) -> lis
     rows = [row for job in running if (row := region_lost_row(job, record, now)) is not None]
     if not rows:
         return []
-    runtime = build_runtime(target, "failover")
+    runtime = processes.build_runtime(target, "failover")
     try:
         result = run_once(rows, [], [], {job["job_id"]: job for job in running}, target, runtime.recorded_by,
                           clock=system_clock)
@@ -307,25 +286,21 @@ def _requeue_lost_attempts(target: Settings, record: ev.RegionFailedOver) -> lis
     return [{"job_id": r["job_id"], "stage": r["stage"], "attempt": r["attempt"]} for r in rows]
 
 
-def start_region_processors(target: Settings) -> int:
+def start_region_processors(processes: Processes, target: Settings) -> int:
     """Start `tapeline run --role all` of region `target.region` in the background (the environment's
     settings with TAPELINE_REGION set); returns its pid (a running one is reused)."""
-    from cli import supervisor
-
     env = {**os.environ, "TAPELINE_REGION": target.region}
     env.pop("TAPELINE_HEALTH_PORT", None)  # its children get theirs from its (derived) health port base
-    return supervisor.detach(target, "all", env=env)
+    return processes.start_all(target, env)
 
 
-def intake_health_url(target: Settings) -> str:
-    """Where region `target`'s intake child answers `/health/ready` (supervisor.ROLES index 1)."""
-    from cli.supervisor import ROLES
-
-    return f"http://127.0.0.1:{target.health_port_base + ROLES.index('intake')}/health/ready"
+def intake_health_url(processes: Processes, target: Settings) -> str:
+    """Where region `target`'s intake child answers `/health/ready`."""
+    return f"http://127.0.0.1:{processes.health_port(target, 'intake')}/health/ready"
 
 
-def _wait_intake_ready(target: Settings, timeout_s: float) -> None:
-    url = intake_health_url(target)
+def _wait_intake_ready(processes: Processes, target: Settings, timeout_s: float) -> None:
+    url = intake_health_url(processes, target)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:

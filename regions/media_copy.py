@@ -22,7 +22,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from domain.errors import OutputConflict, StorageError
 from domain.replication import CopyFailure, NamedObject
-from tapeline.objectstore import SOURCE_CONTENT_TYPE, ObjectStore, _no_such_object
+from tapeline.objectstore import SOURCE_CONTENT_TYPE, ObjectStore, no_such_object
 
 BLOCK_BYTES = 1 << 20
 
@@ -57,7 +57,7 @@ def copy_object(source: ObjectStore, target: ObjectStore, named: NamedObject, wo
     try:
         got = source.s3.get_object(Bucket=source.bucket, Key=named.key)
     except ClientError as exc:
-        if _no_such_object(exc):
+        if no_such_object(exc):
             raise CopyFailed(CopyFailure.MISSING_IN_A, f"{named.key} is not in region A's store (yet)") from exc
         raise CopyFailed(CopyFailure.STORE_UNAVAILABLE, f"region A's store failed reading {named.key}: {exc}") from exc
     except BotoCoreError as exc:

@@ -47,6 +47,7 @@ import structlog
 
 from domain.errors import TapelineError
 from domain.regions import FIRST_ACTIVE
+from regions.processes import Processes
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.standby")
@@ -110,10 +111,12 @@ def needs_reset(regions: dict[str, Settings], name: str) -> bool:
     return held and reset_at != current.epoch
 
 
-def rejoin_as_standby(regions: dict[str, Settings], name: str, *, start_replication: bool = True,
-                      say: Callable[[str], None] = lambda _line: None, console: Any = None) -> RejoinReport:
+def rejoin_as_standby(regions: dict[str, Settings], name: str, *, processes: Processes,
+                      start_replication: bool = True, say: Callable[[str], None] = lambda _line: None,
+                      console: Any = None) -> RejoinReport:
     """Reset region `name` and make it the standby of the active region (the module's steps).
-    `regions`: `{"a": region A's settings, "b": region B's}`. `say` gets one line per step; `console`
+    `regions`: `{"a": region A's settings, "b": region B's}`; `processes`: the roof's control of the
+    region's background processors (`regions/processes.py`). `say` gets one line per step; `console`
     (rich) gets the mirror's and replicator's start lines. The caller holds `name`'s stack lock when
     it needs one (`tapeline stack up --region b` does).
 
@@ -145,7 +148,7 @@ def rejoin_as_standby(regions: dict[str, Settings], name: str, *, start_replicat
 
     step("checked", f"region {current.active} holds the job history (epoch {current.epoch}); region {name} "
                     "answers and rejoins as its standby")
-    _stop_everything_of(regions, name, current.active)
+    _stop_everything_of(processes, regions, name, current.active)
     step("stopped", f"region {name}'s processors, the mirrors and media replicators of both directions stopped")
     report.set_aside = set_aside_diverged_objects(standby, active, current.epoch)
     step("objects_set_aside", f"{len(report.set_aside)} object(s) of region {name} that region {current.active}'s "
@@ -183,15 +186,14 @@ def _check_services(standby: Settings) -> None:
         raise RejoinRefused(why)
 
 
-def _stop_everything_of(regions: dict[str, Settings], name: str, active: str) -> None:
+def _stop_everything_of(processes: Processes, regions: dict[str, Settings], name: str, active: str) -> None:
     """Stop `name`'s detached processors and the mirror and replicator of both directions (their
     files under each region's home). Each only if it runs."""
-    from cli import supervisor
     from tapeline.home import home_paths
     from regions.mirror import down_mirror
     from regions.replicator_process import down_replicator
 
-    if supervisor.stop_detached(regions[name]):
+    if processes.stop_all(regions[name]):
         log.warning("the rejoining region's processors were running; stopped", region=name)
     for region in (name, active):
         paths = home_paths(regions[region])

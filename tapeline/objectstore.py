@@ -73,7 +73,7 @@ class _HashingReader:
         return block
 
 
-def _no_such_object(exc: ClientError) -> bool:
+def no_such_object(exc: ClientError) -> bool:
     """Whether S3 answered that the key does not exist: `NoSuchKey` for a GET, a bare 404 (`404`
     or `NotFound`) for a HEAD, which has no body to name the error in."""
     return exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
@@ -158,7 +158,7 @@ class ObjectStore:
         try:
             self.s3.download_file(self.bucket, key, str(path))
         except ClientError as exc:
-            if _no_such_object(exc):
+            if no_such_object(exc):
                 raise ObjectMissing(f"download of {key} failed: no such object") from exc
             raise StorageError(f"download of {key} failed: {exc}") from exc
         except BotoCoreError as exc:
@@ -257,7 +257,7 @@ class ObjectStore:
         try:
             found = self.s3.head_object(Bucket=self.bucket, Key=key)
         except ClientError as exc:
-            if _no_such_object(exc):
+            if no_such_object(exc):
                 return None
             raise StorageError(f"head of {key} failed: {exc}") from exc
         except BotoCoreError as exc:

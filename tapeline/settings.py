@@ -161,7 +161,7 @@ class Settings(BaseSettings):
     ffmpeg_timeout_factor: float = Field(10.0, description="... this many seconds per second of source media")
     multipart_chunk_bytes: int = 8 * 1024**2
 
-    # Priority tiers (processors/tiers.py), result reuse and the degradation ladder (processors/reuse.py).
+    # Priority tiers (processors/tier_heads.py), result reuse and the degradation ladder (processors/reuse.py).
     tier_starvation_limit: int = Field(4, ge=1, description="A worker passes over a tier with waiting work at most "
                                        "this many claims in a row; then that tier goes first (aging)")
     tier_gather_s: float = Field(0.2, description="A free worker choosing a tier polls until every partition it "

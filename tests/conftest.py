@@ -208,7 +208,7 @@ def private_moto_server(settings: Settings, directory: Path, **overrides: Any) -
                               env=stack.s3_server_env(private), start_new_session=True)
     try:
         wait_for(lambda: endpoint_answers(private)[0], 30, "the private moto_server to answer")
-        stack._ensure_bucket(private, None)
+        stack.ensure_bucket(private, None)
         yield private, server
     finally:
         os.kill(server.pid, signal.SIGCONT)  # it may have been paused

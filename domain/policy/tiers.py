@@ -8,7 +8,7 @@ the count of a tier with no waiting work. So under a flood of every tier, the lo
 gets at least one claim in every `limit + len(TIERS) - 1` (6 by default), and a tier alone is
 never delayed.
 
-The I/O side (which heads are waiting) is `processors/tiers.py` `HeadBuffer`.
+The I/O side (which heads are waiting) is `processors/tier_heads.py` `HeadBuffer`.
 """
 
 from __future__ import annotations

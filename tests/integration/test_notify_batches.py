@@ -24,7 +24,7 @@ from domain import events as ev
 from domain.policy.webhooks import NOTIFICATION_TYPES
 from processors.operator_events import fail_events, replay_events
 from projections.projector import apply_batch
-from tapeline import webhooks
+from tapeline import webhook_endpoints as webhooks
 from tapeline.clock import system_clock
 from tapeline.postgres import PostgresJobStore, connect, migrate, q
 from tests.fakelog import T0, FakeLog

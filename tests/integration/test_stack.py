@@ -32,7 +32,7 @@ from devstack import (
     StackError,
     HomePaths,
     kafka_nodes,
-    _s3_client,
+    s3_client,
     check_ffmpeg,
     down,
     drop_database,
@@ -149,7 +149,7 @@ def test_ensure_topics_for_any_settings_is_idempotent(stack_settings: Settings) 
 
 
 def test_only_the_published_prefix_is_public(stack_settings: Settings) -> None:
-    s3 = _s3_client(stack_settings)
+    s3 = s3_client(stack_settings)
     bucket = stack_settings.s3_bucket
     s3.head_bucket(Bucket=bucket)
     name = uuid.uuid4().hex

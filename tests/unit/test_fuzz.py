@@ -16,7 +16,7 @@ from fastavro.utils import generate_many
 from hypothesis import HealthCheck, given, settings as hyp_settings, strategies as st
 
 from processors import media
-from domain.policy.intake import preflight
+from domain.policy.intake_decision import preflight
 from processors.intake import decide, triage
 from domain import events as ev
 from domain.codec import HEADER_BYTES, MAGIC, default_codec

@@ -1,4 +1,4 @@
-"""The intake decision as a pure policy (domain/policy/intake.py): the clock comes in, the events go out."""
+"""The intake decision as a pure policy (domain/policy/intake_decision.py): the clock comes in, the events go out."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from domain import events as ev
 from domain.errors import QuotaExceeded
-from domain.policy.intake import decide
+from domain.policy.intake_decision import decide
 from processors import media
 from processors.reuse import Reusable, full_profile
 from tapeline.settings import Settings

@@ -4,7 +4,7 @@ honoured), the probe interpretation, pre-flight limits, the ffmpeg command and o
 import pytest
 from hypothesis import given, settings as hyp_settings, strategies as st
 
-from domain.policy.intake import preflight
+from domain.policy.intake_decision import preflight
 from processors.media import ALLOWED_CONTAINERS as ALLOWED
 from processors.media import (FfmpegResult, Progress, _parse_progress, build_hls_command, check_limits, ffmpeg_failure,
                               interpret_probe, plan_ladder, sniff_playlist, wall_clock_limit_s)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from domain.policy.tiers import after_claim, choose_tier, tier_of
-from processors.tiers import HeadBuffer
+from processors.tier_heads import HeadBuffer
 from tapeline.ports import PartitionEnd, Record
 
 ALL = {"archive", "standard", "index"}

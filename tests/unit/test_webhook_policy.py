@@ -31,7 +31,7 @@ def test_loopback_alone_may_be_allowed():
 
 def test_a_refusal_names_the_address_and_the_setting_that_would_allow_it():
     from domain.errors import WebhookRefused
-    from tapeline.webhooks import checked_addresses
+    from tapeline.webhook_endpoints import checked_addresses
 
     settings = Settings()
     with pytest.raises(WebhookRefused) as named:
