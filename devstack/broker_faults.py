@@ -18,7 +18,6 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 
 import devstack as stack
-from devstack.chaos import committed_messages
 from tapeline.settings import Settings
 
 CLUSTER_TIMING = {"lease_s": 30.0, "heartbeat_interval_s": 1.0, "no_progress_timeout_s": 30.0,
@@ -140,12 +139,6 @@ def wait_in_sync(settings: Settings, timeout_s: float = 120.0) -> float:
             raise TimeoutError(f"partitions still under-replicated after {timeout_s:.0f} s")
         time.sleep(0.5)
     return time.monotonic() - started
-
-
-def lifecycle_stamps(settings: Settings, after: float, until: float | None = None) -> list[float]:
-    """The broker times (epoch seconds) of committed lifecycle records in [after, until], sorted."""
-    return sorted(t for m in committed_messages(settings, timeout_s=60)
-                  if after <= (t := m.timestamp()[1] / 1000) and (until is None or t <= until))
 
 
 def longest_gap(stamps: list[float], since: float, until: float) -> float:

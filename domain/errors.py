@@ -2,6 +2,16 @@
 
 Each subclass's docstring is its default message. `error_class` names the class from docs/design.md's
 error table that a failure of this kind is recorded as.
+
+Outside the tree on purpose, each caught where it is raised or one layer up and turned into a
+`TapelineError`, a retry or an answer: the ports' transport errors (`tapeline/ports.py`:
+`EventLogError` and its subclasses, `LockTimeout`), which the runtime maps to fenced, abort or
+retry; control-flow signals that never leave their module (`processors/worker.py` `Yielded`,
+`processors/publish.py` `NeedsReviewStop`, `producers/intake_body.py` `BodyTooLarge` and
+`BodyTooSlow`, `regions/media_copy.py` `CopyFailed`); file and registry errors that subclass the
+builtin a caller expects (`domain/lifecycle_data.py` `LifecycleFileError` is a `ValueError`,
+`domain/pipeline.py` `UnknownStage` a `KeyError`); and the local home's `StackError`
+(`tapeline/home.py`, a `RuntimeError`: a service that did not start, with what to do).
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ ERRORS: dict[int, str] = {
     503: "PostgreSQL, Kafka or the operator actions are not available",
 }
 """What each error status of the read API and actions means: the one list the routes' documented
-responses (`answers`) and docs/operations.md follow."""
+responses (`answers`) and docs/operating.md follow."""
 
 
 def answers(*statuses: int) -> dict[int | str, dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Region B's replication lag as Prometheus metrics (docs/regions.md "Lag", docs/operations.md "Metrics").
+"""Region B's replication lag as Prometheus metrics (docs/regions.md "Lag", docs/operating.md "Metrics").
 
 The media replicator (`tapeline region replicate`, which runs in region B and knows both regions)
 measures, every `replicate_measure_every_s` seconds in a background thread of its own (copying never

@@ -45,7 +45,3 @@ class SystemClock:
 system_clock = SystemClock()
 """The clock every Tapeline process writes events with."""
 
-
-def utc_now() -> datetime:
-    """`system_clock.now()`."""
-    return system_clock.now()

@@ -1,5 +1,5 @@
 """Webhook endpoints: registration (`tapeline webhooks`, the admin API) and the address check every
-POST repeats (processors/notify.py), over PostgreSQL's `webhook_endpoints` (migration 024).
+POST repeats (processors/notify.py), over PostgreSQL's `webhook_endpoints` (migration 025).
 
 The secret is returned once, by `register`; nothing else here returns or logs it.
 """

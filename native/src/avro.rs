@@ -1,4 +1,4 @@
-//! Avro: schemas (from the Python dicts of `schemas/codec.py`), values, and a resolving decoder
+//! Avro: schemas (from the Python dicts of `domain/codec.py`), values, and a resolving decoder
 //! (writer schema -> reader schema, fields missing in the writer take the reader's default).
 
 use std::collections::HashMap;

@@ -512,7 +512,7 @@ FROM job_state j JOIN log_clock c ON c.partition = j.log_partition
 WHERE j.state = 'retry_scheduled' AND j.retry_due_at > c.now;
 
 -- name: webhook_endpoint_insert
--- Register one webhook endpoint (migration 024); returns it without its secret.
+-- Register one webhook endpoint (migration 025); returns it without its secret.
 INSERT INTO webhook_endpoints (endpoint_id, submitter, url, secret, event_types)
 VALUES (%(endpoint_id)s, %(submitter)s, %(url)s, %(secret)s, %(event_types)s)
 RETURNING endpoint_id, submitter, url, event_types, enabled, created_at;

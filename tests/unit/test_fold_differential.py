@@ -4,7 +4,7 @@ uses it (`bulk.FoldState` over `fold.fold_batch` and `lifecycle.evolve`) and the
 (final ones flushed as they come, open ones at the end), dedup keys, uploads, log clock, positions,
 dead letters and counts (`tests/enginecompare.py`).
 
-Hypothesis writes logs of several jobs over every event type of `schemas/models.py`: a writer that
+Hypothesis writes logs of several jobs over every event type of `domain/events.py`: a writer that
 mostly follows the job (a stage queued, an attempt claimed with a new token, its heartbeats and
 outcome) and sometimes writes with a stale token or an older attempt (a zombie), without a token or
 anywhere at all; terminal events and operator replays (reopening dead_lettered and needs_review),
