@@ -47,7 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/re
 
 from bench import lifecycles  # noqa: E402
 from bench.common import cpu_delta, cpu_seconds  # noqa: E402
-from projections import logread, writes  # noqa: E402
+from projections import writes  # noqa: E402
+from tapeline import kafka_scan
 from tapeline.postgres import connect  # noqa: E402
 from domain import events as ev  # noqa: E402
 from domain.codec import default_codec  # noqa: E402
@@ -136,11 +137,11 @@ def measure_decode(settings: Settings) -> tuple[int, float, float]:
     codec = default_codec()
     results = []
     for build_models in (False, True):
-        consumer = logread.reader(settings, "bench-decode")
+        consumer = kafka_scan.reader(settings, "bench-decode")
         try:
-            span = logread.bounds(consumer, [settings.jobs_topic, settings.uploads_topic])
+            span = kafka_scan.bounds(consumer, [settings.jobs_topic, settings.uploads_topic])
             started, count = time.monotonic(), 0
-            for piece in logread.read(consumer, span, batch_size=10_000):
+            for piece in kafka_scan.read(consumer, span, batch_size=10_000):
                 for message in piece.records:
                     record = codec.decode(message.value())
                     if build_models:

@@ -265,13 +265,12 @@ def rescue_on_exit(settings: Settings):
     retry at once the attempt it held (`tapeline/holdings.py`, `processors/rescue.py`). A rescue that
     cannot be made now is logged and left to the attempt's lease."""
     import structlog
-    from confluent_kafka import KafkaException
 
     from domain.errors import Fenced, ServiceUnavailable
     from processors.rescue import Rescuer, exit_detail
     from tapeline import holdings
     from tapeline.clock import system_clock
-    from tapeline.kafka import KafkaEventLog
+    from tapeline.kafka import KafkaEventLog, KafkaException  # the client's error, named by its adapter
     from tapeline.ports import EventLogError
     from tapeline.postgres import PostgresJobStore
 

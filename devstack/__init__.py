@@ -64,7 +64,7 @@ from tapeline.settings import Settings
 from tapeline.home import StackError, HomePaths, locked, home_paths, read_state, say, update_state, stop_owned
 from devstack.ffmpeg import ffmpeg_version, check_ffmpeg
 from devstack.kafka_nodes import KafkaNode, start_kafka, wait_for_kafka, kafka_nodes, kafka_status, start_kafka_node
-from tapeline.topics import delete_topics, ensure_topics
+from tapeline.kafka_topics import delete_topics, ensure_topics
 from devstack.database import up_postgres, drop_database, masked_dsn, postgres_status
 from devstack.s3 import ensure_bucket, s3_client, s3_markers, up_s3, public_read_policy, s3_status
 from devstack.monitoring import down_monitoring, monitoring_status, up_monitoring

@@ -133,8 +133,6 @@ class LagCache:
         """`LagReport.as_dict()`; raises `ServiceUnavailable` when Kafka does not answer within
         `timeout_s`, and at once, for `max_age_s`, after it did not (so the problems strip, which
         asks on every page, does not hold every page while Kafka is down)."""
-        from confluent_kafka import KafkaException
-
         from tapeline.lag import lag_reader, measure
 
         with self._lock:
@@ -147,10 +145,9 @@ class LagCache:
                 self._consumer = lag_reader(self.settings)
             try:
                 report = measure(self.settings, conn, self._consumer, timeout_s=timeout_s)
-            except KafkaException as exc:
-                self._failed, self._at = ServiceUnavailable(f"Kafka at {self.settings.kafka_bootstrap} did not "
-                                                            f"answer: {exc}"), time.monotonic()
-                raise self._failed from exc
+            except ServiceUnavailable as exc:  # its message names Kafka's address (tapeline/lag.py measure)
+                self._failed, self._at = exc, time.monotonic()
+                raise
             self._value, self._failed, self._at = report.as_dict(), None, time.monotonic()
             return self._value
 

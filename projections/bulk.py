@@ -30,7 +30,7 @@ replay workers and the native engine's comparison.
 
 Memory: applied dedup keys are kept compactly (`KeySet`, ~20-30 bytes each), open jobs' rows in
 full, final jobs as stubs; the consumer's prefetch queue is capped by the caller
-(`logread.reader(..., queue_kbytes=...)`). The cyclic garbage collector is off during the replay
+(`kafka_scan.reader(..., queue_kbytes=...)`). The cyclic garbage collector is off during the replay
 (the state only grows and holds no cycles; re-scanning it cost a large share of the time).
 """
 

@@ -31,7 +31,7 @@ from typing import IO, Any, Callable
 import fastavro
 from fastavro.write import Writer
 
-from projections import logread
+from tapeline import kafka_scan
 from domain import events as ev
 from domain.codec import default_codec
 from tapeline import kafka
@@ -108,19 +108,19 @@ def export(settings: Settings, output: IO[bytes], fmt: str, *, since: datetime |
     codec = default_codec()
     topic = settings.jobs_topic
     result = ExportResult()
-    consumer = logread.reader(settings, "export")
+    consumer = kafka_scan.reader(settings, "export")
     writer = None
     try:
         partitions = None
         if job is not None:
             partitions = {topic: [kafka.partition_for(job, kafka.partition_count(consumer, topic))]}
-        span = logread.bounds(consumer, [topic], since=since, until=until, partitions=partitions)
+        span = kafka_scan.bounds(consumer, [topic], since=since, until=until, partitions=partitions)
         result.offsets_total = span.total
         if on_start is not None:
             on_start(span.total)
         if fmt == "avro":
             writer = Writer(output, export_schema(), codec="deflate")
-        for piece in logread.read(consumer, span, on_progress=on_progress):
+        for piece in kafka_scan.read(consumer, span, on_progress=on_progress):
             lines = []
             for message in piece.records:
                 try:

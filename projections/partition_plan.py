@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from domain.errors import TapelineError
-from projections import logread
+from tapeline import kafka_scan
 from projections.batch import BatchResult
 
 if TYPE_CHECKING:
@@ -21,12 +21,12 @@ class ReplayFailed(TapelineError):
     """A replay worker failed or died; the replay was rolled back."""
 
 
-def split(span: logread.Bounds, workers: int) -> list[logread.Bounds]:
+def split(span: kafka_scan.Bounds, workers: int) -> list[kafka_scan.Bounds]:
     """Partitions with records to read, split among at most `workers` parts of about equal offsets
     (largest partition first, each onto the part with the fewest offsets so far)."""
     sizes = sorted(((span.stop[p] - span.start[p], p) for p in span.stop if span.stop[p] > span.start[p]),
                    key=lambda item: (-item[0], item[1]))
-    parts = [logread.Bounds() for _ in range(max(1, min(workers, len(sizes))))]
+    parts = [kafka_scan.Bounds() for _ in range(max(1, min(workers, len(sizes))))]
     loads = [0] * len(parts)
     for size, position in sizes:
         least = loads.index(min(loads))

@@ -5,7 +5,7 @@ A fresh replay (`projections/replay.py`) spends most of its time in Python, deco
 less. The fold is per job, and every event of a job is in one partition of the lifecycle log (its
 key is the job id, docs/design.md "Topics"), so the partitions can be folded independently:
 
-- the parent computes the stop offsets once (`logread.bounds`) and splits the partitions of every
+- the parent computes the stop offsets once (`kafka_scan.bounds`) and splits the partitions of every
   topic among `workers` child processes (`partition_plan.split`: largest first, onto the least
   loaded);
 - each worker reads its partitions with its own consumer and folds them with `bulk.FoldState`
@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Callable
 # worker with the native engine needs; psycopg, the bulk writer, the projector, the models and the
 # Python codec are imported where they are used (the parent's `run`, the Python engine). Measured:
 # a worker ready in 0.36 s of CPU instead of 1.2 s.
-from projections import logread
+from tapeline import kafka_scan
 from projections.batch import BatchResult
 from projections.native import EngineSetup, NativeFoldState, NativeUnsupported
 from projections.partition_plan import (ParallelOutcome, ReplayFailed, add_counts, chunks, jobs_in_several_workers,
@@ -66,7 +66,7 @@ from tapeline.settings import Settings
 if TYPE_CHECKING:
     import psycopg
 
-Position = logread.Position
+Position = kafka_scan.Position
 KEYS_PER_MESSAGE = 50_000
 """Dedup keys (or open job rows) a worker encodes per message at the end."""
 WORKER_SLICE_RECORDS = 1000
@@ -94,7 +94,7 @@ class WorkerPlan:
     """What one worker reads and how it reports."""
 
     settings: Settings
-    span: logread.Bounds
+    span: kafka_scan.Bounds
     clock_topic: str
     dlq_topic: str
     batch_size: int = 5000
@@ -129,10 +129,10 @@ def worker_main(plan: WorkerPlan, pipe: Connection) -> None:
             evidence, text = writes.RowEncoder(writes.EVIDENCE_TYPES), writes.RowEncoder()
         native = state.native
         totals, job_ids = BatchResult(), set()
-        consumer = logread.reader(plan.settings, "replay-worker", queue_kbytes=8 * 1024)
+        consumer = kafka_scan.reader(plan.settings, "replay-worker", queue_kbytes=8 * 1024)
         try:
             done_offsets = 0
-            pieces = logread.read(consumer, plan.span, batch_size=plan.batch_size)
+            pieces = kafka_scan.read(consumer, plan.span, batch_size=plan.batch_size)
             while True:
                 reading = time.perf_counter()
                 piece = next(pieces, None)
@@ -196,7 +196,7 @@ def _final_rows(state, text) -> bytes:
     return state.take_final_rows_copy() if state.native else bytes(text.encode(state.take_final_rows()))
 
 
-def run(settings: Settings, conn: psycopg.Connection, span: logread.Bounds, workers: int, projection: str,
+def run(settings: Settings, conn: psycopg.Connection, span: kafka_scan.Bounds, workers: int, projection: str,
         batch_size: int = 5000, on_progress: Callable[[int], None] | None = None,
         before_commit: Callable[[psycopg.Connection], None] | None = None, engine: str = "python") -> ParallelOutcome:
     """Replay `span` into the fresh schema of `conn` (autocommit, search_path set) with `workers`

@@ -22,7 +22,8 @@ from typing import Callable, Iterator
 import psycopg
 import structlog
 
-from projections import logread, partition_plan, partitioned
+from projections import partition_plan, partitioned
+from tapeline import kafka_scan
 from projections.bulk import BulkReplay
 from projections.native import NativeUnsupported, resolve_engine
 from projections.pgschema import check_target_name, prepare_fresh, record_source
@@ -135,9 +136,9 @@ def _replay(settings: Settings, schema: str, *, as_of: datetime | None, force: b
     if fresh:
         # The log's bounds before the schema is touched: a replay that cannot read them (the broker
         # down) fails with the old schema still in place, even with --force.
-        probe = logread.reader(settings, "replay-bounds")
+        probe = kafka_scan.reader(settings, "replay-bounds")
         try:
-            fresh_span = logread.bounds(probe, topics, until=until)
+            fresh_span = kafka_scan.bounds(probe, topics, until=until)
             cluster = probe.list_topics(timeout=10).cluster_id
         finally:
             probe.close()
@@ -157,7 +158,7 @@ def _replay(settings: Settings, schema: str, *, as_of: datetime | None, force: b
                                    for r in conn.execute(q("offsets_of_projection"), {"projection": projection})}
         use_bulk = fresh and bulk
         # The bulk path keeps its state in memory: cap what librdkafka prefetches (RSS) to 8 MB.
-        consumer = logread.reader(settings, "replay", queue_kbytes=8 * 1024 if use_bulk else 256 * 1024)
+        consumer = kafka_scan.reader(settings, "replay", queue_kbytes=8 * 1024 if use_bulk else 256 * 1024)
         writer = None
         try:
             if cluster is None:  # a catch-up: its stored offsets mean nothing against another cluster
@@ -169,7 +170,7 @@ def _replay(settings: Settings, schema: str, *, as_of: datetime | None, force: b
 
             def record(conn: psycopg.Connection) -> None:  # in the bulk paths' one transaction
                 record_source(conn, cluster, projection)
-            span = fresh_span or logread.bounds(consumer, topics, until=until, start_at=stored)
+            span = fresh_span or kafka_scan.bounds(consumer, topics, until=until, start_at=stored)
             result.offsets_total = span.total
             if on_start is not None:
                 on_start(span.total)
@@ -191,7 +192,7 @@ def _replay(settings: Settings, schema: str, *, as_of: datetime | None, force: b
             if use_bulk:
                 writer = BulkReplay(conn, projection, clock_topic=settings.jobs_topic, dlq_topic=settings.dlq_topic,
                                     engine=engine)
-            pieces = logread.read(consumer, span, batch_size=batch_size, on_progress=on_progress)
+            pieces = kafka_scan.read(consumer, span, batch_size=batch_size, on_progress=on_progress)
             while True:
                 reading = time.perf_counter()
                 piece = next(pieces, None)

@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import structlog
 
@@ -47,42 +47,40 @@ def _answers(settings: Settings) -> bool:
 def read_region_records(settings: Settings, timeout_s: float = 5.0) -> list[ev.RegionFailedOver] | None:
     """Every `RegionFailedOver` on the region's `<prefix>.regions`; None when the topic does not
     exist. Raises ServiceUnavailable when the region's Kafka does not answer within `timeout_s`."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    from tapeline import kafka_scan
 
-    client = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers, "group.id": "tapeline-regions-read",
-                       "enable.auto.commit": False, "isolation.level": "read_committed",
-                       "allow.auto.create.topics": False})
+    client = kafka_scan.committed_reader(settings, "regions-read", **{"allow.auto.create.topics": False})
     try:
         try:
-            topics = client.list_topics(timeout=timeout_s).topics
-        except KafkaException as exc:
+            topics = kafka_scan.existing_topics(client, timeout_s)
+        except ServiceUnavailable as exc:
             raise ServiceUnavailable(f"region {settings.region}'s Kafka does not answer: {exc}") from exc
         if settings.regions_topic not in topics:
             return None
         deadline = time.monotonic() + timeout_s
         while True:  # a topic created a moment ago has no leader yet (NOT_LEADER_FOR_PARTITION)
             try:
-                low, high = client.get_watermark_offsets(TopicPartition(settings.regions_topic, 0), timeout=timeout_s)
+                low, high = kafka_scan.offsets(client, settings.regions_topic, 0, timeout_s)
                 break
-            except KafkaException as exc:
+            except ServiceUnavailable as exc:
                 if time.monotonic() >= deadline:
                     raise ServiceUnavailable(f"region {settings.region}'s {settings.regions_topic} has no "
                                              f"answer: {exc}") from exc
                 time.sleep(0.2)
         if high <= low:
             return []
-        client.assign([TopicPartition(settings.regions_topic, 0, low)])
         records, codec = [], default_codec()
-        while time.monotonic() < deadline:
-            message = client.poll(0.5)
-            if message is None or message.error():
-                continue
+
+        def take(message: Any) -> bool:
             event = ev.Event.from_record(codec.decode(message.value(), topic=message.topic(),
                                                       partition=message.partition(), offset=message.offset()))
             if isinstance(event, ev.RegionFailedOver):
                 records.append(event)
-            if message.offset() >= high - 1:
-                return records
+            return True
+
+        position = (settings.regions_topic, 0)
+        if position in kafka_scan.scan(client, {position: (low, high)}, take, max(0.0, deadline - time.monotonic())):
+            return records
         raise ServiceUnavailable(f"region {settings.region}'s {settings.regions_topic} not read within {timeout_s:g} s")
     finally:
         client.close()
@@ -91,10 +89,9 @@ def read_region_records(settings: Settings, timeout_s: float = 5.0) -> list[ev.R
 def write_region_record(settings: Settings, event: ev.RegionFailedOver, timeout_s: float = 15.0) -> None:
     """Append `event` to the region's `<prefix>.regions` (acks=all, idempotent; the topic exists:
     `ensure_topics`). Raises ServiceUnavailable when it is not acknowledged within `timeout_s`."""
-    from confluent_kafka import Producer
+    from tapeline import kafka
 
-    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap_servers, "enable.idempotence": True,
-                         "acks": "all", "message.timeout.ms": int(timeout_s * 1000)})
+    producer = kafka.idempotent_producer(settings, **{"message.timeout.ms": int(timeout_s * 1000)})
     failures: list[str] = []
     producer.produce(settings.regions_topic, key=REGION_EVENT_KEY.encode(),
                      value=default_codec().encode(event.to_record()), partition=0,

@@ -114,7 +114,7 @@ def fail_over(regions: dict[str, Settings], to: str, why: str, *, processes: Pro
     why_not = unanswered(target)
     if why_not is not None:
         raise FailoverError(why_not)
-    from tapeline.topics import ensure_topics
+    from tapeline.kafka_topics import ensure_topics
 
     ensure_topics(target)
     view = read_regions(regions)
@@ -189,21 +189,20 @@ def _wait_left_quiet(processes: Processes, source: Settings, timeout_s: float) -
     exited, and the end offsets of its mirrored topics have not moved for two check intervals.
     Returns False when `timeout_s` passed first (the drain goes on; the report's drained line says
     what it found)."""
-    from confluent_kafka import Consumer, TopicPartition
-
     from regions.mirror import mirrored_topics
+    from tapeline import kafka_scan
 
     deadline = time.monotonic() + timeout_s
     while processes.running_pid(source) is not None and time.monotonic() < deadline:
         time.sleep(0.5)
     settle_s = 2 * source.region_check_interval_s
-    client = Consumer({"bootstrap.servers": source.kafka_bootstrap_servers, "group.id": "tapeline-failover-quiet",
-                       "enable.auto.commit": False})
+    # High watermarks, not last stable offsets: a write inside a transaction still open moves them too.
+    client = kafka_scan.committed_reader(source, "failover-quiet", **{"isolation.level": "read_uncommitted"})
     try:
         def ends() -> tuple[int, ...]:
-            found = client.list_topics(timeout=10).topics
-            return tuple(client.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                         for topic in mirrored_topics(source) if topic in found for p in sorted(found[topic].partitions))
+            found = kafka_scan.existing_topics(client, 10)
+            return tuple(kafka_scan.offsets(client, topic, p, 10)[1]
+                         for topic in mirrored_topics(source) if topic in found for p in range(found[topic]))
 
         last, since = ends(), time.monotonic()
         while time.monotonic() < deadline:

@@ -139,24 +139,20 @@ def _markers(paths: HomePaths) -> tuple[str, ...]:
 def newest_heartbeat_ms(target: Settings, timeout_s: float = 5.0) -> int | None:
     """Broker time (ms) of the newest record in `target`'s heartbeats topic (the mirror into it), or None
     when it has none or does not answer."""
-    from confluent_kafka import Consumer, TopicPartition
+    from tapeline import kafka_scan
 
-    consumer = Consumer({"bootstrap.servers": target.kafka_bootstrap_servers, "group.id": "tapeline-mirror-probe",
-                         "enable.auto.commit": False, "socket.timeout.ms": 5000})
+    consumer = kafka_scan.committed_reader(target, "mirror-probe", **{"socket.timeout.ms": 5000})
     try:
-        metadata = consumer.list_topics(timeout=timeout_s)
-        topic = metadata.topics.get(HEARTBEATS_TOPIC)
-        if topic is None or topic.error is not None:
-            return None
-        newest = None
-        for partition in topic.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(HEARTBEATS_TOPIC, partition), timeout=timeout_s)
+        partitions = kafka_scan.existing_topics(consumer, timeout_s).get(HEARTBEATS_TOPIC, 0)
+        last = {}  # the newest record of each partition
+        for partition in range(partitions):
+            low, high = kafka_scan.offsets(consumer, HEARTBEATS_TOPIC, partition, timeout_s)
             if high > low:
-                consumer.assign([TopicPartition(HEARTBEATS_TOPIC, partition, high - 1)])
-                message = consumer.poll(timeout_s)
-                if message is not None and message.error() is None:
-                    newest = max(newest or 0, message.timestamp()[1])
-        return newest
+                last[(HEARTBEATS_TOPIC, partition)] = (high - 1, high)
+        stamps: list[int] = []
+        kafka_scan.scan(consumer, last, lambda message: stamps.append(kafka_scan.broker_millis(message)) or False,
+                        timeout_s)
+        return max(stamps) if stamps else None
     except Exception:  # the broker does not answer: no heartbeat known
         return None
     finally:

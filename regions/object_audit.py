@@ -8,15 +8,13 @@ objects count as pending (`unread`) unless already recorded.
 
 from __future__ import annotations
 
-import time
-import uuid
 from datetime import datetime, timezone
+from typing import Any
 
 import psycopg
-from confluent_kafka import KafkaError, TopicPartition
 
 from domain.replication import NamedObject, ObjectTotals, RecordedObject, object_totals
-from tapeline import kafka
+from tapeline import kafka_scan
 from tapeline.postgres import connect, q
 from regions.replicator import broker_time, followed_topics, named_in
 from tapeline.settings import Settings
@@ -41,15 +39,13 @@ def _unread(target: Settings, progress: dict[tuple[str, int], int], scan_limit: 
     """The objects named by records of region B's followed topics past the replicator's progress, with
     each record's broker time; and whether every such record was read (False: more than `scan_limit`
     records, or `timeout_s` passed)."""
-    consumer = kafka.consumer(target, f"{target.app_name}.region-objects.{uuid.uuid4().hex[:8]}",
-                              **{"enable.partition.eof": True})
+    consumer = kafka_scan.committed_reader(target, "region-objects")
     found: list[tuple[NamedObject, datetime]] = []
     try:
         todo: dict[tuple[str, int], tuple[int, int]] = {}
         for topic in followed_topics(target):
-            for partition in range(kafka.partition_count(consumer, topic, timeout_s=timeout_s)):
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s,
-                                                           cached=False)
+            for partition in range(kafka_scan.partitions(consumer, topic, timeout_s=timeout_s)):
+                low, high = kafka_scan.offsets(consumer, topic, partition, timeout_s)
                 start = max(low, progress.get((topic, partition), low))
                 if high > start:
                     todo[(topic, partition)] = (start, high)
@@ -57,34 +53,21 @@ def _unread(target: Settings, progress: dict[tuple[str, int], int], scan_limit: 
             return found, False
         if not todo:
             return found, True
-        consumer.assign([TopicPartition(t, p, start) for (t, p), (start, _) in todo.items()])
-        open_ = set(todo)
-        deadline = time.monotonic() + timeout_s
-        while open_ and time.monotonic() < deadline:
-            for message in consumer.consume(500, timeout=0.2):
-                key = (message.topic(), message.partition())
-                if key not in open_:
-                    continue
-                if message.error() is not None:
-                    if message.error().code() == KafkaError._PARTITION_EOF:
-                        open_.discard(key)
-                    continue
-                if message.offset() >= todo[key][1]:
-                    open_.discard(key)
-                    continue
-                at = broker_time(message)
-                found.extend((named, at) for named in named_in(message)[1])
-                if message.offset() + 1 >= todo[key][1]:
-                    open_.discard(key)
-        return found, not open_
+
+        def take(message: Any) -> bool:
+            at = broker_time(message)
+            found.extend((named, at) for named in named_in(message)[1])
+            return True
+
+        return found, kafka_scan.scan(consumer, todo, take, timeout_s) >= set(todo)
     finally:
         consumer.close()
 
 
 def measure_objects(target: Settings, *, scan_limit: int = 200_000, timeout_s: float = 30.0) -> tuple[ObjectTotals, bool]:
     """(the object totals of region B, whether the unread tail of its log was read whole) for region
-    B's settings `target`. Raises ServiceUnavailable when region B's PostgreSQL does not answer,
-    confluent_kafka.KafkaException (or ServiceUnavailable for a missing topic) when its Kafka does not."""
+    B's settings `target`. Raises ServiceUnavailable when region B's PostgreSQL or Kafka does not
+    answer, or a followed topic is missing."""
     recorded, progress = _recorded(target)
     unread, whole = _unread(target, progress, scan_limit, timeout_s)
     return object_totals(recorded, unread), whole

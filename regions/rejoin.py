@@ -206,41 +206,28 @@ def _named_in_log(settings: Settings, timeout_s: float = 120.0) -> dict[str, str
     (`domain/replication.py` `objects_named`, committed records only, read to their ends). A sha256
     named twice differently keeps the later one. Raises ServiceUnavailable when not read within
     `timeout_s`; an absent topic names nothing."""
-    from confluent_kafka import Consumer, TopicPartition
-
     from domain.errors import ServiceUnavailable
     from regions.replicator import named_in
+    from tapeline import kafka_scan
 
-    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers, "group.id": "tapeline-standby-read",
-                         "enable.auto.commit": False, "isolation.level": "read_committed",
-                         "enable.partition.eof": True})
+    consumer = kafka_scan.committed_reader(settings, "standby-read")
     named: dict[str, str | None] = {}
     try:
-        topics = consumer.list_topics(timeout=10).topics
-        assignment = []
+        topics = kafka_scan.existing_topics(consumer, 10)
+        ranges = {}
         for topic in (settings.jobs_topic, settings.uploads_topic):
-            if topic in topics:
-                for partition in topics[topic].partitions:
-                    low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-                    if high > low:
-                        assignment.append(TopicPartition(topic, partition, low))
-        if not assignment:
-            return named
-        consumer.assign(assignment)
-        open_ = {(tp.topic, tp.partition) for tp in assignment}
-        deadline = time.monotonic() + timeout_s
-        while open_:
-            if time.monotonic() > deadline:
-                raise ServiceUnavailable(f"region {settings.region}'s log not read within {timeout_s:g} s")
-            message = consumer.poll(1.0)
-            if message is None:
-                continue
-            if message.error() is not None:
-                if message.error().code() == -191:  # _PARTITION_EOF
-                    open_.discard((message.topic(), message.partition()))
-                continue
+            for partition in range(topics.get(topic, 0)):
+                low, high = kafka_scan.offsets(consumer, topic, partition, 10)
+                if high > low:
+                    ranges[(topic, partition)] = (low, high)
+
+        def take(message: Any) -> bool:
             for obj in named_in(message)[1]:
                 named[obj.key] = obj.sha256 or named.get(obj.key)
+            return True
+
+        if kafka_scan.scan(consumer, ranges, take, timeout_s) != set(ranges):
+            raise ServiceUnavailable(f"region {settings.region}'s log not read within {timeout_s:g} s")
         return named
     finally:
         consumer.close()
@@ -285,37 +272,17 @@ def reset_log(standby: Settings, active: Settings, timeout_s: float = 60.0) -> t
     is kept), and copy `active`'s region records missing from the standby's `<prefix>.regions`.
     Returns (the topics deleted, the records copied). Raises StackError when a topic is not gone
     within `timeout_s` or cannot be created."""
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient
-
     from regions.authority import read_region_records, write_region_record
-    from tapeline.topics import ensure_topics
+    from tapeline.kafka_topics import delete_app_groups, delete_named_topics, ensure_topics, topic_names
     from tapeline.home import StackError
     from regions.mirror import mirror_internal_topics, mirrored_topics
 
-    admin = AdminClient({"bootstrap.servers": standby.kafka_bootstrap_servers})
-    existing = set(admin.list_topics(timeout=10).topics)
+    existing = topic_names(standby)
     doomed = [t for t in mirrored_topics(standby) + mirror_internal_topics(active.region) if t in existing]
-    groups = [g.group_id for g in admin.list_consumer_groups().result(timeout=30).valid
-              if g.group_id == standby.app_name or g.group_id.startswith(standby.app_name + ".")]
-    if groups:
-        for group, future in admin.delete_consumer_groups(groups, request_timeout=30).items():
-            try:
-                future.result(timeout=30)
-            except KafkaException as exc:  # a group with members (a processor left running elsewhere)
-                log.warning("consumer group not deleted", group=group, error=str(exc))
-    if doomed:
-        for topic, future in admin.delete_topics(doomed, operation_timeout=timeout_s).items():
-            try:
-                future.result(timeout=timeout_s)
-            except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
-                    raise StackError(f"topic {topic} of region {standby.region} not deleted: {exc}") from exc
-        deadline = time.monotonic() + timeout_s
-        while set(doomed) & set(admin.list_topics(timeout=10).topics):
-            if time.monotonic() > deadline:
-                raise StackError(f"region {standby.region}'s topics not gone within {timeout_s:g} s")
-            time.sleep(0.5)
+    for group, refused in delete_app_groups(standby).items():
+        if refused is not None:  # a group with members (a processor left running elsewhere)
+            log.warning("consumer group not deleted", group=group, error=refused)
+    delete_named_topics(standby, doomed, timeout_s)
     deadline = time.monotonic() + timeout_s
     while True:  # a topic deleted a moment ago may still be marked for deletion: TOPIC_ALREADY_EXISTS
         try:

@@ -28,13 +28,12 @@ from typing import Any
 
 import psycopg
 import structlog
-from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 
 from domain import events as ev
 from domain.codec import decode
 from domain.errors import DecodeError, SchemaError, ServiceUnavailable
 from domain.replication import NamedObject, Verdict, after_failure, objects_named, retry_delay_s
-from tapeline import kafka
+from tapeline import kafka, kafka_scan
 from tapeline.clock import Clock, system_clock
 from tapeline.crashpoints import crash_point
 from regions.media_copy import Copied, CopyFailed, copy_object
@@ -63,7 +62,7 @@ def followed_topics(target: Settings) -> list[str]:
     return [target.jobs_topic, target.uploads_topic]
 
 
-def broker_time(message: Message) -> datetime:
+def broker_time(message: Any) -> datetime:
     """A record's broker timestamp in region B (its arrival: B's topics are LogAppendTime), UTC."""
     return datetime.fromtimestamp(message.timestamp()[1] / 1000.0, timezone.utc)
 
@@ -72,7 +71,7 @@ UNDECODABLE = "undecodable"
 """The event type `named_in` gives a record that does not decode as an event."""
 
 
-def named_in(message: Message) -> tuple[str, list[NamedObject]]:
+def named_in(message: Any) -> tuple[str, list[NamedObject]]:
     """(event type, the objects it names) of a record of region B's log; (`UNDECODABLE`, []) for a
     record that does not decode as an event (the projector dead-letters those). Logs nothing."""
     try:
@@ -136,7 +135,7 @@ class Replicator:
         log.info("object replicated", key=named.key, bytes=copied.size_bytes, written=copied.written)
         return copied
 
-    def replicate_record(self, message: Message, stop: threading.Event) -> bool:
+    def replicate_record(self, message: Any, stop: threading.Event) -> bool:
         """Replicate every object `message` names, then advance its partition's progress. Waits (with
         backoff) while a store does not answer; parks objects that are missing or do not match.
         Returns False when `stop` was set before the record was done (its progress not advanced)."""
@@ -231,13 +230,12 @@ class Replicator:
         try:
             progress = {(r["topic"], r["partition"]): r["next_offset"]
                         for r in self.conn.execute(q("replication_progress")).fetchall()}
-            assignment = [TopicPartition(topic, partition, progress.get((topic, partition), OFFSET_BEGINNING))
-                          for topic in followed_topics(self.target)
-                          for partition in range(kafka.partition_count(consumer, topic, timeout_s=60.0))]
-            consumer.assign(assignment)
+            positions = {(topic, partition): progress.get((topic, partition))
+                         for topic in followed_topics(self.target)
+                         for partition in range(kafka.partition_count(consumer, topic, timeout_s=60.0))}
+            resumed = kafka_scan.assign_from(consumer, positions)
             log.info("replicating", source=self.source.s3_endpoint, target=self.target.s3_endpoint,
-                     log=self.target.kafka_bootstrap_servers, partitions=len(assignment),
-                     resumed=sum(1 for tp in assignment if tp.offset != OFFSET_BEGINNING))
+                     log=self.target.kafka_bootstrap_servers, partitions=len(positions), resumed=resumed)
             if ready is not None:
                 ready.set()
             next_scan = 0.0

@@ -80,13 +80,15 @@ def transactional_producer(settings: Settings, transactional_id: str, *, init: b
     return producer
 
 
-def idempotent_producer(settings: Settings) -> Producer:
-    """An idempotent (not transactional) producer for intake: no duplicates from its own retries."""
+def idempotent_producer(settings: Settings, **overrides: Any) -> Producer:
+    """An idempotent (not transactional) producer for intake and the region records: no duplicates
+    from its own retries. `overrides`: more librdkafka settings."""
     return Producer({
         "bootstrap.servers": settings.kafka_bootstrap_servers,
         "enable.idempotence": True,  # retries never duplicate a record
         "acks": "all",
         "partitioner": "murmur2_random",
+        **overrides,
     })
 
 

@@ -25,18 +25,16 @@ process every few seconds and feeds the Prometheus gauges `tapeline_projection_l
 from __future__ import annotations
 
 import threading
-import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
 import structlog
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from tapeline.postgres import connect, q
-from tapeline import kafka
+from domain.errors import ServiceUnavailable
+from tapeline import kafka_scan
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.projector.lag")
@@ -89,15 +87,14 @@ class LagReport:
                     for p in self.partitions if p.offsets > 0]}
 
 
-def lag_reader(settings: Settings) -> Consumer:
+def lag_reader(settings: Settings) -> Any:
     """The read_committed, assign-only consumer `measure` reads with (reusable across measurements)."""
-    return kafka.consumer(settings, f"{settings.app_name}.lag.{uuid.uuid4().hex[:8]}",  # never joins: assign only
-                          **{"enable.partition.eof": True,  # a partition with nothing committed left ends here
-                             "max.partition.fetch.bytes": 256 * 1024,  # small reads: it lives beside the projector
-                             "queued.max.messages.kbytes": 4096})
+    return kafka_scan.committed_reader(settings, "lag",
+                                       **{"max.partition.fetch.bytes": 256 * 1024,  # small reads: it lives beside the projector
+                                          "queued.max.messages.kbytes": 4096})
 
 
-def measure(settings: Settings, conn: psycopg.Connection, consumer: Consumer, *, projection: str = "main",
+def measure(settings: Settings, conn: psycopg.Connection, consumer: Any, *, projection: str = "main",
             topics: list[str] | None = None, scan_limit: int = 10_000, timeout_s: float = 10.0,
             now: datetime | None = None) -> LagReport:
     """The lag of `projection` (stored offsets read on `conn`, in its schema) against the log.
@@ -105,16 +102,24 @@ def measure(settings: Settings, conn: psycopg.Connection, consumer: Consumer, *,
     `consumer` is a read_committed consumer (`lag_reader`); it is reassigned here. `scan_limit`
     bounds the offsets read to count events exactly; `timeout_s` bounds the whole reading, seconds
     (a partition not finished in time reports its offsets as events, `exact` False). `now` defaults
-    to the current UTC time, taken after reading.
+    to the current UTC time, taken after reading. Raises `ServiceUnavailable` when Kafka does not
+    answer (or a topic is missing).
     """
+    try:
+        return _measure(settings, conn, consumer, projection, topics, scan_limit, timeout_s, now)
+    except ServiceUnavailable as exc:
+        raise ServiceUnavailable(f"Kafka at {settings.kafka_bootstrap} did not answer: {exc}") from exc
+
+
+def _measure(settings: Settings, conn: psycopg.Connection, consumer: Any, projection: str, topics: list[str] | None,
+             scan_limit: int, timeout_s: float, now: datetime | None) -> LagReport:
     stored = {(r["topic"], r["partition"]): r["next_offset"] for r in _rows(conn, projection)}
     wanted = list(dict.fromkeys((topics or [settings.jobs_topic, settings.uploads_topic, settings.dlq_topic]) +
                                 sorted({topic for topic, _ in stored})))
     ends: dict[tuple[str, int], tuple[int, int]] = {}  # (topic, partition) -> (stored or log start, LSO)
     for topic in wanted:
-        for partition in range(kafka.partition_count(consumer, topic)):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s,
-                                                       cached=False)
+        for partition in range(kafka_scan.partitions(consumer, topic)):
+            low, high = kafka_scan.offsets(consumer, topic, partition, timeout_s)
             ends[(topic, partition)] = (max(low, stored.get((topic, partition), low)), high)
     behind = {tp: (start, end) for tp, (start, end) in ends.items() if end > start}
     counts, oldest, full = _scan(consumer, behind, scan_limit, timeout_s)
@@ -137,48 +142,26 @@ def _rows(conn: psycopg.Connection, projection: str) -> list[dict[str, Any]]:
     return cursor.execute(q("offsets_of_projection"), {"projection": projection}).fetchall()
 
 
-def _scan(consumer: Consumer, behind: dict[tuple[str, int], tuple[int, int]], scan_limit: int,
+def _scan(consumer: Any, behind: dict[tuple[str, int], tuple[int, int]], scan_limit: int,
           timeout_s: float) -> tuple[dict, dict, set]:
     """Read [start, end) of each partition: (records counted, broker time of the first, partitions read fully).
 
     Partitions are read whole while they fit in `scan_limit` offsets (smallest first); the others
-    only up to their first record (paused after it), for its broker time.
+    only up to their first record, for its broker time.
     """
     counts: dict[tuple[str, int], int] = {}
     oldest: dict[tuple[str, int], datetime] = {}
-    whole, budget = set(), scan_limit
-    for key, (start, end) in sorted(behind.items(), key=lambda item: item[1][1] - item[1][0]):
-        if end - start <= budget:
-            whole.add(key)
-            budget -= end - start
-    if not behind:
-        return counts, oldest, set()
-    consumer.assign([TopicPartition(topic, partition, start) for (topic, partition), (start, _) in behind.items()])
-    open_ = set(behind)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while open_ and time.monotonic() < deadline:
-            for message in consumer.consume(1000, timeout=0.2):
-                key = (message.topic(), message.partition())
-                if key not in open_:
-                    continue
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:  # reached the LSO: nothing more committed
-                        open_.discard(key)
-                    continue
-                if message.offset() >= behind[key][1]:  # written after the LSO was read: not counted
-                    open_.discard(key)
-                    continue
-                counts[key] = counts.get(key, 0) + 1
-                if key not in oldest:
-                    oldest[key] = datetime.fromtimestamp(message.timestamp()[1] / 1000.0, tz=timezone.utc)
-                if key not in whole or message.offset() + 1 >= behind[key][1]:
-                    open_.discard(key)
-                    consumer.pause([TopicPartition(*key)])
-    finally:
-        consumer.unassign()
-    return counts, oldest, whole - open_
+    whole = kafka_scan.within_budget(behind, scan_limit)
+
+    def take(message: Any) -> bool:
+        key = (message.topic(), message.partition())
+        counts[key] = counts.get(key, 0) + 1
+        if key not in oldest:
+            oldest[key] = datetime.fromtimestamp(kafka_scan.broker_millis(message) / 1000.0, tz=timezone.utc)
+        return key in whole
+
+    finished = kafka_scan.scan(consumer, behind, take, timeout_s)
+    return counts, oldest, whole & finished
 
 
 class LagObserver:

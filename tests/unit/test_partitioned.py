@@ -8,12 +8,13 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from projections import logread, partition_plan, partitioned, writes
+from projections import partition_plan, partitioned, writes
+from tapeline import kafka_scan
 from projections.bulk import FoldState
 
 
-def bounds(sizes: dict[tuple[str, int], int]) -> logread.Bounds:
-    span = logread.Bounds()
+def bounds(sizes: dict[tuple[str, int], int]) -> kafka_scan.Bounds:
+    span = kafka_scan.Bounds()
     for position, size in sizes.items():
         span.start[position], span.stop[position] = 10, 10 + size
     return span

@@ -13,7 +13,7 @@ import uuid
 
 from confluent_kafka import Producer, TopicPartition
 
-from projections import logread
+from tapeline import kafka_scan
 from tapeline.settings import Settings
 
 
@@ -31,9 +31,9 @@ def test_an_end_of_partition_below_the_stop_offset_does_not_end_the_read(isolate
         producer.produce(topic, value=f"open-{n}".encode(), partition=0)
     producer.flush(30)
 
-    consumer = logread.reader(isolated, "test-logread")
+    consumer = kafka_scan.reader(isolated, "test-logread")
     try:
-        span = logread.bounds(consumer, [topic], partitions={topic: [0]})
+        span = kafka_scan.bounds(consumer, [topic], partitions={topic: [0]})
         # The stop the reader must reach: past the open transaction's records, as a stop taken
         # just after its commit would be (3 records + 1 marker + 4 records + 1 marker).
         uncommitted = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
@@ -44,7 +44,7 @@ def test_an_end_of_partition_below_the_stop_offset_does_not_end_the_read(isolate
 
         def read() -> None:
             try:
-                for piece in logread.read(consumer, span, batch_size=100, stall_timeout_s=30):
+                for piece in kafka_scan.read(consumer, span, batch_size=100, stall_timeout_s=30):
                     values.extend(message.value() for message in piece.records)
             except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
                 failure.append(exc)

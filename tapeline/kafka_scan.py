@@ -1,9 +1,14 @@
-"""Reading a bounded slice of the committed log: from given offsets up to stop offsets fixed at the start.
+"""Reading the committed log in bounded scans: the event-log adapter's read side for everything
+that is not a processor's own loop (replay, export, projection lag, region measurement, the
+standby's reset, the failover's checks, the region records, the media replicator).
 
-Replay, export and the benchmark read "the log as of now" (or as of a broker timestamp): the stop
-offset of each partition is computed once, before reading, from the last stable offset (what a
-`read_committed` client can reach) or from `offsets_for_times`. Records written later are never
-read, so a replay of a busy log still ends. Nothing here produces to Kafka.
+Every scan reads `read_committed` from offsets fixed before it starts: a partition's stop is its
+last stable offset (what a `read_committed` client can reach) as of the call, or the first offset
+at a broker timestamp (`offsets_for_times`), so records written later are never read and a scan
+of a busy log still ends. Client errors leave here as `ServiceUnavailable`. Nothing here produces
+to Kafka; with `tapeline/kafka.py` (clients, the processors' reader and writer) and
+`tapeline/kafka_topics.py` (the topic contract, admin calls) this is the only code that imports
+the Kafka client (an import-linter contract).
 """
 
 from __future__ import annotations
@@ -12,9 +17,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from tapeline import kafka
 from domain.errors import ServiceUnavailable
@@ -165,3 +170,103 @@ def read(consumer: Consumer, span: Bounds, batch_size: int = 5000, stall_timeout
         elif time.monotonic() - last_progress > stall_timeout_s:
             raise ServiceUnavailable(f"no records for {stall_timeout_s:.0f} s while {len(pending)} partition(s) "
                                      "still had records below their stop offset (an open transaction?)")
+
+
+# -- scans with a budget (lag, region measurement, audits) --------------------------------------
+
+
+def committed_reader(settings: Settings, purpose: str, **overrides: Any) -> Consumer:
+    """A read_committed consumer from the one client factory (`kafka.consumer`) that is only ever
+    assigned partitions, never joins its group and never commits; a partition reports its end
+    (`enable.partition.eof`). `overrides`: more librdkafka settings."""
+    return kafka.consumer(settings, f"{settings.app_name}.{purpose}.{uuid.uuid4().hex[:8]}",
+                          **{"enable.partition.eof": True, **overrides})
+
+
+def existing_topics(consumer: Consumer, timeout_s: float = 10.0) -> dict[str, int]:
+    """Partition count of every topic the cluster has (topics with a metadata error left out).
+    Raises `ServiceUnavailable` when the cluster does not answer within `timeout_s` seconds."""
+    try:
+        topics = consumer.list_topics(timeout=timeout_s).topics
+    except KafkaException as exc:
+        raise ServiceUnavailable(f"the cluster did not list its topics: {exc}") from exc
+    return {name: len(meta.partitions) for name, meta in topics.items() if meta.error is None}
+
+
+def partitions(consumer: Consumer, topic: str, timeout_s: float = 10.0) -> int:
+    """`kafka.partition_count`, with a cluster that does not answer raised as `ServiceUnavailable`
+    too (as is a missing topic)."""
+    try:
+        return kafka.partition_count(consumer, topic, timeout_s=timeout_s)
+    except KafkaException as exc:
+        raise ServiceUnavailable(f"no metadata for {topic}: {exc}") from exc
+
+
+def offsets(consumer: Consumer, topic: str, partition: int, timeout_s: float = 10.0) -> tuple[int, int]:
+    """(log start, last stable offset) of one partition, asked of the broker (never cached).
+    Raises `ServiceUnavailable` when it does not answer within `timeout_s` seconds."""
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s, cached=False)
+    except KafkaException as exc:
+        raise ServiceUnavailable(f"no offsets for {topic}[{partition}]: {exc}") from exc
+
+
+def within_budget(ranges: dict[Position, tuple[int, int]], limit: int) -> set[Position]:
+    """The partitions of `ranges` ({position: (start, stop)}) read whole within `limit` offsets in
+    all, smallest first (pure)."""
+    whole, budget = set(), limit
+    for key, (start, stop) in sorted(ranges.items(), key=lambda item: item[1][1] - item[1][0]):
+        if stop - start <= budget:
+            whole.add(key)
+            budget -= stop - start
+    return whole
+
+
+def scan(consumer: Consumer, ranges: dict[Position, tuple[int, int]], take: Callable[[Message], bool],
+         timeout_s: float) -> set[Position]:
+    """Read each partition of `ranges` ({position: (start, stop)}) from its start: `take(record)` gets
+    every committed record below the stop, in offset order per partition, and returns whether to go
+    on with that partition. Returns the partitions finished (stop reached, the partition's end
+    reported, or `take` said stop) within `timeout_s` seconds; the others were cut short (no error).
+    Raises `ServiceUnavailable` on a read error other than a partition's end."""
+    todo = {key: span for key, span in ranges.items() if span[1] > span[0]}
+    done = set(ranges) - set(todo)
+    if not todo:
+        return done
+    consumer.assign([TopicPartition(topic, partition, start) for (topic, partition), (start, _) in todo.items()])
+    open_ = set(todo)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while open_ and time.monotonic() < deadline:
+            for message in consumer.consume(1000, timeout=0.2):
+                key = (message.topic(), message.partition())
+                if key not in open_:
+                    continue
+                error = message.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        raise ServiceUnavailable(f"reading {key[0]}[{key[1]}]: {error}")
+                    open_.discard(key)  # at the last stable offset: nothing more committed
+                    continue
+                if message.offset() >= todo[key][1]:  # committed after the stop was read: not taken
+                    open_.discard(key)
+                    continue
+                if not take(message) or message.offset() + 1 >= todo[key][1]:
+                    open_.discard(key)
+                    consumer.pause([TopicPartition(*key)])
+    finally:
+        consumer.unassign()
+    return done | (set(todo) - open_)
+
+
+def assign_from(consumer: Consumer, positions: dict[Position, int | None]) -> int:
+    """Assign every partition of `positions` at its offset (None: the log's start); returns how many
+    resume at a recorded offset."""
+    consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING if offset is None else offset)
+                     for (topic, partition), offset in positions.items()])
+    return sum(1 for offset in positions.values() if offset is not None)
+
+
+def broker_millis(message: Message) -> int:
+    """A record's broker timestamp, milliseconds since the epoch."""
+    return message.timestamp()[1]

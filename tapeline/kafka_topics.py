@@ -31,6 +31,54 @@ time index assumes timestamps that only grow)."""
 
 
 
+def delete_named_topics(settings: Settings, names: list[str], timeout_s: float = 60.0) -> None:
+    """Delete the topics `names` of `settings`' cluster (missing ones count as deleted) and wait
+    until the cluster no longer lists them. Raises `StackError` when one is refused or not gone
+    within `timeout_s` seconds."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    admin = admin_client(settings)
+    names = [name for name in names if name in set(admin.list_topics(timeout=10).topics)]
+    if not names:
+        return
+    for topic, future in admin.delete_topics(names, operation_timeout=timeout_s).items():
+        try:
+            future.result(timeout=timeout_s)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise StackError(f"topic {topic} of region {settings.region} not deleted: {exc}") from exc
+    deadline = time.monotonic() + timeout_s
+    while set(names) & set(admin.list_topics(timeout=10).topics):
+        if time.monotonic() > deadline:
+            raise StackError(f"region {settings.region}'s topics not gone within {timeout_s:g} s")
+        time.sleep(0.5)
+
+
+def delete_app_groups(settings: Settings, timeout_s: float = 30.0) -> dict[str, str | None]:
+    """Delete the deployment's consumer groups (`settings.app_name` and every group named
+    `<app_name>.*`). Returns {group: None when deleted, else why not} (a group with members, of a
+    processor left running elsewhere, is refused and left)."""
+    from confluent_kafka import KafkaException
+
+    admin = admin_client(settings)
+    groups = [g.group_id for g in admin.list_consumer_groups().result(timeout=timeout_s).valid
+              if g.group_id == settings.app_name or g.group_id.startswith(settings.app_name + ".")]
+    outcome: dict[str, str | None] = {}
+    if groups:
+        for group, future in admin.delete_consumer_groups(groups, request_timeout=timeout_s).items():
+            try:
+                future.result(timeout=timeout_s)
+                outcome[group] = None
+            except KafkaException as exc:
+                outcome[group] = str(exc)
+    return outcome
+
+
+def topic_names(settings: Settings, timeout_s: float = 10.0) -> set[str]:
+    """The names of every topic `settings`' cluster has."""
+    return set(admin_client(settings).list_topics(timeout=timeout_s).topics)
+
+
 def delete_topics(settings: Settings, timeout_s: float = 30.0) -> list[str]:
     """Delete every topic of `settings.all_topics()` (tests and benchmarks with their own prefix clean
     up after themselves, so a long-lived local broker does not collect thousands of topics). Best
