@@ -149,3 +149,17 @@ def test_ffmpeg_failure_checks_the_limits_first_and_their_class_is_not_retried()
     assert ffmpeg_failure(plain).error_class == "out_of_memory"
     assert ffmpeg_failure(FfmpegResult(-signal.SIGKILL, "", None, 1.0, limits=LIMITS,
                                        measured=FfmpegMeasures(-signal.SIGKILL, cpu_s=0.1))).error_class == "out_of_memory"
+
+
+def test_the_thumbnails_runs_take_the_same_rule_with_the_sprite_as_their_one_rung():
+    from processors.thumbnails import Options, plan_storyboard, step_limits
+
+    source = SourceMedia(format_name="mov", duration_s=5.28, width=1280, height=720, display_width=1280,
+                         display_height=720, rotation=0, fps=25.0, frames=132, video_codec="h264")
+    board = plan_storyboard(5.28, 1280, 720, Options.of(SETTINGS))
+    width, height = board.sprite_size
+    limits = step_limits(source, board, 1_055_736, SETTINGS, cpus=2)
+    assert limits == attempt_limits(SETTINGS, source_pixels=1280 * 720, frames=132, duration_s=5.28,
+                                    rungs=[Rung(width * height, 0)], source_bytes=1_055_736, cpus=2)
+    # measured here: the sprite pass on this source peaked at 461 MB of address space, 0.4 s of CPU, 5 descriptors
+    assert limits.memory_bytes > 461_000_000 and limits.cpu_s > 0.4 and limits.open_files > 5
