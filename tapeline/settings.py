@@ -171,8 +171,8 @@ class Settings(BaseSettings):
     ffmpeg_memory_per_pixel_bytes: float = Field(96.0, ge=0, description="Derived memory limit: per pixel of the "
                                                  "source's frame and of each rung's, bytes")
     ffmpeg_cpu_s: float | None = Field(None, gt=0, description="CPU time of one ffmpeg run (RLIMIT_CPU, user + "
-                                       "system, every thread), seconds; unset: base + ns per pixel-frame x frames "
-                                       "x (source + rung pixels)")
+                                       "system, every thread), seconds, rounded up to whole seconds; unset: base + "
+                                       "ns per pixel-frame x frames x (source + rung pixels)")
     ffmpeg_cpu_base_s: float = Field(60.0, ge=0, description="Derived CPU-time limit: fixed part, seconds")
     ffmpeg_cpu_ns_per_pixel_frame: float = Field(200.0, ge=0, description="Derived CPU-time limit: nanoseconds per "
                                                  "pixel of every frame decoded and of every frame encoded per rung")

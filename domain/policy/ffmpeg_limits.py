@@ -35,6 +35,11 @@ TS_OVERHEAD_PER_FRAME_BYTES = 376
 last 188-byte packet: two packets). It dominates the output of a high-frame-rate source of small,
 nearly empty frames, which the bitrate alone would not foresee."""
 
+CPU_TOLERANCE_S = 0.05
+"""How far below the CPU limit a measured figure may be and still be the limit's: `/proc` counts CPU
+in clock ticks (10 ms), the kernel checks RLIMIT_CPU on its exact runtime, so an ffmpeg that exits
+at once on SIGXCPU can read a tick or two under its limit."""
+
 MAXRATE_FACTOR = 1.07
 """A rung's peak bitrate over its nominal one (`processors/encode_plan.py` `rung_video_options`)."""
 
@@ -232,7 +237,7 @@ def crossed_limit(run: FfmpegMeasures, limits: FfmpegLimits) -> LimitCrossed | N
        when it sees that; a run that ended cleanly between two measurements crossed it too);
     2. file size: killed by SIGXFSZ (a write past RLIMIT_FSIZE), measured the largest file;
     3. CPU time: ended non-zero (SIGXCPU makes ffmpeg stop with 255, a fourth signal 123, the hard
-       limit SIGKILL) having used at least `cpu_s` CPU seconds;
+       limit SIGKILL) having used at least `cpu_s` CPU seconds (less `CPU_TOLERANCE_S`);
     4. memory: ended non-zero with an allocation failure on stderr (`MEMORY_MARKERS`), or crashed
        (`MEMORY_CRASH_SIGNALS`) with a sampled peak within `MEMORY_CRASH_SHARE` of the limit;
     5. open files: ended non-zero with "Too many open files" on stderr.
@@ -248,7 +253,7 @@ def crossed_limit(run: FfmpegMeasures, limits: FfmpegLimits) -> LimitCrossed | N
                         "{allowed} bytes (SIGXFSZ)")
     if code == 0:
         return None
-    if limits.cpu_s is not None and run.cpu_s is not None and run.cpu_s >= limits.cpu_s:
+    if limits.cpu_s is not None and run.cpu_s is not None and run.cpu_s >= limits.cpu_s - CPU_TOLERANCE_S:
         return _crossed(limits, "cpu_time", limits.cpu_s, round(run.cpu_s, 2),
                         "ffmpeg used {measured} s of CPU time, its limit is {allowed} s")
     stderr = run.stderr_tail

@@ -103,6 +103,7 @@ LIMITS = FfmpegLimits(memory_bytes=500_000_000, cpu_s=3, temp_disk_bytes=2_000_0
      "wrote a file up to 100000 bytes and was stopped at the per-file limit 100000 bytes"),
     (FfmpegMeasures(255, cpu_s=3.42), "cpu_time", 3.42, "used 3.42 s of CPU time, its limit is 3 s (ffmpeg_cpu_s)"),
     (FfmpegMeasures(123, cpu_s=5.0), "cpu_time", 5.0, "used 5 s of CPU time"),  # a fourth SIGXCPU
+    (FfmpegMeasures(255, cpu_s=2.98), "cpu_time", 2.98, "used 2.98 s"),  # clock ticks: a little under the limit
     (FfmpegMeasures(-signal.SIGKILL, cpu_s=8.0), "cpu_time", 8.0, "its limit is 3 s"),  # the hard limit
     (FfmpegMeasures(1, "x264 [error]: malloc of size 5371264 failed\nError initializing output stream 0:0",
                     peak_memory_bytes=458_452_992), "memory", 458_452_992,
