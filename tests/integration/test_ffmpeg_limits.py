@@ -6,7 +6,8 @@ seconds.
 
 Two levels. `test_..._at_the_run_level`: the transcode's own segment command under
 `media.run_ffmpeg` with the limits `media.ffmpeg_limits` gives: the classified error, the limit
-named with its measured value, and this process's own limits untouched. `test_..._ends_the_job`:
+named with its measured value, and this process's own limits untouched (also for the per-file
+and open-file limits, crossed by the plain clip under tiny limits). `test_..._ends_the_job`:
 a real transcode worker (`tapeline run --role transcode`, beside a projector and an intake) with
 the limit in its environment: `AttemptFailed` and `JobFailed` of class `limits_exceeded` naming the
 limit, no retry, and the worker process alive afterwards (same pid), still transcoding.
@@ -41,6 +42,14 @@ CASES = {
                "more address space than its limit 629145600 bytes"),
 }
 """Every other limit stays derived from the source (generous): only the named one can be crossed."""
+
+RUN_CASES = {**CASES,
+             # the two limits a hostile source does not need to cross: a plain clip, tiny limits
+             "file_size": ("bigbuckbunny.mp4", {"ffmpeg_file_bytes": 100_000}, "file_size",
+                           "wrote a file up to 100000 bytes and was stopped at the per-file limit 100000 bytes "
+                           "(SIGXFSZ) (ffmpeg_file_bytes)"),
+             "open_files": ("bigbuckbunny.mp4", {"ffmpeg_open_files": 8}, "open_files",
+                            "(Too many open files): its limit is 8 descriptors")}
 
 
 @pytest.fixture(scope="module")
@@ -111,15 +120,16 @@ def run_level(source: Path, settings, tmp_path: Path) -> tuple[media.FfmpegResul
 OWN_LIMITS = ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NOFILE")
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", RUN_CASES)
 def test_a_hostile_source_crosses_its_limit_at_the_run_level(case, sources, isolated, tmp_path):
-    name, limit_setting, limit, words = CASES[case]
+    name, limit_setting, limit, words = RUN_CASES[case]
     own = {n: resource.getrlimit(getattr(resource, n)) for n in OWN_LIMITS}
     # Under the derived limits alone, each source runs (a control: the explicit limit is what stops it).
-    if case != "temp_disk":  # (the long encode is the slow one: 7 MB of output; its control is the worker test's)
-        result, error = run_level(sources[name], isolated, tmp_path / "derived")
+    source = sources[name] if name in sources else sample_video(name)
+    if case in ("cpu_time", "memory"):  # (the long encode is the slow one; the plain clip passes everywhere)
+        result, error = run_level(source, isolated, tmp_path / "derived")
         assert error is None and result.returncode == 0, (error, result.stderr_tail)
-    result, error = run_level(sources[name], isolated.model_copy(update=limit_setting), tmp_path / "limited")
+    result, error = run_level(source, isolated.model_copy(update=limit_setting), tmp_path / "limited")
     assert isinstance(error, LimitsExceeded) and error.error_class == "limits_exceeded", (error, result)
     assert str(error).startswith(f"{limit} limit exceeded: ") and words in str(error), str(error)
     measured = result.measured
@@ -129,6 +139,8 @@ def test_a_hostile_source_crosses_its_limit_at_the_run_level(case, sources, isol
         assert measured.temp_disk_bytes > 5_000_000 and str(measured.temp_disk_bytes) in str(error)
         assert measured.temp_disk_bytes < 5_000_000 + 8_000_000  # stopped within a measurement interval
         assert result.returncode == -9  # killed at once, not asked to flush its outputs
+    elif limit == "file_size":
+        assert result.returncode == -25 and measured.largest_file_bytes == 100_000  # SIGXFSZ, a file at the limit
     else:
         assert result.returncode != 0 and result.elapsed_s < 10
     # The limits were the child's only: this process (the worker's place) keeps its own.
