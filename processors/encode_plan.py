@@ -16,7 +16,7 @@ import ffmpeg
 
 from domain.errors import LimitsExceeded
 from domain.events import Rendition, SourceMedia
-from domain.policy.ffmpeg_limits import FfmpegLimits, Rung, attempt_limits
+from domain.policy.ffmpeg_limits import FfmpegLimits, Rung, attempt_limits, expected_frames
 from processors.source_probe import ALLOWED_CONTAINERS
 from tapeline.settings import Settings
 
@@ -122,9 +122,8 @@ def ffmpeg_limits(media: SourceMedia, ladder: list[Rendition], source_bytes: int
                   cpus: int = 1) -> FfmpegLimits:
     """The limits of one transcode's ffmpeg (`domain.policy.ffmpeg_limits.attempt_limits`) for the
     probed source `media` stored in `source_bytes` bytes, encoding `ladder` (and the audio at
-    `AUDIO_BITRATE_KBPS` when `has_audio`) with `cpus` processors. Frames: the probe's count, else
-    duration x frame rate. Pure."""
-    frames = media.frames if media.frames else int(round(media.duration_s * (media.fps or 25.0)))
+    `AUDIO_BITRATE_KBPS` when `has_audio`) with `cpus` processors (frames: `expected_frames`). Pure."""
+    frames = expected_frames(media.frames, media.duration_s, media.fps)
     rungs = [Rung(pixels=r.width * r.height, video_kbps=r.video_bitrate_kbps) for r in ladder]
     return attempt_limits(settings, source_pixels=media.width * media.height, frames=frames,
                           duration_s=media.duration_s, rungs=rungs, source_bytes=source_bytes,

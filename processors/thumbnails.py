@@ -38,7 +38,7 @@ import structlog
 
 from domain import events as ev
 from domain.errors import TranscodeFailed
-from domain.policy.ffmpeg_limits import FfmpegLimits, Rung, attempt_limits
+from domain.policy.ffmpeg_limits import FfmpegLimits, Rung, attempt_limits, expected_frames
 from processors import media
 from processors.runtime import Outgoing
 from processors.worker import Attempt, StageWorker, Yielded
@@ -193,10 +193,10 @@ def step_limits(found: ev.SourceMedia, board: Storyboard, source_bytes: int, set
                 cpus: int = 1) -> FfmpegLimits:
     """The limits of this stage's ffmpeg runs (`domain.policy.ffmpeg_limits.attempt_limits`, the
     transcode's rule): the sprite counted as one rung of its own size with no bitrate (its outputs
-    are a JPEG and the small grey tiles); frames the probe's, else duration x frame rate. Pure."""
-    frames = found.frames if found.frames else int(round(found.duration_s * (found.fps or 25.0)))
+    are a JPEG and the small grey tiles; frames: `expected_frames`). Pure."""
     width, height = board.sprite_size
-    return attempt_limits(settings, source_pixels=found.width * found.height, frames=frames,
+    return attempt_limits(settings, source_pixels=found.width * found.height,
+                          frames=expected_frames(found.frames, found.duration_s, found.fps),
                           duration_s=found.duration_s, rungs=[Rung(pixels=width * height, video_kbps=0)],
                           source_bytes=source_bytes, cpus=cpus)
 

@@ -208,10 +208,10 @@ class TranscodeWorker(StageWorker):
         reused one, `TranscodeFailed` when ffmpeg fails (`TranscodeTimeout` past its wall-clock
         limit, `LimitsExceeded` past one of its limits: `media.ffmpeg_limits`, measured against
         `temp_dir`, the attempt's temp directory, when given), `StorageError` when an upload fails.
-        `streams`: the source's (video, audio) stream
-        indexes from the probe (audio None when there is none); `frame_rate`: the probe's
-        `encoder_frame_rate` (`segments.build_segment_command`); `source_probe`: the whole probe
-        (deinterlacing, the audio's sampling rate, a variable frame rate).
+        `streams`: the source's (video, audio) stream indexes from the probe (audio None when there
+        is none); `frame_rate`: the probe's `encoder_frame_rate` (`segments.build_segment_command`);
+        `source_probe`: the whole probe (deinterlacing, the audio's sampling rate, a variable frame
+        rate).
         """
         item, settings = attempt.item, self.settings
         with_audio = streams[1] is not None and not plan.audio

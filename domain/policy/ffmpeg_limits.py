@@ -103,6 +103,12 @@ class Rung:
     video_kbps: int
 
 
+def expected_frames(frames: int | None, duration_s: float, fps: float | None) -> int:
+    """The frames a source decodes into, as the limits count them: the probe's count (`nb_frames`)
+    when it states one, else duration (s) x frame rate (25 when unknown)."""
+    return frames if frames else int(round(max(0.0, duration_s) * (fps or 25.0)))
+
+
 def attempt_limits(settings: FfmpegLimitSettings, *, source_pixels: int, frames: int, duration_s: float,
                    rungs: list[Rung], source_bytes: int, audio_kbps: int = 0, cpus: int = 1) -> FfmpegLimits:
     """The limits of one ffmpeg run encoding `rungs` from a source of `source_pixels` (coded width x

@@ -164,3 +164,9 @@ def test_the_thumbnails_runs_take_the_same_rule_with_the_sprite_as_their_one_run
                                     rungs=[Rung(width * height, 0)], source_bytes=1_055_736, cpus=2)
     # measured here: the sprite pass on this source peaked at 461 MB of address space, 0.4 s of CPU, 5 descriptors
     assert limits.memory_bytes > 461_000_000 and limits.cpu_s > 0.4 and limits.open_files > 5
+
+
+def test_frames_are_the_probes_count_else_duration_times_frame_rate():
+    assert fl.expected_frames(132, 5.28, 25.0) == 132
+    assert fl.expected_frames(None, 5.28, 25.0) == 132
+    assert fl.expected_frames(0, 2.0, None) == 50  # no count, no rate: 25 fps
