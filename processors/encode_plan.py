@@ -2,9 +2,10 @@
 
 The pre-flight limits on a probed source (`check_limits`), the ladder of renditions
 (`plan_ladder`: never upscaled, even sizes, display aspect kept), the one-pass HLS command line
-(`build_hls_command`, built with ffmpeg-python) and the wall-clock limit of a run
-(`wall_clock_limit_s`). Segmented encoding and resume are `processors/segments.py`; running ffmpeg
-is `processors/media.py` (`run_ffmpeg`).
+(`build_hls_command`, built with ffmpeg-python), the wall-clock limit of a run
+(`wall_clock_limit_s`) and its memory, CPU-time, temp-disk and open-file limits (`ffmpeg_limits`).
+Segmented encoding and resume are `processors/segments.py`; running ffmpeg is `processors/media.py`
+(`run_ffmpeg`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import ffmpeg
 
 from domain.errors import LimitsExceeded
 from domain.events import Rendition, SourceMedia
+from domain.policy.ffmpeg_limits import FfmpegLimits, Rung, attempt_limits, expected_frames
 from processors.source_probe import ALLOWED_CONTAINERS
 from tapeline.settings import Settings
 
@@ -114,6 +116,18 @@ def rung_video_options(rung: Rendition, preset: str) -> dict[str, str]:
     kbps = rung.video_bitrate_kbps
     return {"c:v": "libx264", "preset": preset, "profile:v": "high", "pix_fmt": "yuv420p", "b:v": f"{kbps}k",
             "maxrate": f"{int(kbps * 1.07)}k", "bufsize": f"{kbps * 2}k"}
+
+
+def ffmpeg_limits(media: SourceMedia, ladder: list[Rendition], source_bytes: int, has_audio: bool, settings: Settings,
+                  cpus: int = 1) -> FfmpegLimits:
+    """The limits of one transcode's ffmpeg (`domain.policy.ffmpeg_limits.attempt_limits`) for the
+    probed source `media` stored in `source_bytes` bytes, encoding `ladder` (and the audio at
+    `AUDIO_BITRATE_KBPS` when `has_audio`) with `cpus` processors (frames: `expected_frames`). Pure."""
+    frames = expected_frames(media.frames, media.duration_s, media.fps)
+    rungs = [Rung(pixels=r.width * r.height, video_kbps=r.video_bitrate_kbps) for r in ladder]
+    return attempt_limits(settings, source_pixels=media.width * media.height, frames=frames,
+                          duration_s=media.duration_s, rungs=rungs, source_bytes=source_bytes,
+                          audio_kbps=AUDIO_BITRATE_KBPS if has_audio else 0, cpus=cpus)
 
 
 def wall_clock_limit_s(duration_s: float, settings: Settings) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import select
 import signal
 import subprocess
@@ -22,10 +23,11 @@ from pathlib import Path
 from typing import Callable
 
 from domain.events import Rendition, SourceMedia
+from domain.policy.ffmpeg_limits import FfmpegLimits, FfmpegMeasures, crossed_limit, rlimits, temp_disk_crossed
 from domain.errors import (InvalidInput, LimitsExceeded, OutputMismatch, TapelineError, TranscodeFailed, TranscodeTimeout,
                              UnsupportedMedia)
 from processors.encode_plan import (AUDIO_BITRATE_KBPS, VIDEO_BITRATE_KBPS, build_hls_command, check_limits,
-                                    plan_ladder, wall_clock_limit_s)
+                                    ffmpeg_limits, plan_ladder, wall_clock_limit_s)
 from processors.source_probe import (ALLOWED_CONTAINERS, INTERLACED_FIELD_ORDERS, MAX_AUDIO_RATE_HZ,
                                      PLAYLIST_SIGNATURES, STREAM_LENGTH_NOTE_S, Probe, choose_audio,
                                      encoder_frame_rate_of, interpret_probe, sniff_playlist, source_handling,
@@ -34,7 +36,8 @@ from processors.source_probe import (ALLOWED_CONTAINERS, INTERLACED_FIELD_ORDERS
 __all__ = [  # this module's own names and the pure ones it re-exports
     "ALLOWED_CONTAINERS", "AUDIO_BITRATE_KBPS", "INTERLACED_FIELD_ORDERS", "MAX_AUDIO_RATE_HZ", "PLAYLIST_SIGNATURES",
     "STREAM_LENGTH_NOTE_S", "UNSUPPORTED_MARKERS", "VIDEO_BITRATE_KBPS", "FfmpegResult", "Probe", "Progress",
-    "build_hls_command", "check_limits", "choose_audio", "encoder_frame_rate_of", "ffmpeg_failure", "inspect_source",
+    "build_hls_command", "check_limits", "choose_audio", "encoder_frame_rate_of", "ffmpeg_failure", "ffmpeg_limits",
+    "inspect_source",
     "interpret_probe", "keyframe_before", "plan_ladder", "probe_duration", "probe_source", "run_ffmpeg",
     "sniff_playlist", "source_handling", "stream_duration", "verify_outputs", "wall_clock_limit_s"]
 
@@ -85,10 +88,11 @@ class FfmpegTool:
 
     def run_ffmpeg(self, args: list[str], *, on_progress: Callable[[Progress], None] | None = None,
                    on_tick: Callable[[], None] | None = None, should_stop: Callable[[], bool] | None = None,
-                   tick_s: float = 1.0, timeout_s: float | None = None) -> FfmpegResult:
+                   tick_s: float = 1.0, timeout_s: float | None = None, limits: FfmpegLimits | None = None,
+                   temp_dir: Path | None = None) -> FfmpegResult:
         """`run_ffmpeg`."""
         return run_ffmpeg(args, on_progress=on_progress, on_tick=on_tick, should_stop=should_stop, tick_s=tick_s,
-                          timeout_s=timeout_s)
+                          timeout_s=timeout_s, limits=limits, temp_dir=temp_dir)
 
     def verify_outputs(self, out_dir: Path, ladder: list[Rendition], media: SourceMedia, has_audio: bool,
                        tolerance_s: float) -> None:
@@ -136,13 +140,16 @@ class Progress:
 @dataclass(frozen=True)
 class FfmpegResult:
     """How an ffmpeg run ended: exit code (negative: killed by that signal), the last lines of
-    stderr, the last progress block, wall-clock seconds, and whether the wall-clock limit stopped it."""
+    stderr, the last progress block, wall-clock seconds, and whether the wall-clock limit stopped it;
+    with `limits`, the limits it ran under and what was measured (`measured`)."""
 
     returncode: int
     stderr_tail: str
     last_progress: Progress | None
     elapsed_s: float
     timed_out: bool = False
+    limits: FfmpegLimits | None = None
+    measured: FfmpegMeasures | None = None
 
 
 def keyframe_before(path: Path, time_s: float, stream: int | None = None, timeout_s: float = 60.0) -> float | None:
@@ -166,7 +173,8 @@ def keyframe_before(path: Path, time_s: float, stream: int | None = None, timeou
 
 def run_ffmpeg(args: list[str], *, on_progress: Callable[[Progress], None] | None = None,
                on_tick: Callable[[], None] | None = None, should_stop: Callable[[], bool] | None = None,
-               tick_s: float = 1.0, timeout_s: float | None = None) -> FfmpegResult:
+               tick_s: float = 1.0, timeout_s: float | None = None, limits: FfmpegLimits | None = None,
+               temp_dir: Path | None = None) -> FfmpegResult:
     """Run ffmpeg, reading `-progress` from stdout and draining stderr in a thread.
 
     `on_tick` runs about every `tick_s` seconds on this thread, whether or not ffmpeg advances (the
@@ -174,12 +182,25 @@ def run_ffmpeg(args: list[str], *, on_progress: Callable[[Progress], None] | Non
     seconds of wall-clock time ffmpeg is terminated and the result says `timed_out` (stalls without
     progress are the watchdog's business; this bounds a run that progresses too slowly). Returns the
     exit code, the last lines of stderr and the last progress block; raises only what the callbacks raise.
+
+    With `limits` (`domain.policy.ffmpeg_limits.attempt_limits`) the child runs under their rlimits
+    (set between fork and exec, so the worker's own limits never change, and with `MALLOC_ARENA_MAX`
+    = `MALLOC_ARENAS` so glibc's per-thread arenas do not fill the address space limit with
+    reservations); its CPU time, address space and descriptors are sampled from `/proc` on every
+    pass of the loop (at most 0.2 s apart, 0.05 s in the first second; the CPU time once more when
+    it has exited, before it is reaped), and `temp_dir` (the attempt's temp directory) is measured
+    every `TEMP_DISK_CHECK_S` seconds: past the temp-disk limit (`temp_disk_crossed`) ffmpeg is
+    killed at once (SIGKILL). The result carries the limits and the measurements; `ffmpeg_failure` says
+    which limit was crossed.
     """
     started = time.monotonic()
     deadline = started + timeout_s if timeout_s is not None else None
     timed_out = False
+    pairs = rlimits(limits) if limits is not None else {}
+    env = {**os.environ, "MALLOC_ARENA_MAX": str(MALLOC_ARENAS)} if "RLIMIT_AS" in pairs else None
+    before = _Usage.files(temp_dir) if limits is not None and temp_dir is not None else {}
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, preexec_fn=_die_with_parent)
+                            start_new_session=True, env=env, preexec_fn=lambda: _child_setup(pairs))
     tail: deque[str] = deque(maxlen=40)
     drain = threading.Thread(target=lambda: [tail.append(line.decode(errors="replace").rstrip())
                                              for line in iter(proc.stderr.readline, b"")], daemon=True)
@@ -188,11 +209,16 @@ def run_ffmpeg(args: list[str], *, on_progress: Callable[[Progress], None] | Non
     last: Progress | None = None
     buffer = b""
     next_tick = time.monotonic() + tick_s
+    watch = _Usage(proc.pid, temp_dir, before) if limits is not None else None
+    next_disk = time.monotonic()
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
     try:
         while True:
-            ready, _, _ = select.select([fd], [], [], 0.2)
+            # Limits crossed at start-up (an allocation, a file) end ffmpeg within a fraction of a
+            # second: the first second is sampled more often.
+            wait_s = 0.05 if watch is not None and time.monotonic() - started < 1.0 else 0.2
+            ready, _, _ = select.select([fd], [], [], wait_s)
             if ready:
                 chunk = os.read(fd, 65536)
                 if not chunk:
@@ -207,6 +233,13 @@ def run_ffmpeg(args: list[str], *, on_progress: Callable[[Progress], None] | Non
                         block = {}
                         if on_progress:
                             on_progress(last)
+            if watch is not None:
+                watch.sample()
+                if time.monotonic() >= next_disk:
+                    next_disk = time.monotonic() + TEMP_DISK_CHECK_S
+                    if limits is not None and temp_disk_crossed(watch.measure_disk(), limits):
+                        _kill(proc)  # not SIGTERM: a clean stop flushes every output, writing more
+                        break
             if on_tick and time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + tick_s
                 on_tick()
@@ -217,24 +250,126 @@ def run_ffmpeg(args: list[str], *, on_progress: Callable[[Progress], None] | Non
                 timed_out = True
                 _stop(proc)
                 break
+        if watch is not None:
+            watch.exited()
         proc.wait()
     except BaseException:
         _stop(proc)
         raise
     finally:
         drain.join(timeout=5)
-    return FfmpegResult(proc.returncode, "\n".join(tail), last, time.monotonic() - started, timed_out)
+    stderr_tail = "\n".join(tail)
+    measured = None
+    if watch is not None:
+        watch.measure_disk()
+        measured = FfmpegMeasures(returncode=proc.returncode, stderr_tail=stderr_tail, cpu_s=watch.cpu_s,
+                                  peak_memory_bytes=watch.peak_memory_bytes, peak_open_files=watch.peak_open_files,
+                                  temp_disk_bytes=watch.temp_disk_bytes, largest_file_bytes=watch.largest_file_bytes)
+    return FfmpegResult(proc.returncode, stderr_tail, last, time.monotonic() - started, timed_out, limits, measured)
+
+
+TEMP_DISK_CHECK_S = 0.5
+"""How often `run_ffmpeg` measures the attempt's temp directory, seconds. What ffmpeg writes between
+two measurements can pass the temp-disk limit (its outputs are bitrate-capped: a few MB per second
+at most; and no single file can outgrow RLIMIT_FSIZE)."""
+
+MALLOC_ARENAS = 2
+"""`MALLOC_ARENA_MAX` of an ffmpeg under an address-space limit: glibc otherwise reserves a 64 MiB
+arena per thread, up to 8 per CPU, which counts against RLIMIT_AS without being used (measured:
+1011 MiB of address space for a four-rung 720p encode with the default, 884 MiB with 2, the same
+CPU time)."""
+
+
+class _Usage:
+    """Measurements of one ffmpeg process (`pid`) and of the attempt's temp directory, for
+    `FfmpegMeasures`. Reads `/proc/<pid>/stat` (CPU clock ticks), `/proc/<pid>/status` (`VmPeak`,
+    kB) and `/proc/<pid>/fd`; a read that fails (the process is gone) keeps the last value.
+    `before`: the temp directory's files before the run (`files`): the largest
+    file is looked for among the others, the ones ffmpeg wrote (not the source or reused segments)."""
+
+    TICKS = os.sysconf("SC_CLK_TCK")
+
+    def __init__(self, pid: int, temp_dir: Path | None, before: dict[str, tuple[int, int]]) -> None:
+        self.pid, self.temp_dir, self.before = pid, temp_dir, before
+        self.cpu_s: float | None = None
+        self.peak_memory_bytes: int | None = None
+        self.peak_open_files: int | None = None
+        self.temp_disk_bytes: int | None = None
+        self.largest_file_bytes: int | None = None
+
+    def sample(self) -> None:
+        self._cpu()
+        try:
+            status = Path(f"/proc/{self.pid}/status").read_text()
+            opened = len(os.listdir(f"/proc/{self.pid}/fd"))
+        except OSError:  # exited between two samples: the last values stand
+            return
+        for line in status.splitlines():
+            if line.startswith("VmPeak:"):
+                self.peak_memory_bytes = max(self.peak_memory_bytes or 0, int(line.split()[1]) * 1024)
+        self.peak_open_files = max(self.peak_open_files or 0, opened)
+
+    def _cpu(self) -> None:
+        try:
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return
+        self.cpu_s = (int(fields[11]) + int(fields[12])) / self.TICKS  # utime + stime, every thread
+
+    def exited(self) -> None:
+        """Wait until the process has exited without reaping it (`waitid` with `WNOWAIT`), then read
+        its final CPU time: a zombie's `/proc/<pid>/stat` still holds it."""
+        try:
+            os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:  # already reaped (stopped by `_stop`): the last sample stands
+            return
+        self._cpu()
+
+    def measure_disk(self) -> int | None:
+        """The temp directory's total allocated bytes (every file, `st_blocks` x 512), and the
+        largest file written or grown since the run started (its size); None without a directory."""
+        if self.temp_dir is None:
+            return None
+        total = largest = 0
+        for path, (size, allocated) in self.files(self.temp_dir).items():
+            total += allocated
+            if path not in self.before or self.before[path][0] != size:
+                largest = max(largest, size)
+        self.temp_disk_bytes = max(self.temp_disk_bytes or 0, total)
+        self.largest_file_bytes = largest
+        return total
+
+    @staticmethod
+    def files(directory: Path) -> dict[str, tuple[int, int]]:
+        """Every file under `directory`: path -> (size, allocated bytes). A file removed while
+        walking (a temporary file of ffmpeg's) is left out."""
+        found: dict[str, tuple[int, int]] = {}
+        for root, _, names in os.walk(directory):
+            for name in names:
+                path = os.path.join(root, name)
+                try:
+                    info = os.lstat(path)
+                except FileNotFoundError:
+                    continue
+                found[path] = (info.st_size, info.st_blocks * 512)
+        return found
 
 
 def ffmpeg_failure(result: FfmpegResult, timeout_s: float | None = None) -> TapelineError | None:
     """The classified error of a finished ffmpeg run, or None when it succeeded. Pure.
 
-    Wall-clock limit reached -> `TranscodeTimeout` (class `timeout`); killed by SIGKILL (the OOM
+    A limit of the run crossed (`domain.policy.ffmpeg_limits.crossed_limit` on its measurements) ->
+    `LimitsExceeded` (class `limits_exceeded`, not retried) naming the limit, the measured value and
+    the setting; checked first, since crossing one is what stopped or killed ffmpeg. Wall-clock limit reached -> `TranscodeTimeout` (class `timeout`); killed by SIGKILL (the OOM
     killer, or a memory limit) -> `TranscodeFailed` of class `out_of_memory`; any other non-zero
     exit -> `TranscodeFailed` (class `unknown`) with ffmpeg's last stderr line, unless stderr says
     the source uses something ffmpeg cannot decode (`UNSUPPORTED_MARKERS`): then `UnsupportedMedia`,
     not retried, since every attempt would fail the same way.
     """
+    if result.limits is not None and result.measured is not None:
+        crossed = crossed_limit(result.measured, result.limits)
+        if crossed is not None:
+            return LimitsExceeded(crossed.message)
     if result.timed_out:
         limit = f"{timeout_s:g} s" if timeout_s is not None else "its limit"
         reached = result.last_progress.out_time_s if result.last_progress else 0.0
@@ -258,6 +393,19 @@ UNSUPPORTED_MARKERS = ("is not implemented", "not yet implemented", "not found f
 """ffmpeg stderr phrases of a feature it lacks (libavcodec's `avpriv_report_missing_feature` prints
 "... is not implemented. Update your FFmpeg version ..."; fftools prints "Decoder (codec X) not
 found"): deterministic, so the attempt fails as `unsupported_media` at once."""
+
+
+def _child_setup(pairs: dict[str, tuple[int, int]]) -> None:
+    """In the ffmpeg child, between fork and exec: `_die_with_parent`, then the rlimits `pairs`
+    (`domain.policy.ffmpeg_limits.rlimits`), each kept within the worker's own hard limit (a
+    process may not raise it). Only the child's limits change."""
+    _die_with_parent()
+    for name, (soft, hard) in pairs.items():
+        which = getattr(resource, name)
+        _, ceiling = resource.getrlimit(which)
+        if ceiling != resource.RLIM_INFINITY:
+            soft, hard = min(soft, ceiling), min(hard, ceiling)
+        resource.setrlimit(which, (soft, hard))
 
 
 def _die_with_parent() -> None:
@@ -284,6 +432,15 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
     except ProcessLookupError:
         pass
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL ffmpeg's process group and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # it had exited already: reaped below all the same
+        pass
+    proc.wait()
 
 
 def _parse_progress(block: dict[str, str]) -> Progress:

@@ -27,6 +27,7 @@ Crash points: the generic `thumbnails.claim.*`, `thumbnails.Heartbeat.*`,
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ import structlog
 
 from domain import events as ev
 from domain.errors import TranscodeFailed
+from domain.policy.ffmpeg_limits import FfmpegLimits, Rung, attempt_limits, expected_frames
 from processors import media
 from processors.runtime import Outgoing
 from processors.worker import Attempt, StageWorker, Yielded
@@ -187,6 +189,18 @@ def poster_command(source: Path, at_s: float, poster: Path, width: int, video_st
             "-vf", f"scale='min({width},iw)':-2,setsar=1", "-q:v", "3", str(poster)]
 
 
+def step_limits(found: ev.SourceMedia, board: Storyboard, source_bytes: int, settings: Settings,
+                cpus: int = 1) -> FfmpegLimits:
+    """The limits of this stage's ffmpeg runs (`domain.policy.ffmpeg_limits.attempt_limits`, the
+    transcode's rule): the sprite counted as one rung of its own size with no bitrate (its outputs
+    are a JPEG and the small grey tiles; frames: `expected_frames`). Pure."""
+    width, height = board.sprite_size
+    return attempt_limits(settings, source_pixels=found.width * found.height,
+                          frames=expected_frames(found.frames, found.duration_s, found.fps),
+                          duration_s=found.duration_s, rungs=[Rung(pixels=width * height, video_kbps=0)],
+                          source_bytes=source_bytes, cpus=cpus)
+
+
 class ThumbnailsWorker(StageWorker):
     """The `thumbnails` stage (see the module's docstring)."""
 
@@ -198,9 +212,12 @@ class ThumbnailsWorker(StageWorker):
         self.media = media
         self.options = Options.of(settings)
 
-    def run_step(self, attempt: Attempt, command: list[str], duration_s: float, frames_total: int | None) -> None:
-        """Run one ffmpeg `command`, heartbeating its progress (media seconds decoded). Raises
-        `Yielded` on SIGTERM, the classified ffmpeg failure otherwise (`media.ffmpeg_failure`)."""
+    def run_step(self, attempt: Attempt, command: list[str], duration_s: float, frames_total: int | None,
+                 limits: FfmpegLimits | None = None, temp_dir: Path | None = None) -> None:
+        """Run one ffmpeg `command`, heartbeating its progress (media seconds decoded), within
+        `limits` (`temp_dir`: the attempt's temp directory, measured against them). Raises
+        `Yielded` on SIGTERM, the classified ffmpeg failure otherwise (`media.ffmpeg_failure`:
+        `LimitsExceeded` past a limit)."""
         latest: list[media.Progress | None] = [None]
 
         def tick() -> None:
@@ -214,7 +231,8 @@ class ThumbnailsWorker(StageWorker):
 
         limit_s = max(60.0, duration_s * 4)
         result = self.media.run_ffmpeg(command, on_progress=progressed, on_tick=tick, should_stop=self.stop.is_set,
-                                       tick_s=min(0.25, self.settings.heartbeat_s / 4), timeout_s=limit_s)
+                                       tick_s=min(0.25, self.settings.heartbeat_s / 4), timeout_s=limit_s,
+                                       limits=limits, temp_dir=temp_dir)
         if self.stop.is_set() and result.returncode != 0:
             raise Yielded("worker shutting down (SIGTERM) while making thumbnails")
         failure = media.ffmpeg_failure(result, limit_s)
@@ -235,8 +253,9 @@ class ThumbnailsWorker(StageWorker):
             found = probe.media
             duration = item.media_duration_s or found.duration_s
             board = plan_storyboard(duration, found.display_width, found.display_height, self.options)
+            limits = step_limits(found, board, source.stat().st_size, settings, len(os.sched_getaffinity(0)))
             self.run_step(attempt, sprite_command(source, board, sprite, greys, probe.video_stream), duration,
-                          found.frames)
+                          found.frames, limits, Path(tmp))
             raw = greys.read_bytes() if greys.exists() else b""
             tiles = [raw[i:i + GREY_W * GREY_H] for i in range(0, len(raw) - GREY_W * GREY_H + 1, GREY_W * GREY_H)]
             if not sprite.exists() or not tiles:
@@ -245,7 +264,8 @@ class ThumbnailsWorker(StageWorker):
             at_s = min(best * board.interval_s, max(0.0, duration - 0.05))
             for decode_through in (False, True):  # an input seek first; decoding through where it found no frame
                 self.run_step(attempt, poster_command(source, at_s, poster, self.options.poster_width,
-                                                      probe.video_stream, decode_through), duration, found.frames)
+                                                      probe.video_stream, decode_through), duration, found.frames,
+                              limits, Path(tmp))
                 if poster.exists() and poster.stat().st_size > 0:
                     break
             if not poster.exists() or poster.stat().st_size == 0:

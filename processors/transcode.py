@@ -18,6 +18,7 @@ Checkpoint protocol of one attempt (`processors/segments.py` has the encoding si
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from fractions import Fraction
@@ -154,14 +155,14 @@ class TranscodeWorker(StageWorker):
             self.encoded = (probe.frames or 0, probe.duration_s)  # (every segment reused: nothing left to encode)
             try:
                 new, elapsed_s = self.encode(attempt, store, source, probe, plan, out_dir, prefix, streams,
-                                                 inspected.encoder_frame_rate, inspected)
+                                             inspected.encoder_frame_rate, inspected, temp_dir=Path(tmp))
             except ResumeMismatch as exc:
                 log.warning("resumed encode does not join the reused segments; encoding from the start",
                             job_id=identity.job_id, error=str(exc))
                 shutil.rmtree(out_dir)
                 plan, sizes = ResumePlan(0, {}, []), {}
                 new, elapsed_s = self.encode(attempt, store, source, probe, plan, out_dir, prefix, streams,
-                                                 inspected.encoder_frame_rate, inspected)
+                                             inspected.encoder_frame_rate, inspected, temp_dir=Path(tmp))
             # Step 4 (no ffmpeg to heartbeat from: heartbeats from a thread, with the encode's figures)
             with attempt.keepalive(*self.encoded, probe.frames):
                 outputs, playlist_keys = self.assemble(store, item.renditions, probe, has_audio, plan, sizes, new,
@@ -197,18 +198,20 @@ class TranscodeWorker(StageWorker):
 
     def encode(self, attempt: Attempt, store: ObjectStorage, source: Path, probe: ev.SourceMedia, plan: ResumePlan,
                out_dir: Path, prefix: str, streams: tuple[int, int | None] = (0, None),
-               frame_rate: Fraction | None = None,
-               source_probe: media.Probe | None = None) -> tuple[dict[str, list[LocalSegment]], float]:
+               frame_rate: Fraction | None = None, source_probe: media.Probe | None = None,
+               temp_dir: Path | None = None) -> tuple[dict[str, list[LocalSegment]], float]:
         """Step 3: encode segments `plan.start_index..` (and the audio unless reused), checkpointing
         each one as it completes. Returns the new segments per rendition and ffmpeg's wall time (s).
 
         Raises `Yielded` on SIGTERM (completed segments are recorded first), `Fenced` when a newer
         attempt owns the job, `ResumeMismatch` when the first new segment does not join the last
         reused one, `TranscodeFailed` when ffmpeg fails (`TranscodeTimeout` past its wall-clock
-        limit), `StorageError` when an upload fails. `streams`: the source's (video, audio) stream
-        indexes from the probe (audio None when there is none); `frame_rate`: the probe's
-        `encoder_frame_rate` (`segments.build_segment_command`); `source_probe`: the whole probe
-        (deinterlacing, the audio's sampling rate, a variable frame rate).
+        limit, `LimitsExceeded` past one of its limits: `media.ffmpeg_limits`, measured against
+        `temp_dir`, the attempt's temp directory, when given), `StorageError` when an upload fails.
+        `streams`: the source's (video, audio) stream indexes from the probe (audio None when there
+        is none); `frame_rate`: the probe's `encoder_frame_rate` (`segments.build_segment_command`);
+        `source_probe`: the whole probe (deinterlacing, the audio's sampling rate, a variable frame
+        rate).
         """
         item, settings = attempt.item, self.settings
         with_audio = streams[1] is not None and not plan.audio
@@ -227,6 +230,8 @@ class TranscodeWorker(StageWorker):
             audio_rate_hz=source_probe.audio_sample_rate if source_probe else None)
         max_gap_s = max_join_gap_s(source_probe)
         limit_s = media.wall_clock_limit_s(probe.duration_s, settings)
+        limits = media.ffmpeg_limits(probe, item.renditions, source.stat().st_size, streams[1] is not None, settings,
+                                     cpus=len(os.sched_getaffinity(0)))
         watcher = segments.SegmentWatcher(out_dir, names, plan.start_index)
         reused_frames = sum(c.frames for c in plan.video.get(item.renditions[0].name, []))
         latest = [media.Progress(0, 0.0, None, False)]
@@ -278,7 +283,7 @@ class TranscodeWorker(StageWorker):
         # detection is at most the timeout plus one heartbeat interval late).
         result = self.media.run_ffmpeg(command, on_progress=progressed, on_tick=tick,
                                   should_stop=self.stop.is_set, tick_s=min(0.25, self.settings.heartbeat_s / 4),
-                                  timeout_s=limit_s)
+                                  timeout_s=limit_s, limits=limits, temp_dir=temp_dir)
         ended = result.returncode == 0 and latest[0].ended
         if self.stop.is_set() and not ended:
             record(watcher.poll())  # what finished before the stop is kept for the successor

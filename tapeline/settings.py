@@ -159,6 +159,36 @@ class Settings(BaseSettings):
                                            "bound this gives)")
     ffmpeg_timeout_s: float = Field(600.0, description="Wall-clock limit of one transcode: this many seconds plus ...")
     ffmpeg_timeout_factor: float = Field(10.0, description="... this many seconds per second of source media")
+    # Limits of one ffmpeg run (domain/policy/ffmpeg_limits.py, docs/media.md "ffmpeg within limits"): each
+    # explicit one is used as it is; unset, it is derived from the source (pixels x frames x rungs).
+    ffmpeg_memory_bytes: int | None = Field(None, ge=1, description="Address space of one ffmpeg run (RLIMIT_AS), "
+                                            "bytes; unset: base + rungs x (per rung + CPUs x per rung per CPU) + "
+                                            "per pixel x (source + rung pixels)")
+    ffmpeg_memory_base_bytes: int = Field(512 * 1024**2, ge=0, description="Derived memory limit: fixed part, bytes")
+    ffmpeg_memory_per_rung_bytes: int = Field(64 * 1024**2, ge=0, description="Derived memory limit: per rung, bytes")
+    ffmpeg_memory_per_rung_per_cpu_bytes: int = Field(32 * 1024**2, ge=0, description="Derived memory limit: per "
+                                                      "rung per CPU (encoder threads and their stacks), bytes")
+    ffmpeg_memory_per_pixel_bytes: float = Field(96.0, ge=0, description="Derived memory limit: per pixel of the "
+                                                 "source's frame and of each rung's, bytes")
+    ffmpeg_cpu_s: float | None = Field(None, gt=0, description="CPU time of one ffmpeg run (RLIMIT_CPU, user + "
+                                       "system, every thread), seconds, rounded up to whole seconds; unset: base + "
+                                       "ns per pixel-frame x frames x (source + rung pixels)")
+    ffmpeg_cpu_base_s: float = Field(60.0, ge=0, description="Derived CPU-time limit: fixed part, seconds")
+    ffmpeg_cpu_ns_per_pixel_frame: float = Field(200.0, ge=0, description="Derived CPU-time limit: nanoseconds per "
+                                                 "pixel of every frame decoded and of every frame encoded per rung")
+    ffmpeg_temp_disk_bytes: int | None = Field(None, ge=1, description="Bytes the attempt's temp directory (the "
+                                               "source, reused and new segments) may hold while ffmpeg runs, "
+                                               "measured; unset: source + base + factor x expected output")
+    ffmpeg_temp_disk_base_bytes: int = Field(64 * 1024**2, ge=0, description="Derived temp-disk limit: fixed part, "
+                                             "bytes")
+    ffmpeg_temp_disk_factor: float = Field(2.0, ge=0, description="Derived temp-disk limit: times the expected "
+                                           "output (duration x peak bitrates + MPEG-TS overhead per frame)")
+    ffmpeg_file_bytes: int | None = Field(None, ge=1, description="Largest file one ffmpeg run may write "
+                                          "(RLIMIT_FSIZE), bytes; unset: the temp-disk limit")
+    ffmpeg_open_files: int | None = Field(None, ge=3, description="Descriptors of one ffmpeg run (RLIMIT_NOFILE); "
+                                          "unset: base + per rung x rungs")
+    ffmpeg_open_files_base: int = Field(64, ge=3, description="Derived open-files limit: fixed part")
+    ffmpeg_open_files_per_rung: int = Field(8, ge=0, description="Derived open-files limit: per rung")
     multipart_chunk_bytes: int = 8 * 1024**2
 
     # Priority tiers (processors/tier_heads.py), result reuse and the degradation ladder (processors/reuse.py).
