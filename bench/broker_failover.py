@@ -48,7 +48,8 @@ from domain.codec import default_codec  # noqa: E402
 from producers.submit import publish, upload  # noqa: E402
 from devstack import broker_faults as faults  # noqa: E402
 import devstack as stack  # noqa: E402
-from devstack.chaos import ENDED_STATES, ProviderProcess, audit, committed_messages  # noqa: E402
+from domain.lifecycle import TERMINAL_STATES  # noqa: E402
+from devstack.chaos import ProviderProcess, audit, committed_messages  # noqa: E402
 from tapeline.samples import sample_video  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402
 
@@ -69,7 +70,7 @@ def wait_ended(settings: Settings, job_ids: list[str], timeout_s: float) -> bool
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         seen = job_states(settings, job_ids)
-        if len(seen) == len(job_ids) and all(state in ENDED_STATES for state in seen.values()):
+        if len(seen) == len(job_ids) and all(state in TERMINAL_STATES for state in seen.values()):
             return True
         time.sleep(0.5)
     return False

@@ -36,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import bench_settings, drop_bench_database  # noqa: E402
 from bench.stall_latency import env_for  # noqa: E402
 from producers.submit import publish, upload  # noqa: E402
-from devstack.chaos import ENDED_STATES, ProviderProcess, audit  # noqa: E402
+from domain.lifecycle import TERMINAL_STATES  # noqa: E402
+from devstack.chaos import ProviderProcess, audit  # noqa: E402
 from tapeline.crashpoints import PIPELINE_CRASH_POINTS, tier_for_point  # noqa: E402
 from tapeline.samples import sample_video  # noqa: E402
 from domain.pipeline import STAGE_NAMES  # noqa: E402
@@ -89,7 +90,7 @@ def run_round(settings: Settings, label: str, count: int, video: Path, timeout_s
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         seen = states(settings, list(job_ids))
-        if len(seen) == len(job_ids) and all(state in ENDED_STATES for state in seen.values()):
+        if len(seen) == len(job_ids) and all(state in TERMINAL_STATES for state in seen.values()):
             break
         time.sleep(0.5)
     return job_ids

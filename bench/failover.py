@@ -62,7 +62,8 @@ from domain import events as ev  # noqa: E402
 from domain.codec import default_codec  # noqa: E402
 from producers.submit import publish, upload  # noqa: E402
 from devstack.broker_faults import free_port_block  # noqa: E402
-from devstack.chaos import ENDED_STATES, ProviderProcess, audit, committed_messages  # noqa: E402
+from domain.lifecycle import TERMINAL_STATES  # noqa: E402
+from devstack.chaos import ProviderProcess, audit, committed_messages  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402
 
 JOB_TIMEOUT_S = 300.0
@@ -299,7 +300,7 @@ def drill(work: Path, jobs: int, seed: int, say=print) -> Round:
         deadline = time.monotonic() + JOB_TIMEOUT_S
         while time.monotonic() < deadline:
             now = states(b, in_b)
-            if all(now.get(job) in ENDED_STATES for job in in_b):
+            if all(now.get(job) in TERMINAL_STATES for job in in_b):
                 break
             time.sleep(0.5)
         b_events = mirrored_events(b)

@@ -10,12 +10,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from domain.lifecycle import TERMINAL_STATES
 from tapeline.settings import Settings
 
 console = Console(stderr=True)
 out = Console() if sys.stdout.isatty() else Console(width=160)  # pipes and CI logs get wide tables
-FINAL = TERMINAL_STATES  # a job in one of these has stopped (until an operator replays it)
 
 
 def load_settings() -> Settings:

@@ -14,7 +14,9 @@ from rich.table import Table
 
 from domain.errors import TapelineError
 from domain.policy.tiers import TIERS
-from cli.helpers import FINAL, console, fail, load_settings, out
+from cli.helpers import console, fail, load_settings, out
+from projections.presenter import timeline_detail
+from domain.lifecycle import TERMINAL_STATES
 from tapeline.settings import Settings
 
 
@@ -35,7 +37,7 @@ def _wait_for_job(settings: Settings, job_id: str, timeout_s: float, show_progre
                 if row is not None:
                     bar.update(task, completed=read.percent_done(row),
                                description=f"{row['stage']} attempt {row['attempt']}: {row['state']}")
-                    if row["state"] in FINAL:
+                    if row["state"] in TERMINAL_STATES:
                         return read.job_summary(row)
                 if time.monotonic() > deadline:
                     raise TapelineError(f"job {job_id} did not finish within {timeout_s:.0f} s "
@@ -151,7 +153,7 @@ def _submit_http(settings: Settings, file: Path, url: str, token: str | None, pr
             deadline = time.monotonic() + timeout
             while True:
                 job = client.job(accepted["status_url"])
-                if job is not None and job["state"] in FINAL:
+                if job is not None and job["state"] in TERMINAL_STATES:
                     summary = job
                     break
                 if time.monotonic() > deadline:
@@ -288,59 +290,6 @@ def stalled(as_json: bool = typer.Option(False, "--json", help="Print JSON")) ->
     out.print(table)
 
 
-def _reused_segments(payload: dict[str, Any], attempt: int) -> str:
-    """Which segments a transcode success took from earlier attempts: `720p 0-2 (attempt 1); ...`.
-    Segment keys are `work/{job}/transcode/{attempt}/{rendition}/seg_NNNNN.ts`."""
-    reused: dict[tuple[str, str], list[int]] = {}
-    for output in payload.get("outputs", []):
-        parts = output["key"].split("/")
-        if len(parts) == 6 and parts[0] == "work" and parts[3] != str(attempt) and parts[5].startswith("seg_"):
-            reused.setdefault((parts[4], parts[3]), []).append(int(parts[5][4:].split(".")[0]))
-    return "; ".join(f"{rendition} {min(ix)}-{max(ix)} (attempt {owner})" if len(ix) > 1 else
-                     f"{rendition} {ix[0]} (attempt {owner})" for (rendition, owner), ix in sorted(reused.items()))
-
-
-NOTIFICATION_EVENTS = ("NotificationIntended", "NotificationDelivered", "NotificationFailed",
-                       "NotificationDeadLettered", "WebhookEndpointDisabled")
-NOTIFICATION_DETAIL = ("notification_type", "endpoint_id", "try_number", "http_status", "elapsed_s", "tries",
-                       "reason", "retry_at")
-"""The notifier's events in a timeline: which endpoint, which try, what it answered (HTTP status; none:
-no answer), seconds the POST took, why it failed and when the next try is due."""
-
-
-def _detail(row: dict[str, Any]) -> str:
-    payload = row["payload"]
-    if row["event_type"] == "CheckpointRecorded":
-        return (f"{payload['rendition']} #{payload['segment_index']} {payload['media_start_s']:.3f}"
-                f"+{payload['media_duration_s']:.3f} s frames={payload['frames']} sha256={payload['sha256'][:12]}")
-    if row["event_type"] == "ResultReused":
-        return (f"reused_job_id={payload['reused_job_id']} objects={len(payload.get('outputs', []))} "
-                f"verified=all fingerprint={payload['profile_fingerprint'][:12]}")
-    if row["event_type"] == "JobAccepted":
-        ladder = ",".join(r["name"] for r in payload.get("ladder", []))
-        degraded = f" degraded ({payload.get('degraded_reason')})" if payload.get("degraded") else ""
-        return f"tier={payload['priority']} ladder={ladder} preset={payload.get('x264_preset') or '-'}{degraded}"
-    if row["event_type"] == "AttemptSucceeded" and row["stage"] == "transcode":
-        reused = _reused_segments(payload, row["attempt"])
-        return (f"objects={len(payload.get('outputs', []))} elapsed_s={payload.get('elapsed_s', 0):.2f} "
-                f"reused={reused or 'none'}")
-    if row["event_type"] == "ProviderBreakerChanged":
-        return (f"{payload['provider']} {payload['from_state']}->{payload['to_state']} until={payload.get('until') or '-'} "
-                f"http={payload.get('http_status') or '-'} failures={payload['failures']} reason={payload['reason']}")
-    if row["event_type"] in NOTIFICATION_EVENTS:
-        return " ".join(f"{k}={payload[k]}" for k in NOTIFICATION_DETAIL if payload.get(k) is not None)
-    if row["event_type"] == "PublishDeferred":
-        quota = f" {payload['window']} {payload['used']}/{payload['limit']}" if payload.get("window") else ""
-        return f"{payload['provider']} wait={payload['wait']}{quota} until={payload['until']}"
-    for keys in (("error_class", "reason"), ("kind", "detail"), ("master_url",), ("frames_done", "out_time_s"),
-                 ("worker", "lease_s"), ("filename", "size_bytes"), ("tier", "work_topic"), ("reason",)):
-        if all(k in payload for k in keys):
-            return " ".join(f"{k}={payload[k]}" for k in keys)
-    if row["event_type"] == "AttemptSucceeded":
-        return f"objects={len(payload.get('outputs', []))} elapsed_s={payload.get('elapsed_s', 0):.2f}"
-    return ""
-
-
 def timeline(job: str = typer.Argument(..., help="Job id"),
              as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
     """Every event of a job in log order, with its attempt and broker timestamp. Checkpoints show their
@@ -356,14 +305,14 @@ def timeline(job: str = typer.Argument(..., help="Job id"),
         fail(TapelineError(f"no events for job {job}"), 2)
     if as_json:
         out.print_json(json.dumps([{**r, "broker_ts": r["broker_ts"].isoformat(),
-                                    "occurred_at": r["occurred_at"].isoformat(), "detail": _detail(r)} for r in rows],
+                                    "occurred_at": r["occurred_at"].isoformat(), "detail": timeline_detail(r)} for r in rows],
                                   default=str))
         return
     table = Table("broker time (UTC)", "event", "stage", "attempt", "flags", "detail", title=f"job {job}")
     for r in rows:
         flags = ",".join(f for f in ("superseded", "duplicate") if r[f]) or ("" if r["applied"] else "evidence")
         table.add_row(r["broker_ts"].strftime("%H:%M:%S.%f")[:-3], r["event_type"], r["stage"], str(r["attempt"]),
-                      flags, _detail(r))
+                      flags, timeline_detail(r))
     out.print(table)
 
 

@@ -30,7 +30,6 @@ from tapeline.objectstore import ObjectStore
 from tapeline.postgres import q
 from tapeline.settings import Settings
 
-ENDED_STATES = TERMINAL_STATES  # final and reopenable: the job stopped moving (domain.lifecycle)
 
 
 class ProviderProcess:

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any, Iterable
 
 from domain import events as ev
+from domain.policy.stall import stalled_row
 
 REGIONS: tuple[str, ...] = ("a", "b")
 """The regions Tapeline knows (`Settings.for_region`)."""
@@ -89,11 +90,5 @@ def region_lost_row(job: dict[str, Any], failover: ev.RegionFailedOver, now: dat
     `since_s`: seconds from the attempt's last progress (else last heartbeat) to `now`, 0 without."""
     if job.get("state") != "running":
         return None
-    last = job.get("progress_at") or job.get("last_heartbeat_at")
-    return {"job_id": job["job_id"], "stage": job["stage"], "attempt": job["attempt"], "kind": "region_lost",
-            "detail": (f"attempt ran in region {failover.from_region}, lost with it: failover to region "
-                       f"{failover.to_region} at epoch {failover.epoch}"),
-            "last_progress_at": job.get("progress_at"),
-            "since_s": max(0.0, (now - last).total_seconds()) if last else 0.0,
-            "leased_until": job.get("leased_until"), "progress_frames": job.get("progress_frames"),
-            "log_partition": job.get("log_partition")}
+    return stalled_row(job, "region_lost", f"attempt ran in region {failover.from_region}, lost with it: failover to "
+                                           f"region {failover.to_region} at epoch {failover.epoch}", now)

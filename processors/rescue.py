@@ -37,6 +37,7 @@ import structlog
 from processors.runtime import AttemptIdentity, Runtime, attempt_transactional_id, transact
 from processors.watchdog import Verdict, run_once
 from domain.errors import Fenced, ServiceUnavailable
+from domain.policy.stall import stalled_row
 from tapeline import holdings
 from tapeline.holdings import Holding
 from tapeline.ports import Clock, EventLog, EventLogError, JobStore
@@ -65,12 +66,7 @@ def worker_exited_row(job: dict[str, Any] | None, holding: Holding, detail: str,
     if job is None or job["state"] != "running" or (job["stage"], job["attempt"]) != (holding.stage, holding.attempt) \
             or job.get("claim_token") != holding.claim_token:
         return None
-    last = job.get("progress_at") or job.get("last_heartbeat_at")
-    return {"job_id": holding.job_id, "stage": holding.stage, "attempt": holding.attempt, "kind": "worker_exited",
-            "detail": f"worker process {holding.pid} {detail}", "last_progress_at": job.get("progress_at"),
-            "since_s": max(0.0, (now - last).total_seconds()) if last else 0.0,
-            "leased_until": job.get("leased_until"), "progress_frames": job.get("progress_frames"),
-            "log_partition": job.get("log_partition")}
+    return stalled_row(job, "worker_exited", f"worker process {holding.pid} {detail}", now)
 
 
 class Rescuer:

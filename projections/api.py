@@ -259,7 +259,7 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals["glossary"] = glossary()  # hover explanations (dashboard.js explainTerms)
     templates.env.globals["stages"] = (INTAKE, *STAGE_NAMES)  # the jobs filter: every registered stage
-    templates.env.globals["ended_states"] = TERMINAL_STATES  # the lifecycle's final and reopenable states
+    templates.env.globals["terminal_states"] = TERMINAL_STATES  # the lifecycle's final and reopenable states
     app.mount("/static/docs", StaticFiles(directory=str(Path(fastapi_offline.__file__).parent / "static")),
               name="docs-assets")
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from domain import lifecycle
+from projections.presenter import timeline_detail
 from tapeline import read
 
 STATES = lifecycle.STATES  # schemas/lifecycle.json, in lifecycle order
@@ -45,14 +46,16 @@ def plain(row: dict[str, Any]) -> dict[str, Any]:
 
 def event_json(row: dict[str, Any]) -> dict[str, Any]:
     """One timeline row (`read.timeline`) for the API: every column, times as ISO 8601 text, and
-    `flags` (superseded, duplicate, or evidence for an event that changed no state)."""
+    `flags` (superseded, duplicate, or evidence for an event that changed no state) and `detail` (the
+    text every view shows for it: `projections/presenter.py` `timeline_detail`)."""
     flags = [f for f in ("superseded", "duplicate") if row[f]] or ([] if row["applied"] else ["evidence"])
     return {"broker_ts": iso(row["broker_ts"]), "event_id": row["event_id"], "event_type": row["event_type"],
             "stage": row["stage"], "attempt": row["attempt"], "claim_token": row["claim_token"],
             "occurred_at": iso(row["occurred_at"]), "recorded_by": row["recorded_by"],
             "causation_id": row["causation_id"], "dedup_key": row["dedup_key"], "applied": row["applied"],
             "superseded": row["superseded"], "duplicate": row["duplicate"], "flags": flags,
-            "partition": row["partition"], "offset": row["offset"], "payload": row["payload"]}
+            "partition": row["partition"], "offset": row["offset"], "payload": row["payload"],
+            "detail": timeline_detail(row)}
 
 
 def letter_json(row: dict[str, Any], raw: bool = False) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from typing import Any, Iterable
 from typing import Protocol
 
 from domain.events import job_id_for
-from domain.lifecycle import FINAL_STATES as ENDED, REOPENABLE_STATES as REPLAYABLE
+from domain.lifecycle import FINAL_STATES, REOPENABLE_STATES
 
 
 class CleanupSettings(Protocol):
@@ -124,14 +124,14 @@ def classify(obj: StoredObject, jobs: dict[str, dict[str, Any]], referenced: set
             return Disposition.KEEP_UNKNOWN
         return Disposition.DELETE_ORPHAN if old else Disposition.KEEP_RETENTION
     state = job["state"]
-    if state in ENDED:
+    if state in FINAL_STATES:
         ended_at = job.get("completed_at")
         if state == "completed" and not job.get("master_url"):
             return Disposition.KEEP_LIVE  # completed without its published outputs: not ours to judge
         if ended_at is None or ended_at + retention > now:
             return Disposition.KEEP_RETENTION
         return Disposition.DELETE_ENDED
-    if state in REPLAYABLE:
+    if state in REOPENABLE_STATES:
         if parts[0] == "markers":
             return Disposition.KEEP_LIVE  # a replayed publish reconciles against it
         if obj.key in referenced:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 StallKind = Literal["lease_expired", "no_progress", "worker_exited", "handoff", "expected_work_missing",
                     "region_lost"]
@@ -145,3 +145,17 @@ def excused_by_outage(deadline: datetime, outage: LogOutage | None, now: datetim
     heartbeats were refused as the watchdog's ticks were. A worker that is really gone is still
     caught, one lease later. Pure. Issue 24: a broker outage itself must not cost an attempt."""
     return outage is not None and deadline >= outage.began_at and now < outage.ended_at + timedelta(seconds=lease_s)
+
+
+def stalled_row(job: dict[str, Any], kind: str, detail: str, now: datetime) -> dict[str, Any]:
+    """A stalled-attempt row (the `stalled_attempts` view's shape, which the watchdog's `run_once`
+    judges) for the running attempt of the projected `job` (a `job_state` row), of `kind` with
+    `detail`. `since_s`: seconds from the attempt's last progress (else its last heartbeat) to
+    `now`, 0 when it has neither. The rows the rescuer (`worker_exited`) and a failover
+    (`region_lost`) make outside the view."""
+    last = job.get("progress_at") or job.get("last_heartbeat_at")
+    return {"job_id": job["job_id"], "stage": job["stage"], "attempt": job["attempt"], "kind": kind,
+            "detail": detail, "last_progress_at": job.get("progress_at"),
+            "since_s": max(0.0, (now - last).total_seconds()) if last else 0.0,
+            "leased_until": job.get("leased_until"), "progress_frames": job.get("progress_frames"),
+            "log_partition": job.get("log_partition")}

@@ -32,7 +32,8 @@ from domain.codec import default_codec
 from devstack import broker_faults as faults
 import devstack as stack
 from processors.runtime import transact
-from devstack.chaos import ENDED_STATES, ProviderProcess, audit, committed_messages
+from domain.lifecycle import TERMINAL_STATES
+from devstack.chaos import ProviderProcess, audit, committed_messages
 from tapeline.kafka import KafkaEventLog
 from tapeline.ports import EventLogError
 from tapeline.settings import Settings
@@ -139,7 +140,7 @@ def _through_a_fault(cluster: Settings, tmp_path: Path, clips: list[Path], name:
                  120, "a transcode attempt to start")
         began_at = fault(settings)
         try:
-            wait_for(lambda: all(_state(settings, j) in ENDED_STATES for j in jobs), 300, "every job to end")
+            wait_for(lambda: all(_state(settings, j) in TERMINAL_STATES for j in jobs), 300, "every job to end")
         finally:
             print("job states:", {label: _state(settings, j) for j, label in jobs.items()},
                   "kafka:", {k: v for k, v in stack.status(settings)["kafka"].items() if k != "nodes"})

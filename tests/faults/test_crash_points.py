@@ -21,7 +21,8 @@ import uuid
 import pytest
 
 from domain import pipeline
-from devstack.chaos import ENDED_STATES, ProviderProcess, audit
+from domain.lifecycle import TERMINAL_STATES
+from devstack.chaos import ProviderProcess, audit
 from tapeline.crashpoints import PIPELINE_CRASH_POINTS, tier_for_point
 from tapeline.samples import sample_video
 from tests.conftest import Pipeline, wait_for
@@ -60,7 +61,7 @@ def test_every_crash_point_leaves_no_duplicate_and_no_lost_job(isolated, tmp_pat
             publish(settings, submission.event)
             job_id = submission.job_id
             jobs[job_id] = point
-            wait_for(lambda: (lambda r: r and r["state"] in ENDED_STATES)(job_row(settings, job_id)), 120,
+            wait_for(lambda: (lambda r: r and r["state"] in TERMINAL_STATES)(job_row(settings, job_id)), 120,
                      f"the job run with crash point {point} to end")
             wait_for(lambda: (once / point).exists(), 30, f"crash point {point} to fire")
             points_file.write_text("")

@@ -17,7 +17,7 @@ from cli.main import app
 
 from domain.policy.tiers import after_claim, choose_tier
 from tapeline import read
-from cli.job_commands import _detail
+from projections.presenter import timeline_detail
 from tapeline.objectstore import ObjectStore
 from tests.conftest import settings_env, wait_for
 from tests.integration.helpers import committed_events, keys_under, of_job
@@ -181,7 +181,7 @@ def test_a_burst_degrades_later_index_jobs_and_full_quality_returns_once_drained
     shown = [r for r in json.loads(timeline.output) if r["event_type"] == "StageSkipped"]
     assert [(r["stage"], r["payload"]["reason"].split(":")[0]) for r in shown] == [
         ("thumbnails", "optional stage skipped")]
-    assert _detail(shown[0]).startswith("reason=optional stage skipped")  # the human timeline's detail column
+    assert timeline_detail(shown[0]).startswith("reason=optional stage skipped")  # the human timeline's detail column
 
 
 # Item 5: reuse of valid results.
@@ -227,7 +227,7 @@ def test_same_file_reuses_outputs_until_one_is_missing_and_a_new_profile_transco
     assert keys_under(settings, f"published/{second['job_id']}/") == set()  # no second output set
     assert f"reused the published outputs of job {first['job_id']}" in status_text(settings, second["job_id"])
     with read.open_reader(settings) as conn:
-        details = {r["event_type"]: _detail(r) for r in read.timeline(conn, second["job_id"])}
+        details = {r["event_type"]: timeline_detail(r) for r in read.timeline(conn, second["job_id"])}
     assert details["ResultReused"].startswith(f"reused_job_id={first['job_id']} objects={len(published)} "
                                               "verified=all")
 

@@ -10,7 +10,7 @@ from processors.segment_plan import AUDIO, Checkpoint, LocalSegment, plan_resume
 from domain.policy.retry import Action, RetryPolicy, retry_decision
 from domain.lifecycle import evolve
 from domain import events as ev
-from cli.job_commands import _reused_segments
+from projections.presenter import reused_segments
 from domain.errors import TranscodeFailed
 from tests.unit.test_fold import T0, fold_all, happy_path, new
 
@@ -177,8 +177,8 @@ def test_timeline_names_the_segments_a_success_reused_per_attempt():
     outputs = [{"key": f"work/j/transcode/{a}/{r}/seg_{i:05d}.ts"} for a, r, i in
                [(1, "720p", 0), (1, "720p", 1), (2, "720p", 2), (1, "360p", 0), (2, "audio", 0)]]
     outputs.append({"key": "work/j/transcode/2/720p/index.m3u8"})
-    assert _reused_segments({"outputs": outputs}, 2) == "360p 0 (attempt 1); 720p 0-1 (attempt 1)"
-    assert _reused_segments({"outputs": outputs[2:3]}, 2) == ""
+    assert reused_segments({"outputs": outputs}, 2) == "360p 0 (attempt 1); 720p 0-1 (attempt 1)"
+    assert reused_segments({"outputs": outputs[2:3]}, 2) == ""
 
 
 def test_a_zombie_checkpoint_after_the_next_attempt_started_is_superseded():

@@ -1,0 +1,85 @@
+"""One presenter (`projections/presenter.py`): the job page's timeline and `tapeline timeline` show
+the same detail for every event type. Events of every registered type are generated (the field
+strategies of test_fold_differential.py); the page's timeline partial (`_timeline.html`, included by
+job.html) is rendered as the app renders it, and the CLI's `timeline --json` runs over the same rows."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+import jinja2
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from typer.testing import CliRunner
+
+from cli.main import app
+from domain import events as ev
+from projections.api_models import event_json
+from projections.presenter import SHOWN, timeline_detail
+from tapeline import read
+from tests.unit.test_fold_differential import ENVELOPE, FIELDS
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "projections" / "templates"
+DETAIL = re.compile(r'<td class="detail">(.*?)</td>', re.S)
+
+
+def timeline_row(event: ev.Event, offset: int) -> dict:
+    """A row as `read.timeline` gives it: the envelope's columns and the event's own fields as payload."""
+    payload = json.loads(json.dumps({k: v for k, v in event.model_dump().items() if k not in ENVELOPE},
+                                    default=lambda v: v.hex() if isinstance(v, bytes) else v.isoformat()))
+    return {"broker_ts": datetime(2026, 12, 7, 0, 0, offset % 60, tzinfo=timezone.utc), "event_id": event.event_id,
+            "event_type": event.event_type, "stage": event.stage, "attempt": event.attempt,
+            "claim_token": event.claim_token, "occurred_at": event.occurred_at, "recorded_by": event.recorded_by,
+            "causation_id": event.causation_id, "dedup_key": event.dedup_key, "applied": offset % 3 != 0,
+            "superseded": offset % 5 == 0, "duplicate": False, "partition": 0, "offset": offset, "payload": payload}
+
+
+@st.composite
+def rows_of_every_type(draw) -> list[dict]:
+    rows = []
+    for offset, (kind, cls) in enumerate(sorted(ev.Event.registry.items())):
+        fields = draw(FIELDS[kind])
+        sequence = "p.1" if kind == "ProviderBreakerChanged" else (1 if "sequence" in cls.model_fields else None)
+        event = cls.new(ev.Stamp(datetime(2026, 12, 7, tzinfo=timezone.utc), f"e{offset}"), job_id="job-1",
+                        stage="transcode", attempt=1, claim_token="tok", recorded_by="worker@h1", correlation_id="c",
+                        causation_id=None, sequence=sequence, **fields)
+        rows.append(timeline_row(event, offset))
+    return rows
+
+
+def page_details(rows: list[dict]) -> list[str]:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True)
+    rendered = env.get_template("_timeline.html").render(events=[event_json(r) for r in rows])
+    return [html.unescape(cell) for cell in DETAIL.findall(rendered)]
+
+
+def cli_details(rows: list[dict], monkeypatch) -> list[str]:
+    @contextmanager
+    def no_database(_settings):
+        yield None
+
+    monkeypatch.setattr(read, "open_reader", no_database)
+    monkeypatch.setattr(read, "timeline", lambda _conn, _job: rows)
+    result = CliRunner().invoke(app, ["timeline", "job-1", "--json"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    return [entry["detail"] for entry in json.loads(result.output)]
+
+
+@settings(max_examples=8, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(rows=rows_of_every_type())
+def test_the_job_page_and_the_cli_timeline_show_the_same_detail_for_every_event_type(rows, monkeypatch):
+    assert len(rows) == len(ev.Event.registry) > 30
+    page, cli = page_details(rows), cli_details(rows, monkeypatch)
+    assert page == cli == [timeline_detail(r) for r in rows]
+
+
+def test_who_acted_and_which_dead_letter_are_shown_for_an_operator_event():
+    row = {"event_type": "JobReplayed", "stage": "transcode", "attempt": 2,
+           "payload": {"operator": "alice", "reason": "fixed S3", "dead_letter_id": "job-1/3"}}
+    assert timeline_detail(row) == "reason=fixed S3 operator=alice dead_letter_id=job-1/3"
+    assert {"operator", "dead_letter_id", "error_class", "master_url"} <= set(SHOWN)
