@@ -39,7 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import bench_settings, drop_bench_database  # noqa: E402
 from processors import media, segments  # noqa: E402
-from processors.runtime import AttemptIdentity, Runtime, new_claim_token  # noqa: E402
+from processors.claim import new_claim_token  # noqa: E402
+from processors.runtime import AttemptIdentity, Runtime  # noqa: E402
 from processors.transcode import TranscodeWorker  # noqa: E402
 from processors.worker import Attempt  # noqa: E402
 from domain import events as ev  # noqa: E402

@@ -1,6 +1,6 @@
 """One claimed attempt of a stage: its identity, its fenced transactional producer, heartbeats
 (also from a keep-alive thread while nothing reports progress) and the ownership checks made before
-every side effect. Built by `StageWorker.claim` (processors/worker.py); stages use it through
+every side effect. Built by `StageWorker.claim` (processors/worker.py, over processors/claim.py); stages use it through
 `work(attempt)`."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import structlog
 from domain import events as ev
 from domain.errors import Fenced, ServiceUnavailable
 from tapeline.ports import EventLogError, WriterFenced
-from domain.policy.claim import superseded_reason
-from processors.runtime import AttemptIdentity, Outgoing, Runtime, attempt_transactional_id, transact
+from domain.policy.claim_rules import superseded_reason
+from processors.runtime import AttemptIdentity, Outgoing, Runtime, transact
+from processors.claim import attempt_transactional_id
 from tapeline.partitioner import partition_for
 
 

@@ -17,7 +17,7 @@ import ffmpeg
 from domain.errors import LimitsExceeded
 from domain.events import Rendition, SourceMedia
 from domain.policy.ffmpeg_limits import FfmpegLimits, Rung, attempt_limits, expected_frames
-from processors.source_probe import ALLOWED_CONTAINERS
+from domain.policy.source_probe import ALLOWED_CONTAINERS
 from tapeline.settings import Settings
 
 VIDEO_BITRATE_KBPS = {1080: 5000, 720: 2800, 480: 1400, 360: 800, 240: 400}

@@ -2,7 +2,7 @@
 the outputs.
 
 Each process is run and supervised here so its `-progress` output and stderr are always read (a
-full pipe never hangs the worker). What ffprobe's answer means is `processors/source_probe.py`;
+full pipe never hangs the worker). What ffprobe's answer means is `domain/policy/source_probe.py`;
 the ladder, the limits and the ffmpeg command are planned in `processors/encode_plan.py`. Their
 names are importable from here too (`media.plan_ladder`, `media.Probe`, ...), as callers always did.
 """
@@ -28,7 +28,7 @@ from domain.errors import (InvalidInput, LimitsExceeded, OutputMismatch, Tapelin
                              UnsupportedMedia)
 from processors.encode_plan import (AUDIO_BITRATE_KBPS, VIDEO_BITRATE_KBPS, build_hls_command, check_limits,
                                     ffmpeg_limits, plan_ladder, wall_clock_limit_s)
-from processors.source_probe import (ALLOWED_CONTAINERS, INTERLACED_FIELD_ORDERS, MAX_AUDIO_RATE_HZ,
+from domain.policy.source_probe import (ALLOWED_CONTAINERS, INTERLACED_FIELD_ORDERS, MAX_AUDIO_RATE_HZ,
                                      PLAYLIST_SIGNATURES, STREAM_LENGTH_NOTE_S, Probe, choose_audio,
                                      encoder_frame_rate_of, interpret_probe, sniff_playlist, source_handling,
                                      stream_duration, as_dicts, as_number)

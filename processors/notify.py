@@ -53,7 +53,8 @@ from domain import events as ev
 from domain.lifecycle import PAYLOAD_OMITS
 from domain.errors import Fenced, ServiceUnavailable, WebhookRefused
 from domain.policy.webhooks import NOTIFICATION_TYPES, delivery_id, next_try, pinned, should_disable
-from processors.runtime import Outgoing, Runtime, new_claim_token, transact
+from processors.runtime import Outgoing, Runtime, transact
+from processors.claim import new_claim_token
 from processors.watchdog import leader_key
 from tapeline import webhook_endpoints as webhooks
 from tapeline.partitioner import partition_for

@@ -34,7 +34,8 @@ from typing import Any
 
 import structlog
 
-from processors.runtime import AttemptIdentity, Runtime, attempt_transactional_id, transact
+from processors.runtime import AttemptIdentity, Runtime, transact
+from processors.claim import attempt_transactional_id
 from processors.watchdog import Verdict, run_once
 from domain.errors import Fenced, ServiceUnavailable
 from domain.policy.stall import stalled_row

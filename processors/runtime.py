@@ -1,11 +1,11 @@
 """What every processor shares: producing events to the right partition, reconciling against a
-caught-up projection, and the claim of a work item.
+caught-up projection, one Kafka transaction (`transact`), dead-letter records. The claim of a work
+item is `processors/claim.py`.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -27,17 +27,6 @@ log = structlog.get_logger("tapeline.processors")
 
 Outgoing = tuple[str, ev.Event]
 """(topic, event): one record a decision wants produced."""
-
-
-def attempt_transactional_id(settings: Settings, stage: str, job_id: str) -> str:
-    """The transactional id of every producer that writes for `job_id`'s `stage` attempts: the
-    claimant of the next attempt (and the rescuer of a dead one) fences the previous one with it."""
-    return f"{settings.app_name}.{stage}.{job_id}"
-
-
-def new_claim_token() -> str:
-    """A fresh unguessable claim token (128 random bits, URL-safe)."""
-    return secrets.token_urlsafe(16)
 
 
 class Runtime:

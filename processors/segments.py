@@ -23,7 +23,7 @@ muxer closes one file before it opens the next) or ffmpeg ended cleanly; `Segmen
 each completed file once, with its sha256, frame count and media times read from its own packets.
 
 This module is the I/O side (the ffmpeg command, reading and watching segment files); the pure
-planning and checks are `processors/segment_plan.py`, the packet scanning `processors/ts_scan.py`.
+planning and checks are `domain/policy/segment_plan.py`, the packet scanning `processors/ts_scan.py`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import ffmpeg
 
 from processors import media
 from processors.encode_plan import rung_video_options
-from processors.segment_plan import AUDIO, LocalSegment, boundary_s, expected_segments, resume_seek_s, segment_name
+from domain.policy.segment_plan import AUDIO, LocalSegment, boundary_s, expected_segments, resume_seek_s, segment_name
 from processors.ts_scan import AAC, H264, TS_OFFSET_S, scan_ts
 from domain.events import Rendition
 from domain.errors import TranscodeFailed

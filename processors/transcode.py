@@ -27,9 +27,10 @@ from typing import Any
 
 import structlog
 
-from processors import media, segments, segment_plan
+from processors import media, segments
+from domain.policy import segment_plan
 from processors.runtime import Outgoing
-from processors.segment_plan import AUDIO, Checkpoint, LocalSegment, ResumePlan
+from domain.policy.segment_plan import AUDIO, Checkpoint, LocalSegment, ResumePlan
 from processors.worker import Attempt, StageWorker, Yielded
 from domain import events as ev
 from tapeline.crashpoints import delay_point, fail_point

@@ -1,20 +1,6 @@
-"""The stage worker loop shared by transcode and publish: reconcile, claim, work, complete.
-
-Claim protocol for one work item (docs/design.md "The lease protocol"):
-  Step 0. choose: keep the head record of each work-topic partition (partition paused) and take the
-          head of the tier `tiers.choose_tier` picks: the highest tier with work, unless a lower one
-          has been passed over `tier_starvation_limit` times in a row (processors/tier_heads.py);
-  Step 1. reconcile: wait until the projection has caught up with the job's partition of the
-          lifecycle log, then skip an item whose job ended, whose stage passed, whose attempt is
-          stale or already claimed (`should_skip`, pure: domain/policy/claim.py);
-  Step 2. fence: the attempt's transactional producer (`<app>.<stage>.<job_id>`) calls
-          `init_transactions`, which aborts and fences any older producer of the same job;
-  Step 3. check once more after fencing (a zombie may have committed just before);
-  Step 4. claim: one transaction with `AttemptStarted` (fresh claim token, lease) and the work
-          item's offset;
-  Step 5. leave the consumer group while busy (no head-of-line blocking, no max.poll.interval),
-          do the work outside any transaction, heartbeating in small transactions;
-  Step 6. complete: one transaction with the outcome events (no offsets), then rejoin the group.
+"""The stage worker loop shared by the stages: choose a work item (Step 0), claim it (Steps 1-4,
+`processors/claim.py`, which lists the whole protocol), work outside the consumer group with
+heartbeats (Step 5), complete in one transaction and rejoin (Step 6).
 """
 
 from __future__ import annotations
@@ -26,51 +12,23 @@ from typing import Any
 
 import structlog
 
-from domain.policy.claim import projection_behind, should_skip
 from processors import stage_outcome as outcome
 from processors.attempt import Attempt
 from processors import rescue
-from processors.runtime import (AttemptIdentity, Outgoing, Runtime, attempt_transactional_id, dead_letter_record,
-                                new_claim_token, transact)
+from processors.claim import claim, leave_group
+from processors.runtime import Outgoing, Runtime, dead_letter_record, transact
 from domain.policy.tiers import after_claim, choose_tier, tier_of
 from processors.tier_heads import HeadBuffer
 from domain.lifecycle import attempts_used
-from domain import events as ev
 from domain import pipeline
 from tapeline import logs
-from domain.errors import DecodeError, Fenced, SchemaError, ServiceUnavailable, TapelineError
+from domain.errors import Fenced, ServiceUnavailable, TapelineError
 from tapeline.health import HealthState
 from tapeline.settings import Settings
 from tapeline.ports import (Clock, EventLog, EventLogError, WriterStuck, JobStore, ObjectStorage, Offset, Partition, PartitionEnd,
                             ReadError, Reader, Record)
 
 log = structlog.get_logger("tapeline.worker")
-
-
-def leave_group(consumer: Reader, timeout_s: float = 3.0) -> None:
-    """Unsubscribe and serve the consumer until its partitions are given up.
-
-    With cooperative rebalancing the revocation (and so the leave) completes only while the
-    application polls; a busy worker that stopped polling would hold its partitions until its
-    session timed out, and every job queued there would wait (seen: 10 s, one session timeout).
-    """
-    consumer.unsubscribe()
-    deadline = time.monotonic() + timeout_s
-    while consumer.assignment() and time.monotonic() < deadline:
-        consumer.poll(0.05)
-
-
-def commit_skipped(consumer: Reader, offsets: list[Offset]) -> None:
-    """Commit past a work item that was skipped (nothing produced, so no transaction is needed).
-
-    A commit can fail while the group rebalances (ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS); the
-    item is then delivered again and skipped again, which is harmless, so the failure is logged,
-    never fatal.
-    """
-    try:
-        consumer.commit(offsets)
-    except EventLogError as exc:
-        log.info("commit of a skipped work item failed; it will be skipped again", error=str(exc))
 
 
 def _log_assignment(what: str):
@@ -227,81 +185,17 @@ class StageWorker:
             self.health.clear_attempt()
             self.subscribe(consumer, topics)  # Step 6 done: free again
 
-    def row_covering(self, runtime: Runtime, item: ev.WorkItem) -> dict[str, Any] | None:
-        """The job's row once the projection has applied the `StageQueued` committed with `item`.
-
-        Every work item is committed in one transaction with its `StageQueued`, but the broker
-        writes the commit markers of the two topics independently: a worker can read the item
-        before the lifecycle log's last stable offset covers that event (seen: an idle worker
-        skipped a brand-new job as "unknown"). So a row that is missing or older than the item
-        means "not projected yet": read again until it catches up or `caught_up_timeout_s` passes.
-        """
-        deadline = time.monotonic() + self.settings.caught_up_timeout_s
-        while True:
-            row = runtime.job_row(item.job_id)
-            if not projection_behind(row, item) or time.monotonic() > deadline:
-                return row
-            time.sleep(0.05)
-
     def claim(self, runtime: Runtime, consumer: Reader, message: Record) -> Attempt | None:
-        """Steps 1-4 for one work-topic record; returns the claimed attempt or None (skipped)."""
-        offsets = [message.next_offset()]
-        try:
-            item = ev.Event.from_record(runtime.codec.decode(message.value, **message.where))
-            if not isinstance(item, ev.WorkItem) or item.stage != self.stage:
-                raise SchemaError(f"{item.event_type} for stage {item.stage} on {message.topic}")
-        except (DecodeError, SchemaError) as exc:
-            self.dead_letter(runtime, consumer, message, exc, offsets)
+        """Steps 1-4 for one work-topic record (`processors/claim.py` `claim`); returns the claimed
+        attempt, now this worker's current one, or None (skipped, dead-lettered or to be read again)."""
+        claimed = claim(runtime, consumer, message, settings=self.settings, stage=self.stage, clock=self.clock,
+                        lease_s=self.lease_s, dead_letter=self.dead_letter)
+        if claimed is None:
             return None
-        logs.bind(job_id=item.job_id, stage=self.stage, attempt=item.attempt)
-        log.info("work item received", produced_ms_ago=int(time.time() * 1000 - message.timestamp_ms))
-        steps = [time.monotonic()]  # when each claim step ended, for the "attempt claimed" log line
-        # Step 1
-        reason = should_skip(self.row_covering(runtime, item), item)
-        steps.append(time.monotonic())
-        if reason is not None:
-            log.info("work item skipped", reason=reason)
-            commit_skipped(consumer, offsets)
-            return None
-        # Step 2
-        producer = runtime.events.transactional_producer(attempt_transactional_id(self.settings, self.stage,
-                                                                                  item.job_id))
-        steps.append(time.monotonic())
-        # Step 3
-        row = runtime.job_row(item.job_id)
-        reason = should_skip(row, item)
-        if reason is not None:
-            log.info("work item skipped after fencing", reason=reason)
-            commit_skipped(consumer, offsets)
-            return None
-        identity = AttemptIdentity(job_id=item.job_id, stage=self.stage, attempt=item.attempt,
-                                   claim_token=new_claim_token(), recorded_by=runtime.recorded_by,
-                                   correlation_id=item.correlation_id, causation_id=item.event_id, clock=self.clock)
-        started = identity.event(ev.AttemptStarted, lease_s=self.lease_s, worker=runtime.recorded_by,
-                                 work_topic=message.topic, work_partition=message.partition,
-                                 work_offset=message.offset)
-        # Step 4
-        try:
-            transact(producer, lambda: runtime.produce(producer, [(self.settings.jobs_topic, started)]),
-                     name=f"{self.stage}.claim", consumer=consumer, offsets=offsets)
-        except (EventLogError, Fenced) as exc:
-            # A rebalance between poll and claim (ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS) or another
-            # claimant: the transaction was aborted, nothing is visible, the offset is not committed,
-            # so the item is delivered again (here or to its new owner) and reconciled again.
-            log.info("claim aborted; the work item will be delivered again", error=str(exc))
-            try:
-                consumer.seek(message.topic, message.partition, message.offset)
-            except EventLogError:
-                pass  # no longer ours: its new owner starts from the committed offset
-            return None
-        steps.append(time.monotonic())
-        reconcile_ms, fence_ms, commit_ms = (round(1000 * (b - a)) for a, b in zip(steps, steps[1:]))
-        logs.bind(claim_token=identity.claim_token)
-        log.info("attempt claimed", reconcile_ms=reconcile_ms, fence_ms=fence_ms,
-                 check_and_commit_ms=commit_ms)
-        self.current = Attempt(runtime, identity, producer, item,
-                               uncounted=item.attempt - attempts_used(row, item.attempt))
-        self.health.set_attempt(item.job_id, self.stage, item.attempt, identity.claim_token, self.lease_s)
+        self.current = Attempt(runtime, claimed.identity, claimed.producer, claimed.item,
+                               uncounted=claimed.item.attempt - attempts_used(claimed.row, claimed.item.attempt))
+        self.health.set_attempt(claimed.item.job_id, self.stage, claimed.item.attempt, claimed.identity.claim_token,
+                                self.lease_s)
         return self.current
 
     def dead_letter(self, runtime: Runtime, consumer: Reader, message: Record, error: Exception,

@@ -452,7 +452,7 @@ class MediaTool(Protocol):
     transcode worker's probe, seek point, encode and output check."""
 
     def inspect_source(self, path: Path, *, count_packets: bool = True, timeout_s: float = 300.0) -> Any:
-        """Probe the local source file `path`: a `processors.source_probe.Probe` (the `SourceMedia`
+        """Probe the local source file `path`: a `domain.policy.source_probe.Probe` (the `SourceMedia`
         summary and the stream indexes). Refuses playlists and containers off the allow-list; with
         `count_packets` reads every packet to find a source cut short of its index. Raises
         `InvalidInput` (unreadable, truncated, a playlist), `UnsupportedMedia` (no video),

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from processors import media, segments, segment_plan
-from processors.segment_plan import AUDIO, Checkpoint
+from processors import media, segments
+from domain.policy import segment_plan
+from domain.policy.segment_plan import AUDIO, Checkpoint
 from processors.transcode import reuse_verified
 from tapeline.objectstore import ObjectStore
 

@@ -6,7 +6,7 @@ from processors.intake import decide
 import random
 
 from domain.policy.retry import Action, RetryPolicy, retry_decision
-from domain.policy.claim import projection_behind, should_skip, superseded_reason
+from domain.policy.claim_rules import projection_behind, should_skip, superseded_reason
 from domain import events as ev
 from domain.errors import InvalidInput, UnsupportedMedia
 from tapeline.settings import Settings

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from processors import segment_plan, ts_scan
-from processors.segment_plan import AUDIO, Checkpoint, LocalSegment, plan_resume
+from processors import ts_scan
+from domain.policy import segment_plan
+from domain.policy.segment_plan import AUDIO, Checkpoint, LocalSegment, plan_resume
 from domain.policy.retry import Action, RetryPolicy, retry_decision
 from domain.lifecycle import evolve
 from domain import events as ev
