@@ -75,6 +75,19 @@ def token_ok(settings: Settings, presented: str | None) -> bool:
     return bool(expected) and presented is not None and hmac.compare_digest(presented.encode(), expected.encode())
 
 
+def bearer(request: Request) -> str | None:
+    """The token of the request's `Authorization: Bearer <token>` header, None without one. Pure."""
+    scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+    return presented.strip() if scheme.lower() == "bearer" else None
+
+
+def refusal_reason(settings: Settings, presented: str | None) -> str:
+    """Why a dashboard page or form refuses the admin token `presented` (None: none was sent)."""
+    if not settings.admin_token:
+        return "actions are disabled: the server has no TAPELINE_ADMIN_TOKEN"
+    return "this page needs the admin token" if presented is None else "wrong admin token"
+
+
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
 """The methods a metric label shows as sent (RFC 9110 and PATCH); any other token is "other"."""
 
@@ -107,9 +120,7 @@ def require_admin(request: Request) -> None:
     by the route (`action_label`; `request.scope["route"]` must be the matched route). The edge
     (`create_app`'s `admin_refusal`) calls it too, before the body is read."""
     context = web(request)
-    header = request.headers.get("authorization", "")
-    scheme, _, presented = header.partition(" ")
-    if scheme.lower() != "bearer" or not token_ok(context.settings, presented.strip()):
+    if not token_ok(context.settings, bearer(request)):
         reason = ("actions are disabled: the server has no TAPELINE_ADMIN_TOKEN" if not context.settings.admin_token
                   else "missing or wrong admin token (Authorization: Bearer <TAPELINE_ADMIN_TOKEN>)")
         context.metrics.actions.labels(action=action_label(request.scope), result="unauthorized").inc()

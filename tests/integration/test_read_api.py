@@ -555,6 +555,33 @@ def test_webhook_endpoints_through_the_admin_api(client):
     assert client.delete(path, headers=ADMIN).status_code == 404
 
 
+def test_the_webhooks_page_needs_the_admin_token_like_the_api(client):
+    """Issue 44 item 4: `/webhooks` listed every customer endpoint (ids, submitters, full URLs that
+    often carry tokens, event types, disable reasons) to anyone, while `GET /api/webhooks` needs
+    the admin token. Now the page answers 401 with a token form and nothing listed; the token,
+    posted from that form to `/ui/webhooks` (the way the action forms carry it) or sent as
+    `Authorization: Bearer`, shows the list; a wrong one shows nothing."""
+    url = "http://8.8.8.8/hook?token=customer-secret-in-url"
+    made = client.post("/api/webhooks", headers=ADMIN, json={"submitter": "page-sub", "url": url,
+                                                             "event_types": ["job.completed"]})
+    assert made.status_code == 201, made.text
+    endpoint = made.json()
+    try:
+        for anonymous in (client.get("/webhooks"), client.get("/webhooks", headers={"Authorization": "Bearer wrong"}),
+                          client.post("/ui/webhooks", data={"token": "wrong"}), client.post("/ui/webhooks", data={})):
+            assert anonymous.status_code == 401, anonymous.text[:500]
+            for secret in (endpoint["endpoint_id"], "page-sub", "customer-secret-in-url", "8.8.8.8"):
+                assert secret not in anonymous.text, secret
+            assert 'action="/ui/webhooks"' in anonymous.text and 'name="token"' in anonymous.text
+        assert "wrong admin token" in client.post("/ui/webhooks", data={"token": "wrong"}).text
+        for shown in (client.post("/ui/webhooks", data={"token": TOKEN}), client.get("/webhooks", headers=ADMIN)):
+            assert shown.status_code == 200, shown.text[:500]
+            assert endpoint["endpoint_id"] in shown.text and "page-sub" in shown.text
+            assert "customer-secret-in-url" in shown.text and endpoint["secret"] not in shown.text
+    finally:
+        client.delete(f"/api/webhooks/{endpoint['endpoint_id']}", headers=ADMIN)
+
+
 def test_the_overview_shows_region_b_not_running_then_its_replicators_figures(world):
     """The Region replication panel (projections/region_panel.py): absent without a replicator port; "not
     running" while nothing answers there; the figures a replicator's health server publishes (its
