@@ -210,3 +210,31 @@ def test_no_request_can_add_metric_series(server):
     assert after == before, after ^ before
     assert 'tapeline_operator_actions_total{action="webhooks",result="unauthorized"}' in text
     assert 'tapeline_operator_actions_total{action="disable",result="unauthorized"}' in text
+
+
+def test_a_lone_surrogate_or_a_non_finite_number_in_any_json_body_is_400(server):
+    """Issue 44 item 6: a lone surrogate or `1e999` in an admin JSON body answered 500 (the 422
+    renderer cannot encode what it echoes; a value that passed validation failed deeper). Every
+    route that takes a JSON body (from the OpenAPI document) now answers 400 at the edge, after the
+    token check; an ordinary body still reaches the route."""
+    base, _, _ = server
+    admin = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    paths = httpx.get(f"{base}/openapi.json").json()["paths"]
+    takes_json = [(method, path.replace("{", "").replace("}", "-x")) for path, ops in paths.items()
+                  for method, op in ops.items() if "application/json" in op.get("requestBody", {}).get("content", {})]
+    assert len(takes_json) >= 6, takes_json
+    bodies = [b'{"operator": "\\ud800", "why": "x", "submitter": "s", "url": "http://8.8.8.8/"}',
+              b'{"operator": "ops", "why": "x\\udfff", "dead_letter_id": "a/1", "posted_ref": "p"}',
+              b'{"\\udc00": "key"}', b'{"operator": "ops", "why": 1e999}', b'{"why": -1e999}', b'{"refund": NaN}',
+              b'{"why": Infinity}', b'{"url": "http://8.8.8.8/", "event_types": ["\\ud83d"]}']
+    for method, path in takes_json:
+        for body in bodies:
+            answer = httpx.request(method, f"{base}{path}", content=body, headers=admin, timeout=20)
+            assert answer.status_code == 400, (method, path, body, answer.status_code, answer.text[:300])
+            assert "the JSON body cannot be taken" in answer.json()["detail"]
+        anonymous = httpx.request(method, f"{base}{path}", content=bodies[0],
+                                  headers={"Content-Type": "application/json"}, timeout=20)
+        assert anonymous.status_code == 401  # the token is checked first, as before
+    good = httpx.post(f"{base}/api/jobs/no-such-job/cancel", headers=admin, timeout=20,
+                      content='{"operator": "ops \\ud83d\\ude00", "why": "caf\\u00e9"}')
+    assert good.status_code == 404, good.text  # a surrogate pair is one character: the route ran
