@@ -7,7 +7,9 @@ A row is a plain dict with the columns of `job_state`. Rules (docs/design.md "Jo
   current one is superseded: kept as evidence, never applied (fencing in the projection);
 - an `AttemptStarted` older than the current attempt of its stage is superseded too;
 - an event that ends a job (JobCompleted, JobFailed, JobDeadLettered, NeedsReview, JobCancelled)
-  follows one rule whose data is in `schemas/lifecycle.json` ("ending"), not a branch per event.
+  follows one rule whose data is in `schemas/lifecycle.json` ("ending"), not a branch per event;
+  while an attempt runs, one without a claim token ends the job only as its `without_claim` says
+  (an operator's cancel, the watchdog's dead letter after a stall), else it is superseded.
 The projector checks dedup keys before calling this: a repeated dedup key is never evolved.
 A second implementation of these rules (and of `projections.fold.fold_batch`) folds fresh replays:
 `Engine::evolve` in native/src/lib.rs. Change both; tests/unit/test_native_fold.py compares them.
@@ -70,6 +72,9 @@ def evolve(row: dict[str, Any] | None, event: ev.Event, broker_ts: datetime) -> 
         return Outcome(row, False, False)
     if kind != "AttemptStarted" and event.claim_token is not None and event.claim_token != row.get("claim_token"):
         return Outcome(row, False, True)
+    if state == "running" and event.claim_token is None and (end := ENDING.get(kind)) is not None \
+            and not _ends_without_claim(end, row):
+        return Outcome(row, False, True)  # an ending event without the running attempt's claim (issue 44)
     if isinstance(event, ev.AttemptStarted) and _older_attempt(row, event):
         return Outcome(row, False, True)
     if isinstance(event, ev.StageQueued) and not _newer_attempt(row, event):
@@ -164,6 +169,15 @@ def position(row: dict[str, Any], stage: str | None, attempt: int) -> tuple[int,
     position is `pipeline.stage_position` in the row's recorded `pipeline_stages` (a job accepted
     before profiles: the fixed `STAGE_ORDER`)."""
     return stage_position(stage, row.get("pipeline_stages")), attempt
+
+
+def _ends_without_claim(end: Ending, row: dict[str, Any]) -> bool:
+    """Whether an ending event with no claim token ends `row`'s running attempt: its rule's
+    `without_claim` (schemas/lifecycle.json) is "always" (an operator's cancel), or "after_stall"
+    and the row's last applied event is the attempt's `StallDetected` (the watchdog writes the two
+    in one transaction; its dead letters carry the stalled attempt's claim now, older logs do not)."""
+    return end.without_claim == "always" or \
+        (end.without_claim == "after_stall" and row.get("last_event_type") == "StallDetected")
 
 
 def _newer_attempt(row: dict[str, Any], event: ev.Event) -> bool:

@@ -33,12 +33,20 @@ class Ending:
     row's state (a final or reopenable one); each column in `copies` takes the event's field of the
     same name (a string or null); each in `clears` becomes null; `completed_at` becomes the broker
     time and `leased_until` null. `attempt_outcome` is the `outcome` the `attempts` view gives a
-    running attempt the event ends, None when it ends none."""
+    running attempt the event ends, None when it ends none. `without_claim` (one of
+    `WITHOUT_CLAIM`): whether the event ends a running job when it carries no claim token: "never",
+    "after_stall" (right after the attempt's applied `StallDetected`: the watchdog's) or "always"
+    (an operator's)."""
 
     state: str
     copies: tuple[str, ...]
     clears: tuple[str, ...]
     attempt_outcome: str | None
+    without_claim: str = "never"
+
+
+WITHOUT_CLAIM = ("never", "after_stall", "always")
+"""The values of an ending rule's `without_claim`."""
 
 
 @dataclass(frozen=True)
@@ -129,8 +137,11 @@ def _ending(value: Any, states: dict[str, str], ended: tuple[str, ...], columns:
     rules = {}
     for kind, rule in value.items():
         where = f"{path}: 'events.ending.{kind}'"
-        if not isinstance(rule, dict) or set(rule) != {"state", "copies", "clears", "attempt_outcome"}:
-            raise LifecycleFileError(f"{where} must have exactly state, copies, clears and attempt_outcome")
+        if not isinstance(rule, dict) or set(rule) != {"state", "copies", "clears", "attempt_outcome", "without_claim"}:
+            raise LifecycleFileError(f"{where} must have exactly state, copies, clears, attempt_outcome and "
+                                     "without_claim")
+        if rule["without_claim"] not in WITHOUT_CLAIM:
+            raise LifecycleFileError(f"{where}: 'without_claim' must be one of {', '.join(WITHOUT_CLAIM)}")
         if rule["state"] not in ended:
             raise LifecycleFileError(f"{where}: state {rule['state']!r} is not a final or reopenable state")
         lists = {}
@@ -147,7 +158,7 @@ def _ending(value: Any, states: dict[str, str], ended: tuple[str, ...], columns:
         outcome = rule["attempt_outcome"]
         if outcome is not None and not (isinstance(outcome, str) and outcome):
             raise LifecycleFileError(f"{where}: 'attempt_outcome' must be a name or null")
-        rules[kind] = Ending(rule["state"], lists["copies"], lists["clears"], outcome)
+        rules[kind] = Ending(rule["state"], lists["copies"], lists["clears"], outcome, rule["without_claim"])
     return rules
 
 

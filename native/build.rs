@@ -92,6 +92,17 @@ fn main() {
         writeln!(out, "    ({kind:?}, {state:?}, &[{}], &[{}]),", cols("copies"), cols("clears")).unwrap();
     }
     writeln!(out, "];").unwrap();
+    writeln!(out, "/// Whether an ending event without a claim token ends a running job (`lifecycle_data.Ending.\
+                   without_claim`): (event type, never | after_stall | always).").unwrap();
+    writeln!(out, "pub const ENDING_WITHOUT_CLAIM: [(&str, &str); {}] = [", ending.len()).unwrap();
+    for (kind, rule) in ending {
+        let without = rule.get("without_claim").and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("lifecycle.json: events.ending.{kind}.without_claim is not a name"));
+        assert!(["never", "after_stall", "always"].contains(&without),
+                "lifecycle.json: events.ending.{kind}.without_claim: {without} is not never, after_stall or always");
+        writeln!(out, "    ({kind:?}, {without:?}),").unwrap();
+    }
+    writeln!(out, "];").unwrap();
     writeln!(out, "/// The file these constants came from, as read (`tapeline_native.LIFECYCLE_JSON`: \
                    `projections/native.py` refuses a build whose file is not the repository's).").unwrap();
     writeln!(out, "pub const SOURCE_JSON: &str = {text:?};").unwrap();

@@ -51,6 +51,7 @@ from standardwebhooks import Webhook
 
 from domain import events as ev
 from domain.lifecycle import PAYLOAD_OMITS
+from domain.links import web_url
 from domain.errors import Fenced, ServiceUnavailable, WebhookRefused
 from domain.policy.webhooks import NOTIFICATION_TYPES, delivery_id, next_try, pinned, should_disable
 from processors.runtime import Outgoing, Runtime, transact
@@ -88,6 +89,8 @@ def webhook_body(delivery: dict[str, Any]) -> bytes:
             "event_type": delivery.get("source_event_type"), "stage": delivery.get("source_stage"),
             "attempt": delivery.get("source_attempt")}
     data.update({k: payload[k] for k in PAYLOAD_FIELDS if payload.get(k) is not None})
+    if "master_url" in data and web_url(data["master_url"]) is None:  # http(s) only (domain/links.py)
+        del data["master_url"]
     stamp = delivery.get("source_broker_ts")
     body = {"type": delivery["notification_type"], "timestamp": stamp.isoformat() if stamp else None, "data": data}
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()

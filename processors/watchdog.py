@@ -192,7 +192,9 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
             dead = ev.JobDeadLettered.new(clock.stamp(), 
                 stage=stage, attempt=attempt, error_class=error_class,
                 reason=f"attempt {attempt} stalled ({kind}) and no attempts are left", attempts=used,
-                evidence=f"{jobs_topic} partition {row['log_partition']}", **common)
+                evidence=f"{jobs_topic} partition {row['log_partition']}",
+                claim_token=job.get("claim_token"),  # the stalled attempt's claim: it ends that attempt only
+                **common)
             result.outgoing += [(jobs_topic, dead), (settings.dlq_topic, dead)]  # the fact + its dead-letter record
             result.count(Verdict.DEAD_LETTER)
     for row in due:

@@ -53,7 +53,7 @@ from prometheus_client.core import GaugeMetricFamily
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from projections import api_actions, api_pages, api_reads, api_webhooks
-from projections.api_deps import Web, require_admin
+from projections.api_deps import Web, method_label, require_admin, route_label
 from projections.api_models import answers
 from projections.edge import CONTENT_SECURITY_POLICY, Answer, EdgeGuard, FlashSigner, allowed_hosts, script_hashes
 from projections.edge import not_json, problem as edge_problem
@@ -285,11 +285,12 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
             try:
                 response = await call_next(request)
             except Exception:
-                route = getattr(request.scope.get("route"), "path", "unmatched")
-                metrics.requests.labels(route=route, method=request.method, status="500").inc()
+                metrics.requests.labels(route=route_label(request.scope), method=method_label(request.method),
+                                        status="500").inc()
                 raise
-        route = getattr(request.scope.get("route"), "path", "unmatched")
-        metrics.requests.labels(route=route, method=request.method, status=str(response.status_code)).inc()
+        route = route_label(request.scope)  # labels: the route's template and fixed sets, never input
+        metrics.requests.labels(route=route, method=method_label(request.method),
+                                status=str(response.status_code)).inc()
         metrics.latency.labels(route=route).observe(time.perf_counter() - started)
         return response
 
@@ -336,10 +337,11 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
         """`require_admin`'s answer for a request to an action route, then 415 for an action body not
         declared JSON (`not_json`), from its headers alone (the edge calls it before the body is
         read); None for other routes and for a good token with a JSON body or none."""
-        if not any(route.matches(scope)[0] is Match.FULL for route in admin_routes()):
+        matched = next((route for route in admin_routes() if route.matches(scope)[0] is Match.FULL), None)
+        if matched is None:
             return None
         try:
-            require_admin(Request(scope))
+            require_admin(Request({**scope, "route": matched}))  # its refusal is labelled by the route
         except HTTPException as exc:
             return edge_problem(exc.status_code, exc.detail, exc.headers)
         return not_json(scope)

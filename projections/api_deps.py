@@ -75,18 +75,55 @@ def token_ok(settings: Settings, presented: str | None) -> bool:
     return bool(expected) and presented is not None and hmac.compare_digest(presented.encode(), expected.encode())
 
 
+def bearer(request: Request) -> str | None:
+    """The token of the request's `Authorization: Bearer <token>` header, None without one. Pure."""
+    scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+    return presented.strip() if scheme.lower() == "bearer" else None
+
+
+def refusal_reason(settings: Settings, presented: str | None) -> str:
+    """Why a dashboard page or form refuses the admin token `presented` (None: none was sent)."""
+    if not settings.admin_token:
+        return "actions are disabled: the server has no TAPELINE_ADMIN_TOKEN"
+    return "this page needs the admin token" if presented is None else "wrong admin token"
+
+
+HTTP_METHODS = frozenset("GET HEAD POST PUT PATCH DELETE OPTIONS TRACE CONNECT".split())  # one string: no SQL-like literal
+"""The methods a metric label shows as sent (RFC 9110 and PATCH); any other token is "other"."""
+
+
+def route_label(scope: Any) -> str:
+    """The metric label of a request's route: the template of the route that matched (FastAPI sets
+    `scope["route"]`: `/api/jobs/{job_id}`), "unmatched" when none did. Never the request path, so a
+    client cannot add series by varying it (issue 44 item 2). Pure."""
+    return getattr(scope.get("route"), "path", None) or "unmatched"
+
+
+def method_label(method: str) -> str:
+    """The metric label of an HTTP method: one of `HTTP_METHODS`, else "other" (uvicorn's h11 takes
+    any token as a method). Pure."""
+    return method if method in HTTP_METHODS else "other"
+
+
+def action_label(scope: Any) -> str:
+    """The `action` label of an admin route's request: the last literal segment of the matched
+    route's template, `-` as `_` (`/api/jobs/{job_id}/resolve-review`: "resolve_review",
+    `/api/webhooks/{endpoint_id}`: "webhooks"); "unmatched" without a route. Never a piece of the
+    request path (issue 44 item 2: a 10 KB endpoint id became a label). Pure."""
+    literal = [part for part in route_label(scope).split("/") if part and not part.startswith("{")]
+    return literal[-1].replace("-", "_") if literal else "unmatched"
+
+
 def require_admin(request: Request) -> None:
     """The dependency of every JSON action: `Authorization: Bearer <TAPELINE_ADMIN_TOKEN>`. Raises
-    HTTPException 401 (with `WWW-Authenticate: Bearer`) and counts the refusal otherwise. The edge
+    HTTPException 401 (with `WWW-Authenticate: Bearer`) and counts the refusal otherwise, labelled
+    by the route (`action_label`; `request.scope["route"]` must be the matched route). The edge
     (`create_app`'s `admin_refusal`) calls it too, before the body is read."""
     context = web(request)
-    header = request.headers.get("authorization", "")
-    scheme, _, presented = header.partition(" ")
-    if scheme.lower() != "bearer" or not token_ok(context.settings, presented.strip()):
+    if not token_ok(context.settings, bearer(request)):
         reason = ("actions are disabled: the server has no TAPELINE_ADMIN_TOKEN" if not context.settings.admin_token
                   else "missing or wrong admin token (Authorization: Bearer <TAPELINE_ADMIN_TOKEN>)")
-        last = request.url.path.rsplit("/", 1)[-1]  # cancel | replay | resolve-review
-        context.metrics.actions.labels(action=last.replace("-", "_"), result="unauthorized").inc()
+        context.metrics.actions.labels(action=action_label(request.scope), result="unauthorized").inc()
         raise HTTPException(401, reason, headers={"WWW-Authenticate": "Bearer"})
 
 

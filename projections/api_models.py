@@ -124,7 +124,8 @@ class Problem(BaseModel):
 
 
 ERRORS: dict[int, str] = {
-    400: "A NUL byte (%00) in the path or a query value, or a body that is not valid JSON",
+    400: "A NUL byte (%00) in the path or a query value, or a body that is not valid JSON or holds what no field "
+         "can (a lone surrogate, a number that is not finite)",
     401: "No valid `Authorization: Bearer <TAPELINE_ADMIN_TOKEN>` (or the server has no admin token)",
     404: "No such job or dead letter in the projections",
     409: "The action does not apply to what the job or dead letter is now",

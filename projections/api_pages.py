@@ -7,11 +7,11 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 import psycopg
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import HTMLResponse
 
-from projections.api_deps import Web, db, page, web
-from projections.api_models import PG_BIGINT_MAX, STATES, Priority, Stage, State, event_json, job_json, letter_json
+from projections.api_deps import Web, bearer, db, page, refusal_reason, token_ok, web
+from projections.api_models import NUL_FREE, PG_BIGINT_MAX, STATES, TOKEN_MAX, Priority, Stage, State, event_json, job_json, letter_json
 from projections.api_reads import overview
 from tapeline import read
 
@@ -64,7 +64,29 @@ def dead_letters_page(request: Request, conn: psycopg.Connection = Depends(db)) 
 
 
 @router.get("/webhooks", response_class=HTMLResponse, include_in_schema=False)
-def webhooks_page(request: Request, conn: psycopg.Connection = Depends(db)) -> HTMLResponse:
+def webhooks_page(request: Request, context: Web = Depends(web)) -> HTMLResponse:
     """Customer webhook endpoints (`read.webhook_endpoints`): enabled or why not, failing since when,
-    deliveries by state; never a secret. Read-only: `tapeline webhooks` and `/api/webhooks` change them."""
-    return page(request, "webhooks.html", endpoints=read.webhook_endpoints(conn))
+    deliveries by state; never a secret. Read-only: `tapeline webhooks` and `/api/webhooks` change them.
+
+    The same admin token as `GET /api/webhooks` (URLs often carry customers' tokens; issue 44 item
+    4): listed with `Authorization: Bearer <TAPELINE_ADMIN_TOKEN>`, otherwise a 401 page with a
+    token form that posts to `/ui/webhooks` (`webhooks_form`)."""
+    return webhooks_listing(request, context, bearer(request))
+
+
+@router.post("/ui/webhooks", response_class=HTMLResponse, include_in_schema=False)
+def webhooks_form(request: Request, token: str = Form("", max_length=TOKEN_MAX, pattern=NUL_FREE),
+                  context: Web = Depends(web)) -> HTMLResponse:
+    """The `/webhooks` page for the admin token posted from its form (a form field, as the action
+    forms carry it: never in a URL, so never in a log or the browser's history); 401 and the form
+    again for a wrong or missing one."""
+    return webhooks_listing(request, context, token or None)
+
+
+def webhooks_listing(request: Request, context: Web, token: str | None) -> HTMLResponse:
+    """The endpoints page when `token` is the admin token, else the 401 page with the token form
+    and nothing read (no connection is taken before the token holds)."""
+    if not token_ok(context.settings, token):
+        return page(request, "webhooks.html", 401, endpoints=None, refused=refusal_reason(context.settings, token))
+    with context.pool.connection() as conn:
+        return page(request, "webhooks.html", endpoints=read.webhook_endpoints(conn))

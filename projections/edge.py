@@ -11,7 +11,8 @@
    route reads its own body under its own rules, as `POST /uploads` does with
    `max_upload_bytes` and its body pace). A `Content-Length` past the cap is 413 before a byte is
    read; a body without one is read up to the cap and 413 past it. A body within the cap is handed
-   to the handler as it came.
+   to the handler as it came, unless it is declared JSON and holds what no field can hold (a lone
+   surrogate, a number that is not finite: `unholdable_json`, 400).
 3. **Security headers on every response** (`SECURITY_HEADERS`, after the OWASP Secure Headers
    Project): no MIME sniffing, no framing (clickjacking of the action forms), no referrer (job
    ids in URLs stay on this site), and a Content-Security-Policy that lets a page load scripts,
@@ -31,6 +32,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import math
 import re
 import secrets
 from typing import Awaitable, Callable, Mapping
@@ -101,12 +103,70 @@ def not_json(scope: Scope) -> Answer | None:
     length = headers.get(b"content-length", b"").strip()
     if length in (b"", b"0") and b"transfer-encoding" not in headers:
         return None
-    media = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
-    if media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json")):
+    media = _media_type(scope)
+    if _is_json(media):
         return None
     shown = media.decode("latin-1") or "none"
     return problem(415, f"this action takes a JSON body, sent with Content-Type: application/json (this one was "
                         f"{shown}); with curl: -H 'Content-Type: application/json' -d '{{...}}', or --json '{{...}}'")
+
+
+def _media_type(scope: Scope) -> bytes:
+    """The request's `Content-Type` without parameters, lower case (b"" without one)."""
+    headers = {k.lower(): v for k, v in scope.get("headers", [])}
+    return headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
+
+
+def _is_json(media: bytes) -> bool:
+    return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
+
+
+class _Unholdable(ValueError):
+    """A JSON value Python's parser reads that no field of ours can hold (see `unholdable_json`)."""
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise _Unholdable(f"the number {text[:40]} is out of range (it is not finite)")
+    return number
+
+
+def _no_constant(name: str) -> float:
+    raise _Unholdable(f"{name} is not a JSON number")
+
+
+def unholdable_json(scope: Scope, body: bytes) -> Answer | None:
+    """400 for a body declared JSON that Python's parser reads but that nothing downstream can hold:
+    a lone surrogate (`"\\ud800"`, in a key or a value: UTF-8 cannot carry one, so the 422 renderer,
+    PostgreSQL and Avro fail on it) or a number that is not finite (`1e999` parses as inf, and
+    `NaN`, `Infinity`, `-Infinity` are not JSON; the renderer's JSON has no inf). Before, either
+    answered 500 on every action (issue 44 item 6). None for any other body: a body not declared
+    JSON, an empty one, or malformed JSON (the route's own answer, FastAPI's 422 or 400). Pure;
+    `body` is at most the route's cap (`EdgeGuard`)."""
+    if not body or not _is_json(_media_type(scope)):
+        return None
+    try:
+        document = json.loads(body, parse_float=_finite, parse_constant=_no_constant)
+    except _Unholdable as exc:
+        return problem(400, f"the JSON body cannot be taken: {exc}")
+    except (ValueError, RecursionError):
+        return None  # malformed JSON: the route answers it as before
+    pending = [document]
+    while pending:  # a loop, not recursion: the parser's nesting depth is not ours to repeat
+        item = pending.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return problem(400, "the JSON body cannot be taken: it holds a lone surrogate escape (\\ud800-"
+                                    "\\udfff without its pair), which is not a character")
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return None
 
 
 class EdgeGuard:
@@ -145,6 +205,10 @@ class EdgeGuard:
             if len(body) > limit:
                 await self._answer(send, problem(413, f"the body passed {limit} bytes, the most this route takes"))
                 return
+        unholdable = unholdable_json(scope, bytes(body))
+        if unholdable is not None:
+            await self._answer(send, unholdable)
+            return
         await self.app(scope, self._replay(bytes(body), ended, receive), send)
 
     @staticmethod

@@ -11,6 +11,7 @@ import psycopg
 
 from domain import pipeline
 from domain.diagnosis import diagnose
+from domain.links import web_url
 from domain.lifecycle import TERMINAL_STATES
 from tapeline import kafka
 from tapeline.objects import attempt_path
@@ -83,7 +84,8 @@ def published_artifacts(row: dict[str, Any]) -> list[dict[str, Any]]:
     stage's), each `{"name": path beside the master playlist, "stage", "content_type", "sha256",
     "size_bytes", "url"}`; `url` is where publish put it (beside `master_url`), None until then. Pure."""
     folders = {r["name"] for r in (row.get("ladder") or []) + (row.get("renditions") or [])} | {"audio"}
-    base = row["master_url"].rsplit("/", 1)[0] + "/" if row.get("master_url") and not row.get("reused_from") else None
+    master = web_url(row.get("master_url"))  # an http(s) URL or None (domain/links.py)
+    base = master.rsplit("/", 1)[0] + "/" if master and not row.get("reused_from") else None
     found = []
     for output in row.get("outputs") or []:
         scoped = attempt_path(output["key"])
@@ -110,8 +112,8 @@ def job_summary(row: dict[str, Any]) -> dict[str, Any]:
     if row["state"] != "completed":
         summary["error_class"] = row["error_class"]
         summary["reason"] = row["reason"]
-    summary["master_url"] = row["master_url"]
-    summary["outputs"] = [{"name": r["name"], "width": r["width"], "height": r["height"], "url": r.get("url")}
+    summary["master_url"] = web_url(row["master_url"])  # URLs an event carried: http(s) only (domain/links.py)
+    summary["outputs"] = [{"name": r["name"], "width": r["width"], "height": r["height"], "url": web_url(r.get("url"))}
                           for r in (row["renditions"] or [])]
     summary["artifacts"] = published_artifacts(row)  # thumbnails' poster, storyboard, WebVTT track, ...
     summary["archived"] = archived_objects(row)  # the archive profile's preserved source and manifest

@@ -27,9 +27,11 @@ Outgoing = tuple[str, ev.Event]
 
 class IntakeSettings(Protocol):
     """The settings the intake decision reads (`tapeline.settings.Settings` has them):
-    `max_upload_bytes` (bytes), the lifecycle topic and the work topic of a stage and tier."""
+    `max_upload_bytes` (bytes), the bucket sources are taken from, the lifecycle topic and the
+    work topic of a stage and tier."""
 
     max_upload_bytes: int
+    s3_bucket: str
 
     @property
     def jobs_topic(self) -> str: ...
@@ -62,12 +64,37 @@ class Reusable(Protocol):
     media_duration_s: float | None
 
 
+def upload_prefix(upload_id: str) -> str:
+    """`uploads/{upload_id}/`: where an upload's source objects live (`tapeline submit` puts the
+    file right under it, the HTTP intake under a claim's folder in it). Pure."""
+    return f"uploads/{upload_id}/"
+
+
+def source_outside_upload(upload_id: str, object_key: str) -> bool:
+    """True unless `object_key` names an object under `upload_prefix(upload_id)`: an upload id
+    with no `/`, and a key whose every segment after the prefix is a name (no empty, `.` or `..`
+    segment that a store might collapse into another folder). Pure."""
+    prefix = upload_prefix(upload_id)
+    if not upload_id or "/" in upload_id or upload_id in (".", "..") or not object_key.startswith(prefix):
+        return True
+    return any(part in ("", ".", "..") for part in object_key[len(prefix):].split("/"))
+
+
 def preflight(upload: ev.UploadCompleted, settings: IntakeSettings) -> MediaError | None:
     """What is wrong with an upload judged by its event alone (before any download), or None. Pure.
 
     Unknown priority tier or an empty upload -> `InvalidInput`; larger than `max_upload_bytes` ->
-    `LimitsExceeded` naming the limit.
+    `LimitsExceeded` naming the limit. A source outside the configured bucket (`s3_bucket`) or
+    outside the upload's own prefix (`source_outside_upload`) -> `InvalidInput`: an event's pointer
+    is not trusted (issue 44 item 5: a forged `UploadCompleted` named an unpublished `work/`
+    segment of another job, which was then transcoded and published).
     """
+    if upload.bucket != settings.s3_bucket:
+        return InvalidInput(f"the upload names bucket {upload.bucket!r}; sources are taken only from "
+                            f"{settings.s3_bucket!r}")
+    if source_outside_upload(upload.upload_id, upload.object_key):
+        return InvalidInput(f"source object {upload.object_key!r} is not under the upload's own prefix "
+                            f"{upload_prefix(upload.upload_id)!r}")
     if upload.priority not in TIERS:
         return InvalidInput(f"unknown priority tier {upload.priority!r}")
     if upload.size_bytes <= 0:

@@ -93,17 +93,56 @@ def pinned(url: str, address: str) -> PinnedTarget:
                         sni_hostname=parts.hostname if parts.scheme == "https" else None)
 
 
+IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+IPV4_TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")
+NAT64_WELL_KNOWN = ipaddress.IPv6Network("64:ff9b::/96")
+"""IPv6 ranges whose last 32 bits are an IPv4 address the packet is for: IPv4-compatible (RFC 4291,
+deprecated; `::` and `::1` excepted), IPv4-translated (RFC 2765) and NAT64's well-known prefix
+(RFC 6052). IPv4-mapped (`::ffff:0:0/96`) is `ipv4_mapped`; 6to4 (`2002::/16`, RFC 3056) and
+Teredo (`2001::/32`, RFC 4380) carry theirs elsewhere (`sixtofour`, `teredo`)."""
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> tuple[tuple[ipaddress.IPv4Address, ...], bool]:
+    """(the IPv4 addresses `ip` carries, whether `ip` merely translates them). Translations (mapped,
+    compatible, translated, NAT64) reach exactly their IPv4 address; 6to4 and Teredo reach it through
+    a tunnel (Teredo's server and client both count). ((), False) for any other address. Pure."""
+    low = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    if ip.ipv4_mapped is not None:
+        return (ip.ipv4_mapped,), True
+    if ip in IPV4_TRANSLATED or ip in NAT64_WELL_KNOWN or (ip in IPV4_COMPATIBLE and int(ip) > 1):
+        return (low,), True
+    if ip.sixtofour is not None:
+        return (ip.sixtofour,), False
+    if ip.teredo is not None:
+        return ip.teredo, False
+    return (), False
+
+
 def refused_address(address: str, *, allow_private: bool = False, allow_loopback: bool = False) -> str | None:
     """Why an endpoint may not be reached at `address` (an IP literal), or None when it may.
 
     Only globally routable addresses are allowed: private (10/8, 172.16/12, 192.168/16, fc00::/7),
     loopback, link-local (169.254/16: cloud metadata; fe80::/10), shared (100.64/10), multicast,
     reserved and unspecified ones are refused unless `allow_private` (every non-global address) or,
-    for loopback only, `allow_loopback`. An IPv4-mapped IPv6 address is judged as its IPv4 one."""
+    for loopback only, `allow_loopback`. An IPv6 address that carries an IPv4 one (`embedded_ipv4`:
+    mapped, compatible, translated, NAT64, 6to4, Teredo; issue 44 item 6) is refused when that IPv4
+    address is, with the same allowances; a translation is then judged as its IPv4 address alone."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if ip.is_global and not ip.is_multicast:
+    if isinstance(ip, ipaddress.IPv6Address):
+        carried, translation = embedded_ipv4(ip)
+        for inner in carried:
+            why = _refused_ip(inner, allow_private, allow_loopback)
+            if why is not None:
+                return why if ip.ipv4_mapped is not None else f"{ip} embeds the IPv4 address {inner}, and {why}"
+        if translation:
+            return None
+    return _refused_ip(ip, allow_private, allow_loopback)
+
+
+def _refused_ip(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, allow_private: bool,
+                allow_loopback: bool) -> str | None:
+    """`refused_address`'s judgement of one address by its own range alone."""
+    if ip.is_global and not ip.is_multicast and not ip.is_reserved:
         return None
     if allow_private:
         return None

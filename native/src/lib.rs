@@ -867,6 +867,16 @@ impl Engine {
                 }
             }
         }
+        // An ending event without the running attempt's claim (as `lifecycle._ends_without_claim`).
+        if state == "running" && ev.s("claim_token").is_none() {
+            if let Some((_, without)) = ENDING_WITHOUT_CLAIM.iter().find(|e| e.0 == kind) {
+                let ends = *without == "always"
+                    || (*without == "after_stall" && row[LAST_EVENT_TYPE].s() == Some("StallDetected"));
+                if !ends {
+                    return Ok((false, true));
+                }
+            }
+        }
         let ev_pos = (stage_position(ev.s("stage"), &row[PIPELINE_STAGES]), ev.i("attempt").unwrap_or(0));
         let row_pos = (stage_position(row[STAGE].s(), &row[PIPELINE_STAGES]), row[ATTEMPT].i_or0());
         if kind == "AttemptStarted" && ev_pos < row_pos {

@@ -172,3 +172,69 @@ def test_an_action_body_not_sent_as_json_is_415_naming_the_header(server):
     assert listed[0]["disabled_reason"] == "disabled by an operator"
     assert httpx.post(f"{base}/api/webhooks/{endpoint}/enable", headers=admin).json()["enabled"] is True
     assert httpx.delete(f"{base}/api/webhooks/{endpoint}", headers=admin).json()["removed"] is True
+
+
+def _series(text: str) -> list[str]:
+    """The sample lines of a Prometheus text exposition (no comments)."""
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def test_no_request_can_add_metric_series(server):
+    """Issue 44 item 2: the 401 path of an admin route labelled `tapeline_operator_actions_total` with
+    the last piece of the request path, so 50 anonymous `DELETE /api/webhooks/<10 KB id>` grew
+    `/metrics` from 97 KB to 1.1 MB; the request counter also took the HTTP method as sent (h11
+    accepts any token). Labels come from the route template and fixed sets: a second wave of
+    requests with fresh ids, paths and methods adds no series, and no piece of them is exported."""
+    base, port, _ = server
+
+    def wave(tag: str) -> None:
+        for n in range(5):
+            marker = f"zz{tag}{n}" + "q" * 200
+            assert httpx.delete(f"{base}/api/webhooks/{marker}").status_code == 401
+            assert httpx.post(f"{base}/api/webhooks/{marker}/disable").status_code == 401
+            assert httpx.post(f"{base}/api/webhooks/{marker}/{marker}").status_code in (401, 404, 405)
+            assert httpx.get(f"{base}/no-such/{marker}").status_code == 404
+            for path in (f"/api/webhooks/{marker}", "/api/overview", f"/{marker}"):
+                with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+                    sock.sendall(f"ZZ{tag.upper()}{n}METHOD {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                 f"Connection: close\r\n\r\n".encode())
+                    assert sock.recv(65536).startswith(b"HTTP/1.1 4")
+
+    httpx.get(f"{base}/metrics")  # a scrape is counted once it has answered: its own series exists from now on
+    wave("a")
+    before = {line.rsplit(" ", 1)[0] for line in _series(httpx.get(f"{base}/metrics").text)}
+    wave("b")
+    text = httpx.get(f"{base}/metrics").text
+    after = {line.rsplit(" ", 1)[0] for line in _series(text)}
+    assert "zz" not in text.lower(), [line for line in after if "zz" in line.lower()][:5]
+    assert after == before, after ^ before
+    assert 'tapeline_operator_actions_total{action="webhooks",result="unauthorized"}' in text
+    assert 'tapeline_operator_actions_total{action="disable",result="unauthorized"}' in text
+
+
+def test_a_lone_surrogate_or_a_non_finite_number_in_any_json_body_is_400(server):
+    """Issue 44 item 6: a lone surrogate or `1e999` in an admin JSON body answered 500 (the 422
+    renderer cannot encode what it echoes; a value that passed validation failed deeper). Every
+    route that takes a JSON body (from the OpenAPI document) now answers 400 at the edge, after the
+    token check; an ordinary body still reaches the route."""
+    base, _, _ = server
+    admin = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    paths = httpx.get(f"{base}/openapi.json").json()["paths"]
+    takes_json = [(method, path.replace("{", "").replace("}", "-x")) for path, ops in paths.items()
+                  for method, op in ops.items() if "application/json" in op.get("requestBody", {}).get("content", {})]
+    assert len(takes_json) >= 6, takes_json
+    bodies = [b'{"operator": "\\ud800", "why": "x", "submitter": "s", "url": "http://8.8.8.8/"}',
+              b'{"operator": "ops", "why": "x\\udfff", "dead_letter_id": "a/1", "posted_ref": "p"}',
+              b'{"\\udc00": "key"}', b'{"operator": "ops", "why": 1e999}', b'{"why": -1e999}', b'{"refund": NaN}',
+              b'{"why": Infinity}', b'{"url": "http://8.8.8.8/", "event_types": ["\\ud83d"]}']
+    for method, path in takes_json:
+        for body in bodies:
+            answer = httpx.request(method, f"{base}{path}", content=body, headers=admin, timeout=20)
+            assert answer.status_code == 400, (method, path, body, answer.status_code, answer.text[:300])
+            assert "the JSON body cannot be taken" in answer.json()["detail"]
+        anonymous = httpx.request(method, f"{base}{path}", content=bodies[0],
+                                  headers={"Content-Type": "application/json"}, timeout=20)
+        assert anonymous.status_code == 401  # the token is checked first, as before
+    good = httpx.post(f"{base}/api/jobs/no-such-job/cancel", headers=admin, timeout=20,
+                      content='{"operator": "ops \\ud83d\\ude00", "why": "caf\\u00e9"}')
+    assert good.status_code == 404, good.text  # a surrogate pair is one character: the route ran

@@ -10,6 +10,7 @@ import time
 
 import psycopg
 import pytest
+from pydantic import SecretStr
 
 from domain.policy.webhooks import delivery_id
 from tapeline.samples import sample_video
@@ -154,11 +155,12 @@ def test_an_endpoint_failing_throughout_is_dead_lettered_and_disabled(settings, 
     assert listed[0]["enabled"] is False and "failing without a success" in listed[0]["disabled_reason"]
     assert listed[0]["dead_lettered"] == 1
     # the dashboard's strip names it with its job (and TapelineWebhookEndpointDisabled's gauge counts it)
-    with TestClient(build_app(settings), base_url="http://localhost") as web:
+    admin = settings.model_copy(update={"admin_token": SecretStr("webhooks-page-token")})
+    with TestClient(build_app(admin), base_url="http://localhost") as web:
         line = strip(web, "/").get("webhook_endpoints_disabled")
         assert line is not None and f"{endpoint['endpoint_id']} of dave" in line, strip(web, "/")
         assert f'href="/jobs/{job["job_id"]}"' in line and 'href="/webhooks"' in line
-        page = web.get("/webhooks").text
+        page = web.post("/ui/webhooks", data={"token": "webhooks-page-token"}).text  # the page needs the token
         assert endpoint["endpoint_id"] in page and "failing without a success" in page
         assert endpoint["secret"] not in page
         # enabled again: off the strip (its failure streak ends); an operator's own disable is not a problem

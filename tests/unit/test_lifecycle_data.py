@@ -123,6 +123,35 @@ def test_an_ending_event_follows_its_rule_in_the_file(kind, seed):
 
 
 @pytest.mark.parametrize("kind", sorted(LIFECYCLE.events["ending"]))
+@pytest.mark.parametrize("seed", range(3))
+def test_an_ending_event_without_the_claim_ends_a_running_job_only_as_its_rule_says(kind, seed):
+    """Issue 44 item 6: a `JobCompleted` with no claim token completed a running job (and its
+    master URL became the job's). While an attempt runs, an ending event without a claim token ends
+    the job only when its rule's `without_claim` allows it: "always" (an operator's cancel),
+    "after_stall" (the watchdog's dead letter, right after the attempt's `StallDetected`); else it
+    is superseded. A job no attempt runs is ended as before (intake's reuse, an operator's action)."""
+    rule = LIFECYCLE.ending[kind]
+    event = _random_event(kind, seed, job_id="j", stage="transcode", attempt=1, claim_token=None)
+    at = T0 + timedelta(seconds=5)
+    running = fold.evolve(_running_row(), event, at)
+    assert (running.applied, running.superseded) == ((True, False) if rule.without_claim == "always" else (False, True))
+    if not running.applied:
+        assert running.row == _running_row()
+    stalled = fold.evolve(dict(_running_row(), last_event_type="StallDetected"), event, at)
+    assert stalled.applied is (rule.without_claim in ("always", "after_stall"))
+    queued = fold.evolve(dict(_running_row(), state="queued", claim_token=None, last_event_type="StageQueued"), event, at)
+    assert queued.applied and queued.row["state"] == rule.state
+    claimed = fold.evolve(_running_row(), event.model_copy(update={"claim_token": "tok"}), at)
+    assert claimed.applied and claimed.row["state"] == rule.state
+
+
+def test_the_rules_without_a_claim():
+    assert {kind: rule.without_claim for kind, rule in LIFECYCLE.ending.items()} == {
+        "JobCompleted": "never", "JobFailed": "never", "NeedsReview": "never", "JobDeadLettered": "after_stall",
+        "JobCancelled": "always"}
+
+
+@pytest.mark.parametrize("kind", sorted(LIFECYCLE.events["ending"]))
 def test_an_ending_event_copies_only_string_fields_of_its_model(kind):
     model = ev.Event.registry[kind]
     for column in LIFECYCLE.ending[kind].copies:
@@ -166,6 +195,7 @@ def _write(tmp_path: Path, change) -> Path:
     (lambda d: d["events"]["ending"]["JobFailed"].update(clears=["state"]), "not columns the rule may set"),
     (lambda d: d["events"]["ending"]["JobCompleted"].update(copies=["reason"]), "both copied and cleared"),
     (lambda d: d["events"]["ending"]["JobFailed"].pop("attempt_outcome"), "must have exactly state"),
+    (lambda d: d["events"]["ending"]["JobFailed"].update(without_claim="sometimes"), "'without_claim' must be one of"),
     (lambda d: d["events"].update(ending=[]), "must map each ending event type"),
 ])
 def test_the_loader_refuses_a_file_that_contradicts_itself(tmp_path, change, message):

@@ -223,7 +223,7 @@ def test_each_limit_is_named_when_passed(source, size, message):
 
 def upload_event(**fields):
     base = dict(job_id=ev.job_id_for("u1"), stage="intake", attempt=0, recorded_by="test", correlation_id="u1",
-                upload_id="u1", bucket="b", object_key="uploads/u1/a.mp4", size_bytes=1000, sha256="0" * 64,
+                upload_id="u1", bucket="tapeline-media", object_key="uploads/u1/a.mp4", size_bytes=1000, sha256="0" * 64,
                 filename="a.mp4", priority="standard")
     return ev.UploadCompleted.new(system_clock.stamp(), **{**base, **fields})
 
@@ -235,6 +235,24 @@ def upload_event(**fields):
      "file size 10000001 bytes exceeds the limit max_upload_bytes = 10000000"),
     ({"size_bytes": 0}, InvalidInput, "the upload declares 0 bytes; a source has at least one"),
     ({"priority": "urgent"}, InvalidInput, "unknown priority tier 'urgent'"),
+    # Issue 44 item 5: an event's pointer is not trusted; only the upload's own prefix in our bucket.
+    ({"object_key": "uploads/u1/1733500000000000/a.mp4"}, None, None),
+    ({"bucket": "other-bucket"}, InvalidInput,
+     "the upload names bucket 'other-bucket'; sources are taken only from 'tapeline-media'"),
+    ({"object_key": "work/j9/transcode/1/720p/seg_00001.ts"}, InvalidInput,
+     "source object 'work/j9/transcode/1/720p/seg_00001.ts' is not under the upload's own prefix 'uploads/u1/'"),
+    ({"object_key": "published/j9/master.m3u8"}, InvalidInput,
+     "source object 'published/j9/master.m3u8' is not under the upload's own prefix 'uploads/u1/'"),
+    ({"object_key": "uploads/u2/a.mp4"}, InvalidInput,
+     "source object 'uploads/u2/a.mp4' is not under the upload's own prefix 'uploads/u1/'"),
+    ({"object_key": "uploads/u1/../../work/j9/x.ts"}, InvalidInput,
+     "source object 'uploads/u1/../../work/j9/x.ts' is not under the upload's own prefix 'uploads/u1/'"),
+    ({"object_key": "uploads/u1//a.mp4"}, InvalidInput,
+     "source object 'uploads/u1//a.mp4' is not under the upload's own prefix 'uploads/u1/'"),
+    ({"object_key": "uploads/u1/"}, InvalidInput,
+     "source object 'uploads/u1/' is not under the upload's own prefix 'uploads/u1/'"),
+    ({"object_key": "uploads/u1a.mp4"}, InvalidInput,
+     "source object 'uploads/u1a.mp4' is not under the upload's own prefix 'uploads/u1/'"),
 ])
 def test_preflight_judges_the_upload_event_before_any_download(fields, error, message):
     problem = preflight(upload_event(**fields), LIMITS)

@@ -18,6 +18,7 @@ import pytest
 from bench import lifecycles
 from projections.native import NativeFoldState, NativeUnsupported
 from domain import events as ev
+from domain.lifecycle import ENDING as LIFECYCLE_ENDING
 from domain.codec import default_codec
 from tapeline.clock import system_clock
 from tests.enginecompare import DLQ, JOBS, UPLOADS, assert_same, fold_both, require_native
@@ -89,6 +90,35 @@ def test_a_lease_evolve_raises_on_is_the_same_dead_letter(lease) -> None:
     messages = [message(JOBS, 0, i, i * 2.0, codec.encode(e.to_record())) for i, e in enumerate(events)]
     python, native = fold_both(messages, slice_size=3)
     assert python["counts"][4] >= 1
+    assert_same(python, native)
+
+
+def test_ending_events_without_the_claim_fold_equal() -> None:
+    """Issue 44 item 6: an ending event without the running attempt's claim token ends the job only
+    as its rule's `without_claim` says, in both engines (a stalled attempt's dead letter, a cancel)."""
+    codec = default_codec()
+    messages = []
+    for number, kind in enumerate(sorted(LIFECYCLE_ENDING)):
+        for stalled in (False, True):
+            events = [e for e in next(iter(lifecycles.jobs(20 + 2 * number + stalled, 1, heartbeats=1, checkpoints=0)))
+                      if not isinstance(e, ev.UploadCompleted)]
+            started = next(i for i, e in enumerate(events) if isinstance(e, ev.AttemptStarted))
+            head, job_id = events[:started + 1], events[0].job_id
+            stage, attempt = head[-1].stage, head[-1].attempt
+            common = dict(job_id=job_id, stage=stage, attempt=attempt, recorded_by="x@y", correlation_id="c")
+            if stalled:
+                head.append(ev.StallDetected.new(system_clock.stamp(), kind="lease_expired", stalled_attempt=attempt,
+                                                 since_s=1.0, detail="d", **common))
+            fields = {name: "javascript:alert(1)" if name == "master_url" else "r" for name in ("master_url", "reason")}
+            model = ev.Event.registry[kind]
+            extra = {"error_class": "transient", "attempts": 1, "evidence": "e", "operator": "o"}
+            values = {k: v for k, v in {**fields, **extra}.items() if k in model.model_fields}
+            head.append(model.new(system_clock.stamp(), **common, **values))
+            messages += [message(JOBS, 0, len(messages) + i, (len(messages) + i) * 2.0, codec.encode(e.to_record()))
+                         for i, e in enumerate(head)]
+    python, native = fold_both(messages, slice_size=5)
+    ended = sorted(row["state"] for row in python["final"] + python["open"] if row["state"] != "running")
+    assert python["counts"][3] == 7 and ended == ["cancelled", "cancelled", "dead_lettered"], ended  # 7 superseded
     assert_same(python, native)
 
 

@@ -66,6 +66,23 @@ def test_out_of_attempts_dead_letters_and_yields_do_not_count():
     assert yielded.counts["retry"] == 1
 
 
+def test_a_stalled_attempts_dead_letter_carries_its_claim_and_ends_it_in_the_fold():
+    """Issue 44 item 6: an ending event without the running attempt's claim token no longer ends
+    a running job (`without_claim`); the watchdog's dead letter carries the stalled attempt's
+    claim, so it ends that attempt even when an event of the attempt lands between it and its
+    `StallDetected`, and no other."""
+    from domain.lifecycle import evolve
+
+    running = job(attempt=3, claim_token="tok-3", last_event_type="Heartbeat", events=5, updated_at=NOW)
+    result = run_once([stalled(attempt=3)], [], [], {"j1": running}, SETTINGS, "w", clock=CLOCK)
+    dead = result.outgoing[1][1]
+    assert dead.event_type == "JobDeadLettered" and dead.claim_token == "tok-3"
+    ended = evolve(running, dead, NOW)
+    assert ended.applied and ended.row["state"] == "dead_lettered"
+    unclaimed = evolve(running, dead.model_copy(update={"claim_token": None}), NOW)  # a Heartbeat came between
+    assert unclaimed.superseded and not unclaimed.applied
+
+
 def test_a_replayed_job_has_a_fresh_budget():
     # Dead-lettered at attempt 3, replayed by an operator: attempt 4 is the first of a new budget.
     replayed = run_once([stalled(attempt=4)], [], [], {"j1": job(attempt=4, budget_base=3)}, SETTINGS, "w", clock=CLOCK)

@@ -47,6 +47,50 @@ def test_a_refusal_names_the_address_and_the_setting_that_would_allow_it():
     assert checked_addresses("http://localhost:8080/h", allowed, lambda host, port: ["127.0.0.1"]) == ["127.0.0.1"]
 
 
+EMBEDDING_LOOPBACK = ["::127.0.0.1", "::ffff:127.0.0.1", "::ffff:0:127.0.0.1", "64:ff9b::127.0.0.1",
+                      "2002:7f00:1::", "2002:7f00:1:1::5", "2001:0:808:808::80ff:fffe"]
+"""IPv6 addresses that carry the IPv4 loopback: IPv4-compatible, -mapped and -translated, NAT64's
+well-known prefix, 6to4, Teredo (client 127.0.0.1, obfuscated)."""
+
+
+@pytest.mark.parametrize("address", EMBEDDING_LOOPBACK)
+def test_an_ipv6_address_carrying_a_loopback_ipv4_is_judged_by_it(address):
+    """Issue 44 item 6: `[::127.0.0.1]`, `[::ffff:0:127.0.0.1]`, NAT64 and 6to4 forms were accepted
+    (Python calls them global). The IPv4 address inside is judged with the same allowances."""
+    why = refused_address(address)
+    assert why is not None and "127.0.0.1" in why and "loopback" in why, why
+    assert refused_address(address, allow_private=True) is None
+    from domain.errors import WebhookRefused
+    from tapeline.webhook_endpoints import checked_addresses
+    with pytest.raises(WebhookRefused, match="TAPELINE_NOTIFY_ALLOW"):  # the URL form, resolved for real
+        checked_addresses(f"http://[{address}]:8080/hook", Settings())
+
+
+@pytest.mark.parametrize("address", ["::10.1.2.3", "::ffff:0:192.168.1.1", "64:ff9b::169.254.169.254",
+                                     "2002:a9fe:a9fe::1", "2002:c0a8:101::", "64:ff9b::100.64.0.1"])
+def test_an_ipv6_address_carrying_a_private_ipv4_is_refused(address):
+    why = refused_address(address)
+    assert why is not None and "embeds" in why, why
+    assert refused_address(address, allow_loopback=True) is not None
+    assert refused_address(address, allow_private=True) is None
+
+
+def test_the_loopback_allowance_covers_the_translated_forms_of_loopback():
+    for address in ("::ffff:127.0.0.1", "::ffff:0:127.0.0.1", "64:ff9b::127.0.0.1", "::127.0.0.1", "::1"):
+        assert refused_address(address, allow_loopback=True) is None, address
+
+
+@pytest.mark.parametrize("address", ["64:ff9b::8.8.8.8", "::ffff:8.8.8.8", "2002:808:808::1"])
+def test_an_ipv6_address_carrying_a_global_ipv4_is_allowed(address):
+    assert refused_address(address) is None
+
+
+@pytest.mark.parametrize("address", ["64:ff9b:1::a00:1", "100::1", "::1:2:3:4:5"])
+def test_reserved_ipv6_ranges_are_refused(address):
+    """NAT64's local-use prefix (RFC 8215), discard-only and the rest of ::/8 are not global."""
+    assert refused_address(address) is not None
+
+
 @pytest.mark.parametrize("address", ["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946", "8.8.8.8"])
 def test_global_addresses_are_allowed(address):
     assert refused_address(address) is None
