@@ -75,7 +75,7 @@ def build_log() -> tuple[list, dict]:
                                             priority="standard"))  # a second copy
     # B: two failed attempts, dead-lettered, replayed by an operator (twice: the second is a
     # duplicate), then fails for good. The dead letter's copy on the DLQ topic is skipped.
-    dead = b.event(ev.JobDeadLettered, "transcode", 2, error_class="storage_transient", reason="out of attempts",
+    dead = b.event(ev.JobDeadLettered, "transcode", 2, "b2", error_class="storage_transient", reason="out of attempts",
                    attempts=2, evidence="fake.jobs/1")
     replayed = b.event(ev.JobReplayed, "transcode", 2, operator="ops", reason="S3 is back",
                        dead_letter_id=f"{b.job_id}/2")
@@ -170,7 +170,7 @@ def test_bulk_replay_equals_the_projector_row_for_row(isolated, log, live_batch,
                              f" count(*) FILTER (WHERE superseded) AS sup,"
                              f" count(*) FILTER (WHERE NOT applied) AS not_applied FROM {bulk}.lifecycle_evidence"
                              ).fetchone()
-        assert flags["dup"] == 2 and flags["sup"] == 2 and flags["not_applied"] == 6
+        assert (flags["dup"], flags["sup"], flags["not_applied"]) == (2, 2, 6)
         states = {r["job_id"]: r["state"] for r in conn.execute(f"SELECT job_id, state FROM {bulk}.job_state")}
         assert states == {jobs["a"].job_id: "completed", jobs["b"].job_id: "failed", jobs["c"].job_id: "rejected"}
         dead = {r["kind"]: r for r in conn.execute(f"SELECT * FROM {bulk}.dead_letters")}
