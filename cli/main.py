@@ -1,9 +1,11 @@
 """The `tapeline` command line. Every setting is also a `TAPELINE_*` environment variable.
 
 This module is the entry point (`python -m cli.main`, the `tapeline` console script: `main`) and
-builds `app`; the commands live in `run_command.py` (migrate, run, serve), `job_commands.py` (submit, status,
-stalled, timeline, demo), `operator_commands.py` (dlq, review, cancel), `region_commands.py` (region), `cli/history_commands.py` (replay, export)
-and `devstack/commands.py` (stack), and are registered here in the order `tapeline --help` lists them.
+builds `app`; the commands live beside it in `run_command.py` (migrate, run, serve),
+`job_commands.py` (submit, status, stalled, timeline, demo), `operator_commands.py` (dlq, review,
+cancel), `webhook_commands.py` (webhooks), `region_commands.py` (region) and `history_commands.py`
+(replay, export), and are registered here in the order `tapeline --help` lists them; plug-in
+groups (the dev stack's `stack`) come first, through `add_plugin_commands`.
 """
 
 from __future__ import annotations

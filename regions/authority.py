@@ -28,20 +28,13 @@ from domain import events as ev
 from domain.codec import default_codec
 from domain.errors import ServiceUnavailable
 from domain.regions import Authority, REGION_EVENT_KEY, authority, fence_reason
+from tapeline.kafka import bootstrap_listens
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.region")
 
 FENCED_EXIT_CODE = 3
 """`tapeline run` exits with this code when its region is fenced (the supervisor does not restart it)."""
-
-
-def _answers(settings: Settings) -> bool:
-    """Whether something accepts a TCP connection at one of the region's bootstrap addresses (a
-    port nobody listens on is refused at once: a region that is not there costs no wait)."""
-    from tapeline.home import host_port, port_open
-
-    return any(port_open(*host_port(a.strip(), 9092)) for a in settings.kafka_bootstrap_servers.split(","))
 
 
 def read_region_records(settings: Settings, timeout_s: float = 5.0) -> list[ev.RegionFailedOver] | None:
@@ -116,7 +109,7 @@ def read_regions(regions: dict[str, Settings], timeout_s: float = 5.0) -> Region
     records: dict[str, list[ev.RegionFailedOver]] = {}
     unreachable = []
     for name, settings in regions.items():
-        if not _answers(settings):
+        if not bootstrap_listens(settings):
             unreachable.append(name)
             continue
         try:

@@ -42,13 +42,7 @@ def _unread(target: Settings, progress: dict[tuple[str, int], int], scan_limit: 
     consumer = kafka_scan.committed_reader(target, "region-objects")
     found: list[tuple[NamedObject, datetime]] = []
     try:
-        todo: dict[tuple[str, int], tuple[int, int]] = {}
-        for topic in followed_topics(target):
-            for partition in range(kafka_scan.partitions(consumer, topic, timeout_s=timeout_s)):
-                low, high = kafka_scan.offsets(consumer, topic, partition, timeout_s)
-                start = max(low, progress.get((topic, partition), low))
-                if high > start:
-                    todo[(topic, partition)] = (start, high)
+        todo = kafka_scan.bounds(consumer, followed_topics(target), start_at=progress, timeout_s=timeout_s).ranges()
         if sum(high - start for start, high in todo.values()) > scan_limit:
             return found, False
         if not todo:

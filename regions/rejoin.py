@@ -213,13 +213,9 @@ def _named_in_log(settings: Settings, timeout_s: float = 120.0) -> dict[str, str
     consumer = kafka_scan.committed_reader(settings, "standby-read")
     named: dict[str, str | None] = {}
     try:
-        topics = kafka_scan.existing_topics(consumer, 10)
-        ranges = {}
-        for topic in (settings.jobs_topic, settings.uploads_topic):
-            for partition in range(topics.get(topic, 0)):
-                low, high = kafka_scan.offsets(consumer, topic, partition, 10)
-                if high > low:
-                    ranges[(topic, partition)] = (low, high)
+        existing = kafka_scan.existing_topics(consumer, 10)
+        ranges = kafka_scan.bounds(consumer, [t for t in (settings.jobs_topic, settings.uploads_topic) if t in existing]
+                                   ).ranges()
 
         def take(message: Any) -> bool:
             for obj in named_in(message)[1]:
@@ -273,16 +269,14 @@ def reset_log(standby: Settings, active: Settings, timeout_s: float = 60.0) -> t
     Returns (the topics deleted, the records copied). Raises StackError when a topic is not gone
     within `timeout_s` or cannot be created."""
     from regions.authority import read_region_records, write_region_record
-    from tapeline.kafka_topics import delete_app_groups, delete_named_topics, ensure_topics, topic_names
+    from tapeline.kafka_topics import delete_app_groups, delete_named_topics, ensure_topics
     from tapeline.home import StackError
     from regions.mirror import mirror_internal_topics, mirrored_topics
 
-    existing = topic_names(standby)
-    doomed = [t for t in mirrored_topics(standby) + mirror_internal_topics(active.region) if t in existing]
     for group, refused in delete_app_groups(standby).items():
         if refused is not None:  # a group with members (a processor left running elsewhere)
             log.warning("consumer group not deleted", group=group, error=refused)
-    delete_named_topics(standby, doomed, timeout_s)
+    doomed = delete_named_topics(standby, mirrored_topics(standby) + mirror_internal_topics(active.region), timeout_s)
     deadline = time.monotonic() + timeout_s
     while True:  # a topic deleted a moment ago may still be marked for deletion: TOPIC_ALREADY_EXISTS
         try:

@@ -441,10 +441,16 @@ def admin_client(settings: Settings, **extra: Any):
     return AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers, "socket.timeout.ms": 5000, **extra})
 
 
+def bootstrap_listens(settings: Settings) -> bool:
+    """Whether something accepts a TCP connection at one of the bootstrap addresses (a port nobody
+    listens on is refused at once: a cluster that is not there costs no wait)."""
+    return any(port_open(*host_port(a.strip(), 9092)) for a in settings.kafka_bootstrap_servers.split(","))
+
+
 def cluster_answers(settings: Settings, timeout_s: float = 3.0, brokers: int = 1) -> tuple[bool, str | None]:
     """True if the cluster at the bootstrap addresses serves metadata listing at least `brokers` brokers."""
-    addresses = [a.strip() for a in settings.kafka_bootstrap_servers.split(",")]
-    if not any(port_open(*host_port(a, 9092)) for a in addresses):
+    if not bootstrap_listens(settings):
+        addresses = [a.strip() for a in settings.kafka_bootstrap_servers.split(",")]
         return False, f"nothing listens on {', '.join(addresses)}"
     try:
         metadata = admin_client(settings).list_topics(timeout=timeout_s)

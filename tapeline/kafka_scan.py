@@ -45,6 +45,10 @@ class Bounds:
         """Offsets to read (an upper bound on records: transaction markers take offsets too)."""
         return sum(max(0, self.stop[p] - self.start[p]) for p in self.stop)
 
+    def ranges(self) -> dict[Position, tuple[int, int]]:
+        """{position: (start, stop)} of every partition with something to read (what `scan` takes)."""
+        return {p: (self.start[p], self.stop[p]) for p in self.stop if self.stop[p] > self.start[p]}
+
 
 def reader(settings: Settings, purpose: str, queue_kbytes: int = 256 * 1024) -> Consumer:
     """A read_committed consumer that is only ever assigned partitions and never commits.
@@ -76,29 +80,32 @@ def offset_at(consumer: Consumer, topic: str, partition: int, moment: datetime |
 
 
 def bounds(consumer: Consumer, topics: list[str], *, since: datetime | None = None, until: datetime | None = None,
-           start_at: dict[Position, int] | None = None, partitions: dict[str, list[int]] | None = None) -> Bounds:
+           start_at: dict[Position, int] | None = None, partitions: dict[str, list[int]] | None = None,
+           timeout_s: float = 10.0) -> Bounds:
     """Bounds of every partition of `topics`: from `start_at` (or `since`, or the log start) up to
     `until` (exclusive; a broker timestamp) or else the last stable offset as of this call.
-    Raises `ServiceUnavailable` when the broker does not answer an offset lookup."""
+    Raises `ServiceUnavailable` when the broker does not answer an offset lookup within `timeout_s`
+    seconds, or a topic is missing."""
     try:
-        return _bounds(consumer, topics, since, until, start_at, partitions)
+        return _bounds(consumer, topics, since, until, start_at, partitions, timeout_s)
     except KafkaException as exc:
         raise ServiceUnavailable(f"cannot read the offsets of {', '.join(topics)}: {exc}") from exc
 
 
 def _bounds(consumer: Consumer, topics: list[str], since: datetime | None, until: datetime | None,
-            start_at: dict[Position, int] | None, partitions: dict[str, list[int]] | None) -> Bounds:
+            start_at: dict[Position, int] | None, partitions: dict[str, list[int]] | None,
+            timeout_s: float) -> Bounds:
     result = Bounds()
     for topic in topics:
-        chosen = (partitions or {}).get(topic) or range(kafka.partition_count(consumer, topic))
+        chosen = (partitions or {}).get(topic) or range(kafka.partition_count(consumer, topic, timeout_s=timeout_s))
         for partition in chosen:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s, cached=False)
             if start_at and (topic, partition) in start_at:
                 start = start_at[(topic, partition)]
             else:
-                start = offset_at(consumer, topic, partition, since, high) if since else low
+                start = offset_at(consumer, topic, partition, since, high, timeout_s) if since else low
             start = max(low, start)
-            stop = min(high, offset_at(consumer, topic, partition, until, high))
+            stop = min(high, offset_at(consumer, topic, partition, until, high, timeout_s))
             result.start[(topic, partition)] = start
             result.stop[(topic, partition)] = max(start, stop)
     return result

@@ -8,6 +8,7 @@ one-node stack; 3 and 2 on a three-node one, as production).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from tapeline.home import StackError
 from tapeline.kafka import admin_client
@@ -31,27 +32,39 @@ time index assumes timestamps that only grow)."""
 
 
 
-def delete_named_topics(settings: Settings, names: list[str], timeout_s: float = 60.0) -> None:
-    """Delete the topics `names` of `settings`' cluster (missing ones count as deleted) and wait
-    until the cluster no longer lists them. Raises `StackError` when one is refused or not gone
+def delete_named_topics(settings: Settings, names: list[str], timeout_s: float = 60.0) -> list[str]:
+    """Delete those of the topics `names` that `settings`' cluster has and wait until it no longer
+    lists them; returns the ones it deleted. Raises `StackError` when one is refused or not gone
     within `timeout_s` seconds."""
-    from confluent_kafka import KafkaError, KafkaException
-
     admin = admin_client(settings)
     names = [name for name in names if name in set(admin.list_topics(timeout=10).topics)]
     if not names:
-        return
-    for topic, future in admin.delete_topics(names, operation_timeout=timeout_s).items():
-        try:
-            future.result(timeout=timeout_s)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
-                raise StackError(f"topic {topic} of region {settings.region} not deleted: {exc}") from exc
+        return []
+    for topic, error in _delete_each(admin, names, timeout_s).items():
+        raise StackError(f"topic {topic} of region {settings.region} not deleted: {error}")
     deadline = time.monotonic() + timeout_s
     while set(names) & set(admin.list_topics(timeout=10).topics):
         if time.monotonic() > deadline:
             raise StackError(f"region {settings.region}'s topics not gone within {timeout_s:g} s")
         time.sleep(0.5)
+    return names
+
+
+def _delete_each(admin: Any, names: list[str], timeout_s: float) -> dict[str, str]:
+    """Ask `admin` to delete `names`; {topic: why} of those it did not delete (a missing topic counts
+    as deleted; a timeout does not, though the broker may still delete it)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    failed = {}
+    for topic, future in admin.delete_topics(names, operation_timeout=timeout_s).items():
+        try:
+            future.result(timeout=timeout_s)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                failed[topic] = str(exc)
+        except Exception as exc:  # a timeout: the broker may still delete it
+            failed[topic] = f"{type(exc).__name__}: {exc}"
+    return failed
 
 
 def delete_app_groups(settings: Settings, timeout_s: float = 30.0) -> dict[str, str | None]:
@@ -74,28 +87,11 @@ def delete_app_groups(settings: Settings, timeout_s: float = 30.0) -> dict[str, 
     return outcome
 
 
-def topic_names(settings: Settings, timeout_s: float = 10.0) -> set[str]:
-    """The names of every topic `settings`' cluster has."""
-    return set(admin_client(settings).list_topics(timeout=timeout_s).topics)
-
-
 def delete_topics(settings: Settings, timeout_s: float = 30.0) -> list[str]:
     """Delete every topic of `settings.all_topics()` (tests and benchmarks with their own prefix clean
     up after themselves, so a long-lived local broker does not collect thousands of topics). Best
     effort: returns the topics that could not be deleted (missing ones count as deleted)."""
-    from confluent_kafka import KafkaError, KafkaException
-
-    admin = admin_client(settings)
-    failed = []
-    for topic, future in admin.delete_topics(list(settings.all_topics()), operation_timeout=timeout_s).items():
-        try:
-            future.result(timeout=timeout_s)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
-                failed.append(topic)
-        except Exception:  # a timeout: the broker may still delete it
-            failed.append(topic)
-    return failed
+    return list(_delete_each(admin_client(settings), list(settings.all_topics()), timeout_s))
 
 
 def ensure_topics(settings: Settings, timeout_s: float = TOPICS_TIMEOUT_S) -> None:

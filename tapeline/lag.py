@@ -116,11 +116,8 @@ def _measure(settings: Settings, conn: psycopg.Connection, consumer: Any, projec
     stored = {(r["topic"], r["partition"]): r["next_offset"] for r in _rows(conn, projection)}
     wanted = list(dict.fromkeys((topics or [settings.jobs_topic, settings.uploads_topic, settings.dlq_topic]) +
                                 sorted({topic for topic, _ in stored})))
-    ends: dict[tuple[str, int], tuple[int, int]] = {}  # (topic, partition) -> (stored or log start, LSO)
-    for topic in wanted:
-        for partition in range(kafka_scan.partitions(consumer, topic)):
-            low, high = kafka_scan.offsets(consumer, topic, partition, timeout_s)
-            ends[(topic, partition)] = (max(low, stored.get((topic, partition), low)), high)
+    span = kafka_scan.bounds(consumer, wanted, start_at=stored, timeout_s=timeout_s)  # stored (or log start) to LSO
+    ends = {position: (span.start[position], span.stop[position]) for position in span.stop}
     behind = {tp: (start, end) for tp, (start, end) in ends.items() if end > start}
     counts, oldest, full = _scan(consumer, behind, scan_limit, timeout_s)
     moment = now or datetime.now(timezone.utc)
