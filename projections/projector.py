@@ -80,7 +80,8 @@ def apply_batch(conn: psycopg.Connection, messages: list[LogRecord], projection:
 
 OTHER_CLUSTER = "this database's projections were built from another Kafka cluster; refusing to mix them"
 OTHER_CLUSTER_FIX = ("rebuild: `tapeline replay --into fresh` then `--swap fresh`, or point TAPELINE_DATABASE_URL "
-                     "at a new database (locally: `runuser -u postgres -- dropdb tapeline`, then `make demo`)")
+                     "at a new database (locally: `tapeline run --stop` so no processor holds the database, "
+                     "`runuser -u postgres -- dropdb tapeline`, then `make demo`)")
 
 
 def other_cluster(conn: psycopg.Connection, cluster_id: str, projection: str = "main") -> str | None:
