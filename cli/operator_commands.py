@@ -38,7 +38,7 @@ def _letter_attempts(row: dict[str, Any]) -> str:
 
 @dlq_app.command("list")
 def dlq_list(reason: Optional[str] = typer.Option(None, "--reason", help="Only this error class (e.g. worker_lost)"),
-             pending: bool = typer.Option(False, "--pending", help="Hide dead letters already replayed"),
+             pending: bool = typer.Option(False, "--pending", help="Hide dead letters already replayed or dismissed"),
              limit: int = typer.Option(1000, "--limit", help="At most this many, newest first"),
              as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
     """List dead letters, newest first: id, kind (job | record | projection), job, error class, why."""
@@ -53,16 +53,16 @@ def dlq_list(reason: Optional[str] = typer.Option(None, "--reason", help="Only t
         out.print_json(json.dumps([_letter_json(r) for r in rows]))
         return
     if not rows:
-        out.print(("no pending dead letters (replayed or failed ones are hidden by --pending)" if pending
+        out.print(("no pending dead letters (replayed, failed or dismissed ones are hidden by --pending)" if pending
                    else "no dead letters") + (f" with reason {reason}" if reason else ""))
         return
-    table = Table("kind", "stage", "class", "attempts", "when (UTC)", "replayed", "error")
+    table = Table("kind", "stage", "class", "attempts", "when (UTC)", "replayed / dismissed", "error")
     # The id is what `dlq show` and `dlq replay` take: never shortened, whatever the terminal's width.
     table.columns.insert(0, Column("id (job/attempt)", no_wrap=True, overflow="ignore", min_width=40))
     for r in rows:
         table.add_row(r["id"], r["kind"], r["stage"] or "-", r["error_class"] or "-", _letter_attempts(r),
                       r["broker_ts"].strftime("%Y-%m-%d %H:%M:%S") if r["broker_ts"] else "-",
-                      escape(f"by {r['replayed_by']}: {(r['replay_reason'] or '')[:60]}") if r["replayed_at"] else "no",
+                      _handled(r),
                       escape((r["error"] or "")[:80]))
     out.print(table)
 
@@ -85,7 +85,8 @@ def dlq_show(dead_letter_id: str = typer.Argument(..., help="Dead letter id from
         out.print_json(json.dumps(data))
         return
     for name in ("id", "kind", "job_id", "stage", "attempt", "error_class", "attempts", "error", "topic", "partition",
-                 "offset", "broker_ts", "evidence", "seen_by", "replayed_at", "replayed_by", "replay_reason"):
+                 "offset", "broker_ts", "evidence", "seen_by", "replayed_at", "replayed_by", "replay_reason",
+                 "dismissed_at", "dismissed_by", "dismiss_reason"):
         out.print(f"{name:>14}: {escape(str(data.get(name)))}", highlight=False)
     if row.get("value") is not None:
         value = bytes(row["value"])
@@ -117,6 +118,15 @@ def dlq_replay(dead_letter_id: Optional[str] = typer.Argument(None, help="Dead l
         out.print("nothing to replay")
     for o in outcomes:
         out.print(f"{o.dead_letter_id}: {'replayed, ' if o.replayed else 'skipped, '}{o.detail}", highlight=False)
+
+
+def _handled(letter: dict) -> str:
+    """The "replayed" column of `dlq list`: by whom and why it was replayed or dismissed, else "no"."""
+    if letter["replayed_at"]:
+        return escape(f"by {letter['replayed_by']}: {(letter['replay_reason'] or '')[:60]}")
+    if letter.get("dismissed_at"):
+        return escape(f"dismissed by {letter['dismissed_by']}: {(letter['dismiss_reason'] or '')[:60]}")
+    return "no"
 
 
 def _chosen_dead_letters(settings, dead_letter_id: str | None, every: bool, reason: str | None) -> list[str]:
@@ -161,6 +171,30 @@ def dlq_fail(dead_letter_id: Optional[str] = typer.Argument(None, help="Dead let
         out.print("nothing to fail")
     for o in outcomes:
         out.print(f"{o.dead_letter_id}: {'failed, ' if o.failed else 'unchanged, '}{o.detail}", highlight=False)
+
+
+@dlq_app.command("dismiss")
+def dlq_dismiss(dead_letter_id: str = typer.Argument(..., help="Dead letter id of an undecodable record"),
+                why: str = typer.Option(..., "--why", "-m", help="Why (recorded in DeadLetterDismissed)"),
+                operator: Optional[str] = typer.Option(None, "--operator", help="Who dismisses it (default user@host)"),
+                as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+    """Close the dead letter of an undecodable record (nothing to replay or fail): a
+    `DeadLetterDismissed` with who and why; the record and its position stay (`dlq show`), it leaves
+    the pending list and the dead-letter alert. A job's dead letter is refused (replay or fail it).
+    Idempotent: one already dismissed is left alone and the answer says by whom."""
+    from processors.operator import default_operator
+    from cli.wiring import OperatorService
+
+    settings = load_settings()
+    try:
+        outcomes = OperatorService(settings).dismiss_dead_letters([dead_letter_id], operator or default_operator(), why)
+    except TapelineError as exc:
+        fail(exc, 2 if isinstance(exc, NoSuchDeadLetter) else 1)
+    if as_json:
+        out.print_json(json.dumps([vars(o) for o in outcomes]))
+        return
+    for o in outcomes:
+        out.print(f"{o.dead_letter_id}: {'dismissed, ' if o.dismissed else 'unchanged, '}{o.detail}", highlight=False)
 
 
 review_app = typer.Typer(help="Jobs in needs_review: a publish that could not be proven safe.", no_args_is_help=True)

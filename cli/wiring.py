@@ -58,6 +58,12 @@ class OperatorService:
 
         return fail_dead_letters(self.settings, list(ids), operator, reason, refund, adapters=self.adapters())
 
+    def dismiss_dead_letters(self, ids: Sequence[str], operator: str, reason: str) -> list:
+        """`processors.operator.dismiss_dead_letters`."""
+        from processors.operator import dismiss_dead_letters
+
+        return dismiss_dead_letters(self.settings, list(ids), operator, reason, adapters=self.adapters())
+
     def cancel_job(self, job_id: str, operator: str, reason: str) -> str:
         """`processors.operator.cancel_job`."""
         from processors.operator import cancel_job

@@ -500,6 +500,19 @@ class DeadLetter(Event):
 
 
 
+class DeadLetterDismissed(Event):
+    """An operator closed a dead letter that has nothing to replay or fail: an undecodable record
+    (`DeadLetter`, kind record or projection) whose producer was fixed or whose bytes were inspected.
+    On the dead-letter topic, like the `DeadLetter` it closes; its envelope job id is the dead
+    letter's id (the record's source position), stage "operator", attempt 0. The dead letter stays
+    (its raw record and position), marked dismissed, and no longer counts as pending (nor in the
+    dead-letter alert). Issue 44 item 6."""
+
+    dead_letter_id: str
+    operator: str
+    reason: str
+
+
 class NotificationIntended(Event):
     """The notifier will notify endpoint `endpoint_id` of one lifecycle event of the job
     (processors/notify.py); `delivery_id` is the `webhook-id` of every POST of it."""

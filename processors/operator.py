@@ -1,5 +1,6 @@
 """Operator actions: replay a dead-lettered job with a fresh attempt budget, fail one for good
-(optionally crediting the submitter's quota back), resolve a job in needs_review, cancel a job.
+(optionally crediting the submitter's quota back), dismiss the dead letter of an undecodable record,
+resolve a job in needs_review, cancel a job.
 
 Each action is a pure `*_events(row, ...)` core (`processors/operator_events.py`) and an impure
 runner here that reads the job's row from a
@@ -32,8 +33,10 @@ from typing import Any, Callable
 
 import structlog
 
-from processors.operator_events import cancel_events, done_by, fail_events, replay_events, resolve_review_events
+from processors.operator_events import (cancel_events, dismiss_events, done_by, fail_events, replay_events,
+                                        resolve_review_events)
 from processors.runtime import Runtime, transact
+from tapeline.partitioner import partition_for
 from tapeline.rows import letter_attempts
 from domain.errors import NoSuchDeadLetter, NoSuchJob, NotCancellable, NotReplayable
 from tapeline.settings import Settings
@@ -316,3 +319,71 @@ def _fail_one(settings: Settings, runtime: Runtime, letter: dict[str, Any], oper
              refunded=refund)
     return FailOutcome(letter["id"], job_id, True, refund,
                        "failed for good" + ("; the submitter's quota is credited back" if refund else ""))
+
+
+@dataclass(frozen=True)
+class DismissOutcome:
+    """What `dismiss_dead_letters` did with one dead letter: `dismissed` now or not, with a sentence
+    saying what or why not."""
+
+    dead_letter_id: str
+    dismissed: bool
+    detail: str
+
+
+def dismiss_dead_letters(settings: Settings, ids: list[str], operator: str, reason: str, *,
+                         adapters: ActionAdapters) -> list[DismissOutcome]:
+    """Dismiss each dead letter of an undecodable record in `ids` (`dismiss_events`): a
+    `DeadLetterDismissed` on the dead-letter topic, one Kafka transaction per dead letter on
+    `<app>.operator.<dead letter id>`, opened before the caught-up read of the dead letter (as for a
+    job: two racing dismissals write one event). The raw record stays; the dead letter stops being
+    pending. Idempotent: one already dismissed is left alone and the outcome says by whom.
+
+    Raises `NoSuchDeadLetter` for an unknown id and `NotReplayable` for a job's dead letter (replay
+    or fail it instead), before anything is produced; `ServiceUnavailable` when the projection does
+    not catch up within `caught_up_timeout_s` seconds."""
+    runtime = Runtime(settings, "operator", events=adapters.events, jobs=adapters.jobs)
+    outcomes: list[DismissOutcome] = []
+    try:
+        letters = []
+        for dead_letter_id in ids:
+            letter = _dead_letter(runtime.jobs, dead_letter_id)
+            if letter is None:
+                raise NoSuchDeadLetter(f"no dead letter {dead_letter_id!r} (see `tapeline dlq list`)")
+            if letter["kind"] == "job":
+                raise NotReplayable(f"dead letter {dead_letter_id} is job {letter['job_id']}'s: replay it or fail it "
+                                    f"for good (`tapeline dlq replay` / `tapeline dlq fail`); only an undecodable "
+                                    f"record's dead letter is dismissed")
+            letters.append(letter)
+        for letter in letters:
+            outcomes.append(_dismiss_one(settings, runtime, letter, operator, reason, adapters.clock))
+    finally:
+        runtime.close()
+    return outcomes
+
+
+def _dismiss_one(settings: Settings, runtime: Runtime, letter: dict[str, Any], operator: str, reason: str,
+                 clock: Clock) -> DismissOutcome:
+    dead_letter_id = letter["id"]
+    producer = runtime.events.transactional_producer(operator_transactional_id(settings, dead_letter_id))  # fences
+    fenced = False
+    try:
+        partition = partition_for(dead_letter_id, runtime.partitions(settings.dlq_topic))
+        runtime.wait_caught_up(partition, settings.caught_up_timeout_s, topic=settings.dlq_topic)
+        letter = _dead_letter(runtime.jobs, dead_letter_id) or letter
+        delay_point("operator.after_read")
+        outgoing = dismiss_events(letter, operator, reason, settings, runtime.recorded_by, clock=clock)
+        if not outgoing:
+            return DismissOutcome(dead_letter_id, False, f"already dismissed by {letter['dismissed_by']} at "
+                                                         f"{letter['dismissed_at']:%Y-%m-%d %H:%M:%S} UTC")
+        try:
+            transact(producer, lambda: runtime.produce(producer, outgoing), name="operator.dismiss")
+        except Fenced:
+            fenced = True
+            return DismissOutcome(dead_letter_id, False, "another operator dismissed it at the same moment; this "
+                                                         "action wrote nothing (see `tapeline dlq show`)")
+    finally:
+        if not fenced:
+            producer.flush(5)
+    log.info("dead letter dismissed", dead_letter_id=dead_letter_id, operator=operator)
+    return DismissOutcome(dead_letter_id, True, f"dismissed: {reason}")

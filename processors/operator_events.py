@@ -122,3 +122,20 @@ def fail_events(row: dict[str, Any] | None, dead_letter_id: str, operator: str, 
                               operator=operator, dead_letter_id=dead_letter_id, refunded=refund,
                               causation_id=replayed.event_id, **common)
     return [(settings.jobs_topic, replayed), (settings.jobs_topic, failed)]
+
+
+def dismiss_events(letter: dict[str, Any] | None, operator: str, reason: str, settings: Settings, recorded_by: str,
+                   *, clock: Clock) -> list[Outgoing]:
+    """The event that closes a dead letter of an undecodable record (kind `record` or `projection`),
+    stamped by `clock`. Pure.
+
+    A `DeadLetterDismissed` on the dead-letter topic whose envelope job id is the dead letter's id
+    (as its `DeadLetter`'s: the record's source position), stage "operator", attempt 0; its dedup key
+    is therefore one per dead letter. Returns [] for no letter, a job's dead letter (replay or fail
+    it: the job needs an ending) and one already dismissed."""
+    if letter is None or letter["kind"] == "job" or letter.get("dismissed_at") is not None:
+        return []
+    dismissed = ev.DeadLetterDismissed.new(clock.stamp(), job_id=letter["id"], stage="operator", attempt=0,
+                                           recorded_by=recorded_by, correlation_id=letter["id"],
+                                           dead_letter_id=letter["id"], operator=operator, reason=reason)
+    return [(settings.dlq_topic, dismissed)]

@@ -70,13 +70,13 @@ class Runtime:
         producer.produce(topic, key=event.job_id.encode(), value=self.codec.encode(event.to_record()),
                          partition=partition, on_delivery=self._delivered)
 
-    def wait_caught_up(self, partition: int, timeout_s: float) -> None:
-        """Wait until the projection has applied the lifecycle log's `partition` up to its LSO and past
-        this process's own writes there. Raises `ServiceUnavailable` after `timeout_s` seconds, or as
-        soon as the processor's stop event is set."""
-        jobs = self.settings.jobs_topic
-        target = max(self.written.get((jobs, partition), -1) + 1, self.events.last_stable_offset(jobs, partition))
-        self.jobs.wait_applied(jobs, partition, target, timeout_s, stop=self.stop)
+    def wait_caught_up(self, partition: int, timeout_s: float, topic: str | None = None) -> None:
+        """Wait until the projection has applied `partition` of `topic` (default: the lifecycle log) up
+        to its LSO and past this process's own writes there. Raises `ServiceUnavailable` after
+        `timeout_s` seconds, or as soon as the processor's stop event is set."""
+        topic = topic or self.settings.jobs_topic
+        target = max(self.written.get((topic, partition), -1) + 1, self.events.last_stable_offset(topic, partition))
+        self.jobs.wait_applied(topic, partition, target, timeout_s, stop=self.stop)
 
     def _delivered(self, topic: str, partition: int, offset: int) -> None:
         """A record this process wrote was stored at `topic[partition]` `offset`."""

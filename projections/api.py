@@ -187,7 +187,7 @@ class ApiMetrics:
                                  labels=["state", "stage"])
         stalls = GaugeMetricFamily("tapeline_stalls", "Stalled attempts, handoffs, missing work, waiting "
                                    "retries and jobs in needs_review, by kind (projection)", labels=["kind"])
-        letters = GaugeMetricFamily("tapeline_dead_letters_pending", "Dead letters not yet replayed (projection)")
+        letters = GaugeMetricFamily("tapeline_dead_letters_pending", "Dead letters neither replayed nor dismissed (projection)")
         breakers = GaugeMetricFamily("tapeline_provider_breaker_open", "1 while a publish provider's circuit breaker "
                                      "is open or half-open, 0 when closed (projection)", labels=["provider", "state"])
         try:

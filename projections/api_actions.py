@@ -1,5 +1,5 @@
-"""Operator actions (`projections/api.py` includes `router`): replay a dead letter, cancel a job,
-resolve a review, as JSON endpoints under `/api` (bearer admin token, `api_deps.require_admin`) and
+"""Operator actions (`projections/api.py` includes `router`): replay a dead letter, fail one for good,
+dismiss an undecodable record's, cancel a job, resolve a review, as JSON endpoints under `/api` (bearer admin token, `api_deps.require_admin`) and
 as the dashboard's form posts under `/ui` (a token field). They call the app's `OperatorActions`
 port (`projections/web_ports.py`): they emit events and never write a projection."""
 
@@ -12,10 +12,10 @@ import structlog
 from fastapi import APIRouter, Depends, Form, HTTPException, Request
 from fastapi.responses import RedirectResponse, Response
 
-from domain.errors import NotCancellable, NotReplayable, TapelineError
+from domain.errors import NoSuchDeadLetter, NotCancellable, NotReplayable, TapelineError
 from projections.api_deps import Web, client_of, job_or_404, page, require_admin, token_ok, web
 from projections.api_models import (ACTIONS, ID_MAX, NUL_FREE, OPERATOR_MAX, TOKEN_MAX, WHY_MAX, Action, ActionResult,
-                                    FailRequest, ReplayRequest, ResolveRequest)
+                                    DismissRequest, FailRequest, ReplayRequest, ResolveRequest)
 from projections.web_ports import OperatorActions
 from tapeline import read
 
@@ -60,6 +60,20 @@ def do_fail(context: Web, dead_letter_id: str, operator: str, why: str, refund: 
     [outcome] = wired(context).fail_dead_letters([dead_letter_id], operator, why, refund)
     _record(context, "fail", outcome.failed, job_id=outcome.job_id, operator=operator, client=client, refund=refund)
     return ActionResult(action="fail", job_id=outcome.job_id, done=outcome.failed, detail=outcome.detail)
+
+
+def do_dismiss(context: Web, dead_letter_id: str, operator: str, why: str, client: str) -> ActionResult:
+    """Dismiss one undecodable record's dead letter (`DeadLetterDismissed`). Raises HTTPException 404
+    for an unknown id, 409 for a job's dead letter (replay or fail it), 503 without operator actions;
+    `done` is false (and `detail` says by whom) when it was already dismissed."""
+    try:
+        [outcome] = wired(context).dismiss_dead_letters([dead_letter_id], operator, why)
+    except NoSuchDeadLetter as exc:
+        raise HTTPException(404, str(exc)) from exc
+    except NotReplayable as exc:
+        raise HTTPException(409, str(exc)) from exc
+    _record(context, "dismiss", outcome.dismissed, dead_letter_id=dead_letter_id, operator=operator, client=client)
+    return ActionResult(action="dismiss", job_id=None, done=outcome.dismissed, detail=outcome.detail)
 
 
 def do_cancel(context: Web, job_id: str, operator: str, why: str, client: str) -> ActionResult:
@@ -116,6 +130,16 @@ def fail_letter(body: FailRequest, request: Request, context: Web = Depends(web)
     `done` is false when it was already failed. 401 without the token, 404 for an unknown id, 409 for
     an undecodable-record dead letter."""
     return do_fail(context, body.dead_letter_id, body.operator, body.why, body.refund, client_of(request))
+
+
+@router.post("/api/dead-letters/dismiss", tags=["actions"], response_model=ActionResult, responses=ACTIONS,
+             dependencies=[Depends(require_admin)])
+def dismiss_letter(body: DismissRequest, request: Request, context: Web = Depends(web)) -> ActionResult:
+    """Close an undecodable record's dead letter, which has no job to replay or fail
+    (`DeadLetterDismissed` with operator and reason, on the dead-letter topic): it leaves the pending
+    list and the dead-letter alert; its record stays readable. Idempotent: `done` is false when it
+    was already dismissed. 401 without the token, 404 for an unknown id, 409 for a job's dead letter."""
+    return do_dismiss(context, body.dead_letter_id, body.operator, body.why, client_of(request))
 
 
 @router.post("/api/jobs/{job_id}/cancel", tags=["actions"], response_model=ActionResult, responses=ACTIONS,
@@ -191,6 +215,17 @@ def fail_form(request: Request, dead_letter_id: str = Form(..., max_length=ID_MA
     return form_action(request, context, "fail", token, "/dead-letters",
                        lambda: do_fail(context, dead_letter_id.strip(), operator, why, bool(refund),
                                        client_of(request)))
+
+
+@router.post("/ui/dead-letters/dismiss", include_in_schema=False)
+def dismiss_form(request: Request, dead_letter_id: str = Form(..., max_length=ID_MAX, pattern=NUL_FREE),
+                 token: str = Form("", max_length=TOKEN_MAX, pattern=NUL_FREE),
+                 operator: str = Form(..., min_length=1, max_length=OPERATOR_MAX, pattern=NUL_FREE),
+                 why: str = Form(..., min_length=1, max_length=WHY_MAX, pattern=NUL_FREE),
+                 context: Web = Depends(web)) -> Response:
+    """The dashboard's "Dismiss" (the dead-letter view's form, for undecodable records)."""
+    return form_action(request, context, "dismiss", token, "/dead-letters",
+                       lambda: do_dismiss(context, dead_letter_id.strip(), operator, why, client_of(request)))
 
 
 @router.post("/ui/jobs/{job_id}/cancel", include_in_schema=False)

@@ -177,6 +177,11 @@ class FailRequest(Action):
     refund: bool = Field(False, description="Credit the submitter's daily quota back (once)")
 
 
+class DismissRequest(Action):
+    dead_letter_id: str = Field(..., min_length=1, max_length=ID_MAX, pattern=NUL_FREE,
+                                description="Id of an undecodable record's dead letter, e.g. TOPIC/PARTITION/OFFSET")
+
+
 class ResolveRequest(Action):
     posted_ref: str | None = Field(None, max_length=ID_MAX, pattern=NUL_FREE, description="The provider's id of the post you found: record it, "
                                                      "complete the job, post nothing")
@@ -193,7 +198,7 @@ class ResolveRequest(Action):
 class ActionResult(BaseModel):
     """What an action did: `done` false when it changed nothing (already replayed, ...)."""
 
-    action: Literal["replay", "fail", "resolve_review", "cancel"]
+    action: Literal["replay", "fail", "dismiss", "resolve_review", "cancel"]
     job_id: str | None
     done: bool
     detail: str

@@ -9,16 +9,32 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
 from domain.errors import TapelineError
-from projections.api_deps import Web, db, job_or_404, web
+from domain.policy.disclosure import public_dead_letter, public_view
+from projections.api_deps import Web, bearer, db, job_or_404, token_ok, web
 from projections.api_models import (ONE, PG_BIGINT_MAX, READS, STATES, JobDetail, JobPage, Priority, Stage, State,
                                     answers, as_utc, event_json, job_json, letter_json, plain)
 from projections.provider_status import provider_overview
 from tapeline import read
 
 router = APIRouter()
+
+WITHHELD = (" Without the admin token (`Authorization: Bearer`) fencing tokens and the sha256 and size of "
+            "objects that are not public are null (`domain/policy/disclosure.py`).")
+"""What every job read's description adds: the rule of `public_view`, in the API's own documentation."""
+
+
+def admin(request: Request) -> bool:
+    """True when the request carries the admin token (`Authorization: Bearer <TAPELINE_ADMIN_TOKEN>`):
+    its reads answer in full, every other caller gets `public_view`. Never refuses: reads stay open."""
+    return token_ok(web(request).settings, bearer(request))
+
+
+def shown(request: Request, answer: Any) -> Any:
+    """`answer` as this caller may see it: whole for the admin token, else its `public_view`."""
+    return answer if admin(request) else public_view(answer)
 
 
 @router.get("/api/jobs", tags=["jobs"], response_model=JobPage, responses=READS)
@@ -36,48 +52,53 @@ def list_jobs(state_: State | None = Query(None, alias="state", description="Onl
     return JobPage(jobs=[job_json(r) for r in rows], total=total, limit=limit, offset=offset)
 
 
-@router.get("/api/jobs/{job_id}", tags=["jobs"], response_model=JobDetail, responses=ONE)
-def get_job(job_id: str, conn: psycopg.Connection = Depends(db)) -> JobDetail:
+@router.get("/api/jobs/{job_id}", tags=["jobs"], response_model=JobDetail, responses=ONE,
+            description="One job with its attempts, stage durations and checkpoints; 404 for an unknown job." + WITHHELD)
+def get_job(job_id: str, request: Request, conn: psycopg.Connection = Depends(db)) -> JobDetail:
     """One job with its attempts, stage durations and checkpoints; 404 for an unknown job."""
     row = job_or_404(conn, job_id)
     source = read.job_source(conn, job_id)
     return JobDetail(job=job_json(row), attempts=read.attempt_history(conn, job_id),
                      stage_durations=[plain(r) for r in read.stage_durations(conn, job_id)],
-                     checkpoints=read.checkpoints(conn, job_id), source=source,
+                     checkpoints=shown(request, read.checkpoints(conn, job_id)), source=source,
                      diagnosis=read.job_diagnosis(conn, row, source))
 
 
-@router.get("/api/jobs/{job_id}/timeline", tags=["jobs"], responses=ONE)
-def get_timeline(job_id: str, conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
+@router.get("/api/jobs/{job_id}/timeline", tags=["jobs"], responses=ONE,
+            description="Every event of the job in log order (applied, superseded and duplicate copies, with "
+                        "flags)." + WITHHELD)
+def get_timeline(job_id: str, request: Request, conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
     """Every event of the job in log order (applied, superseded and duplicate copies, with flags)."""
     rows = read.timeline(conn, job_id)
     if not rows:
         job_or_404(conn, job_id)
-    return [event_json(r) for r in rows]
+    return shown(request, [event_json(r) for r in rows])
 
 
 @router.get("/api/jobs/{job_id}/progress", tags=["jobs"], responses=ONE)
-def get_progress(job_id: str, conn: psycopg.Connection = Depends(db)) -> dict[str, Any]:
+def get_progress(job_id: str, request: Request, conn: psycopg.Connection = Depends(db)) -> dict[str, Any]:
     """Heartbeat progress per attempt (`read.progress_series`) and the source's duration in
     seconds of media (the 100 % line of the chart)."""
     row = job_or_404(conn, job_id)
-    return {"job_id": job_id, "state": row["state"], "source_duration_s": row["source_duration_s"],
-            "series": read.progress_series(conn, job_id)}
+    return shown(request, {"job_id": job_id, "state": row["state"], "source_duration_s": row["source_duration_s"],
+                           "series": read.progress_series(conn, job_id)})
 
 
-@router.get("/api/jobs/{job_id}/checkpoints", tags=["jobs"], responses=ONE)
-def get_checkpoints(job_id: str, conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
+@router.get("/api/jobs/{job_id}/checkpoints", tags=["jobs"], responses=ONE,
+            description="The job's `CheckpointRecorded` evidence (empty until checkpointed transcoding writes "
+                        "it)." + WITHHELD)
+def get_checkpoints(job_id: str, request: Request, conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
     """The job's `CheckpointRecorded` evidence (empty until checkpointed transcoding writes it)."""
     job_or_404(conn, job_id)
-    return read.checkpoints(conn, job_id)
+    return shown(request, read.checkpoints(conn, job_id))
 
 
 @router.get("/api/stalled", tags=["operations"], responses=answers(503))
-def get_stalled(conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
+def get_stalled(request: Request, conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
     """Stalled attempts (lease_expired, no_progress, worker_exited), stalled handoffs, expected work
     missing, retries and hand-overs still waiting (`waiting`) and jobs in needs_review, each with
     `kind` and `since_s` (seconds; log clock, wall clock for reviews)."""
-    return read.stalls(conn)
+    return shown(request, read.stalls(conn))
 
 
 @router.get("/api/dead-letters", tags=["operations"], responses=READS)
@@ -90,13 +111,18 @@ def get_dead_letters(reason: str | None = Query(None, description="Only this err
     return [letter_json(r) for r in read.dead_letters(conn, reason=reason, pending=pending, limit=limit)]
 
 
-@router.get("/api/dead-letters/{dead_letter_id:path}", tags=["operations"], responses=ONE)
-def get_dead_letter(dead_letter_id: str, conn: psycopg.Connection = Depends(db)) -> dict[str, Any]:
-    """One dead letter with its raw key and value (base64); 404 for an unknown id."""
+@router.get("/api/dead-letters/{dead_letter_id:path}", tags=["operations"], responses=ONE,
+            description="One dead letter; with the admin token (`Authorization: Bearer`) its raw key and value "
+                        "(base64) and headers, without it those are null (`domain/policy/disclosure.py`); 404 for "
+                        "an unknown id.")
+def get_dead_letter(dead_letter_id: str, request: Request, conn: psycopg.Connection = Depends(db)) -> dict[str, Any]:
+    """One dead letter; its raw key, value (base64) and headers for the admin token only; 404 for an
+    unknown id."""
     row = read.dead_letter(conn, dead_letter_id)
     if row is None:
         raise HTTPException(404, f"no dead letter {dead_letter_id!r}")
-    return letter_json(row, raw=True)
+    letter = letter_json(row, raw=True)
+    return letter if admin(request) else public_dead_letter(letter)
 
 
 @router.get("/api/review", tags=["operations"], responses=answers(503))

@@ -221,8 +221,7 @@ class BulkReplay:
                 for dead, replays in pending_dead:
                     if dead:
                         cur.executemany(q("upsert_dead_letter"), dead)
-                    if replays:
-                        cur.executemany(q("mark_dead_letter_replayed"), replays)
+                    writes.mark_dead_letters(cur, replays)
         self._add("write_final_rows", time.perf_counter() - closed)
 
     def abort(self, exc: BaseException | None = None) -> None:

@@ -60,8 +60,10 @@ def decode_batch(messages: list[LogRecord], result: BatchResult,
 class Folded:
     """What step 3 produced for one batch, for step 4 to write.
 
-    `evidence`: rows in `lifecycle.EVIDENCE_COLUMNS` order; `uploads`, `dead`, `replays`: parameters of
-    `upsert_upload`, `upsert_dead_letter` and `mark_dead_letter_replayed`, in log order; `new_keys`:
+    `evidence`: rows in `lifecycle.EVIDENCE_COLUMNS` order; `uploads`, `dead`: parameters of
+    `upsert_upload` and `upsert_dead_letter`, in log order; `replays`: the marks of dead letters
+    (`writes.mark_dead_letters`: a `JobReplayed`'s, and a `DeadLetterDismissed`'s with `mark`
+    "dismissed"), in log order; `new_keys`:
     dedup keys applied by this batch; `changed`: job ids whose row in `rows` changed; `clock`: the
     latest broker time seen per partition of the clock topic.
     """
@@ -122,6 +124,9 @@ def fold_batch(decoded: list[Decoded], rows: dict[str, dict[str, Any]], seen: "s
                     event.processor, key=event.key, value=event.value, headers=list(event.headers.items()),
                     error_class=event.error_class, stage=event.stage, evidence=f"{topic}/{partition}/{offset}"))
                 result.dead_letters += 1
+            elif isinstance(event, ev.DeadLetterDismissed):
+                out.replays.append({"id": event.dead_letter_id, "broker_ts": ts, "operator": event.operator,
+                                    "reason": event.reason, "mark": "dismissed"})
             continue
         if isinstance(event, ev.UploadCompleted):
             out.uploads.append({"upload_id": event.upload_id, "job_id": event.job_id, "filename": event.filename,

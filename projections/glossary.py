@@ -82,6 +82,7 @@ EVENTS: dict[str, str] = {
     "JobCancelled": "an operator cancelled the job",
     "JobReplayed": "an operator reopened a dead-lettered or reviewed job with a fresh attempt budget",
     "DeadLetter": "a record that could not be processed, kept raw with its source position and reason",
+    "DeadLetterDismissed": "an operator closed an undecodable record's dead letter (nothing to replay or fail); the record stays",
     "NotificationIntended": "the notifier will send one signed webhook of this event to one customer endpoint",
     "NotificationDelivered": "the customer's endpoint answered 2xx; this notification is never sent again",
     "NotificationFailed": "one webhook POST failed (status, timeout or refused address); retried on a schedule",
@@ -157,12 +158,13 @@ TERMS: dict[str, str] = {
     "id": "the dead letter's id (tapeline dlq show ID)",
     "when (UTC)": "broker time the dead letter was written",
     "error": "the error that dead-lettered the job or record",
-    "replayed": "whether an operator replayed it, by whom and why",
+    "replayed / dismissed": "whether an operator replayed (a job) or dismissed (an undecodable record) it, by "
+                            "whom and why",
     "jobs": "how many jobs",
     "stalled": "stopped moving: an attempt whose lease ran out, whose progress froze or whose worker exited "
                "(a retry follows if the budget allows); on the overview, how many attempts, handoffs and uploads "
                "stopped moving and jobs wait for review",
-    "dead letters pending": "dead letters no operator has replayed yet",
+    "dead letters pending": "dead letters no operator has replayed, failed or dismissed yet",
     "projection lag": "events in the log the PostgreSQL projections have not applied yet, and how old the "
                       "oldest is",
     "filename": "the name the submitter gave the upload",

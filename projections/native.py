@@ -157,7 +157,7 @@ class NativeFoldState:
         replays: list[dict[str, Any]] = []
         for kind, data in dead:
             if kind == "delegate":
-                self._delegate(messages[data], dead_letters, result)
+                self._delegate(messages[data], dead_letters, replays, result)
             elif kind == "evolve_error":
                 self._evolve_error(messages[data[0]], data[1], dead_letters, result)
             elif kind == "job":
@@ -176,17 +176,19 @@ class NativeFoldState:
         phases["fold"] = phases.get("fold", 0.0) + time.perf_counter() - started
         return result, evidence
 
-    def _delegate(self, message, dead_letters: list, result: BatchResult) -> None:
-        """A record the engine handed back: the Python rules make its dead letter (or nothing)."""
+    def _delegate(self, message, dead_letters: list, marks: list, result: BatchResult) -> None:
+        """A record the engine handed back (any record of the dead-letter topic, or one holding NUL): the
+        Python rules make its dead letter, or its mark (a `DeadLetterDismissed`), or nothing."""
         from projections.fold import decode_batch, fold_batch
 
         sub = BatchResult(records=1, positions={})
         folded = fold_batch(decode_batch([message], sub), {}, set(), sub, self.clock_topic, self.dlq_topic,
                             binary_payload=True)
-        if folded.evidence or folded.changed or folded.uploads or folded.new_keys or folded.replays:
+        if folded.evidence or folded.changed or folded.uploads or folded.new_keys:
             raise NativeUnsupported(f"{message.topic()}/{message.partition()}/{message.offset()}: the native "
                                     "engine could not decode a record the Python codec folds")
         dead_letters.extend(folded.dead)
+        marks.extend(folded.replays)
         result.dead_letters += sub.dead_letters
 
     def _evolve_error(self, message, lease: float | None, dead_letters: list, result: BatchResult) -> None:

@@ -31,15 +31,26 @@ class FailOutcome(Protocol):
     detail: str
 
 
+class DismissOutcome(Protocol):
+    """One dead letter's dismissal: whether it was dismissed now, and a sentence."""
+
+    dead_letter_id: str
+    dismissed: bool
+    detail: str
+
+
 class OperatorActions(Protocol):
     """Operator actions; each emits events and never writes a projection.
 
-    Refusals are `domain.errors.NotReplayable` (replay, resolve) and `NotCancellable` (cancel).
+    Refusals are `domain.errors.NotReplayable` (replay, resolve, dismissing a job's dead letter) and
+    `NotCancellable` (cancel); `NoSuchDeadLetter` for an unknown dead letter id.
     """
 
     def replay_dead_letters(self, ids: Sequence[str], operator: str, reason: str) -> list[ReplayOutcome]: ...
 
     def fail_dead_letters(self, ids: Sequence[str], operator: str, reason: str, refund: bool) -> list[FailOutcome]: ...
+
+    def dismiss_dead_letters(self, ids: Sequence[str], operator: str, reason: str) -> list[DismissOutcome]: ...
 
     def cancel_job(self, job_id: str, operator: str, reason: str) -> str: ...
 

@@ -86,11 +86,20 @@ def write_folded(conn: psycopg.Connection, folded: Folded, rows: dict[str, dict[
 
 
 def write_dead_letters(cur: psycopg.Cursor, folded: Folded) -> None:
-    """A batch's dead letters, then the replays it marks (the order every batch uses)."""
+    """A batch's dead letters, then the replays and dismissals it marks (the order every batch uses)."""
     if folded.dead:
         cur.executemany(q("upsert_dead_letter"), folded.dead)
-    if folded.replays:
-        cur.executemany(q("mark_dead_letter_replayed"), folded.replays)
+    mark_dead_letters(cur, folded.replays)
+
+
+def mark_dead_letters(cur: psycopg.Cursor, marks: list[dict]) -> None:
+    """Mark dead letters as replayed (`mark_dead_letter_replayed`) or dismissed (`mark` "dismissed":
+    `mark_dead_letter_dismissed`); `marks`: {id, broker_ts, operator, reason[, mark]} in log order
+    (each kind of mark keeps its first: the queries' COALESCE)."""
+    for mark, query in (("replayed", "mark_dead_letter_replayed"), ("dismissed", "mark_dead_letter_dismissed")):
+        these = [m for m in marks if m.get("mark", "replayed") == mark]
+        if these:
+            cur.executemany(q(query), these)
 
 
 def write_offsets(cur: psycopg.Cursor, projection: str, positions: dict[tuple[str, int], int]) -> None:

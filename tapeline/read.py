@@ -251,8 +251,8 @@ def _iso(value) -> str | None:
 
 def dead_letters(conn: psycopg.Connection, reason: str | None = None, pending: bool = False,
                  limit: int = 1000) -> list[dict[str, Any]]:
-    """Dead letters, newest first; `reason` filters on the error class, `pending` hides replayed ones.
-    `attempts` and `budget_attempts` as `letter_attempts` says."""
+    """Dead letters, newest first; `reason` filters on the error class, `pending` hides replayed and
+    dismissed ones. `attempts` and `budget_attempts` as `letter_attempts` says."""
     rows = conn.execute(q("dead_letters_list"), {"reason": reason, "pending": pending, "limit": limit}).fetchall()
     return [letter_attempts(row) for row in rows]
 
@@ -405,7 +405,7 @@ def log_clock_latest(conn: psycopg.Connection) -> dict[str, datetime | None]:
 
 
 def dead_letter_counts(conn: psycopg.Connection) -> dict[str, int]:
-    """{"total": n, "pending": n not yet replayed}."""
+    """{"total": n, "pending": n neither replayed nor dismissed}."""
     return dict(conn.execute(q("dead_letter_counts")).fetchone())
 
 

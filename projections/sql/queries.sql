@@ -58,13 +58,21 @@ UPDATE dead_letters SET replayed_at = COALESCE(replayed_at, %(broker_ts)s),
     replayed_by = COALESCE(replayed_by, %(operator)s), replay_reason = COALESCE(replay_reason, %(reason)s)
 WHERE id = %(id)s;
 
+-- name: mark_dead_letter_dismissed
+-- An operator's DeadLetterDismissed was folded: the dead letter is dismissed (first dismissal wins).
+UPDATE dead_letters SET dismissed_at = COALESCE(dismissed_at, %(broker_ts)s),
+    dismissed_by = COALESCE(dismissed_by, %(operator)s), dismiss_reason = COALESCE(dismiss_reason, %(reason)s)
+WHERE id = %(id)s;
+
 -- name: dead_letters_list
--- Dead letters, newest first; `reason` filters on the error class (NULL: all); `pending` hides replayed ones.
+-- Dead letters, newest first; `reason` filters on the error class (NULL: all); `pending` hides replayed
+-- and dismissed ones.
 SELECT id, kind, job_id, stage, attempt, error_class, attempts, error, topic, partition, "offset", broker_ts,
-       seen_by, replayed_at, replayed_by, replay_reason, octet_length(value) AS value_bytes
+       seen_by, replayed_at, replayed_by, replay_reason, dismissed_at, dismissed_by, dismiss_reason,
+       octet_length(value) AS value_bytes
 FROM dead_letters
 WHERE (%(reason)s::text IS NULL OR error_class = %(reason)s)
-  AND (NOT %(pending)s OR replayed_at IS NULL)
+  AND (NOT %(pending)s OR (replayed_at IS NULL AND dismissed_at IS NULL))
 ORDER BY broker_ts DESC NULLS LAST, id
 LIMIT %(limit)s;
 
@@ -336,8 +344,9 @@ WHERE job_id = %(job_id)s AND event_type = 'CheckpointRecorded' AND NOT duplicat
 ORDER BY partition, "offset";
 
 -- name: dead_letter_counts
--- Dead letters in total and not yet replayed.
-SELECT count(*) AS total, count(*) FILTER (WHERE replayed_at IS NULL) AS pending FROM dead_letters;
+-- Dead letters in total and pending (neither replayed nor dismissed).
+SELECT count(*) AS total, count(*) FILTER (WHERE replayed_at IS NULL AND dismissed_at IS NULL) AS pending
+FROM dead_letters;
 
 -- name: database_now
 -- The database's clock (UTC): the "now" of wall-clock figures such as throughput windows.

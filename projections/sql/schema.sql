@@ -512,7 +512,10 @@ CREATE TABLE public.dead_letters (
     headers jsonb,
     replayed_at timestamp with time zone,
     replayed_by text,
-    replay_reason text
+    replay_reason text,
+    dismissed_at timestamp with time zone,
+    dismissed_by text,
+    dismiss_reason text
 );
 
 COMMENT ON TABLE public.dead_letters IS 'Dead letters: jobs out of attempts and records that could not be decoded (raw), see 005';
@@ -558,6 +561,12 @@ COMMENT ON COLUMN public.dead_letters.replayed_at IS 'Broker time (UTC) of the o
 COMMENT ON COLUMN public.dead_letters.replayed_by IS 'Operator who replayed it';
 
 COMMENT ON COLUMN public.dead_letters.replay_reason IS 'The operator''s reason for the replay';
+
+COMMENT ON COLUMN public.dead_letters.dismissed_at IS 'Broker time (UTC) of the operator''s DeadLetterDismissed; NULL while not dismissed';
+
+COMMENT ON COLUMN public.dead_letters.dismissed_by IS 'Operator who dismissed it';
+
+COMMENT ON COLUMN public.dead_letters.dismiss_reason IS 'The operator''s reason for the dismissal';
 
 CREATE TABLE public.log_clock (
     partition integer NOT NULL,

@@ -17,6 +17,10 @@ from tapeline.postgres import q
 from domain import events as ev
 from domain.codec import default_codec
 from tapeline.samples import sample_video
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from cli.wiring import build_app
 from tests.conftest import Pipeline, tapeline_cli, wait_for
 from tests.faults.test_worker_faults import submit, wait_state
 from tests.integration.helpers import committed_events, committed_messages, of_job
@@ -92,12 +96,57 @@ def poisoned(settings, pipeline):
     # A record that is not a job cannot be replayed: a clear refusal, nothing produced.
     refused = tapeline_cli(settings, "dlq", "replay", ids["work"], "--why", "try")
     assert refused.returncode == 1 and "undecodable record" in refused.stderr
+    dismissed_records(settings, ids, poison)
     # The lifecycle log still holds the poison record, and the job's events around it are intact.
     values = [m.value() for m in committed_messages(settings)]
     assert poison["jobs"][1] in values
     codec = default_codec()
     events = [ev.Event.from_record(codec.decode(v)) for v in values if v != poison["jobs"][1]]
     assert len(of_job(events, job_id, "JobCompleted")) == 1
+
+
+def pending_metric(client) -> float:
+    [line] = [x for x in client.get("/metrics").text.splitlines() if x.startswith("tapeline_dead_letters_pending ")]
+    return float(line.split()[1])
+
+
+def dismissed_records(settings, ids: dict[str, str], poison: dict[str, tuple[str, bytes]]) -> None:
+    """Issue 44 items 5 and 6 on the real dead letters of `poisoned`: a raw record is for the admin
+    token only, and an undecodable record's dead letter (nothing to replay or fail) is dismissed by an
+    operator, audited, once: it stays with its bytes but is no longer pending (nor in the alert's gauge)."""
+    token = "dismiss-test-token"
+    served = settings.model_copy(update={"admin_token": SecretStr(token)})
+    admin = {"Authorization": f"Bearer {token}"}
+    with TestClient(build_app(served), base_url="http://localhost") as client:
+        url = f"/api/dead-letters/{ids['work']}"
+        anonymous, full = client.get(url).json(), client.get(url, headers=admin).json()
+        assert (anonymous["key"], anonymous["value"], anonymous["headers"]) == (None, None, None)
+        assert base64.b64decode(full["value"]) == poison["work"][1] and full["headers"] == {"origin": "dGVzdA=="}
+        assert {k: v for k, v in anonymous.items() if k not in ("key", "value", "headers")} == \
+            {k: v for k, v in full.items() if k not in ("key", "value", "headers")}  # the rest for anyone
+        before = pending_metric(client)
+        body = {"dead_letter_id": ids["work"], "operator": "alice", "why": "producer fixed in v2.3"}
+        assert client.post("/api/dead-letters/dismiss", json=body).status_code == 401  # nothing without the token
+        done = client.post("/api/dead-letters/dismiss", json=body, headers=admin)
+        assert done.status_code == 200 and done.json()["done"] is True, done.text
+        again = client.post("/api/dead-letters/dismiss", json={**body, "operator": "bob"}, headers=admin).json()
+        assert again["done"] is False and again["detail"].startswith("already dismissed by alice at "), again
+        unknown = client.post("/api/dead-letters/dismiss", json={**body, "dead_letter_id": "x/0/1"}, headers=admin)
+        assert unknown.status_code == 404 and "no dead letter" in unknown.json()["detail"]
+        assert pending_metric(client) == before - 1
+        page = client.get("/dead-letters").text
+        assert "dismissed by alice: producer fixed in v2.3" in page
+    pending = {r["id"] for r in dlq_list(settings, "--pending")}
+    assert ids["work"] not in pending and {ids["uploads"], ids["jobs"]} <= pending
+    shown = json.loads(tapeline_cli(settings, "dlq", "show", ids["work"], "--json").stdout)
+    assert (shown["dismissed_by"], shown["dismiss_reason"]) == ("alice", "producer fixed in v2.3")
+    assert base64.b64decode(shown["value"]) == poison["work"][1]  # the record stays
+    # The CLI dismisses the same way; one DeadLetterDismissed per dead letter on the dead-letter topic.
+    cli = tapeline_cli(settings, "dlq", "dismiss", ids["uploads"], "--why", "bad client", "--operator", "carol")
+    assert cli.returncode == 0 and "dismissed, dismissed: bad client" in cli.stdout, (cli.stdout, cli.stderr)
+    dismissals = [e for e in committed_events(settings, settings.dlq_topic) if isinstance(e, ev.DeadLetterDismissed)]
+    assert sorted((e.dead_letter_id, e.operator) for e in dismissals) == sorted(
+        [(ids["work"], "alice"), (ids["uploads"], "carol")])
 
 
 def test_replaying_an_unknown_dead_letter_is_a_clear_error(isolated):

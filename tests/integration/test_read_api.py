@@ -85,9 +85,11 @@ def lifecycles() -> tuple[dict[str, Job], list[ev.Event]]:
         done.heartbeat("t1", 1, 40, 1.6), done.heartbeat("t1", 2, 80, 3.2), done.heartbeat("t1", 3, 132, 5.28),
         done.event(ev.CheckpointRecorded, "transcode", 1, "t1", sequence=0, segment_index=0, rendition="720p",
                    object_key="work/x/0.ts", sha256="1" * 64, frames=100, media_start_s=0.0, media_duration_s=4.0),
-        done.event(ev.AttemptSucceeded, "transcode", 1, "t1", outputs=[], renditions=LADDER, elapsed_s=2.0),
+        done.event(ev.AttemptSucceeded, "transcode", 1, "t1", renditions=LADDER, elapsed_s=2.0, outputs=[
+            ev.OutputFile(key="work/x/720p/index.m3u8", sha256="2" * 64, size_bytes=222, content_type="x")]),
         done.queued("publish", 1), done.started("publish", 1, "p1"),
-        done.event(ev.AttemptSucceeded, "publish", 1, "p1", outputs=[], renditions=LADDER, elapsed_s=0.5),
+        done.event(ev.AttemptSucceeded, "publish", 1, "p1", renditions=LADDER, elapsed_s=0.5, outputs=[
+            ev.OutputFile(key="published/x/master.m3u8", sha256="3" * 64, size_bytes=333, content_type="x")]),
         done.event(ev.JobCompleted, "publish", 1, "p1", master_url="http://example.invalid/master.m3u8"),
         dead.accepted(), dead.queued("transcode", 1), dead.started("transcode", 1, "d1"),
         dead.event(ev.AttemptFailed, "transcode", 1, "d1", error_class="storage_transient", retryable=True,
@@ -244,6 +246,37 @@ def test_one_job_with_attempts_checkpoints_timeline_and_progress(client, world):
         assert response.status_code == 404 and "no job 'no-such-job'" in response.json()["detail"], path
 
 
+def test_fencing_tokens_and_unpublished_digests_are_for_the_admin_token_only(client, world):
+    """Issue 44 item 5: a forged event took a work segment's sha256 and size, and claim tokens are what a
+    forged ending event needs; anonymous reads get them as null, the admin token gets them all."""
+    _, jobs = world
+    job_id = jobs["done"].job_id
+    full = client.get(f"/api/jobs/{job_id}/timeline", headers=ADMIN).json()
+    assert {e["claim_token"] for e in full} == {None, "t1", "p1"}
+    by_type = {e["event_type"]: e["payload"] for e in full}
+    assert by_type["CheckpointRecorded"]["sha256"] == "1" * 64
+    for wrong in ({}, {"Authorization": "Bearer wrong"}):
+        anonymous = client.get(f"/api/jobs/{job_id}/timeline", headers=wrong).json()
+        assert [e["event_id"] for e in anonymous] == [e["event_id"] for e in full]  # the same events, fewer facts
+        assert {e["claim_token"] for e in anonymous} == {None}
+        shown = [e["payload"] for e in anonymous if e["event_type"] in ("CheckpointRecorded", "AttemptSucceeded",
+                                                                         "JobAccepted")]
+        checkpoint, transcoded, published, accepted = \
+            shown[1], shown[2]["outputs"][0], shown[3]["outputs"][0], shown[0]
+        assert (checkpoint["object_key"], checkpoint["sha256"]) == ("work/x/0.ts", None)
+        assert (transcoded["key"], transcoded["sha256"], transcoded["size_bytes"]) == ("work/x/720p/index.m3u8", None,
+                                                                                       None)
+        # Public objects and the job's own source keep their facts (anyone can read them / they identify it).
+        assert (published["key"], published["sha256"], published["size_bytes"]) == ("published/x/master.m3u8",
+                                                                                     "3" * 64, 333)
+        assert (accepted["source_sha256"], accepted["source_size_bytes"]) == ("0" * 64, 1)
+        assert [c["sha256"] for c in client.get(f"/api/jobs/{job_id}/checkpoints", headers=wrong).json()] == [None]
+        assert [c["sha256"] for c in client.get(f"/api/jobs/{job_id}", headers=wrong).json()["checkpoints"]] == [None]
+    assert [c["sha256"] for c in client.get(f"/api/jobs/{job_id}/checkpoints", headers=ADMIN).json()] == ["1" * 64]
+    openapi = client.get("/openapi.json").json()["paths"]
+    assert "fencing tokens" in openapi["/api/jobs/{job_id}/timeline"]["get"]["description"]
+
+
 def test_dead_letters_review_stalls_lag_and_overview(client, world):
     settings, jobs = world
     dead, review = jobs["dead"].job_id, jobs["review"].job_id
@@ -389,7 +422,7 @@ def test_metrics_and_openapi(client, world):
             "/api/jobs/{job_id}/checkpoints", "/api/stalled", "/api/dead-letters", "/api/dead-letters/{dead_letter_id}",
             "/api/review", "/api/lag", "/api/overview", "/api/dead-letters/replay", "/api/jobs/{job_id}/cancel",
             "/api/jobs/{job_id}/resolve-review", "/health/live", "/health/ready", "/metrics", "/uploads",
-            "/api/providers", "/api/problems", "/api/dead-letters/fail", "/api/webhooks", "/api/webhooks/{endpoint_id}",
+            "/api/providers", "/api/problems", "/api/dead-letters/fail", "/api/dead-letters/dismiss", "/api/webhooks", "/api/webhooks/{endpoint_id}",
             "/api/webhooks/{endpoint_id}/disable", "/api/webhooks/{endpoint_id}/enable"} == set(paths)
     assert [p["name"] for p in paths["/api/jobs"]["get"]["parameters"]] == \
         ["state", "stage", "priority", "since", "until", "limit", "offset"]

@@ -192,7 +192,7 @@ def job_records(draw, job_id: str, number: list[int]) -> list[tuple[str, ev.Even
                 number[0] += 1
                 copy = copy.model_copy(update={"event_id": f"e{number[0]}", "occurred_at": T0})
             out.insert(draw(st.integers(out.index(copy) if copy in out else 0, len(out))), copy)
-    topic = {"UploadCompleted": UPLOADS, "DeadLetter": DLQ}
+    topic = {"UploadCompleted": UPLOADS, "DeadLetter": DLQ, "DeadLetterDismissed": DLQ}
     return [(topic.get(getattr(item, "event_type", ""), JOBS), item) for item in out]
 
 
