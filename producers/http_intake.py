@@ -15,8 +15,9 @@ A body must keep the pace of `domain/policy/body_rate.py` (`intake_body_*` setti
 that trickles or stops gets 408 `body_too_slow` and its slot is released. An upload is admitted
 (takes a slot of its tier) only once its body is moving (`BodyRate.moving`: 128 KiB within 2 s by
 default, or the whole body), and one submitter holds at most `intake_submitter_tier_share` of a
-tier (429 `tier_share`); a body is gathered on the event loop and only whole parts go to a thread,
-so no thread waits for a client (issue 44 item 3).
+tier (429 `tier_share`) and has at most `intake_max_starting_per_submitter` bodies read before
+they move (429 `too_many_starting`); a body is gathered on the event loop and only whole parts go
+to a thread, so no thread waits for a client (issue 44 item 3).
 
 Admission runs before a byte is stored, in one PostgreSQL transaction under an advisory lock, so
 concurrent requests are counted exactly: the pure rules are `domain/policy/admission.py`
@@ -53,7 +54,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from domain.errors import ServiceUnavailable, StorageError
-from domain.policy.admission import Refusal, body_reuse, check_request, key_reuse
+from domain.policy.admission import Refusal, body_reuse, check_request, key_reuse, starting_refusal
 from producers.intake_body import BodyTooLarge, BodyTooSlow, RequestBody, hash_body, stream_to_store
 from producers.intake_claims import Claim, upload_id_for_key
 from producers.intake_service import IntakeService
@@ -131,8 +132,8 @@ def intake_router(service: IntakeService) -> APIRouter:
         408: {"description": "The body came too slowly (intake_body_* settings); the upload's slot was released"},
         413: {"description": "Larger than max_upload_bytes"}, 422: {"description": "Bad parameters or key reuse"},
         502: {"description": "Object storage did not keep the body as sent (size or sha256 read back differ)"},
-        429: {"description": "The submitter's jobs in flight are at its cap, or it holds its share of the tier "
-                             "(Retry-After)"},
+        429: {"description": "The submitter's jobs in flight are at its cap, it holds its share of the tier, "
+                             "or too many of its bodies are not moving yet (Retry-After)"},
         503: {"description": "The tier is over capacity (Retry-After) or a service is down"},
         507: {"description": "Object storage is at its limit"}})
     async def post_upload(request: Request) -> Response:
@@ -162,6 +163,12 @@ def intake_router(service: IntakeService) -> APIRouter:
                 return await replay(body, row, priority, profile, filename)
         # A body takes a slot only once it is moving (domain/policy/body_rate.py): until then it holds
         # no claim, no capacity and no thread, and a body that never gets going is answered here.
+        crowded = starting_refusal(submitter, service.starting[submitter], settings)
+        if crowded is not None:
+            log.info("upload refused", submitter=submitter, priority=priority, status=crowded.status,
+                     error=crowded.error)
+            return refusal_response(crowded)
+        service.starting[submitter] += 1
         try:
             await body.until_moving()
         except BodyTooSlow as exc:
@@ -171,6 +178,10 @@ def intake_router(service: IntakeService) -> APIRouter:
             return problem(413, "limits_exceeded", str(exc))
         except ClientDisconnect:
             return problem(400, "client_disconnected", "the request body ended early")
+        finally:
+            service.starting[submitter] -= 1
+            if not service.starting[submitter]:
+                del service.starting[submitter]
         upload_id = upload_id_for_key(submitter, key) if key is not None else str(uuid.uuid4())
         verdict = await service.call(service.admit, submitter, key, upload_id, priority, profile, filename)
         if verdict is False:  # another request with this key was admitted between our look-up and claim

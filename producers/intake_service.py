@@ -14,6 +14,7 @@ import asyncio
 import json
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -56,6 +57,9 @@ class IntakeService:
         self._producer_lock = threading.Lock()
         self.codec = default_codec()
         self.keeper = ClaimKeeper(settings)
+        self.starting: Counter[str] = Counter()
+        """Per submitter, its requests whose bodies are being read before admission (not yet moving);
+        changed on the event loop only."""
 
     def open(self) -> None:
         self.pool.open(wait=False)

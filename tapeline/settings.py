@@ -315,6 +315,11 @@ class Settings(BaseSettings):
                                      "waiting or running plus its uploads of the tier not yet decided), rounded up, "
                                      "at least 1; past it 429 tier_share, so one submitter cannot close a tier to "
                                      "the others (domain/policy/admission.py)")
+    intake_max_starting_per_submitter: int = Field(
+        64, ge=1, description="Uploads of one submitter an intake process reads before their bodies are moving "
+                              "(domain/policy/body_rate.py); they hold no slot, but each holds what it has read (at "
+                              "most intake_body_min_rate_bytes_s x intake_body_rate_window_s plus one read); past it "
+                              "429 too_many_starting")
     intake_retry_after_min_s: float = Field(1.0, description="Smallest Retry-After the intake answers, seconds")
     intake_retry_after_max_s: float = Field(300.0, description="Largest Retry-After; also used when nothing "
                                             "completed recently (no throughput to estimate from), seconds")

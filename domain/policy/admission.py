@@ -21,8 +21,9 @@ in one PostgreSQL transaction under an advisory lock, so concurrent requests are
 the jobs over the limit, clamped to [`intake_retry_after_min_s`, `intake_retry_after_max_s`]; with
 no recent completion it is the maximum.
 
-Also pure here: `check_request` (the request's parameters, before anything else) and the
-Idempotency-Key checks of a request under a key already used (`key_reuse`, `body_reuse`).
+Also pure here: `check_request` (the request's parameters, before anything else),
+`starting_refusal` (how many of a submitter's bodies may be read before they are moving, held
+without a slot but with what they have read in memory) and the Idempotency-Key checks of a request under a key already used (`key_reuse`, `body_reuse`).
 
 The I/O side is `producers/intake_service.py` `IntakeService.admit` (the counts, the claim) and
 `producers/http_intake.py` (the answers).
@@ -53,6 +54,7 @@ class AdmissionSettings(Protocol):
     intake_tier_reserve: int
     intake_max_in_flight_per_submitter: int | None
     intake_submitter_tier_share: float
+    intake_max_starting_per_submitter: int
     intake_retry_after_min_s: float
     intake_retry_after_max_s: float
 
@@ -152,6 +154,21 @@ def admission(tier: str, backlog: Mapping[str, Load], pending: Mapping[str, int]
         wait = retry_after(in_flight - cap + 1, sum(done.values()), window, settings)
         return Refusal(429, "in_flight_cap", f"submitter {submitter!r} has {in_flight} jobs in flight, at or past "
                                              f"its cap {cap}; retry in {wait} s", wait)
+    return None
+
+
+def starting_refusal(submitter: str, starting: int, settings: AdmissionSettings) -> Refusal | None:
+    """Whether one more body of `submitter` may be read before admission, with `starting` of its
+    bodies already read in this process and not yet moving (`BodyRate.moving`): None, or 429
+    `too_many_starting` (Retry-After `intake_retry_after_min_s`: they move or end within the body
+    timeout) at or past `intake_max_starting_per_submitter`. Pure. Such a body holds no slot, but it
+    holds what it has read (at most `BodyRate.window_bytes` plus one read), so it is counted too."""
+    cap = settings.intake_max_starting_per_submitter
+    if starting >= cap:
+        wait = math.ceil(settings.intake_retry_after_min_s)
+        return Refusal(429, "too_many_starting", f"submitter {submitter!r} has {starting} uploads whose bodies have "
+                                                 f"not got moving yet, at or past intake_max_starting_per_submitter = "
+                                                 f"{cap}; send faster or fewer at once, retry in {wait} s", wait)
     return None
 
 

@@ -33,7 +33,7 @@ SLOW = {"intake_tokens": TOKENS, "intake_tier_capacity": {"archive": 100, "stand
         "intake_submitter_tier_share": 0.5, "intake_retry_after_max_s": 30.0,
         "intake_body_timeout_s": BODY_TIMEOUT_S, "intake_body_idle_timeout_s": BODY_TIMEOUT_S,
         "intake_body_min_rate_bytes_s": 65536.0, "intake_body_rate_window_s": 1.0,
-        "multipart_chunk_bytes": 5 * 1024**2}
+        "multipart_chunk_bytes": 5 * 1024**2, "intake_max_starting_per_submitter": 40}
 HONEST_BOUND_S = 5.0
 """How long an honest upload (300 KiB sent at once) may take beside the dripping sockets, seconds:
 its body is moving as soon as 64 KiB arrive (well under the 1 s window), then one admission
@@ -130,6 +130,11 @@ def test_dripping_uploads_hold_no_slot_and_no_thread(slow, served):
             assert honest.status_code == 202, honest.text
             assert took_s < HONEST_BOUND_S
         assert [r for r in rows(slow) if r["filename"].startswith("drip")] == []  # no drip holds a slot
+        # Alice's 40 bodies not yet moving are her cap: a 41st is refused at once, nothing read.
+        extra = open_upload(served, "tok-alice", "standard", "drip-extra.mp4", 50 * 1024**2, b"\0")
+        crowded = answer_of(extra, 10.0)
+        extra.close()
+        assert crowded.startswith("HTTP/1.1 429") and '"error":"too_many_starting"' in crowded.replace(" ", ""), crowded
         # Each drip is cut off: it fell behind the pace (8 s + 1 s per 64 KiB) about 8 s after it
         # opened; the answers are read within 8 s + 10 s of slack for the loaded machine.
         answers = [answer_of(sock, max(1.0, opened + BODY_TIMEOUT_S + 10.0 - time.monotonic())) for sock in drips]

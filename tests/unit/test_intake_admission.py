@@ -100,3 +100,12 @@ def test_the_share_is_rounded_up_and_at_least_one():
     assert tier_share_cap("index", settings) == 3  # no tier capacity: total 10 - 2 x 2 = 6, half of it
     whole = settings.model_copy(update={"intake_submitter_tier_share": 1.0})
     assert tier_share_cap("archive", whole) == 3
+
+
+def test_a_submitter_has_at_most_its_cap_of_bodies_not_moving_yet():
+    from domain.policy.admission import starting_refusal
+    settings = SETTINGS.model_copy(update={"intake_max_starting_per_submitter": 3})
+    assert starting_refusal("alice", 2, settings) is None
+    refused = starting_refusal("alice", 3, settings)
+    assert (refused.status, refused.error, refused.retry_after_s) == (429, "too_many_starting", 2)
+    assert "alice" in refused.reason and "intake_max_starting_per_submitter = 3" in refused.reason
