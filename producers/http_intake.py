@@ -12,7 +12,12 @@ same `UploadCompleted` as `tapeline submit`, then answers
     Idempotency-Key: <any string, at most 255 characters>   (optional)
 
 A body must keep the pace of `domain/policy/body_rate.py` (`intake_body_*` settings): a client
-that trickles or stops gets 408 `body_too_slow` and its slot is released.
+that trickles or stops gets 408 `body_too_slow` and its slot is released. An upload is admitted
+(takes a slot of its tier) only once its body is moving (`BodyRate.moving`: 128 KiB within 2 s by
+default, or the whole body), and one submitter holds at most `intake_submitter_tier_share` of a
+tier (429 `tier_share`) and has at most `intake_max_starting_per_submitter` bodies read before
+they move (429 `too_many_starting`); a body is gathered on the event loop and only whole parts go
+to a thread, so no thread waits for a client (issue 44 item 3).
 
 Admission runs before a byte is stored, in one PostgreSQL transaction under an advisory lock, so
 concurrent requests are counted exactly: the pure rules are `domain/policy/admission.py`
@@ -49,8 +54,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from domain.errors import ServiceUnavailable, StorageError
-from domain.policy.admission import Refusal, body_reuse, check_request, key_reuse
-from producers.intake_body import BodyTooLarge, BodyTooSlow, hash_body, stream_to_store
+from domain.policy.admission import Refusal, body_reuse, check_request, key_reuse, starting_refusal
+from producers.intake_body import BodyTooLarge, BodyTooSlow, RequestBody, hash_body, stream_to_store
 from producers.intake_claims import Claim, upload_id_for_key
 from producers.intake_service import IntakeService
 from producers.submit import upload_completed
@@ -93,13 +98,13 @@ def intake_router(service: IntakeService) -> APIRouter:
     def problem(status: int, error: str, reason: str, retry_after_s: int | None = None) -> JSONResponse:
         return refusal_response(Refusal(status, error, reason, retry_after_s))
 
-    async def replay(request: Request, row: dict[str, Any], priority: str, profile: str, filename: str) -> Response:
+    async def replay(body: RequestBody, row: dict[str, Any], priority: str, profile: str, filename: str) -> Response:
         """A request under a key someone already used: the first's response, or why not."""
         reused = key_reuse(row, priority, profile, filename)
         if reused is not None:
             return refusal_response(reused)
         try:
-            sha, size = await hash_body(request, settings)
+            sha, size = await hash_body(body)
         except ClientDisconnect:
             return problem(400, "client_disconnected", "the request body ended early")
         except BodyTooSlow as exc:
@@ -127,7 +132,8 @@ def intake_router(service: IntakeService) -> APIRouter:
         408: {"description": "The body came too slowly (intake_body_* settings); the upload's slot was released"},
         413: {"description": "Larger than max_upload_bytes"}, 422: {"description": "Bad parameters or key reuse"},
         502: {"description": "Object storage did not keep the body as sent (size or sha256 read back differ)"},
-        429: {"description": "The submitter's jobs in flight are at its cap (Retry-After)"},
+        429: {"description": "The submitter's jobs in flight are at its cap, it holds its share of the tier, "
+                             "or too many of its bodies are not moving yet (Retry-After)"},
         503: {"description": "The tier is over capacity (Retry-After) or a service is down"},
         507: {"description": "Object storage is at its limit"}})
     async def post_upload(request: Request) -> Response:
@@ -150,10 +156,32 @@ def intake_router(service: IntakeService) -> APIRouter:
         invalid = check_request(priority, profile, filename, request.headers.get("content-length"), key, settings)
         if invalid is not None:
             return refusal_response(invalid)
+        body = RequestBody(request, settings)
         if key is not None:
             row = await service.call(service.row_by_key, submitter, key)
             if row is not None and not (row["abandoned"] or row["expired"]):  # `admit` deletes those
-                return await replay(request, row, priority, profile, filename)
+                return await replay(body, row, priority, profile, filename)
+        # A body takes a slot only once it is moving (domain/policy/body_rate.py): until then it holds
+        # no claim, no capacity and no thread, and a body that never gets going is answered here.
+        crowded = starting_refusal(submitter, service.starting[submitter], settings)
+        if crowded is not None:
+            log.info("upload refused", submitter=submitter, priority=priority, status=crowded.status,
+                     error=crowded.error)
+            return refusal_response(crowded)
+        service.starting[submitter] += 1
+        try:
+            await body.until_moving()
+        except BodyTooSlow as exc:
+            log.info("upload refused: its body never got moving", submitter=submitter, reason=str(exc))
+            return problem(408, "body_too_slow", str(exc))
+        except BodyTooLarge as exc:
+            return problem(413, "limits_exceeded", str(exc))
+        except ClientDisconnect:
+            return problem(400, "client_disconnected", "the request body ended early")
+        finally:
+            service.starting[submitter] -= 1
+            if not service.starting[submitter]:
+                del service.starting[submitter]
         upload_id = upload_id_for_key(submitter, key) if key is not None else str(uuid.uuid4())
         verdict = await service.call(service.admit, submitter, key, upload_id, priority, profile, filename)
         if verdict is False:  # another request with this key was admitted between our look-up and claim
@@ -161,7 +189,7 @@ def intake_router(service: IntakeService) -> APIRouter:
             if row is None:  # ... and released it again (it failed) before we looked: the key is free
                 return problem(409, "idempotency_key_failed", "a request with this Idempotency-Key failed just "
                                                                "now before it was published; send the upload again", 1)
-            return await replay(request, row, priority, profile, filename)
+            return await replay(body, row, priority, profile, filename)
         if isinstance(verdict, Refusal):
             log.info("upload refused", submitter=submitter, priority=priority, status=verdict.status,
                      error=verdict.error, retry_after_s=verdict.retry_after_s)
@@ -169,12 +197,12 @@ def intake_router(service: IntakeService) -> APIRouter:
         claim: Claim = verdict
         service.keeper.add(claim)
         try:
-            return await store_and_publish(request, claim, submitter, priority, profile, filename)
+            return await store_and_publish(request, body, claim, submitter, priority, profile, filename)
         finally:
             service.keeper.discard(claim)
 
-    async def store_and_publish(request: Request, claim: Claim, submitter: str, priority: str, profile: str,
-                                filename: str) -> Response:
+    async def store_and_publish(request: Request, body: RequestBody, claim: Claim, submitter: str, priority: str,
+                                profile: str, filename: str) -> Response:
         """The claimed upload: stream the body to the claim's own key, check the claim is still ours,
         publish `UploadCompleted`, record the response. Any failure before the publish releases the
         claim (its key can be sent again)."""
@@ -182,7 +210,7 @@ def intake_router(service: IntakeService) -> APIRouter:
         object_key = f"{claim.object_key_prefix}{filename}"
         content_type = normalised_content_type(request.headers.get("content-type"))
         try:
-            sha, size = await stream_to_store(request, object_key, content_type, settings, service.store, service.call)
+            sha, size = await stream_to_store(body, object_key, content_type, settings, service.store, service.call)
             if size == 0:
                 await service.call(service.store.delete, object_key)
                 await service.call(service.release, claim)

@@ -14,6 +14,7 @@ import asyncio
 import json
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -56,6 +57,9 @@ class IntakeService:
         self._producer_lock = threading.Lock()
         self.codec = default_codec()
         self.keeper = ClaimKeeper(settings)
+        self.starting: Counter[str] = Counter()
+        """Per submitter, its requests whose bodies are being read before admission (not yet moving);
+        changed on the event loop only."""
 
     def open(self) -> None:
         self.pool.open(wait=False)
@@ -69,7 +73,8 @@ class IntakeService:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     async def call(self, fn, *args):
-        """Run a blocking call on the intake's own threads (uploads hold one each for their duration)."""
+        """Run a blocking call on the intake's own threads. An upload takes one only for a call of its
+        own (admission, a part already received going to S3, the publish), never to wait for its body."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     # -- PostgreSQL ------------------------------------------------------------------------------
@@ -108,7 +113,10 @@ class IntakeService:
             in_flight = int(conn.execute(q("submitter_in_flight"), {"submitter": submitter, **counted,
                                                                     "ended_states": sorted(TERMINAL_STATES)}
                                          ).fetchone()["in_flight"])
-            refusal = admission(priority, backlog, pending, in_flight, storage, submitter, self.settings)
+            held = int(conn.execute(q("submitter_tier_load"), {"submitter": submitter, "tier": priority, **counted,
+                                                               "ended_states": sorted(TERMINAL_STATES)}
+                                    ).fetchone()["held"])
+            refusal = admission(priority, backlog, pending, in_flight, storage, submitter, self.settings, held)
             if refusal is not None:
                 return refusal
             claimed = conn.execute(q("intake_upload_claim"), {

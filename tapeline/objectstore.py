@@ -13,7 +13,7 @@ import re
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 import boto3
 from boto3.s3.transfer import TransferConfig
@@ -120,6 +120,39 @@ class ObjectStore:
         except (BotoCoreError, ClientError) as exc:
             raise StorageError(f"upload of {key} failed: {exc}") from exc
         return reader.digest.hexdigest(), reader.size
+
+    def put_bytes(self, key: str, body: bytes, content_type: str) -> None:
+        """Store `body` as `key` in one PutObject (overwrites). Raises `StorageError`."""
+        try:
+            self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType=content_type)
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageError(f"upload of {key} failed: {exc}") from exc
+
+    def start_multipart(self, key: str, content_type: str) -> str:
+        """Begin a multipart upload of `key`; its upload id. Raises `StorageError`. End it with
+        `complete_multipart` or `abort_multipart` (a stale one is aborted by the watchdog's cleanup)."""
+        try:
+            return self.s3.create_multipart_upload(Bucket=self.bucket, Key=key, ContentType=content_type)["UploadId"]
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageError(f"upload of {key} failed: {exc}") from exc
+
+    def put_part(self, key: str, upload_id: str, number: int, body: bytes) -> dict[str, Any]:
+        """Send part `number` (1-10,000; every part but the last at least 5 MiB, S3's rule) of a
+        multipart upload; `{"PartNumber", "ETag"}` for `complete_multipart`. Raises `StorageError`."""
+        try:
+            etag = self.s3.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                                       Body=body)["ETag"]
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageError(f"upload of {key} (part {number}) failed: {exc}") from exc
+        return {"PartNumber": number, "ETag": etag}
+
+    def complete_multipart(self, key: str, upload_id: str, parts: list[dict[str, Any]]) -> None:
+        """Join the `parts` (`put_part`'s answers, in order) into `key`. Raises `StorageError`."""
+        try:
+            self.s3.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id,
+                                              MultipartUpload={"Parts": parts})
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageError(f"upload of {key} failed: {exc}") from exc
 
     def stored_mismatch(self, key: str, size: int, sha256: str) -> str | None:
         """Read `key` back and compare it with what was sent: None when the stored object has `size`

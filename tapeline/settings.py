@@ -310,6 +310,16 @@ class Settings(BaseSettings):
     intake_max_in_flight_per_submitter: int | None = Field(
         50, description="Jobs one submitter may have accepted and not ended at once; past it 429 + Retry-After "
                         "(unset: no cap)")
+    intake_submitter_tier_share: float = Field(
+        0.5, gt=0, le=1, description="Fraction of a tier's capacity one submitter may hold (its jobs of the tier "
+                                     "waiting or running plus its uploads of the tier not yet decided), rounded up, "
+                                     "at least 1; past it 429 tier_share, so one submitter cannot close a tier to "
+                                     "the others (domain/policy/admission.py)")
+    intake_max_starting_per_submitter: int = Field(
+        64, ge=1, description="Uploads of one submitter an intake process reads before their bodies are moving "
+                              "(domain/policy/body_rate.py); they hold no slot, but each holds what it has read (at "
+                              "most intake_body_min_rate_bytes_s x intake_body_rate_window_s plus one read); past it "
+                              "429 too_many_starting")
     intake_retry_after_min_s: float = Field(1.0, description="Smallest Retry-After the intake answers, seconds")
     intake_retry_after_max_s: float = Field(300.0, description="Largest Retry-After; also used when nothing "
                                             "completed recently (no throughput to estimate from), seconds")
@@ -328,6 +338,10 @@ class Settings(BaseSettings):
                                                 "keep after intake_body_timeout_s, bytes per second")
     intake_body_idle_timeout_s: float = Field(30.0, gt=0, description="Longest pause between two chunks of an "
                                               "upload's body, seconds; past it 408 and its slot is released")
+    intake_body_rate_window_s: float = Field(2.0, gt=0, description="An upload takes a slot (is admitted) only once "
+                                             "its body has moved intake_body_min_rate_bytes_s x this many bytes "
+                                             "(128 KiB by default) or ended, seconds; until then it holds no slot "
+                                             "and no thread (domain/policy/body_rate.py)")
     intake_key_retention_s: float = Field(86400.0, gt=0, description="A published upload's Idempotency-Key answers "
                                           "with the first response this long; later the row is deleted, seconds")
     storage_limit_bytes: int | None = Field(None, description="Object storage budget, bytes (the bucket's total): "

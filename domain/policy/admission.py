@@ -6,18 +6,24 @@ in one PostgreSQL transaction under an advisory lock, so concurrent requests are
 1. storage guard: the bucket's bytes at or past `storage_limit_bytes` -> 507 `storage_full`;
 2. the tier's load (waiting + running, plus uploads admitted that the projection does not know
    yet) at or past `intake_tier_capacity[tier]` -> 503 `overloaded`;
-3. the reserve for higher tiers: the load of every tier together at or past
+3. the submitter's share of the tier: its own load in the tier (its jobs of the tier waiting or
+   running, plus its admitted uploads of the tier the projection does not know yet) at or past
+   `tier_share_cap` (`intake_submitter_tier_share` of the tier's capacity, at least 1) -> 429
+   `tier_share`, so one submitter cannot hold a whole tier (issue 44 item 3: 50 trickling index
+   uploads from one token kept every other submitter's index uploads at 503);
+4. the reserve for higher tiers: the load of every tier together at or past
    `intake_total_capacity - rank x intake_tier_reserve` (rank: archive 0, standard 1, index 2), so
    index is refused first and archive last -> 503 `overloaded`;
-4. the submitter's jobs in flight (accepted and not ended, plus admitted uploads not yet decided)
+5. the submitter's jobs in flight (accepted and not ended, plus admitted uploads not yet decided)
    at or past `intake_max_in_flight_per_submitter` -> 429 `in_flight_cap`.
 
 `Retry-After` (`retry_after`, whole seconds) is the time the recent completion rate needs to end
 the jobs over the limit, clamped to [`intake_retry_after_min_s`, `intake_retry_after_max_s`]; with
 no recent completion it is the maximum.
 
-Also pure here: `check_request` (the request's parameters, before anything else) and the
-Idempotency-Key checks of a request under a key already used (`key_reuse`, `body_reuse`).
+Also pure here: `check_request` (the request's parameters, before anything else),
+`starting_refusal` (how many of a submitter's bodies may be read before they are moving, held
+without a slot but with what they have read in memory) and the Idempotency-Key checks of a request under a key already used (`key_reuse`, `body_reuse`).
 
 The I/O side is `producers/intake_service.py` `IntakeService.admit` (the counts, the claim) and
 `producers/http_intake.py` (the answers).
@@ -47,6 +53,8 @@ class AdmissionSettings(Protocol):
     intake_total_capacity: int
     intake_tier_reserve: int
     intake_max_in_flight_per_submitter: int | None
+    intake_submitter_tier_share: float
+    intake_max_starting_per_submitter: int
     intake_retry_after_min_s: float
     intake_retry_after_max_s: float
 
@@ -93,13 +101,27 @@ def retry_after(excess: int, completed_recently: int, window_s: float, settings:
     return math.ceil(min(high, max(low, estimate)))
 
 
+def tier_share_cap(tier: str, settings: AdmissionSettings) -> int:
+    """How many of `tier`'s slots one submitter may hold: `intake_submitter_tier_share` (a
+    fraction in (0, 1]) of the tier's capacity (`intake_tier_capacity[tier]`, else the total
+    capacity less the tier's reserve), rounded up, at least 1. Pure."""
+    capacity = settings.intake_tier_capacity.get(tier)
+    if capacity is None:
+        capacity = settings.intake_total_capacity - TIERS.index(tier) * settings.intake_tier_reserve
+    return max(1, math.ceil(capacity * settings.intake_submitter_tier_share))
+
+
 def admission(tier: str, backlog: Mapping[str, Load], pending: Mapping[str, int], in_flight: int,
-              storage_bytes: int | None, submitter: str, settings: AdmissionSettings) -> Refusal | None:
+              storage_bytes: int | None, submitter: str, settings: AdmissionSettings,
+              held_in_tier: int = 0) -> Refusal | None:
     """Whether one more upload of `tier` from `submitter` may be stored: None, or the `Refusal`.
     Pure. `backlog`: per tier, its load (`tier_backlog` rows); `pending`: per tier, admitted uploads
     the projection does not know yet; `in_flight`: the submitter's jobs not ended (pending
-    included); `storage_bytes`: the bucket's measured size (None: not measured). The rules are the
-    module docstring's. No clock: every count is taken at the caller's `now`."""
+    included); `storage_bytes`: the bucket's measured size (None: not measured); `held_in_tier`: the
+    submitter's own load in `tier` (its jobs of the tier not ended plus its pending uploads of the
+    tier). The rules are the module docstring's. No clock: every count is taken at the caller's
+    `now`. The caller asks only for a body that is already moving (`BodyRate.moving`), so a body
+    that never starts holds no slot."""
     limit = settings.storage_limit_bytes
     if limit is not None and storage_bytes is not None and storage_bytes >= limit:
         return Refusal(507, "storage_full", f"object storage holds {storage_bytes} bytes, at or past its limit "
@@ -113,6 +135,13 @@ def admission(tier: str, backlog: Mapping[str, Load], pending: Mapping[str, int]
         wait = retry_after(load[tier] - capacity + 1, done[tier], window, settings)
         return Refusal(503, "overloaded", f"tier {tier!r} has {load[tier]} jobs waiting or running, at or past its "
                                           f"capacity {capacity}; retry in {wait} s", wait)
+    share = tier_share_cap(tier, settings)
+    if held_in_tier >= share:
+        wait = retry_after(held_in_tier - share + 1, done[tier], window, settings)
+        return Refusal(429, "tier_share", f"submitter {submitter!r} holds {held_in_tier} of tier {tier!r}'s slots, at "
+                                          f"or past its share {share} (intake_submitter_tier_share = "
+                                          f"{settings.intake_submitter_tier_share:g} of the tier); retry in {wait} s",
+                       wait)
     total = sum(load.values())
     ceiling = settings.intake_total_capacity - TIERS.index(tier) * settings.intake_tier_reserve
     if total >= ceiling:
@@ -125,6 +154,21 @@ def admission(tier: str, backlog: Mapping[str, Load], pending: Mapping[str, int]
         wait = retry_after(in_flight - cap + 1, sum(done.values()), window, settings)
         return Refusal(429, "in_flight_cap", f"submitter {submitter!r} has {in_flight} jobs in flight, at or past "
                                              f"its cap {cap}; retry in {wait} s", wait)
+    return None
+
+
+def starting_refusal(submitter: str, starting: int, settings: AdmissionSettings) -> Refusal | None:
+    """Whether one more body of `submitter` may be read before admission, with `starting` of its
+    bodies already read in this process and not yet moving (`BodyRate.moving`): None, or 429
+    `too_many_starting` (Retry-After `intake_retry_after_min_s`: they move or end within the body
+    timeout) at or past `intake_max_starting_per_submitter`. Pure. Such a body holds no slot, but it
+    holds what it has read (at most `BodyRate.window_bytes` plus one read), so it is counted too."""
+    cap = settings.intake_max_starting_per_submitter
+    if starting >= cap:
+        wait = math.ceil(settings.intake_retry_after_min_s)
+        return Refusal(429, "too_many_starting", f"submitter {submitter!r} has {starting} uploads whose bodies have "
+                                                 f"not got moving yet, at or past intake_max_starting_per_submitter = "
+                                                 f"{cap}; send faster or fewer at once, retry in {wait} s", wait)
     return None
 
 

@@ -454,6 +454,18 @@ SELECT (SELECT count(*) FROM uploads u JOIN job_state j ON j.job_id = u.job_id
           AND NOT EXISTS (SELECT 1 FROM job_state j WHERE j.job_id = i.job_id))
        AS in_flight;
 
+-- name: submitter_tier_load
+-- One submitter's load in one tier (its share of the tier's slots, domain/policy/admission.py): its jobs of the tier accepted and not ended (%(ended_states)s), plus its HTTP uploads of the tier the projection does not know yet.
+SELECT (SELECT count(*) FROM uploads u JOIN job_state j ON j.job_id = u.job_id
+        WHERE u.submitter = %(submitter)s AND j.priority = %(tier)s
+          AND j.state <> ALL(%(ended_states)s))
+     + (SELECT count(*) FROM intake_uploads i
+        WHERE i.submitter = %(submitter)s AND i.priority = %(tier)s
+          AND ((i.state = 'uploading' AND i.updated_at >= now() - make_interval(secs => %(lease_s)s))
+               OR (i.state = 'published' AND i.updated_at >= now() - make_interval(secs => %(window_s)s)))
+          AND NOT EXISTS (SELECT 1 FROM job_state j WHERE j.job_id = i.job_id))
+       AS held;
+
 -- name: reuse_candidates
 -- Completed jobs with this source sha256 and profile fingerprint, newest first, with the job whose published outputs they point at (migration 013).
 SELECT job_id, COALESCE(reused_from, job_id) AS origin_job_id, master_url, completed_at FROM job_state

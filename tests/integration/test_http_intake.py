@@ -152,6 +152,8 @@ def test_in_flight_cap_429_storage_507_and_no_token_401(isolated, clip, tmp_path
 def test_a_load_past_capacity_gets_503s_and_every_accepted_upload_completes_once(isolated, pipeline, clip, tmp_path):
     settings = isolated.model_copy(update={
         "intake_tokens": TOKENS, "intake_tier_capacity": {"standard": 3}, "intake_max_in_flight_per_submitter": 1000,
+        # one submitter sends the whole load: the tier's capacity is measured here, not its share
+        "intake_submitter_tier_share": 1.0,
         "intake_retry_after_min_s": 1.0, "intake_retry_after_max_s": 3.0, "intake_throughput_window_s": 60.0})
     (tmp_path / "clip.mp4").write_bytes(clip)
     with intake_server(settings, tmp_path / "serve.log") as url:
@@ -184,7 +186,10 @@ def test_a_load_past_capacity_gets_503s_and_every_accepted_upload_completes_once
 def test_submit_url_waits_out_a_503_then_completes(isolated, pipeline, clip, tmp_path):
     settings = isolated.model_copy(update={
         "intake_tokens": TOKENS, "intake_tier_capacity": {"index": 1}, "intake_max_in_flight_per_submitter": 1000,
-        "intake_retry_after_min_s": 1.0, "intake_retry_after_max_s": 2.0})
+        "intake_retry_after_min_s": 1.0, "intake_retry_after_max_s": 2.0,
+        # the held body's first 1000 bytes make it moving (64 KiB/s x 0.01 s = 656 bytes), so it is
+        # admitted and holds the slot; with the default 2 s window it would hold none
+        "intake_body_rate_window_s": 0.01})
     path = tmp_path / "clip.mp4"
     path.write_bytes(clip)
     release, answers, stderr = threading.Event(), {}, []

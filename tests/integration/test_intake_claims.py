@@ -35,6 +35,10 @@ from tests.integration.test_http_intake import (  # noqa: F401
 from tests.integration.test_projector import run_projector_until_caught_up
 
 pytestmark = pytest.mark.integration
+HELD_WINDOW_S = 0.05
+"""The held bodies below send 4096 bytes and wait: with this window they are moving (64 KiB/s x
+0.05 s = 3277 bytes), so they are admitted and hold their claim, as a real upload paused mid-body
+does; with the default 2 s window (128 KiB) they would never be admitted (issue 44 item 3)."""
 
 
 def claim_row(settings, upload_id: str) -> tuple | None:
@@ -49,7 +53,8 @@ def test_an_intake_killed_mid_upload_leaves_a_claim_that_lapses_after_its_lease(
     runs, then lapses; a retry with the same Idempotency-Key on another intake is the same upload."""
     lease_s = 6.0
     settings = isolated.model_copy(update={"intake_tokens": TOKENS, "intake_claim_lease_s": lease_s,
-                                           "intake_tier_capacity": {"archive": 1, "standard": 100, "index": 50}})
+                                           "intake_tier_capacity": {"archive": 1, "standard": 100, "index": 50},
+                                           "intake_body_rate_window_s": HELD_WINDOW_S})
     upload_id = upload_id_for_key("alice", "order-kill")
     key = {"Idempotency-Key": "order-kill"}
     servers: list[subprocess.Popen] = []
@@ -107,7 +112,8 @@ def test_an_intake_stopped_past_its_lease_never_publishes_over_the_retry_that_to
     the key over and publishes; the stopped one, continued, finds its claim gone and answers 503
     without publishing. One UploadCompleted, the retry's."""
     lease_s = 3.0
-    settings = isolated.model_copy(update={"intake_tokens": TOKENS, "intake_claim_lease_s": lease_s})
+    settings = isolated.model_copy(update={"intake_tokens": TOKENS, "intake_claim_lease_s": lease_s,
+                                           "intake_body_rate_window_s": HELD_WINDOW_S})
     upload_id = upload_id_for_key("bob", "order-stop")
     key = {"Idempotency-Key": "order-stop"}
     servers: list[subprocess.Popen] = []

@@ -235,7 +235,8 @@ def test_stalled_bodies_are_cut_off_and_honest_uploads_still_get_through(hardene
                           f"Authorization: Bearer {token}\r\nContent-Type: video/mp4\r\n"
                           f"Content-Length: {len(clip) * 100}\r\n\r\n").encode() + clip[:1000])
             stalled.append(sock)  # headers and 1000 bytes of a promised larger body, then nothing
-        wait_for(lambda: uploading(hardened) >= STALLED_SOCKETS // 2, 30, "the stalled uploads to be admitted")
+        time.sleep(1.0)  # every stalled request is in the server, past its headers
+        assert uploading(hardened) == 0  # a body that never got moving holds no slot (issue 44 item 3)
         started = time.monotonic()
         honest = httpx.post(f"{served}/uploads?filename=honest.mp4", content=clip, timeout=60.0,
                             headers={"Authorization": "Bearer tok-bob", "Content-Type": "video/mp4"})

@@ -72,3 +72,40 @@ def test_storage_pressure_shortens_cleanup_retention_only_while_over_the_limit()
     assert retention_under_pressure(settings, True).cleanup_retention_s == 120
     longer = settings.model_copy(update={"storage_pressure_retention_s": 7200})
     assert retention_under_pressure(longer, True).cleanup_retention_s == 3600
+
+
+# -- One submitter's share of a tier (issue 44 item 3) ------------------------------------------------
+
+def test_one_submitter_cannot_hold_a_whole_tier():
+    settings = SETTINGS.model_copy(update={"intake_tier_capacity": {"archive": 100, "standard": 100, "index": 50},
+                                           "intake_total_capacity": 1000, "intake_max_in_flight_per_submitter": None,
+                                           "intake_submitter_tier_share": 0.5})
+    load = backlog({"index": 10})
+    assert admission("index", load, {"index": 14}, 0, None, "alice", settings, held_in_tier=24) is None
+    refused = admission("index", load, {"index": 15}, 0, None, "alice", settings, held_in_tier=25)
+    assert (refused.status, refused.error) == (429, "tier_share")
+    assert "holds 25 of tier 'index'" in refused.reason and "share 25" in refused.reason
+    assert refused.retry_after_s == 60  # nothing completed recently: the maximum
+    # Another submitter still gets a slot of the same tier.
+    assert admission("index", load, {"index": 15}, 0, None, "bob", settings, held_in_tier=0) is None
+
+
+def test_the_share_is_rounded_up_and_at_least_one():
+    from domain.policy.admission import tier_share_cap
+    settings = SETTINGS.model_copy(update={"intake_tier_capacity": {"archive": 3, "standard": 1},
+                                           "intake_total_capacity": 10, "intake_tier_reserve": 2,
+                                           "intake_submitter_tier_share": 0.5})
+    assert tier_share_cap("archive", settings) == 2  # 1.5 up
+    assert tier_share_cap("standard", settings) == 1
+    assert tier_share_cap("index", settings) == 3  # no tier capacity: total 10 - 2 x 2 = 6, half of it
+    whole = settings.model_copy(update={"intake_submitter_tier_share": 1.0})
+    assert tier_share_cap("archive", whole) == 3
+
+
+def test_a_submitter_has_at_most_its_cap_of_bodies_not_moving_yet():
+    from domain.policy.admission import starting_refusal
+    settings = SETTINGS.model_copy(update={"intake_max_starting_per_submitter": 3})
+    assert starting_refusal("alice", 2, settings) is None
+    refused = starting_refusal("alice", 3, settings)
+    assert (refused.status, refused.error, refused.retry_after_s) == (429, "too_many_starting", 2)
+    assert "alice" in refused.reason and "intake_max_starting_per_submitter = 3" in refused.reason
