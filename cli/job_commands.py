@@ -15,13 +15,14 @@ from rich.table import Table
 from domain.errors import TapelineError
 from domain.policy.tiers import TIERS
 from cli.helpers import console, fail, load_settings, out
+from projections import presenter
 from projections.presenter import timeline_detail
 from domain.lifecycle import TERMINAL_STATES
 from tapeline.settings import Settings
 
 
 def _wait_for_job(settings: Settings, job_id: str, timeout_s: float, show_progress: bool) -> dict[str, Any]:
-    from tapeline import read
+    from projections import read_model as read
 
     started = time.monotonic()
     deadline, next_cluster_check = started + timeout_s, started + 3.0
@@ -35,10 +36,10 @@ def _wait_for_job(settings: Settings, job_id: str, timeout_s: float, show_progre
                     _refuse_other_cluster(settings, conn)  # the projector would never show the job
                     next_cluster_check = time.monotonic() + 15.0
                 if row is not None:
-                    bar.update(task, completed=read.percent_done(row),
+                    bar.update(task, completed=presenter.percent_done(row),
                                description=f"{row['stage']} attempt {row['attempt']}: {row['state']}")
                     if row["state"] in TERMINAL_STATES:
-                        return read.job_summary(row)
+                        return presenter.job_summary(row)
                 if time.monotonic() > deadline:
                     raise TapelineError(f"job {job_id} did not finish within {timeout_s:.0f} s "
                                         f"(state: {row['state'] if row else 'not yet accepted'}); "
@@ -208,7 +209,7 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
     """Show a job's current state, or the most recent jobs, the publish providers (breaker state,
     cooldown, posts against quotas, last wait) and the projection's lag (events and seconds behind the
     log end; --json: {"jobs": [...], "projection_lag": {...}, "providers": [...]})."""
-    from tapeline import read
+    from projections import read_model as read
     from projections.provider_status import describe as describe_provider
     from projections.provider_status import provider_overview
 
@@ -219,7 +220,7 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
                 row = read.job_row(conn, job)
                 if row is None:
                     fail(TapelineError(f"no job {job} in the projections (not submitted, or intake not caught up)"), 2)
-                summary = read.job_summary(row)
+                summary = presenter.job_summary(row)
                 summary["attempt_history"] = read.attempt_history(conn, job)  # view attempts (migration 023)
                 summary["diagnosis"] = read.job_diagnosis(conn, row)  # domain/diagnosis.py
                 if as_json:
@@ -237,7 +238,7 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
                               + (f" ({a['reused_segments']} of its segments reused by a later attempt)"
                                  if a["reused_segments"] else ""), highlight=False)
                 return
-            rows = [read.job_summary(r) for r in read.recent_jobs(conn)]
+            rows = [presenter.job_summary(r) for r in read.recent_jobs(conn)]
             providers = provider_overview(conn, settings)  # breakers, quota use, last waits (migration 014)
             try:  # events and seconds behind the log end, per partition (tapeline/lag.py)
                 lag, lag_error = read.projection_lag(settings, conn).as_dict(), None
@@ -269,7 +270,7 @@ def stalled(as_json: bool = typer.Option(False, "--json", help="Print JSON")) ->
     """Attempts, handoffs and uploads that stopped moving, retries still waiting for their backoff or a
     worker, and jobs waiting for review, with kind, job, stage, attempt and for how long (seconds on the
     log clock)."""
-    from tapeline import read
+    from projections import read_model as read
 
     try:
         with read.open_reader(load_settings()) as conn:
@@ -294,7 +295,7 @@ def timeline(job: str = typer.Argument(..., help="Job id"),
              as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
     """Every event of a job in log order, with its attempt and broker timestamp. Checkpoints show their
     rendition, segment and media times; a transcode success shows which segments it reused from earlier attempts."""
-    from tapeline import read
+    from projections import read_model as read
 
     try:
         with read.open_reader(load_settings()) as conn:

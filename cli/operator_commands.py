@@ -42,7 +42,7 @@ def dlq_list(reason: Optional[str] = typer.Option(None, "--reason", help="Only t
              limit: int = typer.Option(1000, "--limit", help="At most this many, newest first"),
              as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
     """List dead letters, newest first: id, kind (job | record | projection), job, error class, why."""
-    from tapeline import read
+    from projections import read_model as read
 
     try:
         with read.open_reader(load_settings()) as conn:
@@ -71,7 +71,7 @@ def dlq_list(reason: Optional[str] = typer.Option(None, "--reason", help="Only t
 def dlq_show(dead_letter_id: str = typer.Argument(..., help="Dead letter id from `tapeline dlq list`"),
              as_json: bool = typer.Option(False, "--json", help="Print JSON (key and value base64)")) -> None:
     """One dead letter: its source position, error, evidence pointer, replay record and raw bytes."""
-    from tapeline import read
+    from projections import read_model as read
 
     try:
         with read.open_reader(load_settings()) as conn:
@@ -133,7 +133,7 @@ def _chosen_dead_letters(settings, dead_letter_id: str | None, every: bool, reas
     """The dead letter ids a `dlq replay`/`dlq fail` acts on: the one given, or with `every` (--all)
     each pending job dead letter (of error class `reason`, if given). Exits 2 unless exactly one of
     an id and --all is given."""
-    from tapeline import read
+    from projections import read_model as read
 
     if (dead_letter_id is None) == (not every):
         fail(TapelineError("give one dead letter id, or --all [--reason CLASS]"), 2)
@@ -203,11 +203,12 @@ review_app = typer.Typer(help="Jobs in needs_review: a publish that could not be
 @review_app.command("list")
 def review_list(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
     """Jobs waiting for a person, with the reason."""
-    from tapeline import read
+    from projections import presenter
+    from projections import read_model as read
 
     try:
         with read.open_reader(load_settings()) as conn:
-            rows = [read.job_summary(r) for r in read.jobs_in_state(conn, "needs_review")]
+            rows = [presenter.job_summary(r) for r in read.jobs_in_state(conn, "needs_review")]
     except TapelineError as exc:
         fail(exc)
     if as_json:

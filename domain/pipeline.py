@@ -7,7 +7,7 @@ derives from this one registry: the work topics (`tapeline.settings.Settings.all
 of `tapeline run` and their health ports (`cli/run_command.py`, `cli/supervisor.py`), the
 crash-point list (`tapeline/crashpoints.py`), the next stage after a success
 (`processors.worker.StageWorker.hand_on`), the work item the watchdog rebuilds
-(`processors/watchdog.py`), the display order (`tapeline/read.py`), and the fold's stage order for
+(`processors/watchdog.py`), the display order (`projections/read_model.py`), and the fold's stage order for
 a job (`stage_position`, mirrored in `native/src/lib.rs`).
 
 `JobAccepted` records the profile's name (`pipeline`) and its stages (`pipeline_stages`), so a job
@@ -48,7 +48,7 @@ class StageSpec:
     heartbeats with progress of its own while it works (crash points `<stage>.Heartbeat.*` join the
     list; False for a stage whose only heartbeats are `Attempt.keepalive`'s during a copy, archive: a
     short job ends before the first one, and those transactions are the same code as every stage's); `share`: its weight in a job's
-    0-100 progress (`tapeline.read.percent_done`); `final`: the stage that ends a job
+    0-100 progress (`projections.read_model.percent_done`); `final`: the stage that ends a job
     (`JobCompleted`, publish): its outputs are not carried to the job's row.
     """
 

@@ -72,7 +72,7 @@ def operator_transactional_id(settings: Settings, job_id: str) -> str:
 
 def _dead_letter(jobs: JobStore, dead_letter_id: str) -> dict[str, Any] | None:
     """One dead letter (the `dead_letter_by_id` operation) with its attempt counts
-    (`tapeline.rows.letter_attempts`), or None; what `tapeline.read.dead_letter` returns."""
+    (`tapeline.rows.letter_attempts`), or None; what `projections.read_model.dead_letter` returns."""
     row = jobs.one("dead_letter_by_id", {"id": dead_letter_id})
     return letter_attempts(row) if row is not None else None
 

@@ -31,7 +31,7 @@ from producers.intake_claims import Claim, ClaimKeeper
 from tapeline import kafka
 from tapeline.objectstore import ObjectStore, StorageGauge
 from tapeline.postgres import session_options, q
-from tapeline.read import tier_backlog
+from tapeline.rows import tier_backlogs
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.http_intake")
@@ -108,7 +108,7 @@ class IntakeService:
             self.expire(conn)
             if key is not None and conn.execute(q("intake_upload_by_key"), self._key_params(submitter, key)).fetchone():
                 return False
-            backlog = tier_backlog(conn, window)
+            backlog = tier_backlogs(conn.execute(q("tier_backlog"), {"window_s": window}).fetchall(), window)
             pending = {r["tier"]: int(r["pending"]) for r in conn.execute(q("intake_pending_by_tier"), counted)}
             in_flight = int(conn.execute(q("submitter_in_flight"), {"submitter": submitter, **counted,
                                                                     "ended_states": sorted(TERMINAL_STATES)}

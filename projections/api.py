@@ -59,7 +59,7 @@ from projections.edge import CONTENT_SECURITY_POLICY, Answer, EdgeGuard, FlashSi
 from projections.edge import not_json, problem as edge_problem
 from projections.glossary import STALL_KINDS, glossary
 from projections.web_ports import Intake, OperatorActions, WebhookEndpoints
-from tapeline import read
+from projections import read_model as read
 from projections.provider_status import provider_overview
 from projections.problems import Sources, problems_router
 from projections.region_panel import RegionPanelSource

@@ -17,7 +17,7 @@ from projections.api_deps import Web, client_of, job_or_404, page, require_admin
 from projections.api_models import (ACTIONS, ID_MAX, NUL_FREE, OPERATOR_MAX, TOKEN_MAX, WHY_MAX, Action, ActionResult,
                                     DismissRequest, FailRequest, ReplayRequest, ResolveRequest)
 from projections.web_ports import OperatorActions
-from tapeline import read
+from projections import read_model as read
 
 log = structlog.get_logger("tapeline.api")
 router = APIRouter()

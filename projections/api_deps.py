@@ -23,7 +23,7 @@ from projections.edge import FlashSigner
 from projections.web_ports import OperatorActions, WebhookEndpoints
 from projections.problems import Sources, problems_now
 from projections.region_panel import RegionPanelSource
-from tapeline import read
+from projections import read_model as read
 from tapeline.settings import Settings
 
 if TYPE_CHECKING:

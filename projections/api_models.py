@@ -13,8 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from domain import lifecycle
+from projections import presenter
 from projections.presenter import timeline_detail
-from tapeline import read
 
 STATES = lifecycle.STATES  # schemas/lifecycle.json, in lifecycle order
 State = Literal[STATES]  # type: ignore[valid-type]  (a job state, checked by FastAPI)
@@ -30,9 +30,9 @@ def iso(value: Any) -> Any:
 
 
 def job_json(row: dict[str, Any]) -> dict[str, Any]:
-    """One job for the API: `read.job_summary` (what `tapeline status --json` prints) plus priority,
+    """One job for the API: `presenter.job_summary` (what `tapeline status --json` prints) plus priority,
     upload, worker, error class and reason (always), progress and times (broker time, ISO)."""
-    data = read.job_summary(row)
+    data = presenter.job_summary(row)
     data.update({name: iso(row.get(name)) for name in (
         "upload_id", "priority", "worker", "error_class", "reason", "progress_out_time_s", "progress_speed",
         "progress_at", "last_event_type", "events", "created_at", "completed_at")})
@@ -45,7 +45,7 @@ def plain(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def event_json(row: dict[str, Any]) -> dict[str, Any]:
-    """One timeline row (`read.timeline`) for the API: every column, times as ISO 8601 text, and
+    """One timeline row (`read_model.timeline`) for the API: every column, times as ISO 8601 text, and
     `flags` (superseded, duplicate, or evidence for an event that changed no state) and `detail` (the
     text every view shows for it: `projections/presenter.py` `timeline_detail`)."""
     flags = [f for f in ("superseded", "duplicate") if row[f]] or ([] if row["applied"] else ["evidence"])
@@ -110,7 +110,7 @@ class JobDetail(BaseModel):
     checkpoints: list[dict[str, Any]]
     source: dict[str, Any] | None = Field(None, description="The source: upload (filename, size, sha256), the "
                                           "probe summary per stream, and other jobs of the same sha256 "
-                                          "(`tapeline.read.job_source`)")
+                                          "(`projections.read_model.job_source`)")
     diagnosis: DiagnosisOut | None = Field(None, description="What happened and what to do, in plain words: "
                                              "summary, stall, permanent, why, action, same_source "
                                              "(`domain.diagnosis.diagnose`)")

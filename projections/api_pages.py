@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse
 from projections.api_deps import Web, bearer, db, page, refusal_reason, token_ok, web
 from projections.api_models import NUL_FREE, PG_BIGINT_MAX, STATES, TOKEN_MAX, Priority, Stage, State, event_json, job_json, letter_json
 from projections.api_reads import overview
-from tapeline import read
+from projections import read_model as read
 
 router = APIRouter()
 

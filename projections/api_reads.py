@@ -17,7 +17,7 @@ from projections.api_deps import Web, bearer, db, job_or_404, token_ok, web
 from projections.api_models import (ONE, PG_BIGINT_MAX, READS, STATES, JobDetail, JobPage, Priority, Stage, State,
                                     answers, as_utc, event_json, job_json, letter_json, plain)
 from projections.provider_status import provider_overview
-from tapeline import read
+from projections import read_model as read
 
 router = APIRouter()
 

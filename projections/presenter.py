@@ -1,10 +1,111 @@
-"""The one presenter of what the projections hold: pure functions from read-model rows to the words
-and numbers every view shows (the CLI, the API and the dashboard's templates call these; none keeps
-its own list). No I/O."""
+"""The one presenter of what the projections hold: pure functions from read-model rows
+(`projections/read_model.py`) to the words and numbers every view shows: a job's summary
+(`job_summary`: what `tapeline status --json` prints and the API's job), its percent done, published
+artifacts and archived objects, the detail of each timeline event (`timeline_detail`). The CLI, the
+API and the dashboard's templates call these; none keeps its own list. (Stalled rows:
+`domain/policy/stall.py`.) No I/O."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
+
+from domain import pipeline
+from domain.lifecycle import TERMINAL_STATES
+from domain.links import web_url
+from tapeline.objects import attempt_path
+
+
+INTAKE_SHARE = 0.05
+
+
+def stage_shares(stages: Sequence[str] | None) -> dict[str, tuple[float, float]]:
+    """(low, high) share of the whole job each stage represents in `percent_done`: intake the first
+    5 %, the job's stages (`job_state.pipeline_stages`, `pipeline.LEGACY_STAGES` for an older job)
+    the rest, in order, weighted by their declarations' `share` (transcode 0.85, publish 0.10, so an
+    older job keeps 0.05-0.90-1.0). Pure."""
+    names = pipeline.job_stages(stages)
+    weights = [pipeline.BY_NAME[s].share if s in pipeline.BY_NAME else 0.0 for s in names]
+    scale = (1.0 - INTAKE_SHARE) / (sum(weights) or 1.0)
+    shares, low = {pipeline.INTAKE: (0.0, INTAKE_SHARE)}, INTAKE_SHARE
+    for name, weight in zip(names, weights):
+        shares[name] = (low, low + weight * scale)
+        low += weight * scale
+    return shares
+
+
+STAGE_SHARE = stage_shares(None)
+"""`stage_shares` of a job accepted before profiles (transcode, publish)."""
+
+
+def percent_done(row: dict[str, Any]) -> float:
+    """0-100: stages weighted by `stage_shares`, a running media stage's (transcode, thumbnails)
+    progress from the media seconds its heartbeats report.
+
+    Only a completed job is 100; a job that ended otherwise (cancelled, failed, dead-lettered, ...)
+    shows where it stopped: the share of the stages before the one it was in (a job cancelled before
+    it ever ran is 0)."""
+    if row["state"] == "completed":
+        return 100.0
+    low, high = stage_shares(row.get("pipeline_stages")).get(row["stage"], (0.0, INTAKE_SHARE))
+    if row["state"] in TERMINAL_STATES:
+        return round(100.0 * low, 1)
+    inside = 0.0
+    declared = pipeline.BY_NAME.get(row["stage"])
+    if row["state"] == "running" and declared is not None and declared.uses_media_tool and row.get("source_duration_s"):
+        inside = min(1.0, (row.get("progress_out_time_s") or 0.0) / row["source_duration_s"])
+    return round(100.0 * (low + (high - low) * inside), 1)
+
+
+def published_artifacts(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The job's outputs that are not a rendition's (`job_state.outputs` beyond the renditions' and
+    the audio's folders: the poster, storyboard and WebVTT track of `thumbnails`, or any other
+    stage's), each `{"name": path beside the master playlist, "stage", "content_type", "sha256",
+    "size_bytes", "url"}`; `url` is where publish put it (beside `master_url`), None until then. Pure."""
+    folders = {r["name"] for r in (row.get("ladder") or []) + (row.get("renditions") or [])} | {"audio"}
+    master = web_url(row.get("master_url"))  # an http(s) URL or None (domain/links.py)
+    base = master.rsplit("/", 1)[0] + "/" if master and not row.get("reused_from") else None
+    found = []
+    for output in row.get("outputs") or []:
+        scoped = attempt_path(output["key"])
+        if scoped is None or scoped[1].split("/", 1)[0] in folders:
+            continue
+        stage, path = scoped
+        found.append({"name": path, "stage": stage, "content_type": output["content_type"],
+                      "sha256": output["sha256"], "size_bytes": output["size_bytes"],
+                      "url": base + path if base else None})
+    return found
+
+
+def archived_objects(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The job's archived objects (the `archive` stage's copy of the source and its manifest, under
+    `archive/{job}/`, private: no URL), each `{"key", "content_type", "sha256", "size_bytes"}`. Pure."""
+    return [{name: output[name] for name in ("key", "content_type", "sha256", "size_bytes")}
+            for output in row.get("outputs") or [] if output["key"].startswith("archive/")]
+
+
+def job_summary(row: dict[str, Any]) -> dict[str, Any]:
+    """The JSON object `tapeline submit --json` and `status --json` print for one job."""
+    summary: dict[str, Any] = {"job_id": row["job_id"], "state": row["state"], "stage": row["stage"],
+                               "attempts": row["attempts"], "source_duration_s": row["source_duration_s"]}
+    if row["state"] != "completed":
+        summary["error_class"] = row["error_class"]
+        summary["reason"] = row["reason"]
+    summary["master_url"] = web_url(row["master_url"])  # URLs an event carried: http(s) only (domain/links.py)
+    summary["outputs"] = [{"name": r["name"], "width": r["width"], "height": r["height"], "url": web_url(r.get("url"))}
+                          for r in (row["renditions"] or [])]
+    summary["artifacts"] = published_artifacts(row)  # thumbnails' poster, storyboard, WebVTT track, ...
+    summary["archived"] = archived_objects(row)  # the archive profile's preserved source and manifest
+    summary["pipeline"] = row.get("pipeline")
+    summary["percent"] = percent_done(row)
+    # Issue 9: the tier, the degradation ladder and result reuse (migration 013).
+    summary["priority"] = row.get("priority")
+    summary["degraded"] = bool(row.get("degraded"))
+    summary["degraded_reason"] = row.get("degraded_reason")
+    summary["reused_from"] = row.get("reused_from")
+    summary["leased_until"] = row["leased_until"].isoformat() if row["leased_until"] else None
+    summary["progress_frames"] = row["progress_frames"]
+    summary["updated_at"] = row["updated_at"].isoformat()
+    return summary
 
 
 def reused_segments(payload: dict[str, Any], attempt: int) -> str:
@@ -28,7 +129,7 @@ no answer), seconds the POST took, why it failed and when the next try is due.""
 
 
 def timeline_detail(row: dict[str, Any]) -> str:
-    """The detail column of one timeline row (`tapeline.read.timeline`: `event_type`, `stage`,
+    """The detail column of one timeline row (`projections.read_model.timeline`: `event_type`, `stage`,
     `attempt`, `payload`), the same text in `tapeline timeline`, its `--json`, the API's timeline
     and the job page: an event's own summary where it has one, then every fact of `SHOWN` its
     payload holds that the summary did not name (who acted, which dead letter, ...)."""

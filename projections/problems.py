@@ -3,7 +3,7 @@
 count, plain words and links to the jobs concerned.
 
 `active_problems` decides from facts and `now` (pure); `read_facts` gathers the facts from
-PostgreSQL (tapeline.read and provider_status); `problems_now` is what the page renderer calls, and
+PostgreSQL (projections.read_model and provider_status); `problems_now` is what the page renderer calls, and
 `problems_router` serves the same as `GET /api/problems`, which static/dashboard.js polls to keep the
 strip current between page loads.
 
@@ -31,7 +31,7 @@ from fastapi import APIRouter
 
 from domain.policy.stall import ATTEMPT_STALL_KINDS
 from projections.provider_status import provider_overview
-from tapeline import read
+from projections import read_model as read
 from tapeline.settings import Settings
 
 log = structlog.get_logger("projections.problems")
@@ -100,10 +100,10 @@ def active_problems(stalls: list[dict[str, Any]], letters_pending: int, letters:
     """The active problems, most urgent first; empty when all is well. Pure.
 
     Args:
-        stalls: `tapeline.read.stalls` entries (kind, job_id, ...); kinds `waiting` and `needs_review`
+        stalls: `projections.read_model.stalls` entries (kind, job_id, ...); kinds `waiting` and `needs_review`
             are not problems here (they wait for a backoff, a worker or a person by design).
         letters_pending: dead letters not yet replayed; letters: the newest of them
-            (`tapeline.read.dead_letters(pending=True)`), each with `job_id` (None: a record naming no job).
+            (`projections.read_model.dead_letters(pending=True)`), each with `job_id` (None: a record naming no job).
         providers: `provider_overview` rows (provider, state).
         log_clock: the newest log clock of any partition (None: none yet); `now`: the database clock.
         tick_s: the watchdog's tick period, seconds; the log clock older than max(SILENT_TICKS x

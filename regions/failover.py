@@ -242,7 +242,7 @@ def _drain(source: Settings, target: Settings, timeout_s: float) -> int:
 def _wait_caught_up(settings: Settings, timeout_s: float) -> None:
     """Until the projection has applied every committed record of its topics. Raises FailoverError
     after `timeout_s`."""
-    from tapeline.read import projection_lag
+    from projections.read_model import projection_lag
 
     deadline = time.monotonic() + timeout_s
     last = None
@@ -264,7 +264,7 @@ def _requeue_lost_attempts(processes: Processes, target: Settings, record: ev.Re
     one transaction; returns `[{job_id, stage, attempt}]` of the attempts lost."""
     from processors.runtime import transact
     from processors.watchdog import run_once
-    from tapeline.read import jobs_in_state
+    from projections.read_model import jobs_in_state
 
     from psycopg.rows import dict_row
 

@@ -1,6 +1,6 @@
-"""Pure shapes of projection rows, shared by the read helpers (`tapeline/read.py`, over a
+"""Pure shapes of projection rows, shared by the read helpers (`projections/read_model.py`, over a
 PostgreSQL connection) and the processors (over the `JobStore` port, which imports no client
-library): a dead letter's attempt counts and the tiers' backlog. `tapeline.read` re-exports them.
+library): a dead letter's attempt counts and the tiers' backlog. `projections.read_model` re-exports them.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ class AdmissionSettings(Protocol):
 
 
 class Load(Protocol):
-    """One tier's load (`tapeline.read.TierBacklog`): `backlog` (jobs waiting + running),
+    """One tier's load (`projections.read_model.TierBacklog`): `backlog` (jobs waiting + running),
     `completed_recently` (jobs ended in the last `window_s` seconds)."""
 
     @property

@@ -52,7 +52,7 @@ def test_sigstop_worker_past_its_lease_is_fenced_on_waking(fault_settings, roles
 def test_stopped_publish_processor_shows_a_stalled_handoff_and_completes_once_after_restart(
         fault_settings, roles, long_video):
     from tapeline.samples import sample_video
-    from tapeline import read
+    from projections import read_model as read
 
     for role in ("projector", "intake", "watchdog", *(s for s in STAGE_NAMES if s != "publish")):
         roles.start(role)

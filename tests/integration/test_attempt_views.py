@@ -13,7 +13,7 @@ import pytest
 
 from processors.runtime import transact
 from cli.wiring import build_runtime
-from tapeline import read
+from projections import read_model as read
 from projections.projector import apply_batch
 from tapeline.kafka import broker_time
 from tapeline.postgres import connect, migrate

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from cli.main import app
 
 from domain.policy.tiers import after_claim, choose_tier
-from tapeline import read
+from projections import presenter
+from projections import read_model as read
 from projections.presenter import timeline_detail
 from tapeline.objectstore import ObjectStore
 from tests.conftest import settings_env, wait_for
@@ -154,7 +155,7 @@ def test_a_burst_degrades_later_index_jobs_and_full_quality_returns_once_drained
         f"index backlog {n} > threshold 2: 48p at preset superfast" for n in (3, 4)]
     assert [accepted[j].x264_preset for j in burst] == ["veryfast"] * 3 + ["superfast"] * 2
     with read.open_reader(settings) as conn:
-        summaries = {j: read.job_summary(read.job_row(conn, j)) for j in burst + [after]}
+        summaries = {j: presenter.job_summary(read.job_row(conn, j)) for j in burst + [after]}
     assert [[o["name"] for o in summaries[j]["outputs"]] for j in burst + [after]] == \
         [["90p", "48p"]] * 3 + [["48p"]] * 2 + [["90p", "48p"]]
     assert [summaries[j]["degraded"] for j in burst + [after]] == [False] * 3 + [True] * 2 + [False]
@@ -192,7 +193,7 @@ def submit(settings, path, profile: str = "default") -> dict:
     with read.open_reader(settings) as conn:
         row = wait_for(lambda: (lambda r: r if r and r["state"] in ("completed", "failed", "rejected") else None)(
             read.job_row(conn, job_id)), 120, f"job {job_id} to end")
-        return read.job_summary(row)
+        return presenter.job_summary(row)
 
 
 def lifecycle(settings, job_id: str) -> list[str]:

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from producers.http_intake import upload_id_for_key
-from tapeline.read import open_reader
+from projections.read_model import open_reader
 from domain import events as ev
 from tapeline.samples import sample_video
 from tests.conftest import REPO, settings_env, wait_for

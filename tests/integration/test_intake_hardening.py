@@ -24,7 +24,7 @@ import pytest
 from domain.errors import ObjectMissing, StorageError
 from processors.intake import record_hold_bound_s
 from producers.submit import publish, upload_completed
-from tapeline.read import open_reader
+from projections.read_model import open_reader
 from tapeline import kafka
 from tapeline.objectstore import ObjectStore
 from tests.conftest import Pipeline, tapeline_cli, wait_for

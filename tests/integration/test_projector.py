@@ -176,8 +176,8 @@ def test_waiting_for_a_job_fails_fast_when_the_projections_come_from_another_clu
 def test_a_processor_told_to_stop_gives_up_waiting_for_a_projection_at_once(isolated, written):
     """A processor waiting for the projection (here one that never runs) stops when asked, not after
     its caught-up timeout (a supervisor's SIGTERM would otherwise wait the whole grace)."""
-    from tapeline.read import wait_caught_up
     from domain.errors import ServiceUnavailable
+    from tapeline.postgres import wait_applied
 
     reader = kafka.consumer(isolated, f"lso-{uuid.uuid4().hex[:6]}")
     partition = kafka.partition_for(written[0][0].job_id, kafka.partition_count(reader, isolated.jobs_topic))
@@ -187,7 +187,8 @@ def test_a_processor_told_to_stop_gives_up_waiting_for_a_projection_at_once(isol
         with connect(isolated.database_url, autocommit=True) as conn:
             started = time.monotonic()
             with pytest.raises(ServiceUnavailable, match="stopping while the projector is behind"):
-                wait_caught_up(conn, reader, isolated.jobs_topic, partition, 60.0, projection="never-run", stop=stop)
+                target = kafka.last_stable_offsets(reader, isolated.jobs_topic, [partition])[partition]
+                wait_applied(conn, isolated.jobs_topic, partition, target, 60.0, projection="never-run", stop=stop)
             assert time.monotonic() - started < 10  # the timeout is 60 s
     finally:
         reader.close()

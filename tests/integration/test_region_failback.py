@@ -135,7 +135,7 @@ def _submit(a: Settings, region: str, wait: bool) -> dict:
 
 
 def _state(settings: Settings, job_id: str) -> dict | None:
-    from tapeline import read
+    from projections import read_model as read
 
     try:
         with read.open_reader(settings) as conn:

@@ -1,10 +1,10 @@
-"""`tapeline.read.tier_backlog`: per-tier waiting/running/recently-completed counts from job_state."""
+"""`projections.read_model.tier_backlog`: per-tier waiting/running/recently-completed counts from job_state."""
 
 from __future__ import annotations
 
 import uuid
 
-from tapeline.read import open_reader, tier_backlog
+from projections.read_model import open_reader, tier_backlog
 
 
 def _insert(conn, state: str, priority: str | None, completed_ago_s: float | None = None) -> None:

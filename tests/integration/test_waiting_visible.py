@@ -21,7 +21,7 @@ import pytest
 from domain import events as ev
 from processors.runtime import transact
 from cli.wiring import build_runtime
-from tapeline import read
+from projections import read_model as read
 from tests.conftest import tapeline_cli, wait_for
 from tests.integration.test_read_api import Job, job_row, projected_lifecycles
 

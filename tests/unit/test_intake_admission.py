@@ -6,7 +6,7 @@ from __future__ import annotations
 from domain.policy.cleanup import retention_under_pressure
 from domain.policy.admission import admission, retry_after
 from producers.http_intake import refusal_response, upload_id_for_key
-from tapeline.read import TierBacklog
+from projections.read_model import TierBacklog
 from domain import events as ev
 from tapeline.settings import Settings
 

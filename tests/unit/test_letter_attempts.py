@@ -4,7 +4,7 @@ again shows the attempts it started (6), with the 3 its last budget counted besi
 from __future__ import annotations
 
 from cli.operator_commands import _letter_attempts
-from tapeline.read import letter_attempts
+from projections.read_model import letter_attempts
 
 
 def test_a_replayed_job_out_of_attempts_again_shows_all_its_attempts():

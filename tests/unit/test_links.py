@@ -13,7 +13,7 @@ import pytest
 from domain.lifecycle import JOB_STATE_COLUMNS
 from domain.links import web_url
 from processors.notify import webhook_body
-from tapeline.read import job_summary
+from projections.presenter import job_summary
 
 GOOD = "https://cdn.example/published/j/master.m3u8"
 BAD = ["javascript:alert(1)", "JavaScript:alert(document.domain)//http://x", " javascript:alert(1)",

@@ -1,11 +1,11 @@
-"""`tapeline.read.percent_done`: only a completed job shows 100 % (issue 20 item 6: a cancelled job that
+"""`projections.read_model.percent_done`: only a completed job shows 100 % (issue 20 item 6: a cancelled job that
 never ran showed "done 100 %")."""
 
 from __future__ import annotations
 
 import pytest
 
-from tapeline.read import percent_done
+from projections.presenter import percent_done
 
 
 def row(state: str, stage: str, **extra) -> dict:

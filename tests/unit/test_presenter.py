@@ -20,7 +20,7 @@ from cli.main import app
 from domain import events as ev
 from projections.api_models import event_json
 from projections.presenter import SHOWN, timeline_detail
-from tapeline import read
+from projections import read_model as read
 from tests.unit.test_fold_differential import ENVELOPE, FIELDS
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "projections" / "templates"

@@ -1,46 +1,22 @@
-"""Reads over the projections (the job-state reader): for the CLI, the read API (`projections/api.py`),
-the HTTP intake's backpressure and the processors that consult current state."""
+"""The read model: every query over the projections that the CLI (`cli/job_commands.py`,
+`cli/operator_commands.py`), the read API and dashboard (`projections/api*.py`) and the region
+failover read, on a read-only session (`open_reader`). Rows are shaped for display by pure
+functions: here the job summary and percent done, `projections/presenter.py` the timeline's words,
+`domain/policy/stall.py` the stalled rows. (The processors and the HTTP intake read through their
+own job store sessions: the named queries of `projections/sql/queries.sql`.)"""
 
 from __future__ import annotations
 
-import threading
 from datetime import datetime, timedelta, timezone
-from typing import Any, Sequence
+from typing import Any
 
 import psycopg
 
-from domain import pipeline
 from domain.diagnosis import diagnose
-from domain.links import web_url
-from domain.lifecycle import TERMINAL_STATES
-from tapeline import kafka
-from tapeline.objects import attempt_path
-from tapeline.postgres import connect, q, wait_applied
-from domain.errors import ConfigurationError, ServiceUnavailable
+from tapeline.postgres import connect, q
+from domain.errors import ConfigurationError
 from tapeline.rows import TierBacklog, letter_attempts, tier_backlogs  # noqa: F401 (pure; re-exported)
 from tapeline.settings import Settings
-
-INTAKE_SHARE = 0.05
-
-
-def stage_shares(stages: Sequence[str] | None) -> dict[str, tuple[float, float]]:
-    """(low, high) share of the whole job each stage represents in `percent_done`: intake the first
-    5 %, the job's stages (`job_state.pipeline_stages`, `pipeline.LEGACY_STAGES` for an older job)
-    the rest, in order, weighted by their declarations' `share` (transcode 0.85, publish 0.10, so an
-    older job keeps 0.05-0.90-1.0). Pure."""
-    names = pipeline.job_stages(stages)
-    weights = [pipeline.BY_NAME[s].share if s in pipeline.BY_NAME else 0.0 for s in names]
-    scale = (1.0 - INTAKE_SHARE) / (sum(weights) or 1.0)
-    shares, low = {pipeline.INTAKE: (0.0, INTAKE_SHARE)}, INTAKE_SHARE
-    for name, weight in zip(names, weights):
-        shares[name] = (low, low + weight * scale)
-        low += weight * scale
-    return shares
-
-
-STAGE_SHARE = stage_shares(None)
-"""`stage_shares` of a job accepted before profiles (transcode, publish)."""
-
 
 def open_reader(settings: Settings) -> psycopg.Connection:
     """An autocommit connection (dict rows) to the projection schema. Raises `ConfigurationError`
@@ -57,77 +33,6 @@ def open_reader(settings: Settings) -> psycopg.Connection:
 
 def job_row(conn: psycopg.Connection, job_id: str) -> dict[str, Any] | None:
     return conn.execute(q("job_status"), {"job_id": job_id}).fetchone()
-
-
-def percent_done(row: dict[str, Any]) -> float:
-    """0-100: stages weighted by `stage_shares`, a running media stage's (transcode, thumbnails)
-    progress from the media seconds its heartbeats report.
-
-    Only a completed job is 100; a job that ended otherwise (cancelled, failed, dead-lettered, ...)
-    shows where it stopped: the share of the stages before the one it was in (a job cancelled before
-    it ever ran is 0)."""
-    if row["state"] == "completed":
-        return 100.0
-    low, high = stage_shares(row.get("pipeline_stages")).get(row["stage"], (0.0, INTAKE_SHARE))
-    if row["state"] in TERMINAL_STATES:
-        return round(100.0 * low, 1)
-    inside = 0.0
-    declared = pipeline.BY_NAME.get(row["stage"])
-    if row["state"] == "running" and declared is not None and declared.uses_media_tool and row.get("source_duration_s"):
-        inside = min(1.0, (row.get("progress_out_time_s") or 0.0) / row["source_duration_s"])
-    return round(100.0 * (low + (high - low) * inside), 1)
-
-
-def published_artifacts(row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The job's outputs that are not a rendition's (`job_state.outputs` beyond the renditions' and
-    the audio's folders: the poster, storyboard and WebVTT track of `thumbnails`, or any other
-    stage's), each `{"name": path beside the master playlist, "stage", "content_type", "sha256",
-    "size_bytes", "url"}`; `url` is where publish put it (beside `master_url`), None until then. Pure."""
-    folders = {r["name"] for r in (row.get("ladder") or []) + (row.get("renditions") or [])} | {"audio"}
-    master = web_url(row.get("master_url"))  # an http(s) URL or None (domain/links.py)
-    base = master.rsplit("/", 1)[0] + "/" if master and not row.get("reused_from") else None
-    found = []
-    for output in row.get("outputs") or []:
-        scoped = attempt_path(output["key"])
-        if scoped is None or scoped[1].split("/", 1)[0] in folders:
-            continue
-        stage, path = scoped
-        found.append({"name": path, "stage": stage, "content_type": output["content_type"],
-                      "sha256": output["sha256"], "size_bytes": output["size_bytes"],
-                      "url": base + path if base else None})
-    return found
-
-
-def archived_objects(row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The job's archived objects (the `archive` stage's copy of the source and its manifest, under
-    `archive/{job}/`, private: no URL), each `{"key", "content_type", "sha256", "size_bytes"}`. Pure."""
-    return [{name: output[name] for name in ("key", "content_type", "sha256", "size_bytes")}
-            for output in row.get("outputs") or [] if output["key"].startswith("archive/")]
-
-
-def job_summary(row: dict[str, Any]) -> dict[str, Any]:
-    """The JSON object `tapeline submit --json` and `status --json` print for one job."""
-    summary: dict[str, Any] = {"job_id": row["job_id"], "state": row["state"], "stage": row["stage"],
-                               "attempts": row["attempts"], "source_duration_s": row["source_duration_s"]}
-    if row["state"] != "completed":
-        summary["error_class"] = row["error_class"]
-        summary["reason"] = row["reason"]
-    summary["master_url"] = web_url(row["master_url"])  # URLs an event carried: http(s) only (domain/links.py)
-    summary["outputs"] = [{"name": r["name"], "width": r["width"], "height": r["height"], "url": web_url(r.get("url"))}
-                          for r in (row["renditions"] or [])]
-    summary["artifacts"] = published_artifacts(row)  # thumbnails' poster, storyboard, WebVTT track, ...
-    summary["archived"] = archived_objects(row)  # the archive profile's preserved source and manifest
-    summary["pipeline"] = row.get("pipeline")
-    summary["percent"] = percent_done(row)
-    # Issue 9: the tier, the degradation ladder and result reuse (migration 013).
-    summary["priority"] = row.get("priority")
-    summary["degraded"] = bool(row.get("degraded"))
-    summary["degraded_reason"] = row.get("degraded_reason")
-    summary["reused_from"] = row.get("reused_from")
-    summary["leased_until"] = row["leased_until"].isoformat() if row["leased_until"] else None
-    summary["progress_frames"] = row["progress_frames"]
-    summary["updated_at"] = row["updated_at"].isoformat()
-    return summary
 
 
 def timeline(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
@@ -408,17 +313,3 @@ def dead_letter_counts(conn: psycopg.Connection) -> dict[str, int]:
     """{"total": n, "pending": n neither replayed nor dismissed}."""
     return dict(conn.execute(q("dead_letter_counts")).fetchone())
 
-
-def wait_caught_up(conn: psycopg.Connection, lso_reader, topic: str, partition: int, timeout_s: float,
-                   projection: str = "main", poll_s: float = 0.05, at_least: int = 0,
-                   stop: threading.Event | None = None) -> None:
-    """Block until the projection has applied `topic[partition]` up to its last stable offset
-    (and at least up to `at_least`, the offset after the caller's own last write).
-
-    `conn` must be in autocommit mode (each read sees the latest commit). `lso_reader` is a
-    read_committed consumer (used only to ask the broker for the LSO). Raises
-    `ServiceUnavailable` after `timeout_s` seconds (a worker must not decide on a stale view), or
-    at once when `stop` is set (a processor asked to stop does not wait out the timeout first).
-    """
-    target = max(at_least, kafka.last_stable_offsets(lso_reader, topic, [partition])[partition])
-    wait_applied(conn, topic, partition, target, timeout_s, projection=projection, poll_s=poll_s, stop=stop)
