@@ -38,7 +38,7 @@ def _print_table(report: dict[str, Any], console: Console) -> None:
             started = f"yes ({svc['cluster']})" if svc["started_by_stack"] else "no"
         else:
             started = "-"
-        detail = svc.get("error") or (f"version {svc['version']}" if name == "ffmpeg"
+        detail = svc.get("error") or svc.get("client_error") or (f"version {svc['version']}" if name == "ffmpeg"
                                       else f"bucket {svc['bucket']}" if name == "s3" else svc.get("log") or "")
         state = "[green]up[/]" if svc["up"] else "[red]down[/]"
         if name in ("prometheus", "alertmanager") and not svc["up"] and not svc["pid"]:
@@ -90,14 +90,26 @@ def up_command(
                                 "2; node n on the bootstrap port + 2(n-1). Export TAPELINE_KAFKA_BROKERS=3 for the "
                                 "processors too, so they bootstrap from every node."),
     region: str = typer.Option("a", "--region", help=REGION_HELP),
+    secure: bool = typer.Option(False, "--secure", help="Kafka with a SASL_SSL listener instead of PLAINTEXT: a CA "
+                                "and broker certificate, one SCRAM-SHA-512 principal per role (passwords in "
+                                "<home>/kafka/secure/credentials.json) and ACLs giving each role only its topics "
+                                "(docs/security.md). One node; its data apart from the plain node's."),
 ) -> None:
     """Start (or reuse) Kafka, PostgreSQL and S3, check ffmpeg, create the topics; with
     --with-monitoring also Prometheus and Alertmanager. With --region b, region B's own services and
-    the log mirror from region A instead."""
+    the log mirror from region A instead. With --secure, Kafka secured (prints the settings its
+    clients need)."""
     err = Console(stderr=True)
     region = _region(region)
     settings = region_a_settings() if brokers is None else region_a_settings(kafka_brokers=brokers)
+    if secure:
+        from devstack.kafka_secure import client_settings
+        from tapeline.home import home_paths
+
+        settings = client_settings(settings, home_paths(settings))
     try:
+        if region == "b" and secure:
+            raise StackError("region b is not secured (yet): `stack up --secure` secures region A's Kafka")
         if region == "b":
             if with_monitoring or brokers not in (None, 1):
                 raise StackError("region b runs one Kafka node and no monitoring of its own (yet)")

@@ -11,12 +11,14 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from pydantic import SecretStr
 
+from devstack import kafka_secure
 from domain.errors import ConfigurationError, KafkaAccessRefused
 from domain.pipeline import STAGE_NAMES
 from domain.policy.kafka_access import ROLES, grants
 from regions.mirror import mm2_properties, mm2_security
 from tapeline import kafka
 from tapeline.health import HealthState
+from tapeline.home import HomePaths
 from tapeline.settings import Settings
 
 SASL = dict(kafka_security_protocol="SASL_SSL", kafka_ssl_ca_location="/etc/ca.pem")
@@ -152,6 +154,27 @@ def test_the_mirror_gets_its_principal_and_the_ca_for_each_secured_cluster():
     text = mm2_properties(secured, secured.for_region("b"), {"a": ("mirror", SecretStr("pa")),
                                                              "b": ("mirror", SecretStr("pb"))})
     assert "a.security.protocol = SASL_SSL" in text and "b.security.protocol = SASL_SSL" in text
+
+
+def test_the_secured_stack_makes_a_principal_per_role_and_its_broker_properties(tmp_path):
+    directory = tmp_path / "secure"
+    credentials = kafka_secure.ensure_credentials(directory)
+    assert set(credentials) == {*ROLES, "admin"}
+    assert oct((directory / "credentials.json").stat().st_mode & 0o777) == "0o600"
+    assert kafka_secure.ensure_credentials(directory) == credentials  # made once, then read
+    args = kafka_secure.scram_format_args(credentials)
+    assert args.count("--add-scram") == len(credentials)
+    text = kafka_secure.listener_properties("127.0.0.1", 1, 2, directory, credentials)
+    for line in ("authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                 "super.users=User:admin;User:CN=tapeline-broker", "listener.security.protocol.map=SECURE:SASL_SSL,CONTROLLER:SSL",
+                 "listener.name.controller.ssl.client.auth=required", "allow.everyone.if.no.acl.found=false"):
+        assert line in text
+    bindings = kafka_secure.acl_bindings(Settings())
+    assert len({tuple(b.values()) for b in bindings}) == len(bindings)
+    client = kafka_secure.client_settings(Settings(), HomePaths(tmp_path))
+    assert client.kafka_security_protocol == "SASL_SSL"
+    assert client.kafka_credentials_file == tmp_path / "kafka" / "secure" / "credentials.json"
+    assert "password" not in json.dumps(kafka_secure.client_environment(Settings(), HomePaths(tmp_path))).lower()
 
 
 def test_a_refused_process_is_not_ready_and_says_why():
