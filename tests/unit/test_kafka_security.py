@@ -182,3 +182,15 @@ def test_a_refused_process_is_not_ready_and_says_why():
     health.mark_ready()
     health.mark_refused("Kafka refused this client (authentication): invalid credentials")
     assert health.readiness() == (False, "Kafka refused this client (authentication): invalid credentials")
+
+
+def test_docs_security_names_every_role_and_every_kafka_security_setting():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    for role in ROLES:
+        assert f"`{role}`" in text, role
+    for name in Settings.model_fields:
+        if name.startswith(("kafka_security", "kafka_sasl", "kafka_ssl", "kafka_credentials", "kafka_role",
+                            "kafka_extra")):
+            assert f"TAPELINE_{name.upper()}" in text or f"_{name.upper().removeprefix('KAFKA_')}" in text, name
