@@ -112,7 +112,11 @@ def test_whole_pipeline_runs_with_a_principal_per_role(secured, tmp_path):
         assert result["state"] == "completed", (result, pipeline.log_text()[-3000:])
         events = of_job(committed_events(secured), result["job_id"])
         assert [e.event_type for e in events].count("JobCompleted") == 1
-        assert "refused" not in pipeline.log_text()
+        log = pipeline.log_text()
+        assert "refused" not in log
+        # No principal's password reaches the processors' (structlog) output.
+        for entry in json.loads(Path(secured.kafka_credentials_file).read_text()).values():
+            assert entry["password"] not in log
     finally:
         pipeline.stop()
 
@@ -176,6 +180,27 @@ def test_notifier_cannot_forge_an_upload(secured, admin):
     assert forged.upload_id not in upload_ids(admin)
     # The intake's principal may write it (the ACL is what refused the notifier, not the record).
     publish(secured.model_copy(update={"kafka_role": "intake"}), upload_event(secured), timeout_s=10)
+
+
+def test_foreign_transactional_id_and_group_are_refused_as_authorisation(secured):
+    """The notifier may not take a transcode attempt's transactional id (which would fence it), and
+    the projector may not join a group outside the deployment's."""
+    from tapeline.kafka import KafkaEventLog
+
+    notifier = KafkaEventLog(secured.model_copy(update={"kafka_role": "notify"}), f"{secured.app_name}.notify.lso")
+    with pytest.raises(KafkaAccessRefused) as refused:
+        notifier.transactional_producer(f"{secured.app_name}.transcode.some-job")
+    assert refused.value.kind == "authorisation" and "Transactional Id authorization failed" in str(refused.value)
+    projector = KafkaEventLog(secured.model_copy(update={"kafka_role": "projector"}), f"{secured.app_name}.p.lso")
+    reader = projector.consumer("another-deployment.transcode")
+    reader.subscribe([secured.jobs_topic])
+    try:
+        with pytest.raises(KafkaAccessRefused) as refused:
+            for _ in range(40):
+                reader.poll(0.5)
+        assert refused.value.kind == "authorisation" and "Group authorization failed" in str(refused.value)
+    finally:
+        reader.close()
 
 
 def test_refused_role_is_not_ready_and_says_why(secured, tmp_path):
