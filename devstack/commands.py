@@ -44,6 +44,10 @@ def _print_table(report: dict[str, Any], console: Console) -> None:
         if name in ("prometheus", "alertmanager") and not svc["up"] and not svc["pid"]:
             # Optional and never started: not a fault (`--json` still has the connection error).
             state, detail = "[dim]off[/]", "optional: tapeline stack up --with-monitoring"
+        if name == "kafka" and svc.get("security") and not (svc.get("error") or svc.get("client_error")):
+            security = svc["security"]
+            detail = "; ".join(part for part in (f"secured: {security['protocol']} ({security['mechanism']}), ACLs per "
+                                                 "role", str(detail)) if part)
         if name == "kafka" and len(svc.get("nodes", [])) > 1:
             started = ", ".join(f"{n['node_id']}: pid {n['pid']}" for n in svc["nodes"] if n["pid"]) or "no"
             quorum = svc["quorum"]
