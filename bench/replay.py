@@ -41,7 +41,7 @@ import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka.admin import AdminClient
+from tapeline.kafka import admin_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/replay.py` from the repo root
 
@@ -90,8 +90,10 @@ def _bulk_producer(settings: Settings):
     """A transactional producer that trades latency for throughput (the processors' is the opposite)."""
     from confluent_kafka import Producer
 
+    from tapeline.kafka import client_config
+
     bulk = Producer({
-        "bootstrap.servers": settings.kafka_bootstrap_servers,
+        **client_config(settings),  # the address and the security settings every client gets
         "transactional.id": f"{settings.app_name}.bench-writer",
         "transaction.timeout.ms": 120_000,  # one transaction per 50,000 records
         "enable.idempotence": True,
@@ -332,7 +334,7 @@ def main() -> None:
             with connect(settings.database_url, autocommit=True) as conn:
                 conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
                 conn.execute(f"DROP SCHEMA IF EXISTS {schema}_py CASCADE")
-            admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
+            admin = admin_client(settings)
             for future in admin.delete_topics(list(settings.all_topics()), operation_timeout=30).values():
                 try:
                     future.result()

@@ -12,7 +12,9 @@ from typing import Optional
 
 import typer
 
-from domain.errors import TapelineError
+import structlog
+
+from domain.errors import KafkaAccessRefused, TapelineError
 from tapeline import logs
 from cli.helpers import region_settings, console, fail, load_settings
 from domain.pipeline import STAGE_NAMES
@@ -36,8 +38,35 @@ def migrate() -> None:
                   highlight=False)
 
 
+def as_role(settings: Settings, role: str) -> Settings:
+    """`settings` of a process running `role`: its Kafka principal is that role's (`Settings.kafka_role`),
+    unless the environment names one (TAPELINE_KAFKA_ROLE); `all` (the supervisor) keeps the operator's."""
+    if role == "all" or "kafka_role" in settings.model_fields_set:
+        return settings
+    return settings.model_copy(update={"kafka_role": role})
+
+
+def hold_refusal(settings: Settings, role: str, exc: KafkaAccessRefused) -> int:
+    """`refused` for a refusal met before the role's processor was built (its region check): the health
+    server on `settings.health_port` answers `/health/ready` with it until SIGTERM/SIGINT."""
+    from tapeline.health import HealthServer, HealthState
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    health = HealthState(role, settings.instance_id)
+    server = HealthServer(health, settings.health_host, settings.health_port).start() if settings.health_port else None
+    try:
+        return refused(exc, health, stop)
+    finally:
+        if server is not None:
+            server.stop()
+
+
 def run_role(settings: Settings, role: str) -> int:
-    """Run one processor role in this process until SIGTERM/SIGINT."""
+    """Run one processor role in this process until SIGTERM/SIGINT, as that role's Kafka principal
+    (`as_role`). A refusal by Kafka ends its work for good (`refused`)."""
+    settings = as_role(settings, role)
     from tapeline.health import HealthServer, HealthState
     from cli.wiring import build_processor
 
@@ -48,14 +77,34 @@ def run_role(settings: Settings, role: str) -> int:
     health = HealthState(role, settings.instance_id)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: (health.mark_draining(), stop.set()))
-    processor = build_processor(role, settings, health)
     server = HealthServer(health, settings.health_host, settings.health_port).start() if settings.health_port else None
     try:
-        processor.run(stop)
+        try:
+            processor = build_processor(role, settings, health)
+            processor.run(stop)
+        except KafkaAccessRefused as exc:
+            return refused(exc, health, stop)
     finally:
         if server is not None:
             server.stop()
     return 0
+
+
+ACCESS_REFUSED_EXIT_CODE = 78
+"""`run --role R` exits with this (EX_CONFIG, sysexits.h) after Kafka refused its principal."""
+
+
+def refused(exc: KafkaAccessRefused, health, stop: threading.Event) -> int:
+    """Kafka refused this role (a certificate, password or ACL): log it once, answer `/health/ready` 503
+    with the reason, do nothing more until stopped (no retry loop: the same settings are refused
+    again, and a supervisor would restart the process into the same refusal), then exit
+    `ACCESS_REFUSED_EXIT_CODE`."""
+    log = structlog.get_logger("tapeline.run")
+    log.error("kafka refused this process; fix its settings and start it again", kind=exc.kind, error=str(exc))
+    health.mark_refused(str(exc))
+    print(f"error: {exc}", file=sys.stderr, flush=True)
+    stop.wait()
+    return ACCESS_REFUSED_EXIT_CODE
 
 
 def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f"One of {', '.join(ROLE_CHOICES)}"),
@@ -79,8 +128,14 @@ def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f
         return
     from regions.authority import FENCED_EXIT_CODE, RegionGuard, check_region
 
-    regions = region_settings()
-    reason = check_region(settings.region, regions)  # a fenced region's processors write nothing
+    regions = {name: as_role(region, role) for name, region in region_settings().items()}
+    settings = as_role(settings, role)
+    try:
+        reason = check_region(settings.region, regions)  # a fenced region's processors write nothing
+    except KafkaAccessRefused as exc:
+        if role == "all":
+            fail(exc, code=ACCESS_REFUSED_EXIT_CODE)
+        raise typer.Exit(hold_refusal(settings, role, exc))
     if reason is not None:
         fail(RuntimeError(reason), code=FENCED_EXIT_CODE)
     guard = None

@@ -63,8 +63,10 @@ from tapeline.settings import Settings
 
 from tapeline.home import StackError, HomePaths, locked, home_paths, read_state, say, update_state, stop_owned
 from devstack.ffmpeg import ffmpeg_version, check_ffmpeg
-from devstack.kafka_nodes import KafkaNode, start_kafka, wait_for_kafka, kafka_nodes, kafka_status, start_kafka_node
-from tapeline.kafka_topics import delete_topics, ensure_topics
+from devstack.kafka_nodes import (KafkaNode, start_kafka, wait_for_kafka, kafka_nodes, kafka_status, start_kafka_node,
+                                  secured, stack_client)
+from devstack import kafka_secure
+from tapeline.kafka_topics import delete_topics, ensure_acls, ensure_topics
 from devstack.database import up_postgres, drop_database, masked_dsn, postgres_status
 from devstack.s3 import ensure_bucket, s3_client, s3_markers, up_s3, public_read_policy, s3_status
 from devstack.monitoring import down_monitoring, monitoring_status, up_monitoring
@@ -116,17 +118,27 @@ def up_services(settings: Settings, paths: HomePaths, console: Console | None,
     wait_for_kafka(settings, paths, kafka)
     say(console, f"[bold]kafka[/]: ready on {settings.kafka_bootstrap_servers}{label}"
                   + (f" ({time.monotonic() - started:.1f} s after start)" if kafka else ""))
-    ensure_topics(settings)
+    ensure_topics(stack_client(settings, paths))
     say(console, f"[bold]kafka[/]: {len(settings.all_topics())} topics present (prefix {settings.topic_prefix!r}){label}")
+    if secured(settings):
+        count = ensure_acls(stack_client(settings, paths), kafka_secure.acl_bindings(settings))
+        say(console, f"[bold]kafka[/]: secured (SASL_SSL, SCRAM-SHA-512): {count} ACLs for the roles' principals; "
+                      f"clients need:\n" + "\n".join(f"  export {k}={v}" for k, v in
+                                                     kafka_secure.client_environment(settings, paths).items()))
 
 
 def with_recorded_brokers(settings: Settings) -> Settings:
     """`settings` with `kafka_brokers` as the last `up` recorded it in `stack.json` (`stack up --brokers
     3` once, then `stack status` and `stack down` without the flag see three nodes), unless the
-    settings name it themselves (TAPELINE_KAFKA_BROKERS)."""
+    settings name it themselves (TAPELINE_KAFKA_BROKERS); and as a client of the secured stack
+    (`kafka_secure.client_settings`) when `up --secure` recorded it and the settings name no protocol."""
+    recorded_kafka = read_state(home_paths(settings)).get("kafka") or {}
+    if recorded_kafka.get("secure") and "kafka_security_protocol" not in settings.model_fields_set:
+        # `up --secure` once: status and down see the secured node without the flag
+        settings = kafka_secure.client_settings(settings, home_paths(settings), keep_given=True)
     if "kafka_brokers" in settings.model_fields_set:
         return settings
-    recorded = (read_state(home_paths(settings)).get("kafka") or {}).get("nodes")
+    recorded = recorded_kafka.get("nodes")
     if isinstance(recorded, int) and recorded != settings.kafka_brokers:
         return settings.model_copy(update={"kafka_brokers": recorded})
     return settings

@@ -15,7 +15,7 @@ import socket
 import time
 from pathlib import Path
 
-from confluent_kafka.admin import AdminClient
+from tapeline.kafka import admin_client
 
 import devstack as stack
 from tapeline.settings import Settings
@@ -59,7 +59,7 @@ def _free(port: int) -> bool:
 
 def partition_leaders(settings: Settings, topic: str, timeout_s: float = 10.0) -> dict[int, int]:
     """partition -> the node id leading it (-1: no leader), from the cluster's metadata."""
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers})
+    admin = admin_client(settings)
     metadata = admin.list_topics(topic, timeout=timeout_s).topics[topic]
     return {p: meta.leader for p, meta in metadata.partitions.items()}
 

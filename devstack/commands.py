@@ -38,12 +38,16 @@ def _print_table(report: dict[str, Any], console: Console) -> None:
             started = f"yes ({svc['cluster']})" if svc["started_by_stack"] else "no"
         else:
             started = "-"
-        detail = svc.get("error") or (f"version {svc['version']}" if name == "ffmpeg"
+        detail = svc.get("error") or svc.get("client_error") or (f"version {svc['version']}" if name == "ffmpeg"
                                       else f"bucket {svc['bucket']}" if name == "s3" else svc.get("log") or "")
         state = "[green]up[/]" if svc["up"] else "[red]down[/]"
         if name in ("prometheus", "alertmanager") and not svc["up"] and not svc["pid"]:
             # Optional and never started: not a fault (`--json` still has the connection error).
             state, detail = "[dim]off[/]", "optional: tapeline stack up --with-monitoring"
+        if name == "kafka" and svc.get("security") and not (svc.get("error") or svc.get("client_error")):
+            security = svc["security"]
+            detail = "; ".join(part for part in (f"secured: {security['protocol']} ({security['mechanism']}), ACLs per "
+                                                 "role", str(detail)) if part)
         if name == "kafka" and len(svc.get("nodes", [])) > 1:
             started = ", ".join(f"{n['node_id']}: pid {n['pid']}" for n in svc["nodes"] if n["pid"]) or "no"
             quorum = svc["quorum"]
@@ -90,14 +94,26 @@ def up_command(
                                 "2; node n on the bootstrap port + 2(n-1). Export TAPELINE_KAFKA_BROKERS=3 for the "
                                 "processors too, so they bootstrap from every node."),
     region: str = typer.Option("a", "--region", help=REGION_HELP),
+    secure: bool = typer.Option(False, "--secure", help="Kafka with a SASL_SSL listener instead of PLAINTEXT: a CA "
+                                "and broker certificate, one SCRAM-SHA-512 principal per role (passwords in "
+                                "<home>/kafka/secure/credentials.json) and ACLs giving each role only its topics "
+                                "(docs/security.md). One node; its data apart from the plain node's."),
 ) -> None:
     """Start (or reuse) Kafka, PostgreSQL and S3, check ffmpeg, create the topics; with
     --with-monitoring also Prometheus and Alertmanager. With --region b, region B's own services and
-    the log mirror from region A instead."""
+    the log mirror from region A instead. With --secure, Kafka secured (prints the settings its
+    clients need)."""
     err = Console(stderr=True)
     region = _region(region)
     settings = region_a_settings() if brokers is None else region_a_settings(kafka_brokers=brokers)
+    if secure:
+        from devstack.kafka_secure import client_settings
+        from tapeline.home import home_paths
+
+        settings = client_settings(settings, home_paths(settings))
     try:
+        if region == "b" and secure:
+            raise StackError("region b is not secured (yet): `stack up --secure` secures region A's Kafka")
         if region == "b":
             if with_monitoring or brokers not in (None, 1):
                 raise StackError("region b runs one Kafka node and no monitoring of its own (yet)")

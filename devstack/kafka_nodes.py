@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -19,6 +20,7 @@ from rich.console import Console
 
 from tapeline.settings import PROJECT_ROOT, Settings
 from tapeline.kafka import admin_client, cluster_answers
+from devstack import kafka_secure
 from tapeline.home import KAFKA_JVM_FLAGS, java, StackError, HomePaths, host_port, log_errors, now_iso, owned_pid, port_open, say, spawn, tail, update_state
 
 
@@ -71,14 +73,48 @@ class KafkaNode:
         return ("kafka.Kafka", str(self.properties))
 
 
+def secured(settings: Settings) -> bool:
+    """Whether the local stack runs secured (`stack up --secure`): its clients' settings name a protocol
+    other than PLAINTEXT (`kafka_secure.client_settings`)."""
+    return settings.kafka_security_protocol != "PLAINTEXT"
+
+
+def stack_client(settings: Settings, paths: HomePaths) -> Settings:
+    """The settings the stack's own admin calls use: `settings`, or on a secured stack its `admin` principal."""
+    return kafka_secure.admin_settings(settings, paths) if secured(settings) else settings
+
+
 def kafka_nodes(settings: Settings, paths: HomePaths) -> list[KafkaNode]:
-    """The nodes `settings.kafka_brokers` asks for (`Settings.kafka_nodes` gives their ports)."""
+    """The nodes `settings.kafka_brokers` asks for (`Settings.kafka_nodes` gives their ports). A secured
+    stack is one node whose files are in `<home>/kafka/secure/` (never mixed with the plain node's data).
+
+    Raises StackError for a secured stack of more than one node (not built)."""
+    if secured(settings):
+        if settings.kafka_brokers != 1 or settings.kafka_security_protocol != "SASL_SSL":
+            raise StackError("the secured local stack is one node serving SASL_SSL (`tapeline stack up --secure`); "
+                             f"asked for {settings.kafka_brokers} nodes with {settings.kafka_security_protocol}")
+        (node_id, host, port, controller), = settings.kafka_nodes
+        return [KafkaNode(node_id, host, port, controller, kafka_secure.secure_dir(paths))]
     single = settings.kafka_brokers == 1
     return [KafkaNode(node_id, host, port, controller, paths.kafka if single else paths.kafka / f"node-{node_id}")
             for node_id, host, port, controller in settings.kafka_nodes]
 
 
 def _server_properties(settings: Settings, node: KafkaNode, nodes: list[KafkaNode]) -> str:
+    """`_plain_server_properties`, with a secured stack's listeners, users and authorizer in place of the
+    plain listeners (`kafka_secure.listener_properties`)."""
+    text = _plain_server_properties(settings, node, nodes)
+    if not secured(settings):
+        return text
+    plain = ("listeners=", "advertised.listeners=", "listener.security.protocol.map=", "inter.broker.listener.name=",
+             "controller.listener.names=")
+    kept = "\n".join(line for line in text.splitlines() if not line.startswith(plain))
+    credentials = kafka_secure.ensure_credentials(node.dir)
+    return kept + "\n\n" + kafka_secure.listener_properties(node.host, node.port, node.controller_port, node.dir,
+                                                            credentials)
+
+
+def _plain_server_properties(settings: Settings, node: KafkaNode, nodes: list[KafkaNode]) -> str:
     """A node's server.properties: combined KRaft broker and controller on loopback, in a static
     quorum of every node. With one node nothing is replicated; with three, the internal topics and the
     defaults are those of production (replication factor 3, min.insync.replicas 2, unclean leader
@@ -193,22 +229,26 @@ def _cluster_id(paths: HomePaths, nodes: list[KafkaNode]) -> str:
     return _kafka_cluster_id()
 
 
-def _format_kafka_storage(paths: HomePaths, node: KafkaNode, cluster_id: str, console: Console | None) -> bool:
+def _format_kafka_storage(paths: HomePaths, node: KafkaNode, cluster_id: str, console: Console | None,
+                          extra: list[str] | None = None) -> bool:
     """Format a node's KRaft storage once with `cluster_id`; returns whether it formatted.
 
     The quorum is static (`controller.quorum.voters`), so the format runs without `--standalone`:
     Kafka refuses `--standalone` together with `controller.quorum.voters` (that flag is for a
-    dynamic quorum configured with `controller.quorum.bootstrap.servers`).
+    dynamic quorum configured with `controller.quorum.bootstrap.servers`). `extra`: more arguments
+    (a secured node's `--add-scram` users).
     """
     if (node.data / "meta.properties").is_file():
         return False
     say(console, f"[bold]kafka[/]: formatting node {node.node_id} storage {node.data} (cluster id {cluster_id})")
     result = subprocess.run([java(), "-cp", f"{paths.kafka_libs}/*", "kafka.tools.StorageTool", "format",
-                             "-t", cluster_id, "-c", str(node.properties)],
+                             "-t", cluster_id, "-c", str(node.properties), *(extra or [])],
                             capture_output=True, text=True, cwd=node.dir)
     if result.returncode != 0 or not (node.data / "meta.properties").is_file():
-        raise StackError(f"Formatting Kafka storage failed (exit {result.returncode}):\n"
-                         f"{(result.stdout + result.stderr)[-3000:]}")
+        output = (result.stdout + result.stderr)[-3000:]
+        for argument in extra or []:  # the SCRAM passwords are on the command line: never in a message
+            output = output.replace(argument, "--add-scram ***")
+        raise StackError(f"Formatting Kafka storage failed (exit {result.returncode}):\n{output}")
     return True
 
 
@@ -222,12 +262,21 @@ def start_kafka_node(settings: Settings, paths: HomePaths, node: KafkaNode, node
         say(console, f"[bold]kafka[/]: node {node.node_id} already running (pid {pid})")
         return None
     if port_open(node.host, node.port):
+        if secured(settings):
+            raise StackError(f"something that is not this stack's secured node already answers on {node.address} "
+                             "(the plain stack? `tapeline stack down` first, then `tapeline stack up --secure`)")
         say(console, f"[bold]kafka[/]: something already answers on {node.address}; reusing it")
         return None
     node.pid_file.unlink(missing_ok=True)
     node.data.mkdir(parents=True, exist_ok=True)
+    scram: list[str] = []
+    if secured(settings):
+        kafka_secure.ensure_tls(node.dir, node.host)
+        scram = kafka_secure.scram_format_args(kafka_secure.ensure_credentials(node.dir))
     node.properties.write_text(_server_properties(settings, node, nodes))
-    _format_kafka_storage(paths, node, _cluster_id(paths, nodes), console)
+    if scram:
+        os.chmod(node.properties, 0o600)  # a secured node's holds the admin's password
+    _format_kafka_storage(paths, node, _cluster_id(paths, nodes), console, scram)
     argv = [java(), *KAFKA_HEAP, *KAFKA_JVM_FLAGS, "-cp", f"{paths.kafka_libs}/*", "kafka.Kafka", str(node.properties)]
     proc = spawn(argv, node.log, node.pid_file, cwd=node.dir)
     say(console, f"[bold]kafka[/]: node {node.node_id} started pid {proc.pid} on {node.address}, log {node.log}")
@@ -247,7 +296,8 @@ def start_kafka(settings: Settings, paths: HomePaths, console: Console | None) -
     started = [proc for node in nodes if (proc := start_kafka_node(settings, paths, node, nodes, console))]
     if started:
         update_state(paths, "kafka", {"pids": [p.pid for p in started], "started_at": now_iso(),
-                                       "bootstrap": settings.kafka_bootstrap_servers, "nodes": len(nodes)})
+                                       "bootstrap": settings.kafka_bootstrap_servers, "nodes": len(nodes),
+                                       "secure": secured(settings)})
     elif not any(owned_pid(n.pid_file, n.markers) for n in nodes):
         update_state(paths, "kafka", None)  # every node answered without being ours: reused
     return started
@@ -288,7 +338,7 @@ def wait_for_kafka(settings: Settings, paths: HomePaths, procs: list[subprocess.
                 log = logs.get(proc.pid, nodes[0].log)
                 raise StackError(f"Kafka exited with code {proc.returncode} while starting. "
                                  f"{log_errors(log)}See {log}:\n{tail(log)}")
-        ok, reason = cluster_answers(settings, timeout_s=3.0, brokers=len(nodes))
+        ok, reason = cluster_answers(stack_client(settings, paths), timeout_s=3.0, brokers=len(nodes))
         if ok:
             return time.monotonic() - started
         time.sleep(0.5)
@@ -315,12 +365,15 @@ def _quorum(nodes: list[KafkaNode]) -> dict[str, Any]:
 
 def kafka_status(settings: Settings, paths: HomePaths) -> dict[str, Any]:
     """The cluster's status for `stack status`: `address`, `up`, `pid` (node 1's, when the stack runs
-    it), `started_by_stack`, `log`, `error`; and `nodes` (each node's id, address, controller address,
+    it), `started_by_stack`, `log`, `error`; on a secured stack `security` (protocol, mechanism, the CA
+    and credentials files) and `client_error` when the cluster answers the stack's admin but refuses
+    this environment's principal (why: `cluster_answers`); and `nodes` (each node's id, address, controller address,
     whether its port answers, its pid when the stack runs it, its log), `brokers_registered` (ids in
     the metadata), `quorum` (`_quorum`) and `under_replicated_partitions` (partitions with fewer
     in-sync replicas than replicas; None when the cluster does not answer)."""
     nodes = kafka_nodes(settings, paths)
-    up, error = cluster_answers(settings)
+    client = stack_client(settings, paths)
+    up, error = cluster_answers(client)
     rows, registered, under = [], [], None
     for node in nodes:
         pid = owned_pid(node.pid_file, node.markers)
@@ -329,7 +382,7 @@ def kafka_status(settings: Settings, paths: HomePaths) -> dict[str, Any]:
                      "pid": pid, "log": str(node.log) if pid else None})
     if up:
         try:
-            metadata = admin_client(settings).list_topics(timeout=5)
+            metadata = admin_client(client).list_topics(timeout=5)
             registered = sorted(metadata.brokers)
             under = sum(1 for topic in metadata.topics.values() for p in topic.partitions.values()
                         if len(p.isrs) < len(p.replicas))
@@ -339,6 +392,14 @@ def kafka_status(settings: Settings, paths: HomePaths) -> dict[str, Any]:
     report = {"address": settings.kafka_bootstrap_servers, "up": up, "pid": first["pid"],
               "started_by_stack": any(r["pid"] for r in rows), "log": first["log"], "nodes": rows,
               "brokers_registered": registered, "quorum": _quorum(nodes), "under_replicated_partitions": under}
+    if secured(settings):
+        if up:  # the stack answers its admin: does it answer this environment's own principal?
+            ok, refusal = cluster_answers(settings)
+            if not ok:
+                report["client_error"] = refusal
+        report["security"] = {"protocol": settings.kafka_security_protocol, "mechanism": settings.kafka_sasl_mechanism,
+                              "ca": str(settings.kafka_ssl_ca_location),
+                              "credentials_file": str(settings.kafka_credentials_file)}
     if error:
         report["error"] = error
     return report

@@ -30,6 +30,20 @@ class ConfigurationError(TapelineError):
     """A setting or a local service is missing or wrong."""
 
 
+class KafkaAccessRefused(ConfigurationError):
+    """Kafka refused this client: a wrong or missing certificate, password or ACL.
+
+    `kind` says which: "tls" (the TLS handshake failed: an untrusted or missing certificate),
+    "authentication" (SASL: unknown user or wrong password) or "authorisation" (an ACL does not let
+    this principal use the topic, group or transactional id). Retrying cannot help: the process
+    stops with it (tapeline/kafka.py `access_refusal` classifies librdkafka's errors).
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"Kafka refused this client ({kind}): {message}")
+        self.kind = kind
+
+
 class ServiceUnavailable(TapelineError):
     """A service (Kafka, PostgreSQL, S3) did not answer."""
 

@@ -84,15 +84,28 @@ def upload_completed(settings: Settings, upload_id: str, key: str, size: int, sh
 def publish(settings: Settings, event: ev.UploadCompleted, copies: int = 1, timeout_s: float = 30.0) -> None:
     """Publish `event` to the uploads topic (`copies` > 1 only in tests of duplicate delivery).
 
-    Raises `ServiceUnavailable` when Kafka does not acknowledge within `timeout_s` seconds.
+    Raises `KafkaAccessRefused` when Kafka refuses this client (a certificate, password or ACL: which
+    one is in the message), `ServiceUnavailable` when Kafka does not acknowledge within `timeout_s` seconds.
     """
     producer = kafka.idempotent_producer(settings)
-    errors: list[str] = []
+    errors: list = []
     value = default_codec().encode(event.to_record())
-    partitions = kafka.partition_count(producer, settings.uploads_topic)
+    try:
+        partitions = kafka.partition_count(producer, settings.uploads_topic)
+    except Exception as exc:  # the client's error, or a refusal its error callback raised
+        refusal = kafka.refusal_of(settings, exc, producer)
+        if refusal is not None:
+            raise refusal from exc
+        raise
     for _ in range(copies):
         producer.produce(settings.uploads_topic, key=event.upload_id.encode(), value=value,
                          partition=kafka.partition_for(event.upload_id, partitions),
-                         on_delivery=lambda err, msg: errors.append(str(err)) if err else None)
-    if producer.flush(timeout_s) > 0 or errors:
-        raise ServiceUnavailable(f"Kafka at {settings.kafka_bootstrap} did not acknowledge the upload: {errors or 'timeout'}")
+                         on_delivery=lambda err, msg: errors.append(err) if err else None)
+    unsent = producer.flush(timeout_s)
+    for error in errors:
+        refusal = kafka.access_refusal(error)
+        if refusal is not None:
+            raise refusal
+    if unsent > 0 or errors:
+        raise ServiceUnavailable(f"Kafka at {settings.kafka_bootstrap} did not acknowledge the upload: "
+                                 f"{[str(e) for e in errors] or 'timeout'}")

@@ -14,9 +14,12 @@ into the target, or a rejoin stops it. What it copies, and why each setting, is 
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from typing import Any
+
+from pydantic import SecretStr
 
 from rich.console import Console
 
@@ -45,7 +48,51 @@ def _property_value(text: str) -> str:
     return text.replace("\\", "\\\\")
 
 
-def mm2_properties(source: Settings, target: Settings) -> str:
+JAAS_MODULES = {"SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+                "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+                "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule"}
+"""The Java login module of each SASL mechanism MirrorMaker 2 is configured for (Kafka's
+`sasl.jaas.config`, docs "Authentication using SASL")."""
+
+
+def _jaas_quoted(text: str) -> str:
+    """`text` inside a JAAS option's double quotes: backslash and double quote escaped."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def mm2_security(alias: str, settings: Settings, principal: tuple[str | None, SecretStr | None]) -> list[str]:
+    """The client security lines of cluster `alias` for MirrorMaker 2 (Java client names, prefixed by
+    the alias: `<alias>.security.protocol`, ...) from `settings`' Kafka security and the mirror's
+    `principal` (user name, password). Pure. Nothing for PLAINTEXT.
+
+    Raises ValueError for what is not built for the mirror: OAUTHBEARER and a client certificate
+    (mutual TLS); and for a SASL protocol without a principal."""
+    protocol = settings.kafka_security_protocol
+    if protocol == "PLAINTEXT":
+        return []
+    lines = [f"# Region {alias}'s Kafka is secured (docs/security.md): the mirror's own principal.",
+             f"{alias}.security.protocol = {protocol}"]
+    if settings.kafka_ssl_certificate_location is not None:
+        raise ValueError("MirrorMaker 2 with a client certificate (mutual TLS) is not built: use SASL_SSL for the mirror")
+    if protocol.startswith("SASL_"):
+        mechanism = settings.kafka_sasl_mechanism
+        if mechanism not in JAAS_MODULES:
+            raise ValueError(f"MirrorMaker 2 with SASL {mechanism} is not built (SCRAM-SHA-512, SCRAM-SHA-256, PLAIN)")
+        username, password = principal
+        if not username or password is None:
+            raise ValueError(f"region {alias}'s Kafka is {protocol}: the mirror needs a principal (role \"mirror\" in "
+                             "TAPELINE_KAFKA_CREDENTIALS_FILE, or TAPELINE_KAFKA_SASL_USERNAME/PASSWORD)")
+        user, secret = (_jaas_quoted(value) for value in (username, password.get_secret_value()))
+        jaas = f'{JAAS_MODULES[mechanism]} required username="{user}" password="{secret}";'
+        lines += [f"{alias}.sasl.mechanism = {mechanism}", f"{alias}.sasl.jaas.config = {_property_value(jaas)}"]
+    if protocol.endswith("SSL") and settings.kafka_ssl_ca_location is not None:
+        lines += [f"{alias}.ssl.truststore.type = PEM",
+                  f"{alias}.ssl.truststore.location = {_property_value(str(settings.kafka_ssl_ca_location))}"]
+    return lines
+
+
+def mm2_properties(source: Settings, target: Settings,
+                   principals: dict[str, tuple[str | None, SecretStr | None]] | None = None) -> str:
     """The mm2.properties of the flow `source` (the active region) -> `target` (the standby). Pure.
 
     Clusters are aliased by the regions' names (`source.region`, `target.region`: `a, b` for the
@@ -53,7 +100,9 @@ def mm2_properties(source: Settings, target: Settings) -> str:
     topic list is every name of `mirrored_topics(source)` as an exact regex (MM2 reads `topics` as a
     list of regexes). Config names are MirrorMaker 2's own (MirrorMakerConfig, MirrorSourceConfig,
     MirrorCheckpointConfig, MirrorHeartbeatConfig of Kafka 4.1); docs/regions.md explains each choice.
-    Raises ValueError when both settings name the same region.
+    A secured cluster gets the mirror's principal (`principals[region]`, `mm2_security`); the file then
+    holds a password and is written readable by its owner only. Raises ValueError when both settings
+    name the same region, or from `mm2_security`.
     """
     s, t = source.region, target.region
     if s == t:
@@ -85,8 +134,10 @@ def mm2_properties(source: Settings, target: Settings) -> str:
         f"# Region {t}'s topics are created by its own stack (ensure_topics: partitions, retention,",
         f"# LogAppendTime), before the mirror starts; their configs are {t}'s own, never copied from {s}.",
         "sync.topic.configs.enabled = false",
-        "# Neither broker runs an authorizer.",
+        "# ACLs are each region's own (a secured stack makes its roles' ACLs itself: docs/security.md).",
         "sync.topic.acls.enabled = false",
+        *(line for region, settings in ((s, source), (t, target))
+          for line in mm2_security(region, settings, (principals or {}).get(region, (None, None)))),
         "# New topics (a stage added to the registry) are picked up within this many seconds.",
         "refresh.topics.interval.seconds = 30",
         "",
@@ -177,7 +228,14 @@ def up_mirror(source: Settings, target: Settings, paths: HomePaths, console: Con
         raise StackError(f"MirrorMaker 2 (connect-mirror) is not among the Kafka jars in {paths.kafka_libs}; "
                          "they come from stack/pom.xml: `tapeline stack up` fetches them again when it changed")
     paths.mirror.mkdir(parents=True, exist_ok=True)
-    properties.write_text(mm2_properties(source, target))
+    from domain.policy.kafka_access import MIRROR
+    from tapeline.kafka import principal
+
+    principals = {settings.region: principal(settings.model_copy(update={"kafka_role": MIRROR}))
+                  for settings in (source, target)}
+    properties.touch(mode=0o600)
+    os.chmod(properties, 0o600)  # it may hold the mirror's password
+    properties.write_text(mm2_properties(source, target, principals))
     argv = [java(), *MIRROR_HEAP, *KAFKA_JVM_FLAGS, "-cp", f"{paths.kafka_libs}/*", MIRROR_MAIN,
             str(properties), "--clusters", target.region]
     started_ms = int(time.time() * 1000)

@@ -69,6 +69,7 @@ class HealthState:
         self._ready = False
         self._draining = False
         self._fenced: str | None = None
+        self._refused: str | None = None
         self._attempt: dict[str, Any] | None = None
         self._lease_renewed = 0.0  # monotonic time of the claim or the last heartbeat sent
         self._progress: dict[str, Any] | None = None
@@ -157,6 +158,12 @@ class HealthState:
         with self._lock:
             self._fenced = reason
 
+    def mark_refused(self, reason: str) -> None:
+        """The cluster refused this process (`domain.errors.KafkaAccessRefused`: a certificate, password
+        or ACL): not ready, with `reason`, for good (a new process must be started with other settings)."""
+        with self._lock:
+            self._refused = reason
+
     @property
     def is_ready(self) -> bool:
         return self.readiness()[0]
@@ -164,6 +171,8 @@ class HealthState:
     def readiness(self) -> tuple[bool, str | None]:
         """(ready, reason when not)."""
         with self._lock:
+            if self._refused:
+                return False, self._refused
             if self._draining:
                 return False, "draining: stop requested"
             if self._fenced:

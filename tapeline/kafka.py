@@ -7,13 +7,17 @@ Kafka's default (murmur2) partitioner, so Java clients and our own lookups agree
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from domain.errors import ServiceUnavailable
+from domain.errors import ConfigurationError, KafkaAccessRefused, ServiceUnavailable
+from domain.policy.kafka_access import OPERATOR
 from tapeline.home import host_port, port_open
 from tapeline.partitioner import murmur2, partition_for  # noqa: F401 (the partitioner's home is client-free)
 from tapeline.ports import (EventLogError, Offset, Partition, PartitionEnd, ReadError, Record, TransactionMustAbort,
@@ -27,10 +31,173 @@ RESUME_TIMEOUT_S = 10.0
 """Seconds `KafkaWriter.begin_transaction` waits for an unfinished commit or abort it resumes."""
 
 
+ACCESS_ERRORS = {
+    KafkaError._SSL: "tls",
+    KafkaError._AUTHENTICATION: "authentication",
+    KafkaError.SASL_AUTHENTICATION_FAILED: "authentication",
+    KafkaError.ILLEGAL_SASL_STATE: "authentication",
+    KafkaError.UNSUPPORTED_SASL_MECHANISM: "authentication",
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "authorisation",
+    KafkaError.GROUP_AUTHORIZATION_FAILED: "authorisation",
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "authorisation",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "authorisation",
+}
+"""librdkafka's error codes that mean the cluster refused this client, and which kind of refusal
+(`KafkaAccessRefused.kind`): the TLS handshake, SASL authentication, or an ACL. None is retriable:
+the same certificate, password or ACL is refused again."""
+SECURED_KEYS = ("security.protocol", "sasl.mechanism", "sasl.username", "sasl.password", "ssl.ca.location",
+                "ssl.certificate.location", "ssl.key.location", "ssl.key.password", "bootstrap.servers")
+"""librdkafka settings `client_config` derives from the settings; `kafka_extra_config` may not set them."""
+
+
+def principal(settings: Settings) -> tuple[str | None, SecretStr | None]:
+    """`(username, password)` of the principal this process uses: the entry of its role
+    (`settings.kafka_role`, unset: "operator") in `kafka_credentials_file` when it has one, else
+    `kafka_sasl_username` / `kafka_sasl_password` (both None when neither is set).
+
+    Raises `ConfigurationError` when the credentials file cannot be read or is not
+    `{"<role>": {"username": str, "password": str}, ...}`.
+    """
+    role = settings.kafka_role or OPERATOR
+    if settings.kafka_credentials_file is not None:
+        path = Path(settings.kafka_credentials_file)
+        try:
+            entries = json.loads(path.read_text())
+            entry = entries.get(role) if isinstance(entries, dict) else None
+            if entry is not None:
+                return str(entry["username"]), SecretStr(str(entry["password"]))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ConfigurationError(f"TAPELINE_KAFKA_CREDENTIALS_FILE {path} is not readable JSON of "
+                                     f"{{role: {{username, password}}}} ({type(exc).__name__}: {exc})") from exc
+    return settings.kafka_sasl_username, settings.kafka_sasl_password
+
+
+def client_config(settings: Settings) -> dict[str, Any]:
+    """The librdkafka settings every client gets: `bootstrap.servers`, the security settings
+    (`security.protocol` and, as the protocol needs them, the SASL mechanism and this role's
+    `principal`, the CA file, the client certificate and key), `kafka_extra_config`, and an
+    `error_cb` that raises `KafkaAccessRefused` for a refusal (`access_refusal`), so a wrong
+    certificate, password or ACL stops the call that polls instead of retrying unseen.
+
+    Raises `ConfigurationError` for a SASL protocol without a principal (PLAIN and SCRAM need a user
+    name and password), or an extra setting that overrides one of these (`SECURED_KEYS`).
+    """
+    protocol = settings.kafka_security_protocol
+    config: dict[str, Any] = {"bootstrap.servers": settings.kafka_bootstrap_servers, "security.protocol": protocol,
+                              "error_cb": raise_refusal}
+    if protocol.startswith("SASL_"):
+        config["sasl.mechanism"] = settings.kafka_sasl_mechanism
+        username, password = principal(settings)
+        if settings.kafka_sasl_mechanism != "OAUTHBEARER":
+            if not username or password is None:
+                raise ConfigurationError(f"TAPELINE_KAFKA_SECURITY_PROTOCOL={protocol} with "
+                                         f"{settings.kafka_sasl_mechanism} needs a user name and password for role "
+                                         f"{settings.kafka_role or OPERATOR!r}: set TAPELINE_KAFKA_SASL_USERNAME and "
+                                         "TAPELINE_KAFKA_SASL_PASSWORD, or an entry in TAPELINE_KAFKA_CREDENTIALS_FILE")
+            config["sasl.username"], config["sasl.password"] = username, password.get_secret_value()
+    if protocol in ("SSL", "SASL_SSL"):
+        for key, value in (("ssl.ca.location", settings.kafka_ssl_ca_location),
+                           ("ssl.certificate.location", settings.kafka_ssl_certificate_location),
+                           ("ssl.key.location", settings.kafka_ssl_key_location)):
+            if value is not None:
+                config[key] = str(value)
+        if settings.kafka_ssl_key_password is not None:
+            config["ssl.key.password"] = settings.kafka_ssl_key_password.get_secret_value()
+    clashes = sorted(set(settings.kafka_extra_config) & set(SECURED_KEYS))
+    if clashes:
+        raise ConfigurationError(f"TAPELINE_KAFKA_EXTRA_CONFIG may not set {', '.join(clashes)}: use the settings "
+                                 "named TAPELINE_KAFKA_* for them (docs/security.md)")
+    config.update({key: value.get_secret_value() for key, value in settings.kafka_extra_config.items()})
+    return config
+
+
+def access_refusal(error: KafkaError | KafkaException | BaseException | None) -> KafkaAccessRefused | None:
+    """`KafkaAccessRefused` when `error` (a librdkafka `KafkaError`, or an exception carrying one) is
+    a refusal of `ACCESS_ERRORS`, else None. An SSL failure librdkafka reports as a transport error
+    (`_TRANSPORT` "SSL handshake failed") counts as "tls"."""
+    if isinstance(error, KafkaAccessRefused):
+        return error
+    if isinstance(error, BaseException):
+        error = error.args[0] if error.args and isinstance(error.args[0], KafkaError) else None
+    if not isinstance(error, KafkaError):
+        return None
+    kind = ACCESS_ERRORS.get(error.code())
+    text = error.str()
+    if kind is None and error.code() == KafkaError._TRANSPORT and "SSL handshake failed" in text:
+        kind = "tls"
+    return KafkaAccessRefused(kind, text) if kind else None
+
+
+def raise_refusal(error: KafkaError) -> None:
+    """librdkafka's `error_cb`: raise `KafkaAccessRefused` for a refusal (confluent-kafka re-raises an
+    exception of a callback from the call that served it: `poll`, `flush`, `list_topics`, ...); other
+    client errors are librdkafka's to retry, as before."""
+    refusal = access_refusal(error)
+    if refusal is not None:
+        raise refusal
+
+
+def served_refusal(client: Producer | Any) -> KafkaAccessRefused | None:
+    """A refusal librdkafka queued for `client`'s `error_cb` but no call has served yet (a producer's or
+    admin client's errors are served by `poll`): `poll(0)` once and return the `KafkaAccessRefused` it
+    raised, else None. Not for consumers (their `poll` takes records)."""
+    try:
+        client.poll(0)
+    except KafkaAccessRefused as refusal:
+        return refusal
+    except Exception:  # noqa: BLE001 - only a refusal is wanted here
+        return None
+    return None
+
+
+def transport_refusal(settings: Settings, timeout_s: float = 3.0) -> KafkaAccessRefused | None:
+    """Why a broker that accepts TCP connections closes this client's, when the client speaks no TLS
+    or no SASL to a listener that wants them (librdkafka then reports only a transport failure, "connection
+    closed by peer ... in state APIVERSION_QUERY"): a TLS handshake (certificate not checked: this only
+    asks whether the port speaks TLS) to the first bootstrap address. Returns `KafkaAccessRefused`
+    ("authentication": an unauthenticated client) when the port speaks TLS and this client's
+    `security.protocol` is PLAINTEXT or SASL_PLAINTEXT, or is SSL without SASL (a SASL_SSL listener closes
+    it after the handshake); else None."""
+    import socket
+    import ssl
+
+    protocol = settings.kafka_security_protocol
+    if protocol == "SASL_SSL":
+        return None
+    address = settings.kafka_bootstrap_servers.split(",")[0].strip()
+    host, port = host_port(address, 9092)
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as raw:
+            with context.wrap_socket(raw, server_hostname=host):
+                pass
+    except (OSError, ssl.SSLError):
+        return None  # no TLS there (or nothing): not this kind of refusal
+    if protocol == "SSL":
+        return KafkaAccessRefused("authentication", f"{address} closed the connection after TLS: it wants SASL "
+                                  "credentials (an unauthenticated client; TAPELINE_KAFKA_SECURITY_PROTOCOL=SASL_SSL "
+                                  "and a principal)")
+    return KafkaAccessRefused("authentication", f"{address} speaks TLS but this client uses {protocol}: an "
+                              "unauthenticated client, refused (set TAPELINE_KAFKA_SECURITY_PROTOCOL=SASL_SSL or SSL, "
+                              "the CA and a principal: docs/security.md)")
+
+
+def refusal_of(settings: Settings, exc: BaseException, client: Any = None) -> KafkaAccessRefused | None:
+    """The `KafkaAccessRefused` behind `exc`, a failed call of `client` (a producer or admin client;
+    not a consumer): `exc` itself classified (`access_refusal`), else a refusal queued for the client's
+    `error_cb` (`served_refusal`), else, when nothing else says why, whether the listener wants TLS or
+    SASL this client does not speak (`transport_refusal`); None when it is no refusal."""
+    refusal = access_refusal(exc)
+    if refusal is None and client is not None and not isinstance(client, Consumer):
+        refusal = served_refusal(client)
+    return refusal or transport_refusal(settings)
+
+
 def consumer(settings: Settings, group_id: str, **overrides: Any) -> Consumer:
     """A consumer that reads committed records only and never commits on its own."""
     config = {
-        "bootstrap.servers": settings.kafka_bootstrap_servers,
+        **client_config(settings),
         "group.id": group_id,
         "isolation.level": "read_committed",  # never see aborted or open transactions (docs/design.md guarantee 2)
         "enable.auto.commit": False,  # offsets commit inside the processor's transaction
@@ -51,10 +218,12 @@ def transactional_producer(settings: Settings, transactional_id: str, *, init: b
                            init_timeout_s: float = 30.0) -> Producer:
     """A transactional producer; `init_transactions` fences any older producer with the same id.
 
-    Raises `ServiceUnavailable` when the broker cannot be reached within `init_timeout_s` seconds.
+    Raises `KafkaAccessRefused` when the cluster refuses this client (`access_refusal`,
+    `transport_refusal`), `ServiceUnavailable` when the broker cannot be reached within
+    `init_timeout_s` seconds.
     """
     producer = Producer({
-        "bootstrap.servers": settings.kafka_bootstrap_servers,
+        **client_config(settings),
         "transactional.id": transactional_id,
         "transaction.timeout.ms": settings.transaction_timeout_ms,  # well below the lease: a dead writer blocks readers briefly
         # The client gives up on a record before the coordinator gives up on the transaction, so an
@@ -76,6 +245,9 @@ def transactional_producer(settings: Settings, transactional_id: str, *, init: b
             producer.list_topics(timeout=init_timeout_s)
             producer.init_transactions(init_timeout_s)
         except KafkaException as exc:
+            refusal = refusal_of(settings, exc, producer)
+            if refusal is not None:
+                raise refusal from exc
             raise ServiceUnavailable(f"init_transactions({transactional_id}) failed: {exc}") from exc
     return producer
 
@@ -84,7 +256,7 @@ def idempotent_producer(settings: Settings, **overrides: Any) -> Producer:
     """An idempotent (not transactional) producer for intake and the region records: no duplicates
     from its own retries. `overrides`: more librdkafka settings."""
     return Producer({
-        "bootstrap.servers": settings.kafka_bootstrap_servers,
+        **client_config(settings),
         "enable.idempotence": True,  # retries never duplicate a record
         "acks": "all",
         "partitioner": "murmur2_random",
@@ -105,13 +277,16 @@ def last_stable_offsets(client: Consumer, topic: str, partitions: list[int], tim
 
 
 def partition_count(client: Consumer | Producer, topic: str, timeout_s: float = 10.0) -> int:
-    """Number of partitions of `topic`. Raises `ServiceUnavailable` when the topic is missing."""
+    """Number of partitions of `topic`. Raises `KafkaAccessRefused` when this principal may not describe
+    it, `ServiceUnavailable` when the topic is missing."""
     deadline = time.monotonic() + timeout_s
     while True:
         metadata = client.list_topics(topic, timeout=timeout_s)
         info = metadata.topics.get(topic)
         if info is not None and info.error is None and info.partitions:
             return len(info.partitions)
+        if info is not None and info.error is not None:
+            raise_refusal(info.error)  # not allowed to describe it: an ACL, not a missing topic
         if time.monotonic() > deadline:
             raise ServiceUnavailable(f"topic {topic} does not exist (run `tapeline stack up`)")
         time.sleep(0.2)
@@ -168,6 +343,7 @@ class KafkaReader:
             return record_of(message)
         if error.code() == KafkaError._PARTITION_EOF:
             return PartitionEnd(message.topic(), message.partition(), message.offset())
+        raise_refusal(error)
         return ReadError(str(error), fatal=error.fatal())
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
@@ -230,10 +406,10 @@ class KafkaWriter:
         try:
             return method(*args)
         except KafkaException as exc:
-            raise log_error(exc) from exc
+            raise (access_refusal(exc) or log_error(exc)) from exc
         except SystemError as exc:
             if isinstance(exc.__cause__, KafkaException):
-                raise log_error(exc.__cause__) from exc
+                raise (access_refusal(exc.__cause__) or log_error(exc.__cause__)) from exc
             raise
 
     def begin_transaction(self) -> None:
@@ -418,6 +594,7 @@ class KafkaAssignedReader:
             return message
         if error.code() == KafkaError._PARTITION_EOF:
             return PartitionEnd(message.topic(), message.partition(), message.offset())
+        raise_refusal(error)
         return ReadError(str(error), fatal=error.fatal())
 
     def records_behind(self) -> int:
@@ -438,7 +615,7 @@ def admin_client(settings: Settings, **extra: Any):
     settings on top."""
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers, "socket.timeout.ms": 5000, **extra})
+    return AdminClient({**client_config(settings), "socket.timeout.ms": 5000, **extra})
 
 
 def bootstrap_listens(settings: Settings) -> bool:
@@ -448,14 +625,18 @@ def bootstrap_listens(settings: Settings) -> bool:
 
 
 def cluster_answers(settings: Settings, timeout_s: float = 3.0, brokers: int = 1) -> tuple[bool, str | None]:
-    """True if the cluster at the bootstrap addresses serves metadata listing at least `brokers` brokers."""
+    """`(True, None)` if the cluster at the bootstrap addresses serves metadata listing at least `brokers`
+    brokers, else `(False, why)`; a refusal of this client is named as one (`KafkaAccessRefused`'s text:
+    "Kafka refused this client (tls|authentication|authorisation): ...")."""
     if not bootstrap_listens(settings):
         addresses = [a.strip() for a in settings.kafka_bootstrap_servers.split(",")]
         return False, f"nothing listens on {', '.join(addresses)}"
+    client = None
     try:
-        metadata = admin_client(settings).list_topics(timeout=timeout_s)
-    except Exception as exc:  # KafkaException or a timeout inside librdkafka
-        return False, str(exc)
+        client = admin_client(settings)
+        metadata = client.list_topics(timeout=timeout_s)
+    except Exception as exc:  # KafkaException, KafkaAccessRefused, ConfigurationError, a timeout inside librdkafka
+        return False, str(refusal_of(settings, exc, client) or exc)
     if len(metadata.brokers) < brokers:
         return False, f"the cluster reports {len(metadata.brokers)} of {brokers} brokers registered"
     return True, None

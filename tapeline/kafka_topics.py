@@ -192,3 +192,29 @@ def ensure_topics(settings: Settings, timeout_s: float = TOPICS_TIMEOUT_S) -> No
         time.sleep(0.3)
 
 
+
+
+def ensure_acls(settings: Settings, bindings: list[dict[str, Any]], timeout_s: float = 30.0) -> int:
+    """Create the ACL `bindings` (rows `{principal, resource, name, pattern, operation}`, Kafka's names:
+    resource topic / group / transactional_id / cluster, pattern LITERAL / PREFIXED, operation READ,
+    WRITE, ...; each an ALLOW from any host) on `settings`' cluster; returns how many. Creating one
+    that exists changes nothing (Kafka's CreateAcls is idempotent).
+
+    Raises:
+        StackError: the broker refused a binding (the message names it and the broker's reason).
+    """
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, ResourcePatternType,
+                                       ResourceType)
+
+    kinds = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP,
+             "transactional_id": ResourceType.TRANSACTIONAL_ID, "cluster": ResourceType.BROKER}
+    acls = [AclBinding(kinds[row["resource"]], row["name"], ResourcePatternType[row["pattern"]], row["principal"],
+                       "*", AclOperation[row["operation"]], AclPermissionType.ALLOW) for row in bindings]
+    admin = admin_client(settings)
+    for binding, future in admin.create_acls(acls, request_timeout=timeout_s).items():
+        try:
+            future.result()
+        except KafkaException as exc:
+            raise StackError(f"creating the ACL {binding} failed: {exc.args[0].str()}") from exc
+    return len(acls)

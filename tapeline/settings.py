@@ -43,6 +43,38 @@ class Settings(BaseSettings):
                                                  "creates; unset: min(3, kafka_brokers)")
     topic_min_insync_replicas: int | None = Field(None, ge=1, description="min.insync.replicas of every topic; "
                                                   "unset: the replication factor - 1, at least 1")
+    # Kafka security (docs/security.md). Every client the factory makes (tapeline/kafka.py) and MirrorMaker 2's
+    # properties (regions/mirror.py) take these; the librdkafka names are in brackets.
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="How clients talk to the brokers (security.protocol): PLAINTEXT (the local "
+        "stack), SSL (TLS, mutual TLS with a client certificate), SASL_PLAINTEXT, SASL_SSL (managed Kafka: MSK, "
+        "Confluent Cloud, Aiven; `tapeline stack up --secure`)")
+    kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN", "OAUTHBEARER"] = Field(
+        "SCRAM-SHA-512", description="SASL mechanism (sasl.mechanism) with a SASL_* protocol: SCRAM-SHA-512 or "
+        "-256 (MSK, Aiven, the secure local stack), PLAIN (Confluent Cloud API keys), OAUTHBEARER (librdkafka's "
+        "OIDC client credentials: sasl.oauthbearer.* in kafka_extra_config)")
+    kafka_sasl_username: str | None = Field(None, description="SASL user name of this process's principal (one "
+                                            "per role: see kafka_credentials_file)")
+    kafka_sasl_password: SecretStr | None = Field(None, description="SASL password of kafka_sasl_username; a "
+                                                  "secret: never logged or shown")
+    kafka_credentials_file: Path | None = Field(None, description="JSON file of one principal per role, "
+                                                "{\"<role>\": {\"username\": ..., \"password\": ...}}: a "
+                                                "process running role R uses R's entry (the operator CLI "
+                                                "\"operator\", MirrorMaker 2 \"mirror\"); a role without one uses "
+                                                "kafka_sasl_username/password. `stack up --secure` writes one")
+    kafka_role: str | None = Field(None, description="The role whose principal this process uses; `tapeline run "
+                                   "--role R` sets it to R; unset: operator (the CLI)")
+    kafka_ssl_ca_location: Path | None = Field(None, description="PEM file of the CA(s) that signed the brokers' "
+                                               "certificates (ssl.ca.location); unset: the system's CA store")
+    kafka_ssl_certificate_location: Path | None = Field(None, description="PEM client certificate for mutual TLS "
+                                                        "(ssl.certificate.location)")
+    kafka_ssl_key_location: Path | None = Field(None, description="PEM private key of that certificate "
+                                                "(ssl.key.location)")
+    kafka_ssl_key_password: SecretStr | None = Field(None, description="Password of an encrypted private key "
+                                                     "(ssl.key.password); a secret")
+    kafka_extra_config: dict[str, SecretStr] = Field({}, description="More librdkafka settings for every client, JSON "
+                                               "(e.g. sasl.oauthbearer.method=oidc and its token endpoint); a key "
+                                               "the factory sets itself is refused; values are kept secret")
     database_url: str = "postgresql://tapeline:tapeline@127.0.0.1:5432/tapeline"
     db_schema: str = Field("public", description="PostgreSQL schema of the live projections (the search_path)")
     s3_endpoint: str = "http://127.0.0.1:19000"
