@@ -11,6 +11,11 @@ directly as the `postgres` OS user (the server refuses to run as root)::
 
 It listens on the DSN's host and port only. The DSN's role (LOGIN, CREATEDB, its password) and
 database are created as region A's are (`ensure_role_and_db`, over this server's socket).
+
+With a server certificate (`up_own_postgres(..., tls=...)`, made by `devstack.tls`) it also speaks TLS
+(`ssl=on`, `tls_server_options`); clients that ask for none (`sslmode=prefer`, libpq's default, or
+`disable`) still connect, so turning it on breaks no plain client. A client with
+`sslmode=verify-full&sslrootcert=<the CA>` gets a verified, encrypted session (docs/production.md).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from rich.console import Console
 from tapeline.settings import Settings
 
 from tapeline.home import StackError, HomePaths, now_iso, say, update_state
+from devstack.tls import ServerCertificate
 from devstack.database import PG_READY_TIMEOUT_S, pg_connect_error, ensure_role_and_db, pg_params, masked_dsn
 
 
@@ -51,15 +57,39 @@ def _as_postgres(argv: list[str], timeout_s: float = 60.0) -> subprocess.Complet
                           timeout=timeout_s)
 
 
-def server_options(host: str, port: str, socket_dir: Path) -> str:
-    """The `postgres` options `pg_ctl -o` passes: listen on host:port only, socket in socket_dir."""
-    return f"-p {port} -c listen_addresses={host} -c unix_socket_directories={socket_dir}"
+def server_options(host: str, port: str, socket_dir: Path, tls: ServerCertificate | None = None) -> str:
+    """The `postgres` options `pg_ctl -o` passes: listen on host:port only, socket in socket_dir, and
+    `tls_server_options(tls)` when a certificate is given."""
+    options = f"-p {port} -c listen_addresses={host} -c unix_socket_directories={socket_dir}"
+    return f"{options} {tls_server_options(tls)}" if tls is not None else options
 
 
-def up_own_postgres(settings: Settings, paths: HomePaths, console: Console | None) -> None:
+def tls_server_options(tls: ServerCertificate) -> str:
+    """`postgres` options that turn TLS on with `tls` (PostgreSQL 15 manual, 19.9 "Secure TCP/IP
+    Connections with SSL"): `ssl=on`, the certificate and key files, TLS 1.2 at least. The key must
+    belong to the server's OS user and be mode 0600 (`own_tls_files`). Paths may hold no space."""
+    for path in (tls.cert, tls.key):
+        if " " in str(path):
+            raise StackError(f"{path}: the server's TLS files may not have a space in their path (pg_ctl -o)")
+    return (f"-c ssl=on -c ssl_cert_file={tls.cert} -c ssl_key_file={tls.key} "
+            "-c ssl_min_protocol_version=TLSv1.2")
+
+
+def own_tls_files(tls: ServerCertificate) -> None:
+    """Give the `postgres` OS user the certificate and key (0600): the server refuses a key that
+    others can read ("private key file has group or world access")."""
+    for path in (tls.cert, tls.key):
+        shutil.chown(path, "postgres", "postgres")
+    tls.key.chmod(0o600)
+
+
+def up_own_postgres(settings: Settings, paths: HomePaths, console: Console | None,
+                    tls: ServerCertificate | None = None) -> None:
     """Make `settings.database_url` answer from a server of the stack's own: reuse one that answers,
     else create the cluster once (`initdb`), start it (`pg_ctl start`, recorded in `stack.json` as
-    `postgres.server`) and create the DSN's role and database.
+    `postgres.server`) and create the DSN's role and database. With `tls` (a certificate for the
+    DSN's host, `devstack.tls.server_certificate`) the server it starts also speaks TLS
+    (`tls_server_options`); the files are handed to the `postgres` user first.
 
     Raises:
         StackError: not root, the DSN is not local, `initdb` or `pg_ctl` fails (the message holds
@@ -88,8 +118,11 @@ def up_own_postgres(settings: Settings, paths: HomePaths, console: Console | Non
         say(console, f"[bold]postgres[/]: region {settings.region}'s server ({data}) runs")
         ensure_role_and_db(params, params["port"], console, socket_dir=str(paths.postgres))
         return
+    if tls is not None:
+        own_tls_files(tls)
     result = _as_postgres([str(pg_binary("pg_ctl")), "-D", str(data), "-l", str(log), "-w",
-                           "-t", str(int(PG_READY_TIMEOUT_S)), "-o", server_options(host, params["port"], paths.postgres),
+                           "-t", str(int(PG_READY_TIMEOUT_S)), "-o",
+                           server_options(host, params["port"], paths.postgres, tls),
                            "start"], timeout_s=PG_READY_TIMEOUT_S + 10)
     if result.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:]) if log.is_file() else ""

@@ -80,6 +80,18 @@ def isolated_settings(base_settings: Settings, tag: str, database_url: str, **up
                                             "reuse_results": False, **update})
 
 
+def database_named(database_url: str, dbname: str) -> str:
+    """`database_url` naming database `dbname` instead, as a URL; every other part kept (its libpq
+    parameters too: sslmode, sslrootcert, ...)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    if "://" in database_url:
+        return urlunsplit(urlsplit(database_url)._replace(path=f"/{dbname}"))
+    params = conninfo_to_dict(database_url)
+    return (f"postgresql://{params.get('user')}:{params.get('password')}@{params.get('host', '127.0.0.1')}:"
+            f"{params.get('port', 5432)}/{dbname}")
+
+
 @contextlib.contextmanager
 def own_database(base_settings: Settings, tag: str) -> Iterator[str]:
     """A fresh database `tapeline_test_<tag>` on the shared PostgreSQL, migrated; yields its URL and
@@ -89,9 +101,7 @@ def own_database(base_settings: Settings, tag: str) -> Iterator[str]:
     dbname = f"tapeline_test_{tag}"
     with psycopg.connect(base_settings.database_url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{dbname}"')
-    params = conninfo_to_dict(base_settings.database_url)
-    url = (f"postgresql://{params.get('user')}:{params.get('password')}@{params.get('host', '127.0.0.1')}:"
-           f"{params.get('port', 5432)}/{dbname}")
+    url = database_named(base_settings.database_url, dbname)
     try:
         migrate(url)
         yield url

@@ -1,0 +1,145 @@
+"""PostgreSQL over TLS (issue 40 item 2), against a real server of this module's own.
+
+A cluster of the module's own on a free port (`devstack.pgserver.up_own_postgres` with a certificate
+of `devstack.tls`), never the shared one. Every connection Tapeline makes is given `database_url`
+with libpq's `sslmode=verify-full&sslrootcert=<CA>`: the adapter's sessions, the migrations, the read
+API's pool; a wrong CA, a wrong host name and a missing CA file are refused with a message that says
+which; clients that ask for no TLS still connect.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import psycopg
+import pytest
+
+from devstack import database as pgstack
+from devstack import pgserver, tls
+from domain.errors import ServiceUnavailable
+from tapeline.home import HomePaths
+from tapeline.postgres import PostgresJobStore, connect, migrate
+from tapeline.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tls_home() -> Iterator[Path]:
+    """A directory the `postgres` OS user can reach (pytest's own tmp is root's 0700), removed after."""
+    home = Path(tempfile.mkdtemp(prefix="tapeline-tls-"))
+    home.chmod(0o755)
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def authorities(tls_home: Path) -> tuple[tls.CertificateAuthority, tls.CertificateAuthority]:
+    """The stack's CA, and another CA that signed nothing the servers present."""
+    return tls.stack_ca(tls_home / "ca"), tls.stack_ca(tls_home / "other-ca", name="Some other CA")
+
+
+def _verified_url(port: int, ca: Path, host: str = "127.0.0.1", extra: str = "") -> str:
+    return (f"postgresql://tapeline:tapeline@{host}:{port}/tapeline?sslmode=verify-full&sslrootcert={ca}"
+            f"{extra}")
+
+
+@pytest.fixture(scope="module")
+def tls_postgres(tls_home: Path, authorities, base_settings: Settings) -> Iterator[Settings]:
+    """A PostgreSQL server of this module's own with TLS on; settings whose `database_url` verifies it."""
+    ca, _ = authorities
+    certificate = tls.server_certificate(ca, tls_home / "pg-tls", "postgres", ["127.0.0.1", "localhost"])
+    port = _free_port()
+    settings = base_settings.model_copy(update={"database_url": _verified_url(port, ca.cert), "db_schema": "public"})
+    paths = HomePaths(tls_home / "home")
+    paths.home.mkdir(mode=0o755)
+    pgserver.up_own_postgres(settings, paths, None, tls=certificate)
+    try:
+        yield settings
+    finally:
+        pgserver.down_own_postgres(paths, str(paths.postgres / "data"), None)
+
+
+def _session_tls(conn: psycopg.Connection) -> tuple[bool, str | None]:
+    row = conn.execute("SELECT ssl, version FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()
+    return (row["ssl"], row["version"]) if isinstance(row, dict) else (row[0], row[1])
+
+
+def test_every_connection_verifies_the_server(tls_postgres: Settings) -> None:
+    """The migrations, the job store's session and the read API's pool all run over verified TLS."""
+    from projections.api import check_reader, reader_pool
+
+    migrate(tls_postgres.database_url)
+    with connect(tls_postgres.database_url) as conn:
+        assert _session_tls(conn)[0] is True
+        assert conn.pgconn.ssl_in_use
+    store = PostgresJobStore(tls_postgres)
+    try:
+        ssl_on, version = _session_tls(store.connection())
+        assert ssl_on is True and version in ("TLSv1.2", "TLSv1.3")
+    finally:
+        store.close()
+    check_reader(tls_postgres)
+    pool = reader_pool(tls_postgres, max_size=1)
+    pool.open(wait=True, timeout=20)
+    try:
+        with pool.connection() as conn:  # as the reader role, which pg_stat_ssl does not show its session
+            assert conn.pgconn.ssl_in_use and conn.execute("SELECT current_user").fetchone()["current_user"] == \
+                tls_postgres.reader_role
+    finally:
+        pool.close()
+
+
+def test_plain_clients_still_connect(tls_postgres: Settings) -> None:
+    """Turning ssl on breaks no client that asks for none: `sslmode=disable` connects in the clear,
+    libpq's default `prefer` gets TLS without verifying."""
+    port = psycopg.conninfo.conninfo_to_dict(tls_postgres.database_url)["port"]
+    plain = f"postgresql://tapeline:tapeline@127.0.0.1:{port}/tapeline"
+    with connect(plain + "?sslmode=disable") as conn:
+        assert _session_tls(conn)[0] is False
+    with connect(plain + "?sslmode=prefer") as conn:
+        assert _session_tls(conn)[0] is True
+
+
+def test_a_certificate_of_another_ca_is_refused(tls_postgres: Settings, authorities) -> None:
+    _, other = authorities
+    port = psycopg.conninfo.conninfo_to_dict(tls_postgres.database_url)["port"]
+    wrong = tls_postgres.model_copy(update={"database_url": _verified_url(port, other.cert)})
+    with pytest.raises(ServiceUnavailable) as refused:
+        connect(wrong.database_url)
+    assert "refused over TLS: the server's certificate is not signed by a CA in sslrootcert" in str(refused.value)
+    assert "certificate verify failed" in str(refused.value)
+    assert "tapeline:***@" in str(refused.value)  # the password stays out of the message
+    # what `tapeline stack status` shows for the database
+    assert "certificate verify failed" in (pgstack.pg_connect_error(wrong) or "")
+
+
+def test_a_certificate_for_another_host_is_refused(tls_postgres: Settings, authorities) -> None:
+    """The server's certificate names 127.0.0.1 and localhost; a client that connects to the same
+    address under another name (libpq's hostaddr) must not accept it."""
+    ca, _ = authorities
+    port = psycopg.conninfo.conninfo_to_dict(tls_postgres.database_url)["port"]
+    url = _verified_url(port, ca.cert, host="db.tapeline.invalid", extra="&hostaddr=127.0.0.1")
+    with pytest.raises(ServiceUnavailable) as refused:
+        connect(url)
+    assert "refused over TLS: the server's certificate does not name the host connected to" in str(refused.value)
+    assert 'does not match host name "db.tapeline.invalid"' in str(refused.value)
+    # the same URL with verify-ca (no name check) connects: the refusal above is the name's
+    with connect(url.replace("verify-full", "verify-ca")) as conn:
+        assert _session_tls(conn)[0] is True
+
+
+def test_a_missing_ca_file_is_named(tls_postgres: Settings, tls_home: Path) -> None:
+    port = psycopg.conninfo.conninfo_to_dict(tls_postgres.database_url)["port"]
+    with pytest.raises(ServiceUnavailable, match="sslrootcert names no readable CA file"):
+        connect(_verified_url(port, tls_home / "no-such-ca.crt"))
