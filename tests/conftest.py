@@ -199,11 +199,14 @@ def make_dsn(settings: Settings) -> str:
 
 
 @contextlib.contextmanager
-def private_moto_server(settings: Settings, directory: Path, **overrides: Any) -> Iterator[tuple[Settings, subprocess.Popen]]:
+def private_moto_server(settings: Settings, directory: Path, tls: Any = None,
+                        **overrides: Any) -> Iterator[tuple[Settings, subprocess.Popen]]:
     """A local object store (`devstack.s3server`: moto behind the signature gate) of the caller's own
     on a free port, with the bucket and policy `tapeline stack up`
     creates: for tests that pause S3 or sweep the whole bucket, which the shared endpoint (objects in
-    memory, used by every test) must never see. Yields (settings pointing at it + `overrides`, process)."""
+    memory, used by every test) must never see. With `tls` (a `devstack.tls.ServerCertificate` for
+    127.0.0.1) it serves HTTPS; `overrides` must then name the CA (`s3_ca_bundle`). Yields (settings
+    pointing at it + `overrides`, process)."""
     import socket
 
     from tapeline.objectstore import endpoint_answers
@@ -213,8 +216,9 @@ def private_moto_server(settings: Settings, directory: Path, **overrides: Any) -
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     log = open(directory / "moto.log", "wb")
-    private = settings.model_copy(update={"s3_endpoint": f"http://127.0.0.1:{port}", **overrides})
-    server = subprocess.Popen(stack.s3_server_command("127.0.0.1", port), stdout=log, stderr=log, cwd=directory,
+    scheme = "https" if tls is not None else "http"
+    private = settings.model_copy(update={"s3_endpoint": f"{scheme}://127.0.0.1:{port}", **overrides})
+    server = subprocess.Popen(stack.s3_server_command("127.0.0.1", port, tls), stdout=log, stderr=log, cwd=directory,
                               env=stack.s3_server_env(private), start_new_session=True)
     try:
         wait_for(lambda: endpoint_answers(private)[0], 30, "the private moto_server to answer")
