@@ -115,7 +115,7 @@ def _pg_clusters() -> list[dict[str, str]]:
     return clusters
 
 
-def _psql_quote(value: str) -> str:
+def psql_quote(value: str) -> str:
     """A value as a single-quoted psql meta-command argument (`\\set name '...'`)."""
     return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
 
@@ -133,7 +133,7 @@ def reader_grant_sql(user: str) -> str:
     `SET ROLE tapeline_reader` (a NOLOGIN role is only reachable that way). Idempotent."""
     from tapeline.postgres import q
 
-    return "\n".join([f"\\set login {_psql_quote(user)}", q("psql_grant_reader_to_login")])
+    return "\n".join([f"\\set login {psql_quote(user)}", q("psql_grant_reader_to_login")])
 
 
 def _pg_ensure_reader_role(port: str, user: str, console: Console | None) -> None:
@@ -167,9 +167,9 @@ def ensure_role_and_db(params: dict[str, str], port: str, console: Console | Non
     from tapeline.postgres import q
 
     script = "\n".join([
-        f"\\set role {_psql_quote(params['user'])}",
-        f"\\set pw {_psql_quote(params.get('password', ''))}",
-        f"\\set db {_psql_quote(params['dbname'])}",
+        f"\\set role {psql_quote(params['user'])}",
+        f"\\set pw {psql_quote(params.get('password', ''))}",
+        f"\\set db {psql_quote(params['dbname'])}",
         q("psql_create_login_role"),
         q("psql_create_database"),
         reader_role_sql(),

@@ -31,7 +31,7 @@ from tapeline.settings import Settings
 
 from tapeline.home import StackError, HomePaths, now_iso, say, update_state
 from devstack.tls import ServerCertificate
-from devstack.database import PG_READY_TIMEOUT_S, pg_connect_error, ensure_role_and_db, pg_params, masked_dsn
+from devstack.database import PG_READY_TIMEOUT_S, psql_quote, pg_connect_error, ensure_role_and_db, pg_params, masked_dsn
 
 
 def pg_binary(name: str) -> Path:
@@ -48,13 +48,14 @@ def pg_binary(name: str) -> Path:
     return versions[-1] / "bin" / name
 
 
-def _as_postgres(argv: list[str], timeout_s: float = 60.0) -> subprocess.CompletedProcess:
-    """Run argv as the `postgres` OS user (root only), from `/` (the caller's cwd may be unreadable to it)."""
+def _as_postgres(argv: list[str], timeout_s: float = 60.0, input_text: str | None = None) -> subprocess.CompletedProcess:
+    """Run argv as the `postgres` OS user (root only), from `/` (the caller's cwd may be unreadable to
+    it), `input_text` on its stdin."""
     if os.geteuid() != 0 or shutil.which("runuser") is None:
         raise StackError("Region B's own PostgreSQL server runs as the `postgres` OS user: run "
                          "`tapeline stack up --region b` as root.")
     return subprocess.run(["runuser", "-u", "postgres", "--", *argv], capture_output=True, text=True, cwd="/",
-                          timeout=timeout_s)
+                          timeout=timeout_s, input=input_text)
 
 
 def server_options(host: str, port: str, socket_dir: Path, tls: ServerCertificate | None = None) -> str:
@@ -66,13 +67,16 @@ def server_options(host: str, port: str, socket_dir: Path, tls: ServerCertificat
 
 def tls_server_options(tls: ServerCertificate) -> str:
     """`postgres` options that turn TLS on with `tls` (PostgreSQL 15 manual, 19.9 "Secure TCP/IP
-    Connections with SSL"): `ssl=on`, the certificate and key files, TLS 1.2 at least. The key must
-    belong to the server's OS user and be mode 0600 (`own_tls_files`). Paths may hold no space."""
-    for path in (tls.cert, tls.key):
+    Connections with SSL"): `ssl=on`, the certificate and key files, TLS 1.2 at least, and the CA
+    (`ssl_ca_file`) that client certificates are verified with when `tls.ca` is known (a client
+    certificate is then optional, required only where pg_hba.conf says `cert`). The key must belong
+    to the server's OS user and be mode 0600 (`own_tls_files`). Paths may hold no space."""
+    files = [tls.cert, tls.key] + ([tls.ca] if tls.ca is not None else [])
+    for path in files:
         if " " in str(path):
             raise StackError(f"{path}: the server's TLS files may not have a space in their path (pg_ctl -o)")
-    return (f"-c ssl=on -c ssl_cert_file={tls.cert} -c ssl_key_file={tls.key} "
-            "-c ssl_min_protocol_version=TLSv1.2")
+    options = f"-c ssl=on -c ssl_cert_file={tls.cert} -c ssl_key_file={tls.key} -c ssl_min_protocol_version=TLSv1.2"
+    return f"{options} -c ssl_ca_file={tls.ca}" if tls.ca is not None else options
 
 
 def own_tls_files(tls: ServerCertificate) -> None:
@@ -135,6 +139,39 @@ def up_own_postgres(settings: Settings, paths: HomePaths, console: Console | Non
     error = pg_connect_error(settings)
     if error is not None:
         raise StackError(f"PostgreSQL still refuses {masked_dsn(settings.database_url)}: {error}")
+
+
+def require_client_certificate(settings: Settings, paths: HomePaths, role: str) -> None:
+    """Make `role` (created LOGIN, no password, when missing) log in to the stack's own server over
+    TCP only by a client certificate whose common name is `role` (`devstack.tls.client_certificate`):
+    a `hostssl all <role> ... cert` line first in its pg_hba.conf, then a reload (no restart).
+    The server must have been started with a certificate whose `ca` signed the client's.
+
+    Raises:
+        StackError: not root, the role cannot be created, or the reload fails.
+    """
+    if not role.replace("_", "").isalnum() or not role.islower():
+        raise StackError(f"role {role!r}: lowercase letters, digits and _ only")
+    params = pg_params(settings)
+    hba = paths.postgres / "data" / "pg_hba.conf"
+    lines = [f"hostssl all {role} 127.0.0.1/32 cert", f"hostssl all {role} ::1/128 cert"]
+    current = _as_postgres(["cat", str(hba)])
+    if current.returncode != 0:
+        raise StackError(f"reading {hba} failed: {current.stderr.strip()}")
+    if lines[0] not in current.stdout.splitlines():
+        written = _as_postgres(["tee", str(hba)], input_text="\n".join(lines) + "\n" + current.stdout)
+        if written.returncode != 0:
+            raise StackError(f"writing {hba} failed: {written.stderr.strip()}")
+    from tapeline.postgres import q
+
+    script = f"\\set role {psql_quote(role)}\n{q('psql_create_certificate_role')}\n"
+    created = _as_postgres(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-p", params["port"], "-h", str(paths.postgres),
+                            "-d", "postgres"], input_text=script)
+    if created.returncode != 0:
+        raise StackError(f"creating role {role} failed: {created.stderr.strip()}")
+    reloaded = _as_postgres([str(pg_binary("pg_ctl")), "-D", str(paths.postgres / "data"), "reload"])
+    if reloaded.returncode != 0:
+        raise StackError(f"pg_ctl reload failed: {(reloaded.stdout + reloaded.stderr).strip()}")
 
 
 def down_own_postgres(paths: HomePaths, data: str, console: Console | None) -> None:

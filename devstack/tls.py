@@ -14,7 +14,8 @@ every name a client uses (`127.0.0.1`, `localhost`) must be listed.
 
 The pieces `tapeline stack up` can use to serve PostgreSQL and S3 over TLS:
 `stack_ca`/`server_certificate` make the files, `devstack.pgserver.tls_server_options` turns a
-PostgreSQL server's TLS on with them, `devstack.s3server --certfile/--keyfile` serves S3 over HTTPS.
+PostgreSQL server's TLS on with them (`require_client_certificate` makes a role log in by a
+`client_certificate` only), `devstack.s3server --certfile/--keyfile` serves S3 over HTTPS.
 """
 
 from __future__ import annotations
@@ -43,7 +44,18 @@ class CertificateAuthority:
 
 @dataclass(frozen=True)
 class ServerCertificate:
-    """A server's PEM certificate `cert` (signed by the stack's CA) and its private key `key`."""
+    """A server's PEM certificate `cert` (signed by the stack's CA), its private key `key`, and the
+    CA's certificate `ca` (None: unknown), which a server given it verifies client certificates with."""
+
+    cert: Path
+    key: Path
+    ca: Path | None = None
+
+
+@dataclass(frozen=True)
+class ClientCertificate:
+    """A client's PEM certificate `cert` (signed by the stack's CA; its common name is the user it
+    logs in as) and its private key `key`: libpq's `sslcert` and `sslkey`."""
 
     cert: Path
     key: Path
@@ -92,6 +104,24 @@ def subject_alt_names(hosts: list[str]) -> str:
     return ",".join(names)
 
 
+def _signed(ca: CertificateAuthority, directory: Path, name: str, common_name: str,
+            extensions: list[str]) -> tuple[Path, Path]:
+    """`<directory>/<name>.crt` and `.key` (mode 0600): a new RSA key and its certificate for
+    `common_name`, signed by `ca` for `CA_DAYS` days with `extensions` (openssl extfile lines)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+    request, extfile = directory / f"{name}.csr", directory / f"{name}.ext"
+    _openssl("req", "-new", "-newkey", f"rsa:{KEY_BITS}", "-nodes", "-subj", f"/CN={common_name}",
+             "-keyout", str(key), "-out", str(request))
+    key.chmod(0o600)
+    extfile.write_text("\n".join(["basicConstraints=CA:FALSE", *extensions]) + "\n")
+    _openssl("x509", "-req", "-in", str(request), "-CA", str(ca.cert), "-CAkey", str(ca.key), "-CAcreateserial",
+             "-days", str(CA_DAYS), "-sha256", "-extfile", str(extfile), "-out", str(cert))
+    request.unlink(missing_ok=True)
+    extfile.unlink(missing_ok=True)
+    return cert, key
+
+
 def server_certificate(ca: CertificateAuthority, directory: Path, name: str, hosts: list[str]) -> ServerCertificate:
     """A new certificate `<directory>/<name>.crt` with key `<name>.key` (mode 0600), signed by `ca`,
     valid for `hosts` (`subject_alt_names`; the first is also the common name) for `CA_DAYS` days,
@@ -99,18 +129,22 @@ def server_certificate(ca: CertificateAuthority, directory: Path, name: str, hos
 
     Raises:
         StackError: openssl is missing or fails.
+        ValueError: `hosts` is empty.
     """
-    directory.mkdir(parents=True, exist_ok=True)
-    made = ServerCertificate(directory / f"{name}.crt", directory / f"{name}.key")
-    request = directory / f"{name}.csr"
-    _openssl("req", "-new", "-newkey", f"rsa:{KEY_BITS}", "-nodes", "-subj", f"/CN={hosts[0] if hosts else name}",
-             "-keyout", str(made.key), "-out", str(request))
-    made.key.chmod(0o600)
-    extensions = directory / f"{name}.ext"
-    extensions.write_text(f"subjectAltName={subject_alt_names(hosts)}\nbasicConstraints=CA:FALSE\n"
-                          "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n")
-    _openssl("x509", "-req", "-in", str(request), "-CA", str(ca.cert), "-CAkey", str(ca.key), "-CAcreateserial",
-             "-days", str(CA_DAYS), "-sha256", "-extfile", str(extensions), "-out", str(made.cert))
-    request.unlink(missing_ok=True)
-    extensions.unlink(missing_ok=True)
-    return made
+    cert, key = _signed(ca, directory, name, hosts[0] if hosts else name,
+                        [f"subjectAltName={subject_alt_names(hosts)}",
+                         "keyUsage=critical,digitalSignature,keyEncipherment", "extendedKeyUsage=serverAuth"])
+    return ServerCertificate(cert, key, ca.cert)
+
+
+def client_certificate(ca: CertificateAuthority, directory: Path, name: str, user: str) -> ClientCertificate:
+    """A new client certificate `<directory>/<name>.crt` with key `<name>.key` (mode 0600), signed by
+    `ca`, common name `user` (PostgreSQL's `cert` authentication logs the client in as the user its
+    certificate names), extendedKeyUsage clientAuth, `CA_DAYS` days.
+
+    Raises:
+        StackError: openssl is missing or fails.
+    """
+    cert, key = _signed(ca, directory, name, user,
+                        ["keyUsage=critical,digitalSignature,keyEncipherment", "extendedKeyUsage=clientAuth"])
+    return ClientCertificate(cert, key)

@@ -103,6 +103,8 @@ TLS_REFUSALS: tuple[tuple[str, str], ...] = (
     ("private key file", "sslkey cannot be used"),
     ("could not open certificate file", "sslcert cannot be read"),
     ("certificate required", "the server requires a client certificate (sslcert, sslkey)"),
+    ("requires a valid client certificate", "the server requires a client certificate (sslcert, sslkey)"),
+    ("certificate authentication failed", "the client certificate does not name the user logging in"),
     ("server does not support SSL", "the server does not speak TLS, and sslmode requires it"),
     ("SSL error", "the TLS handshake failed"),
 )

@@ -30,6 +30,10 @@ SELECT format('GRANT tapeline_reader TO %I', :'login') WHERE NOT pg_has_role(:'l
 -- psql: create the login role :'role' (LOGIN, CREATEDB, password :'pw') when it is missing.
 SELECT format('CREATE ROLE %I LOGIN CREATEDB PASSWORD %L', :'role', :'pw') WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'role') \gexec
 
+-- name: psql_create_certificate_role
+-- psql: create the role :'role' (LOGIN, no password: it logs in by a client certificate) when it is missing.
+SELECT format('CREATE ROLE %I LOGIN', :'role') WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'role') \gexec
+
 -- name: psql_create_database
 -- psql: create database :'db' owned by :'role' when it is missing.
 SELECT format('CREATE DATABASE %I OWNER %I', :'db', :'role') WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = :'db') \gexec

@@ -55,14 +55,22 @@ def _verified_url(port: int, ca: Path, host: str = "127.0.0.1", extra: str = "")
 
 
 @pytest.fixture(scope="module")
-def tls_postgres(tls_home: Path, authorities, base_settings: Settings) -> Iterator[Settings]:
-    """A PostgreSQL server of this module's own with TLS on; settings whose `database_url` verifies it."""
+def pg_paths(tls_home: Path) -> HomePaths:
+    """The stack home of this module's PostgreSQL server (its cluster under `postgres/data`)."""
+    paths = HomePaths(tls_home / "home")
+    paths.home.mkdir(mode=0o755)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def tls_postgres(tls_home: Path, authorities, pg_paths: HomePaths, base_settings: Settings) -> Iterator[Settings]:
+    """A PostgreSQL server of this module's own with TLS on (client certificates verified by the
+    stack's CA); settings whose `database_url` verifies it."""
     ca, _ = authorities
     certificate = tls.server_certificate(ca, tls_home / "pg-tls", "postgres", ["127.0.0.1", "localhost"])
     port = _free_port()
     settings = base_settings.model_copy(update={"database_url": _verified_url(port, ca.cert), "db_schema": "public"})
-    paths = HomePaths(tls_home / "home")
-    paths.home.mkdir(mode=0o755)
+    paths = pg_paths
     pgserver.up_own_postgres(settings, paths, None, tls=certificate)
     try:
         yield settings
@@ -143,3 +151,31 @@ def test_a_missing_ca_file_is_named(tls_postgres: Settings, tls_home: Path) -> N
     port = psycopg.conninfo.conninfo_to_dict(tls_postgres.database_url)["port"]
     with pytest.raises(ServiceUnavailable, match="sslrootcert names no readable CA file"):
         connect(_verified_url(port, tls_home / "no-such-ca.crt"))
+
+
+def test_a_client_certificate_logs_in(tls_postgres: Settings, pg_paths: HomePaths, authorities,
+                                      tls_home: Path) -> None:
+    """A role that may log in by a client certificate only: libpq's `sslcert`/`sslkey` in the URL log
+    it in; no certificate, one naming another user, and one of another CA are refused, each named."""
+    ca, other = authorities
+    pgserver.require_client_certificate(tls_postgres, pg_paths, "tapeline_cert")
+    port = psycopg.conninfo.conninfo_to_dict(tls_postgres.database_url)["port"]
+    base = f"postgresql://tapeline_cert@127.0.0.1:{port}/tapeline?sslmode=verify-full&sslrootcert={ca.cert}"
+
+    def with_certificate(made: tls.ClientCertificate) -> str:
+        return f"{base}&sslcert={made.cert}&sslkey={made.key}"
+
+    mine = tls.client_certificate(ca, tls_home / "client", "tapeline_cert", "tapeline_cert")
+    with connect(with_certificate(mine)) as conn:
+        user, client_dn = conn.execute("SELECT current_user, client_dn FROM pg_stat_ssl "
+                                       "WHERE pid = pg_backend_pid()").fetchone()
+        assert (user, client_dn) == ("tapeline_cert", "/CN=tapeline_cert")
+    with pytest.raises(ServiceUnavailable, match="the server requires a client certificate"):
+        connect(base)
+    someone = tls.client_certificate(ca, tls_home / "client", "someone", "someone_else")
+    with pytest.raises(ServiceUnavailable, match="the client certificate does not name the user logging in"):
+        connect(with_certificate(someone))
+    foreign = tls.client_certificate(other, tls_home / "client", "foreign", "tapeline_cert")
+    with pytest.raises(ServiceUnavailable, match="refused over TLS: the TLS handshake failed") as refused:
+        connect(with_certificate(foreign))
+    assert "unknown ca" in str(refused.value)

@@ -22,6 +22,8 @@ def test_subject_alt_names_tell_addresses_from_names() -> None:
     ('root certificate file "/nope.crt" does not exist', "sslrootcert names no readable CA file"),
     ("server does not support SSL, but SSL was required", "does not speak TLS"),
     ("SSL error: tlsv1 alert unknown ca", "TLS handshake failed"),
+    ('FATAL:  connection requires a valid client certificate', "requires a client certificate"),
+    ('FATAL:  certificate authentication failed for user "x"', "does not name the user logging in"),
 ])
 def test_tls_refusals_are_named(message: str, meaning: str) -> None:
     assert meaning in tls_refusal(message)
