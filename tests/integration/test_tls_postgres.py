@@ -24,6 +24,7 @@ from domain.errors import ServiceUnavailable
 from tapeline.home import HomePaths
 from tapeline.postgres import PostgresJobStore, connect, migrate
 from tapeline.settings import Settings
+from tests.conftest import tapeline_cli
 
 pytestmark = pytest.mark.integration
 
@@ -130,6 +131,21 @@ def test_a_certificate_of_another_ca_is_refused(tls_postgres: Settings, authorit
     assert "tapeline:***@" in str(refused.value)  # the password stays out of the message
     # what `tapeline stack status` shows for the database
     assert "certificate verify failed" in (pgstack.pg_connect_error(wrong) or "")
+
+
+def test_the_cli_says_tls_and_stops(tls_postgres: Settings, authorities) -> None:
+    """`tapeline migrate` as an operator runs it: with the right CA it works; with another it exits
+    at once with the TLS refusal (no hang, no retry loop)."""
+    _, other = authorities
+    done = tapeline_cli(tls_postgres, "migrate", timeout_s=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "schema public: applied" in done.stdout + done.stderr
+    port = psycopg.conninfo.conninfo_to_dict(tls_postgres.database_url)["port"]
+    wrong = tls_postgres.model_copy(update={"database_url": _verified_url(port, other.cert)})
+    refused = tapeline_cli(wrong, "migrate", timeout_s=60)
+    assert refused.returncode != 0
+    assert "refused over TLS: the server's certificate is not signed by a CA in sslrootcert" in \
+        " ".join((refused.stdout + refused.stderr).split())
 
 
 def test_a_certificate_for_another_host_is_refused(tls_postgres: Settings, authorities) -> None:
