@@ -8,13 +8,13 @@ import shutil
 import subprocess
 import time
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from rich.console import Console
 
 from tapeline.settings import Settings
 
 from tapeline.home import StackError, HomePaths, now_iso, say, update_state
+from tapeline.postgres import masked_dsn  # noqa: F401 (devstack's callers import it from here)
 
 PG_READY_TIMEOUT_S = 30.0
 """How long `up` waits for PostgreSQL to accept the DSN after starting its cluster, seconds."""
@@ -32,26 +32,6 @@ def pg_params(settings: Settings) -> dict[str, str]:
     params.setdefault("user", os.environ.get("USER", "postgres"))
     params.setdefault("dbname", params["user"])
     return params
-
-
-def masked_dsn(dsn: str) -> str:
-    """The DSN with its password replaced by `***`: a URL's user info and its `password` query
-    parameter (libpq reads both), or the key=value form's `password`."""
-    if "://" in dsn:
-        parts = urlsplit(dsn)
-        netloc = parts.netloc
-        if parts.password is not None:
-            netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
-        query = "&".join("password=***" if p.split("=", 1)[0].lower() == "password" else p
-                         for p in parts.query.split("&")) if parts.query else parts.query
-        return urlunsplit(parts._replace(netloc=netloc, query=query))
-    import psycopg
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-    try:
-        return make_conninfo(dsn, password="***") if "password" in conninfo_to_dict(dsn) else dsn
-    except psycopg.ProgrammingError:  # malformed: it may still hold a password, so show none of it
-        return "(a key=value DSN libpq cannot parse; not shown)"
 
 
 def pg_connect_error(settings: Settings, timeout_s: int = 3) -> str | None:

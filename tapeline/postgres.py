@@ -18,6 +18,7 @@ from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql as psql
@@ -118,6 +119,26 @@ def tls_refusal(message: str) -> str | None:
     return next((meaning for text, meaning in TLS_REFUSALS if text in message), None)
 
 
+def masked_dsn(dsn: str) -> str:
+    """The DSN with its password replaced by `***`: a URL's user info and its `password` query
+    parameter (libpq reads both), or the key=value form's `password`. Every message that shows a
+    database address shows it through this."""
+    if "://" in dsn:
+        parts = urlsplit(dsn)
+        netloc = parts.netloc
+        if parts.password is not None:
+            netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
+        query = "&".join("password=***" if p.split("=", 1)[0].lower() == "password" else p
+                         for p in parts.query.split("&")) if parts.query else parts.query
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    try:
+        return make_conninfo(dsn, password="***") if "password" in conninfo_to_dict(dsn) else dsn
+    except psycopg.ProgrammingError:  # malformed: it may still hold a password, so show none of it
+        return "(a key=value DSN libpq cannot parse; not shown)"
+
+
 def connect(database_url: str, schema: str | None = None, **kwargs) -> psycopg.Connection:
     """A PostgreSQL connection (`session_options`). Raises `ServiceUnavailable` with the address
     when it fails; a TLS failure (a certificate not signed by the CA, a name that does not match,
@@ -137,7 +158,7 @@ def connect(database_url: str, schema: str | None = None, **kwargs) -> psycopg.C
     try:
         return psycopg.connect(database_url, connect_timeout=10, **kwargs)
     except psycopg.OperationalError as exc:
-        safe = re.sub(r":[^:@/]+@", ":***@", database_url)
+        safe = masked_dsn(database_url)
         tls = tls_refusal(str(exc))
         if tls is not None:
             raise ServiceUnavailable(f"PostgreSQL at {safe} refused over TLS: {tls} ({exc})".strip()) from exc

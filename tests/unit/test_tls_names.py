@@ -32,3 +32,16 @@ def test_tls_refusals_are_named(message: str, meaning: str) -> None:
 def test_other_connection_errors_are_not_tls() -> None:
     assert tls_refusal('connection to server at "127.0.0.1", port 5432 failed: Connection refused') is None
     assert tls_refusal('password authentication failed for user "tapeline"') is None
+
+
+def test_a_refused_connection_shows_no_password() -> None:
+    """The message of a failed connection masks the password wherever the URL holds it (user info or
+    libpq's `password` parameter); nothing listens on port 1."""
+    from domain.errors import ServiceUnavailable
+    from tapeline.postgres import connect
+
+    for url in ("postgresql://u:s3cr3t@127.0.0.1:1/d?sslmode=disable",
+                "postgresql://u@127.0.0.1:1/d?password=s3cr3t&sslmode=disable"):
+        with pytest.raises(ServiceUnavailable) as failed:
+            connect(url)
+        assert "s3cr3t" not in str(failed.value) and "***" in str(failed.value)
