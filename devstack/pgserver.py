@@ -141,6 +141,40 @@ def up_own_postgres(settings: Settings, paths: HomePaths, console: Console | Non
         raise StackError(f"PostgreSQL still refuses {masked_dsn(settings.database_url)}: {error}")
 
 
+def turn_tls_on(settings: Settings, tls: ServerCertificate, socket_dir: Path | None = None,
+                timeout_s: float = 10.0) -> None:
+    """Turn TLS on in the running server `settings.database_url` names (its port; over its socket in
+    `socket_dir`, else libpq's default directory, as the `postgres` OS user) without a restart:
+    `ALTER SYSTEM` sets `ssl=on` and the files of `tls` (`ssl_ca_file` = `tls.ca`, verifying client
+    certificates, when known), then `pg_reload_conf()`. Sessions stay; clients that ask for no TLS
+    (libpq's default `prefer`, or `disable`) keep connecting, so a cluster others use can take it
+    (PostgreSQL 15 manual, 20.1.2: the ssl settings are read again on SIGHUP). Waits until
+    `settings.database_url` connects (it should ask for `sslmode=verify-full` against the CA).
+
+    Raises:
+        StackError: not root, psql fails, or the URL still does not connect after `timeout_s`
+            seconds (a reload that cannot load the files keeps the old ones and logs why).
+    """
+    import time
+
+    from tapeline.postgres import q
+
+    own_tls_files(tls)
+    params = pg_params(settings)
+    script = "\n".join([f"\\set cert {psql_quote(str(tls.cert))}", f"\\set key {psql_quote(str(tls.key))}",
+                        f"\\set ca {psql_quote(str(tls.ca or ''))}", q("psql_turn_tls_on"), ""])
+    done = _as_postgres(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-p", params["port"], "-d", "postgres",
+                         *(["-h", str(socket_dir)] if socket_dir else [])], input_text=script)
+    if done.returncode != 0:
+        raise StackError(f"turning TLS on (port {params['port']}) failed: {done.stderr.strip()}")
+    deadline = time.monotonic() + timeout_s
+    while (error := pg_connect_error(settings)) is not None:
+        if time.monotonic() > deadline:
+            raise StackError(f"PostgreSQL still refuses {masked_dsn(settings.database_url)} after turning TLS on: "
+                             f"{error} (the server's log says whether it could load the files)")
+        time.sleep(0.2)
+
+
 def require_client_certificate(settings: Settings, paths: HomePaths, role: str) -> None:
     """Make `role` (created LOGIN, no password, when missing) log in to the stack's own server over
     TCP only by a client certificate whose common name is `role` (`devstack.tls.client_certificate`):

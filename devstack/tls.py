@@ -14,8 +14,10 @@ every name a client uses (`127.0.0.1`, `localhost`) must be listed.
 
 The pieces `tapeline stack up` can use to serve PostgreSQL and S3 over TLS:
 `stack_ca`/`server_certificate` make the files, `devstack.pgserver.tls_server_options` turns a
-PostgreSQL server's TLS on with them (`require_client_certificate` makes a role log in by a
-`client_certificate` only), `devstack.s3server --certfile/--keyfile` serves S3 over HTTPS.
+PostgreSQL server's TLS on with them at start (`up_own_postgres(tls=...)`), `turn_tls_on` in a running
+server by a reload (the Debian cluster the stack shares), `require_client_certificate` makes a role
+log in by a `client_certificate` only; `devstack.s3server --certfile/--keyfile` (`devstack.s3.up_s3(tls=...)`)
+serves S3 over HTTPS.
 """
 
 from __future__ import annotations

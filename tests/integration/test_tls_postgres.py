@@ -195,3 +195,28 @@ def test_a_client_certificate_logs_in(tls_postgres: Settings, pg_paths: HomePath
     with pytest.raises(ServiceUnavailable, match="refused over TLS: the TLS handshake failed") as refused:
         connect(with_certificate(foreign))
     assert "unknown ca" in str(refused.value)
+
+
+def test_tls_turned_on_by_a_reload(tls_home: Path, authorities, base_settings: Settings) -> None:
+    """A running server without TLS (as the shared cluster is) takes it with a reload: a session open
+    before it stays, verify-full connects after, plain clients still do."""
+    ca, _ = authorities
+    port = _free_port()
+    plain = base_settings.model_copy(update={"database_url": f"postgresql://tapeline:tapeline@127.0.0.1:{port}/tapeline"})
+    paths = HomePaths(tls_home / "plain-home")
+    paths.home.mkdir(mode=0o755)
+    pgserver.up_own_postgres(plain, paths, None)
+    try:
+        with connect(plain.database_url + "?sslmode=disable") as before:
+            with pytest.raises(ServiceUnavailable, match="the server does not speak TLS"):
+                connect(_verified_url(port, ca.cert))
+            certificate = tls.server_certificate(ca, tls_home / "reload-tls", "postgres", ["127.0.0.1"])
+            verified = plain.model_copy(update={"database_url": _verified_url(port, ca.cert)})
+            pgserver.turn_tls_on(verified, certificate, socket_dir=paths.postgres)
+            assert before.execute("SELECT 1").fetchone() == (1,)
+        with connect(verified.database_url) as conn:
+            assert _session_tls(conn)[0] is True
+        with connect(plain.database_url + "?sslmode=disable") as conn:
+            assert _session_tls(conn)[0] is False
+    finally:
+        pgserver.down_own_postgres(paths, str(paths.postgres / "data"), None)
