@@ -8,13 +8,13 @@ import shutil
 import subprocess
 import time
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from rich.console import Console
 
 from tapeline.settings import Settings
 
 from tapeline.home import StackError, HomePaths, now_iso, say, update_state
+from tapeline.postgres import masked_dsn  # noqa: F401 (devstack's callers import it from here)
 
 PG_READY_TIMEOUT_S = 30.0
 """How long `up` waits for PostgreSQL to accept the DSN after starting its cluster, seconds."""
@@ -32,26 +32,6 @@ def pg_params(settings: Settings) -> dict[str, str]:
     params.setdefault("user", os.environ.get("USER", "postgres"))
     params.setdefault("dbname", params["user"])
     return params
-
-
-def masked_dsn(dsn: str) -> str:
-    """The DSN with its password replaced by `***`: a URL's user info and its `password` query
-    parameter (libpq reads both), or the key=value form's `password`."""
-    if "://" in dsn:
-        parts = urlsplit(dsn)
-        netloc = parts.netloc
-        if parts.password is not None:
-            netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
-        query = "&".join("password=***" if p.split("=", 1)[0].lower() == "password" else p
-                         for p in parts.query.split("&")) if parts.query else parts.query
-        return urlunsplit(parts._replace(netloc=netloc, query=query))
-    import psycopg
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-    try:
-        return make_conninfo(dsn, password="***") if "password" in conninfo_to_dict(dsn) else dsn
-    except psycopg.ProgrammingError:  # malformed: it may still hold a password, so show none of it
-        return "(a key=value DSN libpq cannot parse; not shown)"
 
 
 def pg_connect_error(settings: Settings, timeout_s: int = 3) -> str | None:
@@ -115,7 +95,7 @@ def _pg_clusters() -> list[dict[str, str]]:
     return clusters
 
 
-def _psql_quote(value: str) -> str:
+def psql_quote(value: str) -> str:
     """A value as a single-quoted psql meta-command argument (`\\set name '...'`)."""
     return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
 
@@ -133,7 +113,7 @@ def reader_grant_sql(user: str) -> str:
     `SET ROLE tapeline_reader` (a NOLOGIN role is only reachable that way). Idempotent."""
     from tapeline.postgres import q
 
-    return "\n".join([f"\\set login {_psql_quote(user)}", q("psql_grant_reader_to_login")])
+    return "\n".join([f"\\set login {psql_quote(user)}", q("psql_grant_reader_to_login")])
 
 
 def _pg_ensure_reader_role(port: str, user: str, console: Console | None) -> None:
@@ -167,9 +147,9 @@ def ensure_role_and_db(params: dict[str, str], port: str, console: Console | Non
     from tapeline.postgres import q
 
     script = "\n".join([
-        f"\\set role {_psql_quote(params['user'])}",
-        f"\\set pw {_psql_quote(params.get('password', ''))}",
-        f"\\set db {_psql_quote(params['dbname'])}",
+        f"\\set role {psql_quote(params['user'])}",
+        f"\\set pw {psql_quote(params.get('password', ''))}",
+        f"\\set db {psql_quote(params['dbname'])}",
         q("psql_create_login_role"),
         q("psql_create_database"),
         reader_role_sql(),

@@ -15,6 +15,7 @@ from rich.console import Console
 from tapeline.settings import Settings
 
 from tapeline.objectstore import endpoint_answers
+from devstack.tls import ServerCertificate
 from tapeline.home import StackError, HomePaths, host_port, now_iso, owned_pid, say, spawn, update_state, wait_ready
 
 S3_READY_TIMEOUT_S = 30.0
@@ -31,28 +32,31 @@ def s3_markers(settings: Settings) -> tuple[str, ...]:
 # S3 (moto behind devstack.s3server's signature gate)
 
 
-def s3_server_command(host: str, port: int) -> list[str]:
+def s3_server_command(host: str, port: int, tls: ServerCertificate | None = None) -> list[str]:
     """The command line of the local object store (`devstack.s3server`) on host:port, run by this
-    interpreter (its environment has moto)."""
-    return [sys.executable, "-m", "devstack.s3server", "-H", host, "-p", str(port)]
+    interpreter (its environment has moto); over HTTPS with `tls` (a certificate for `host`,
+    `devstack.tls.server_certificate`), its clients then trusting the CA (`TAPELINE_S3_CA_BUNDLE`)."""
+    command = [sys.executable, "-m", "devstack.s3server", "-H", host, "-p", str(port)]
+    return command + ["--certfile", str(tls.cert), "--keyfile", str(tls.key)] if tls is not None else command
 
 
 def s3_server_env(settings: Settings) -> dict[str, str]:
     """The environment of the local object store: this process's, with the credentials it accepts
     and the bucket whose `published/` prefix anonymous GET/HEAD may read taken from `settings` (in the
     environment, never on the command line, where `ps` would show the secret)."""
+    if settings.s3_access_key is None or settings.s3_secret_key is None:
+        raise StackError("The local object store checks signatures by static keys: set TAPELINE_S3_ACCESS_KEY and "
+                         "TAPELINE_S3_SECRET_KEY (the default credential chain is for a real S3)")
     return {**os.environ, "TAPELINE_S3_ACCESS_KEY": settings.s3_access_key,
             "TAPELINE_S3_SECRET_KEY": settings.s3_secret_key, "TAPELINE_S3_BUCKET": settings.s3_bucket}
 
 
 def s3_client(settings: Settings):
-    import boto3
-    from botocore.config import Config
+    """The product's S3 client (`tapeline.objectstore.client`: credentials, CA bundle, addressing
+    style and timeouts of `settings`), with at most 3 tries per call."""
+    from tapeline.objectstore import client
 
-    return boto3.client("s3", endpoint_url=settings.s3_endpoint, region_name=settings.s3_region,
-                        aws_access_key_id=settings.s3_access_key, aws_secret_access_key=settings.s3_secret_key,
-                        config=Config(retries={"max_attempts": 3, "mode": "standard"},
-                                      connect_timeout=5, read_timeout=30))
+    return client(settings.model_copy(update={"s3_max_attempts": min(3, settings.s3_max_attempts)}))
 
 
 def public_read_policy(bucket: str, prefix: str = "published/") -> dict[str, Any]:
@@ -93,8 +97,9 @@ def ensure_bucket(settings: Settings, console: Console | None) -> None:
         say(console, f"[bold]s3[/]: {bucket}/published/* is publicly readable; everything else is private")
 
 
-def up_s3(settings: Settings, paths: HomePaths, console: Console | None) -> None:
-    """Make the S3 endpoint answer (reuse, or start `devstack.s3server`) and ensure the bucket.
+def up_s3(settings: Settings, paths: HomePaths, console: Console | None, tls: ServerCertificate | None = None) -> None:
+    """Make the S3 endpoint answer (reuse, or start `devstack.s3server`, over HTTPS with `tls`: then
+    `s3_endpoint` is `https://` and `s3_ca_bundle` the CA that signed it) and ensure the bucket.
 
     Raises:
         StackError: the server exits, or does not answer within S3_READY_TIMEOUT_S.
@@ -110,7 +115,7 @@ def up_s3(settings: Settings, paths: HomePaths, console: Console | None) -> None
         parts = urlsplit(settings.s3_endpoint)
         host, port = host_port(parts.netloc, 443 if parts.scheme == "https" else 80)
         paths.s3.mkdir(parents=True, exist_ok=True)
-        proc = spawn(s3_server_command(host, port), paths.s3_log, paths.s3_pid, cwd=paths.s3,
+        proc = spawn(s3_server_command(host, port, tls), paths.s3_log, paths.s3_pid, cwd=paths.s3,
                       env=s3_server_env(settings))
         say(console, f"[bold]s3[/]: started devstack.s3server pid {proc.pid} on {settings.s3_endpoint} "
                       "(moto, objects in memory; signed requests only, anonymous reads of published/)")

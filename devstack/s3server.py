@@ -1,7 +1,8 @@
 """The local object store: moto's S3 in this process behind a signature gate (issue 20, item 2).
 
 `python -m devstack.s3server --host H --port P` serves moto's S3 (objects in memory) with
-`SignedOnly` in front of it, so the endpoint enforces what the README promises:
+`SignedOnly` in front of it (over HTTPS with `--certfile` and `--keyfile`, e.g. a certificate of
+`devstack.tls`: werkzeug's `ssl_context`), so the endpoint enforces what the README promises:
 
 * a request signed with AWS Signature V4 (`Authorization: AWS4-HMAC-SHA256 ...`) by the
   configured access key (`TAPELINE_S3_ACCESS_KEY` / `TAPELINE_S3_SECRET_KEY`) is passed on;
@@ -244,7 +245,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="moto's S3 behind a signature gate (Tapeline's local object store)")
     parser.add_argument("-H", "--host", default="127.0.0.1")
     parser.add_argument("-p", "--port", type=int, required=True)
+    parser.add_argument("--certfile", help="PEM certificate: serve HTTPS (with --keyfile; devstack.tls makes both)")
+    parser.add_argument("--keyfile", help="PEM private key of --certfile")
     args = parser.parse_args(argv)
+    if (args.certfile is None) != (args.keyfile is None):
+        parser.error("--certfile and --keyfile go together")
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
     from werkzeug.serving import run_simple
 
@@ -254,9 +259,11 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("MOTO_PORT", str(args.port))
     app = SignedOnly(MultipartInitiated(DomainDispatcherApplication(create_backend_app)), settings.s3_access_key,
                      settings.s3_secret_key, settings.s3_bucket)
-    print(f"devstack.s3server: S3 on http://{args.host}:{args.port}, signed requests by "
+    scheme = "https" if args.certfile else "http"
+    print(f"devstack.s3server: S3 on {scheme}://{args.host}:{args.port}, signed requests by "
           f"{settings.s3_access_key!r}; anonymous GET/HEAD of {settings.s3_bucket}/{PUBLIC_PREFIX}* only", flush=True)
-    run_simple(args.host, args.port, app, threaded=True)
+    run_simple(args.host, args.port, app, threaded=True,
+               ssl_context=(args.certfile, args.keyfile) if args.certfile else None)
 
 
 if __name__ == "__main__":

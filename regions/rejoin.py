@@ -254,7 +254,7 @@ def set_aside_diverged_objects(standby: Settings, active: Settings, epoch: int) 
             continue
         target_key = f"{ORPHANS_PREFIX}/region-{standby.region}/epoch-{epoch}/{key}"
         # server-side copy; the object's metadata (its sha256) goes with it (S3's default directive)
-        store.s3.copy_object(Bucket=store.bucket, Key=target_key, CopySource={"Bucket": store.bucket, "Key": key})
+        store.copy(key, target_key)
         store.delete(key)
         moved.append({"key": key, "moved_to": target_key, "reason": "orphan" if key not in theirs else "diverged"})
         log.info("object set aside", key=key, moved_to=target_key)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import ssl
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -44,16 +45,57 @@ def normalised_content_type(header: str | None) -> str:
 
 
 def client(settings: Settings):
-    """A boto3 S3 client for the configured endpoint: path-style addressing, `s3_max_attempts` tries
-    per call (botocore "standard" retry mode: exponential backoff on throttling, 5xx and connection
-    errors) and the configured connect/read timeouts, so an endpoint that stops answering fails the
-    call as `StorageError` (storage_transient) within about attempts x read timeout seconds."""
+    """A boto3 S3 client for the configured endpoint: `s3_addressing_style` addressing (path by
+    default), `s3_max_attempts` tries per call (botocore "standard" retry mode: exponential backoff on
+    throttling, 5xx and connection errors) and the configured connect/read timeouts, so an endpoint that
+    stops answering fails the call as `StorageError` (storage_transient) within about attempts x read
+    timeout seconds.
+
+    TLS: an `https://` endpoint's certificate is verified against `s3_ca_bundle` when set (botocore's
+    `verify=`), else botocore's own CA bundle (or `AWS_CA_BUNDLE`). Credentials: the static
+    `s3_access_key`/`s3_secret_key` when set; when both are unset none are passed, so botocore's default
+    credential chain finds them (AWS_* environment variables, the shared credentials and config
+    files, web identity (EKS IRSA), the container or the EC2 instance profile)."""
+    keys = ({} if settings.s3_access_key is None
+            else {"aws_access_key_id": settings.s3_access_key, "aws_secret_access_key": settings.s3_secret_key})
     return boto3.client(
-        "s3", endpoint_url=settings.s3_endpoint, region_name=settings.s3_region,
-        aws_access_key_id=settings.s3_access_key, aws_secret_access_key=settings.s3_secret_key,
-        config=Config(s3={"addressing_style": "path"},
+        "s3", endpoint_url=settings.s3_endpoint, region_name=settings.s3_region, **keys,
+        verify=str(settings.s3_ca_bundle) if settings.s3_ca_bundle is not None else None,
+        config=Config(s3={"addressing_style": settings.s3_addressing_style},
                       retries={"max_attempts": settings.s3_max_attempts, "mode": "standard"},
                       connect_timeout=settings.s3_connect_timeout_s, read_timeout=settings.s3_read_timeout_s))
+
+
+def encryption_args(settings: Settings) -> dict[str, str]:
+    """The server-side encryption parameters of every write (PutObject, CreateMultipartUpload,
+    CopyObject; boto3's upload_file/upload_fileobj `ExtraArgs`): `{}` when `s3_sse` is unset,
+    `{"ServerSideEncryption": "AES256"}` for SSE-S3, and for SSE-KMS also `SSEKMSKeyId` when
+    `s3_sse_kms_key_id` is set (without it S3 uses the account's `aws/s3` key). Names from the S3 API
+    reference (PutObject, "x-amz-server-side-encryption"). Pure."""
+    if settings.s3_sse is None:
+        return {}
+    args = {"ServerSideEncryption": settings.s3_sse}
+    if settings.s3_sse_kms_key_id is not None:
+        args["SSEKMSKeyId"] = settings.s3_sse_kms_key_id
+    return args
+
+
+def object_url(endpoint: str, bucket: str, key: str, addressing_style: str) -> str:
+    """The URL of `key` in `bucket` at `endpoint`: `https://host/bucket/key` (path style, and `auto`)
+    or `https://bucket.host/key` (virtual-hosted style, AWS S3's recommended form). The key is not
+    escaped (Tapeline's keys are URL-safe). Pure."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    if addressing_style != "virtual":
+        return f"{endpoint.rstrip('/')}/{bucket}/{key}"
+    parts = urlsplit(endpoint)
+    return urlunsplit(parts._replace(netloc=f"{bucket}.{parts.netloc}", path=f"{parts.path.rstrip('/')}/{key}"))
+
+
+def tls_context(settings: Settings):
+    """An `ssl.SSLContext` for a plain HTTP client (urllib) reaching the S3 endpoint: it trusts
+    `s3_ca_bundle` when set, else the system's CAs; it verifies the certificate and the host name."""
+    return ssl.create_default_context(cafile=str(settings.s3_ca_bundle) if settings.s3_ca_bundle else None)
 
 
 class _HashingReader:
@@ -103,8 +145,13 @@ class ObjectStore:
         self.s3 = client(settings)
 
     def public_url(self, key: str) -> str:
-        """Plain HTTP URL of a published object (readable anonymously)."""
-        return f"{self.settings.s3_endpoint.rstrip('/')}/{self.bucket}/{key}"
+        """URL of a published object (readable anonymously), in `s3_addressing_style` (`object_url`)."""
+        return object_url(self.settings.s3_endpoint, self.bucket, key, self.settings.s3_addressing_style)
+
+    @property
+    def sse(self) -> dict[str, str]:
+        """`encryption_args` of these settings: added to every write."""
+        return encryption_args(self.settings)
 
     def upload_stream(self, fileobj: BinaryIO, key: str, content_type: str = "application/octet-stream",
                       on_bytes: Callable[[int], None] | None = None) -> tuple[str, int]:
@@ -116,7 +163,8 @@ class ObjectStore:
         chunk = self.settings.multipart_chunk_bytes
         config = TransferConfig(multipart_threshold=chunk, multipart_chunksize=chunk, use_threads=False)
         try:
-            self.s3.upload_fileobj(reader, self.bucket, key, ExtraArgs={"ContentType": content_type}, Config=config)
+            self.s3.upload_fileobj(reader, self.bucket, key, ExtraArgs={"ContentType": content_type, **self.sse},
+                                Config=config)
         except (BotoCoreError, ClientError) as exc:
             raise StorageError(f"upload of {key} failed: {exc}") from exc
         return reader.digest.hexdigest(), reader.size
@@ -182,7 +230,7 @@ class ObjectStore:
         sha = sha256_file(path)
         try:
             self.s3.upload_file(str(path), self.bucket, key,
-                                ExtraArgs={"ContentType": content_type, "Metadata": {"sha256": sha}})
+                                ExtraArgs={"ContentType": content_type, "Metadata": {"sha256": sha}, **self.sse})
         except (BotoCoreError, ClientError) as exc:
             raise StorageError(f"upload of {key} failed: {exc}") from exc
         return sha, path.stat().st_size
@@ -213,7 +261,7 @@ class ObjectStore:
         sha = hashlib.sha256(body).hexdigest()
         if _created_unless_present(key, lambda: self.s3.put_object(
                 Bucket=self.bucket, Key=key, Body=body, ContentType=content_type,
-                Metadata={"sha256": sha, **(metadata or {})}, IfNoneMatch="*")):
+                Metadata={"sha256": sha, **(metadata or {})}, IfNoneMatch="*", **self.sse)):
             return True
         existing = hashlib.sha256(self.get_bytes(key)).hexdigest()
         if existing != sha:
@@ -241,7 +289,7 @@ class ObjectStore:
             if size <= chunk:
                 with path.open("rb") as f:
                     self.s3.put_object(Bucket=self.bucket, Key=key, Body=_HashingReader(f, on_bytes).read(),
-                                       ContentType=content_type, Metadata=meta, IfNoneMatch="*")
+                                       ContentType=content_type, Metadata=meta, IfNoneMatch="*", **self.sse)
             else:
                 self._multipart_if_absent(path, key, content_type, meta, max(chunk, -(-size // 10_000)), on_bytes)
 
@@ -257,7 +305,7 @@ class ObjectStore:
         """A multipart upload of `path` completed with `If-None-Match: *` (S3 allows 10,000 parts, so
         `part_bytes` grows with the file). Aborted when anything fails; botocore errors go on."""
         upload_id = self.s3.create_multipart_upload(Bucket=self.bucket, Key=key, ContentType=content_type,
-                                                    Metadata=metadata)["UploadId"]
+                                                    Metadata=metadata, **self.sse)["UploadId"]
         try:
             parts = []
             with path.open("rb") as f:
@@ -281,9 +329,18 @@ class ObjectStore:
         it, else the bytes of the object that was already there (a claim marker someone else holds).
         Raises `StorageError` for any other failure."""
         if _created_unless_present(key, lambda: self.s3.put_object(
-                Bucket=self.bucket, Key=key, Body=body, ContentType=content_type, IfNoneMatch="*")):
+                Bucket=self.bucket, Key=key, Body=body, ContentType=content_type, IfNoneMatch="*", **self.sse)):
             return None
         return self.get_bytes(key)
+
+    def copy(self, source_key: str, target_key: str) -> None:
+        """Copy `source_key` to `target_key` in the bucket (CopyObject: metadata kept, `encryption_args`
+        applied: a copy does not inherit the source's encryption). Raises `StorageError`."""
+        try:
+            self.s3.copy_object(Bucket=self.bucket, Key=target_key, CopySource={"Bucket": self.bucket, "Key": source_key},
+                                **self.sse)
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageError(f"copy of {source_key} to {target_key} failed: {exc}") from exc
 
     def head(self, key: str) -> tuple[int, dict[str, str]] | None:
         """(size in bytes, user metadata) of `key`, or None when it does not exist."""
@@ -372,11 +429,17 @@ class ObjectStore:
 
 
 def endpoint_answers(settings: Settings, timeout_s: float = 3.0) -> tuple[bool, str | None]:
-    """True if an HTTP server answers at the S3 endpoint (any HTTP status counts as an answer)."""
+    """(True, None) if an HTTP server answers at the S3 endpoint (any HTTP status counts as an answer),
+    else (False, why). An `https://` endpoint must present a certificate `tls_context` trusts (the
+    `s3_ca_bundle`): one it does not is no answer, and `why` says so."""
     try:
-        with urllib.request.urlopen(settings.s3_endpoint, timeout=timeout_s):
+        with urllib.request.urlopen(settings.s3_endpoint, timeout=timeout_s, context=tls_context(settings)):
             return True, None
     except urllib.error.HTTPError:
         return True, None
     except (urllib.error.URLError, OSError) as exc:
-        return False, str(getattr(exc, "reason", exc))
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, ssl.SSLError):
+            return False, (f"TLS: {reason} (the endpoint's certificate must be signed by a CA of "
+                           f"TAPELINE_S3_CA_BUNDLE={settings.s3_ca_bundle or '(unset: the system CAs)'})")
+        return False, str(reason)

@@ -18,6 +18,7 @@ from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql as psql
@@ -94,9 +95,61 @@ def session_options(schema: str | None = None) -> str:
     return options
 
 
+TLS_REFUSALS: tuple[tuple[str, str], ...] = (
+    ("certificate verify failed", "the server's certificate is not signed by a CA in sslrootcert"),
+    ("does not match host name", "the server's certificate does not name the host connected to"),
+    ("root certificate file", "sslrootcert names no readable CA file"),
+    ("certificate present, but not private key", "sslcert is given without its sslkey"),
+    ("could not load private key", "sslkey cannot be read"),
+    ("private key file", "sslkey cannot be used"),
+    ("could not open certificate file", "sslcert cannot be read"),
+    ("certificate required", "the server requires a client certificate (sslcert, sslkey)"),
+    ("requires a valid client certificate", "the server requires a client certificate (sslcert, sslkey)"),
+    ("certificate authentication failed", "the client certificate does not name the user logging in"),
+    ("server does not support SSL", "the server does not speak TLS, and sslmode requires it"),
+    ("SSL error", "the TLS handshake failed"),
+)
+"""(text in libpq's message, what it means) of the TLS failures a connection can meet, first match
+wins (libpq 15's messages: `fe-secure-openssl.c`, `fe-connect.c`)."""
+
+
+def tls_refusal(message: str) -> str | None:
+    """What a libpq connection error says about TLS, for a person (`TLS_REFUSALS`), or None when it
+    is not a TLS failure. Pure."""
+    return next((meaning for text, meaning in TLS_REFUSALS if text in message), None)
+
+
+def masked_dsn(dsn: str) -> str:
+    """The DSN with its password replaced by `***`: a URL's user info and its `password` query
+    parameter (libpq reads both), or the key=value form's `password`. Every message that shows a
+    database address shows it through this."""
+    if "://" in dsn:
+        parts = urlsplit(dsn)
+        netloc = parts.netloc
+        if parts.password is not None:
+            netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
+        query = "&".join("password=***" if p.split("=", 1)[0].lower() == "password" else p
+                         for p in parts.query.split("&")) if parts.query else parts.query
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    try:
+        return make_conninfo(dsn, password="***") if "password" in conninfo_to_dict(dsn) else dsn
+    except psycopg.ProgrammingError:  # malformed: it may still hold a password, so show none of it
+        return "(a key=value DSN libpq cannot parse; not shown)"
+
+
 def connect(database_url: str, schema: str | None = None, **kwargs) -> psycopg.Connection:
     """A PostgreSQL connection (`session_options`). Raises `ServiceUnavailable` with the address
-    when it fails.
+    when it fails; a TLS failure (a certificate not signed by the CA, a name that does not match,
+    a missing file; `tls_refusal`) says so first.
+
+    `database_url` carries the TLS settings as libpq parameters, so every connection, pool and
+    libpq tool (`pg_dump`) that is given it honours them: `sslmode` (`verify-full` in production:
+    encrypted, the server's certificate signed by `sslrootcert` and naming the host),
+    `sslrootcert` (PEM file of the CA), `sslcert`/`sslkey` (a client certificate, when the server
+    asks for one); docs/production.md. libpq's `PGSSLMODE`, `PGSSLROOTCERT`, ... environment
+    variables apply where the URL does not say.
 
     `schema` (a plain lowercase name, see `check_schema_name`) becomes the connection's whole
     `search_path`, so unqualified tables, views and offsets resolve inside that schema only.
@@ -105,7 +158,10 @@ def connect(database_url: str, schema: str | None = None, **kwargs) -> psycopg.C
     try:
         return psycopg.connect(database_url, connect_timeout=10, **kwargs)
     except psycopg.OperationalError as exc:
-        safe = re.sub(r":[^:@/]+@", ":***@", database_url)
+        safe = masked_dsn(database_url)
+        tls = tls_refusal(str(exc))
+        if tls is not None:
+            raise ServiceUnavailable(f"PostgreSQL at {safe} refused over TLS: {tls} ({exc})".strip()) from exc
         raise ServiceUnavailable(f"PostgreSQL at {safe} did not answer: {exc}".strip()) from exc
 
 

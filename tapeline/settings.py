@@ -13,7 +13,7 @@ from typing import Literal
 
 from domain import pipeline
 from domain.policy.tiers import TIERS
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -77,11 +77,26 @@ class Settings(BaseSettings):
                                                "the factory sets itself is refused; values are kept secret")
     database_url: str = "postgresql://tapeline:tapeline@127.0.0.1:5432/tapeline"
     db_schema: str = Field("public", description="PostgreSQL schema of the live projections (the search_path)")
-    s3_endpoint: str = "http://127.0.0.1:19000"
+    s3_endpoint: str = Field("http://127.0.0.1:19000", description="S3 endpoint URL: https://s3.<region>.amazonaws.com "
+                             "for AWS S3, your provider's https:// URL elsewhere")
     s3_bucket: str = "tapeline-media"
     s3_region: str = "us-east-1"
-    s3_access_key: str = "tapeline"
-    s3_secret_key: str = "tapeline-secret"
+    s3_access_key: str | None = Field("tapeline", description="Static S3 access key id; unset (empty) together with "
+                                      "s3_secret_key: the AWS default credential chain (AWS_* environment, shared "
+                                      "config and credentials files, web identity, container or instance profile)")
+    s3_secret_key: str | None = Field("tapeline-secret", description="Static S3 secret key; unset (empty) with "
+                                      "s3_access_key: the AWS default credential chain")
+    s3_ca_bundle: Path | None = Field(None, description="PEM file of the CAs that sign the S3 endpoint's certificate "
+                                      "(botocore's verify=); unset: botocore's own bundle, or AWS_CA_BUNDLE")
+    s3_addressing_style: Literal["path", "virtual", "auto"] = Field(
+        "path", description="How a request names the bucket: path (https://host/bucket/key, the local stack, MinIO) "
+                            "or virtual (https://bucket.host/key, what AWS S3 recommends); auto: botocore decides")
+    s3_sse: Literal["AES256", "aws:kms", "aws:kms:dsse"] | None = Field(
+        None, description="Server-side encryption asked on every object Tapeline writes (PutObject, "
+                          "CreateMultipartUpload, CopyObject): AES256 (SSE-S3) or aws:kms (SSE-KMS); unset (empty): "
+                          "none asked, the bucket's default encryption applies")
+    s3_sse_kms_key_id: str | None = Field(None, description="KMS key (id, alias or ARN) of aws:kms encryption; "
+                                          "unset: the account's AWS managed key aws/s3")
     s3_connect_timeout_s: float = Field(5.0, description="S3 connect timeout, seconds")
     s3_read_timeout_s: float = Field(30.0, description="S3 read timeout, seconds: a silent endpoint fails the call "
                                                        "(storage_transient, retried by policy) instead of hanging")
@@ -382,6 +397,29 @@ class Settings(BaseSettings):
     storage_usage_cache_s: float = Field(30.0, description="Reuse one measurement of the bucket's bytes this long, s")
     storage_pressure_retention_s: float = Field(300.0, description="Cleanup retention of ended jobs' work objects "
                                                 "and checkpoints while storage is past its limit, seconds")
+
+    @field_validator("s3_access_key", "s3_secret_key", "s3_ca_bundle", "s3_sse", "s3_sse_kms_key_id",
+                     mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """An empty (or blank) value of an optional S3 setting means unset: `TAPELINE_S3_ACCESS_KEY=` selects
+        the default credential chain, as an environment variable cannot be None."""
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @model_validator(mode="after")
+    def _s3_settings_agree(self) -> "Settings":
+        """Reject S3 settings that contradict each other: one static key without the other (botocore
+        would take the half from the default chain and sign with a mismatched pair), a KMS key id without
+        `s3_sse` aws:kms, a CA bundle that is no file. Raises ValueError naming the settings."""
+        if (self.s3_access_key is None) != (self.s3_secret_key is None):
+            raise ValueError("TAPELINE_S3_ACCESS_KEY and TAPELINE_S3_SECRET_KEY are set together (static keys) or "
+                             "both left empty (the AWS default credential chain), not one of them")
+        if self.s3_sse_kms_key_id is not None and self.s3_sse not in ("aws:kms", "aws:kms:dsse"):
+            raise ValueError(f"TAPELINE_S3_SSE_KMS_KEY_ID is set but TAPELINE_S3_SSE is {self.s3_sse!r}: a KMS key "
+                             "is used only with TAPELINE_S3_SSE=aws:kms")
+        if self.s3_ca_bundle is not None and not Path(self.s3_ca_bundle).is_file():
+            raise ValueError(f"TAPELINE_S3_CA_BUNDLE {self.s3_ca_bundle} is not a file (a PEM file of CA certificates)")
+        return self
 
     @model_validator(mode="after")
     def _timeouts_fit_inside_the_lease(self) -> "Settings":

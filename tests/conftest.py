@@ -80,6 +80,18 @@ def isolated_settings(base_settings: Settings, tag: str, database_url: str, **up
                                             "reuse_results": False, **update})
 
 
+def database_named(database_url: str, dbname: str) -> str:
+    """`database_url` naming database `dbname` instead, as a URL; every other part kept (its libpq
+    parameters too: sslmode, sslrootcert, ...)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    if "://" in database_url:
+        return urlunsplit(urlsplit(database_url)._replace(path=f"/{dbname}"))
+    params = conninfo_to_dict(database_url)
+    return (f"postgresql://{params.get('user')}:{params.get('password')}@{params.get('host', '127.0.0.1')}:"
+            f"{params.get('port', 5432)}/{dbname}")
+
+
 @contextlib.contextmanager
 def own_database(base_settings: Settings, tag: str) -> Iterator[str]:
     """A fresh database `tapeline_test_<tag>` on the shared PostgreSQL, migrated; yields its URL and
@@ -89,9 +101,7 @@ def own_database(base_settings: Settings, tag: str) -> Iterator[str]:
     dbname = f"tapeline_test_{tag}"
     with psycopg.connect(base_settings.database_url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{dbname}"')
-    params = conninfo_to_dict(base_settings.database_url)
-    url = (f"postgresql://{params.get('user')}:{params.get('password')}@{params.get('host', '127.0.0.1')}:"
-           f"{params.get('port', 5432)}/{dbname}")
+    url = database_named(base_settings.database_url, dbname)
     try:
         migrate(url)
         yield url
@@ -189,11 +199,14 @@ def make_dsn(settings: Settings) -> str:
 
 
 @contextlib.contextmanager
-def private_moto_server(settings: Settings, directory: Path, **overrides: Any) -> Iterator[tuple[Settings, subprocess.Popen]]:
+def private_moto_server(settings: Settings, directory: Path, tls: Any = None,
+                        **overrides: Any) -> Iterator[tuple[Settings, subprocess.Popen]]:
     """A local object store (`devstack.s3server`: moto behind the signature gate) of the caller's own
     on a free port, with the bucket and policy `tapeline stack up`
     creates: for tests that pause S3 or sweep the whole bucket, which the shared endpoint (objects in
-    memory, used by every test) must never see. Yields (settings pointing at it + `overrides`, process)."""
+    memory, used by every test) must never see. With `tls` (a `devstack.tls.ServerCertificate` for
+    127.0.0.1) it serves HTTPS; `overrides` must then name the CA (`s3_ca_bundle`). Yields (settings
+    pointing at it + `overrides`, process)."""
     import socket
 
     from tapeline.objectstore import endpoint_answers
@@ -203,8 +216,9 @@ def private_moto_server(settings: Settings, directory: Path, **overrides: Any) -
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     log = open(directory / "moto.log", "wb")
-    private = settings.model_copy(update={"s3_endpoint": f"http://127.0.0.1:{port}", **overrides})
-    server = subprocess.Popen(stack.s3_server_command("127.0.0.1", port), stdout=log, stderr=log, cwd=directory,
+    scheme = "https" if tls is not None else "http"
+    private = settings.model_copy(update={"s3_endpoint": f"{scheme}://127.0.0.1:{port}", **overrides})
+    server = subprocess.Popen(stack.s3_server_command("127.0.0.1", port, tls), stdout=log, stderr=log, cwd=directory,
                               env=stack.s3_server_env(private), start_new_session=True)
     try:
         wait_for(lambda: endpoint_answers(private)[0], 30, "the private moto_server to answer")

@@ -30,6 +30,19 @@ SELECT format('GRANT tapeline_reader TO %I', :'login') WHERE NOT pg_has_role(:'l
 -- psql: create the login role :'role' (LOGIN, CREATEDB, password :'pw') when it is missing.
 SELECT format('CREATE ROLE %I LOGIN CREATEDB PASSWORD %L', :'role', :'pw') WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'role') \gexec
 
+-- name: psql_create_certificate_role
+-- psql: create the role :'role' (LOGIN, no password: it logs in by a client certificate) when it is missing.
+SELECT format('CREATE ROLE %I LOGIN', :'role') WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'role') \gexec
+
+-- name: psql_turn_tls_on
+-- psql: turn TLS on with the files :'cert', :'key' and the client CA :'ca' ('' for none), TLS 1.2 at least, then reload (no restart: sessions stay).
+ALTER SYSTEM SET ssl_cert_file = :'cert';
+ALTER SYSTEM SET ssl_key_file = :'key';
+ALTER SYSTEM SET ssl_ca_file = :'ca';
+ALTER SYSTEM SET ssl_min_protocol_version = 'TLSv1.2';
+ALTER SYSTEM SET ssl = on;
+SELECT pg_reload_conf();
+
 -- name: psql_create_database
 -- psql: create database :'db' owned by :'role' when it is missing.
 SELECT format('CREATE DATABASE %I OWNER %I', :'db', :'role') WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = :'db') \gexec

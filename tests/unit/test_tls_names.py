@@ -1,0 +1,47 @@
+"""PostgreSQL over TLS (issue 40 item 2): the certificates' names and how a TLS refusal is told."""
+
+from __future__ import annotations
+
+import pytest
+
+from devstack.tls import subject_alt_names
+from tapeline.postgres import tls_refusal
+
+
+def test_subject_alt_names_tell_addresses_from_names() -> None:
+    assert subject_alt_names(["127.0.0.1", "localhost", "::1", "db.example"]) == \
+        "IP:127.0.0.1,DNS:localhost,IP:::1,DNS:db.example"
+    with pytest.raises(ValueError):
+        subject_alt_names([])
+
+
+@pytest.mark.parametrize(("message", "meaning"), [
+    ('connection failed: SSL error: certificate verify failed', "not signed by a CA in sslrootcert"),
+    ('server certificate for "localhost" (and 1 other name) does not match host name "db"',
+     "does not name the host connected to"),
+    ('root certificate file "/nope.crt" does not exist', "sslrootcert names no readable CA file"),
+    ("server does not support SSL, but SSL was required", "does not speak TLS"),
+    ("SSL error: tlsv1 alert unknown ca", "TLS handshake failed"),
+    ('FATAL:  connection requires a valid client certificate', "requires a client certificate"),
+    ('FATAL:  certificate authentication failed for user "x"', "does not name the user logging in"),
+])
+def test_tls_refusals_are_named(message: str, meaning: str) -> None:
+    assert meaning in tls_refusal(message)
+
+
+def test_other_connection_errors_are_not_tls() -> None:
+    assert tls_refusal('connection to server at "127.0.0.1", port 5432 failed: Connection refused') is None
+    assert tls_refusal('password authentication failed for user "tapeline"') is None
+
+
+def test_a_refused_connection_shows_no_password() -> None:
+    """The message of a failed connection masks the password wherever the URL holds it (user info or
+    libpq's `password` parameter); nothing listens on port 1."""
+    from domain.errors import ServiceUnavailable
+    from tapeline.postgres import connect
+
+    for url in ("postgresql://u:s3cr3t@127.0.0.1:1/d?sslmode=disable",
+                "postgresql://u@127.0.0.1:1/d?password=s3cr3t&sslmode=disable"):
+        with pytest.raises(ServiceUnavailable) as failed:
+            connect(url)
+        assert "s3cr3t" not in str(failed.value) and "***" in str(failed.value)
