@@ -19,12 +19,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import subprocess
 from pathlib import Path
 from typing import Any
 
+from devstack.tls import openssl, server_certificate, stack_ca
 from domain.policy.kafka_access import ROLES
-from tapeline.home import HomePaths, StackError
+from tapeline.home import HomePaths
 from tapeline.settings import Settings
 
 ADMIN = "admin"
@@ -33,9 +33,6 @@ BROKER_CN = "tapeline-broker"
 """Common name of the broker's certificate; `User:CN=tapeline-broker` is its principal on the
 controller listener (mutual TLS)."""
 MECHANISM = "SCRAM-SHA-512"
-CERT_DAYS = 825
-"""Validity of the stack's CA and broker certificate, days (the CA/Browser Forum's former maximum
-for a server certificate; long enough for a development machine)."""
 
 
 def secure_dir(paths: HomePaths) -> Path:
@@ -50,7 +47,7 @@ def client_settings(settings: Settings, paths: HomePaths, keep_given: bool = Fal
     are kept (a `stack status` as that environment's client)."""
     directory = secure_dir(paths)
     update = {"kafka_security_protocol": "SASL_SSL", "kafka_sasl_mechanism": MECHANISM,
-              "kafka_ssl_ca_location": directory / "ca.pem", "kafka_credentials_file": directory / "credentials.json"}
+              "kafka_ssl_ca_location": directory / "ca.crt", "kafka_credentials_file": directory / "credentials.json"}
     return settings.model_copy(update={k: v for k, v in update.items()
                                        if not (keep_given and k in settings.model_fields_set)})
 
@@ -65,37 +62,29 @@ def client_environment(settings: Settings, paths: HomePaths) -> dict[str, str]:
             "TAPELINE_KAFKA_CREDENTIALS_FILE": str(secured.kafka_credentials_file)}
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    result = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise StackError(f"openssl {args[0]} failed (exit {result.returncode}): {result.stderr[-2000:]}")
-
-
 def ensure_tls(directory: Path, host: str) -> None:
-    """Make the stack's CA (`ca.pem`, `ca.key`) and the broker's key and certificate (`broker.pem`: the
-    PKCS#8 key then the certificate, the broker's PEM keystore), unless they exist. The broker's
-    certificate names `host`, 127.0.0.1 and localhost (subjectAltName), so clients verify it
-    (librdkafka checks the host name by default: ssl.endpoint.identification.algorithm=https).
+    """Make the stack's CA (`ca.crt`, `ca.key`: `devstack.tls.stack_ca`) and the broker's key and
+    certificate (`broker.pem`: the PKCS#8 key then the certificate, the broker's PEM keystore), unless
+    they exist. The broker's certificate names `host`, 127.0.0.1 and localhost (subjectAltName), so
+    clients verify it (librdkafka checks the host name by default:
+    ssl.endpoint.identification.algorithm=https); its common name is `BROKER_CN` (a super user: the
+    broker authenticates to its controller with it, mutual TLS).
 
     Raises StackError when openssl is missing or fails.
     """
-    if (directory / "broker.pem").is_file() and (directory / "ca.pem").is_file():
+    if (directory / "broker.pem").is_file() and (directory / "ca.crt").is_file():
         return
     directory.mkdir(parents=True, exist_ok=True)
     os.chmod(directory, 0o700)
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
-             "-days", str(CERT_DAYS), "-subj", "/CN=Tapeline local stack CA", cwd=directory)
-    san = f"subjectAltName=IP:127.0.0.1,DNS:localhost" + (f",{'IP' if host.replace('.', '').isdigit() else 'DNS'}:{host}"
-                                                          if host not in ("127.0.0.1", "localhost") else "")
-    (directory / "broker.ext").write_text(f"{san}\nextendedKeyUsage=serverAuth,clientAuth\n")
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "broker.key", "-out", "broker.csr",
-             "-subj", f"/CN={BROKER_CN}", cwd=directory)
-    _openssl("x509", "-req", "-in", "broker.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", "broker.crt", "-days", str(CERT_DAYS), "-extfile", "broker.ext", cwd=directory)
-    _openssl("pkcs8", "-topk8", "-nocrypt", "-in", "broker.key", "-out", "broker.p8", cwd=directory)
-    (directory / "broker.pem").write_text((directory / "broker.p8").read_text() + (directory / "broker.crt").read_text())
-    for name in ("ca.key", "broker.key", "broker.p8", "broker.pem"):
-        os.chmod(directory / name, 0o600)
+    hosts = list(dict.fromkeys([host, "127.0.0.1", "localhost"]))
+    broker = server_certificate(stack_ca(directory), directory, "broker", hosts, common_name=BROKER_CN,
+                                client_auth=True)
+    pkcs8 = directory / "broker.p8"
+    openssl("pkcs8", "-topk8", "-nocrypt", "-in", str(broker.key), "-out", str(pkcs8))
+    keystore = directory / "broker.pem"
+    keystore.write_text(pkcs8.read_text() + broker.cert.read_text())
+    for path in (pkcs8, keystore):
+        os.chmod(path, 0o600)
 
 
 def ensure_credentials(directory: Path) -> dict[str, dict[str, str]]:
@@ -142,7 +131,7 @@ listener.name.secure.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.secu
 ssl.keystore.type=PEM
 ssl.keystore.location={directory / 'broker.pem'}
 ssl.truststore.type=PEM
-ssl.truststore.location={directory / 'ca.pem'}
+ssl.truststore.location={directory / 'ca.crt'}
 listener.name.controller.ssl.client.auth=required
 authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
 super.users=User:{admin['username']};User:CN={BROKER_CN}

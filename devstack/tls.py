@@ -63,7 +63,7 @@ class ClientCertificate:
     key: Path
 
 
-def _openssl(*args: str) -> None:
+def openssl(*args: str) -> None:
     """Run `openssl args...`. Raises `StackError` with openssl's output when it fails or is missing."""
     if shutil.which("openssl") is None:
         raise StackError("openssl is not installed; `apt-get install -y openssl` (the stack's TLS certificates "
@@ -84,7 +84,7 @@ def stack_ca(directory: Path, name: str = "Tapeline local stack CA") -> Certific
     ca = CertificateAuthority(directory / "ca.crt", directory / "ca.key")
     if ca.cert.is_file() and ca.key.is_file():
         return ca
-    _openssl("req", "-x509", "-newkey", f"rsa:{KEY_BITS}", "-nodes", "-days", str(CA_DAYS), "-subj", f"/CN={name}",
+    openssl("req", "-x509", "-newkey", f"rsa:{KEY_BITS}", "-nodes", "-days", str(CA_DAYS), "-subj", f"/CN={name}",
              "-keyout", str(ca.key), "-out", str(ca.cert),
              "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
     ca.key.chmod(0o600)
@@ -113,29 +113,32 @@ def _signed(ca: CertificateAuthority, directory: Path, name: str, common_name: s
     directory.mkdir(parents=True, exist_ok=True)
     cert, key = directory / f"{name}.crt", directory / f"{name}.key"
     request, extfile = directory / f"{name}.csr", directory / f"{name}.ext"
-    _openssl("req", "-new", "-newkey", f"rsa:{KEY_BITS}", "-nodes", "-subj", f"/CN={common_name}",
+    openssl("req", "-new", "-newkey", f"rsa:{KEY_BITS}", "-nodes", "-subj", f"/CN={common_name}",
              "-keyout", str(key), "-out", str(request))
     key.chmod(0o600)
     extfile.write_text("\n".join(["basicConstraints=CA:FALSE", *extensions]) + "\n")
-    _openssl("x509", "-req", "-in", str(request), "-CA", str(ca.cert), "-CAkey", str(ca.key), "-CAcreateserial",
+    openssl("x509", "-req", "-in", str(request), "-CA", str(ca.cert), "-CAkey", str(ca.key), "-CAcreateserial",
              "-days", str(CA_DAYS), "-sha256", "-extfile", str(extfile), "-out", str(cert))
     request.unlink(missing_ok=True)
     extfile.unlink(missing_ok=True)
     return cert, key
 
 
-def server_certificate(ca: CertificateAuthority, directory: Path, name: str, hosts: list[str]) -> ServerCertificate:
+def server_certificate(ca: CertificateAuthority, directory: Path, name: str, hosts: list[str],
+                       common_name: str | None = None, client_auth: bool = False) -> ServerCertificate:
     """A new certificate `<directory>/<name>.crt` with key `<name>.key` (mode 0600), signed by `ca`,
-    valid for `hosts` (`subject_alt_names`; the first is also the common name) for `CA_DAYS` days,
-    extendedKeyUsage serverAuth. Made again on every call (the names may have changed).
+    valid for `hosts` (`subject_alt_names`; the common name is `common_name`, else the first host) for
+    `CA_DAYS` days, extendedKeyUsage serverAuth (and clientAuth with `client_auth`: a Kafka broker
+    presents it to its controller too). Made again on every call (the names may have changed).
 
     Raises:
         StackError: openssl is missing or fails.
         ValueError: `hosts` is empty.
     """
-    cert, key = _signed(ca, directory, name, hosts[0] if hosts else name,
+    usage = "serverAuth,clientAuth" if client_auth else "serverAuth"
+    cert, key = _signed(ca, directory, name, common_name or (hosts[0] if hosts else name),
                         [f"subjectAltName={subject_alt_names(hosts)}",
-                         "keyUsage=critical,digitalSignature,keyEncipherment", "extendedKeyUsage=serverAuth"])
+                         "keyUsage=critical,digitalSignature,keyEncipherment", f"extendedKeyUsage={usage}"])
     return ServerCertificate(cert, key, ca.cert)
 
 
