@@ -51,7 +51,7 @@ from processors.runtime import Outgoing
 from processors.worker import Attempt, StageWorker
 from domain import events as ev
 from processors.withdraw import withdraw, withdrawn_event
-from tapeline.crashpoints import crash_point, delay_point
+from tapeline.crashpoints import crash_point, delay_point, fail_point
 from domain.errors import Fenced, ProviderDeferred, ProviderError, ProviderLookupFailed, ServiceUnavailable, StorageError
 from tapeline.ports import EventLogError, ObjectStorage
 
@@ -100,6 +100,7 @@ class PublishWorker(StageWorker):
         post = origin.publish(request, idempotency_key(identity.job_id, PROVIDER), on_progress=promoting)
         crash_point("publish.after_promote")
         delay_point("publish.after_promote")
+        fail_point("publish.after_promote")
         attempt.check_still_owner()  # cancelled while the last object was written: no Published, Step 8 withdraws
         out: list[Outgoing] = [
             (jobs, attempt.event(ev.Published, provider=PROVIDER, provider_ref=post.provider_ref,

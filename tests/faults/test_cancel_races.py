@@ -44,8 +44,11 @@ DELAYS = "publish.before_promote:4,publish.promote.object:1.5,publish.after_prom
 
 @pytest.fixture(scope="module")
 def settings(isolated: Settings) -> Settings:
-    return isolated.model_copy(update={**FAULT_TIMING, "lease_s": 8.0, "no_progress_timeout_s": 30.0,
-                                       "admin_token": SecretStr(TOKEN)})
+    # Heartbeats 30 s apart (a lease's worth of work between two): the publish of a short clip sends
+    # none while it promotes, so only the checks of the fix can stop it, as in production where a
+    # heartbeat interval is longer than a small job's promotion.
+    return isolated.model_copy(update={**FAULT_TIMING, "heartbeat_interval_s": 30.0, "lease_s": 90.0,
+                                       "no_progress_timeout_s": 120.0, "admin_token": SecretStr(TOKEN)})
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +86,8 @@ def attempt_over(settings: Settings, pipeline: Pipeline, job_id: str) -> None:
     """Wait until the publish attempt of `job_id` stopped: its end checked the outputs (the fix's
     Step 8 logs it), or it committed its completion (what it did before the fix)."""
     def over() -> bool:
-        if f'"job_id": "{job_id}"' in pipeline.log_text() and any(
-                job_id in line and "published outputs checked after the attempt" in line
-                for line in pipeline.log_text().splitlines()):
+        if any(job_id in line and "published outputs checked after the attempt" in line
+               for line in pipeline.log_text().splitlines()):
             return True
         return bool(of_job(committed_events(settings), job_id, "JobCompleted"))
     wait_for(over, 60, f"job {job_id}'s publish attempt to stop", interval_s=1.0)
