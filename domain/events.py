@@ -452,6 +452,19 @@ class JobCancelled(Event):
     reason: str
 
 
+class OutputsWithdrawn(Event):
+    """The job's published outputs were deleted from the bucket because the job ended otherwise than
+    completed while, or after, a publish made them public (a cancel or a fail that raced it;
+    domain/policy/withdrawal.py). `keys`: the objects removed under `published/{job}/`;
+    `public_since`: when the first of them was written (the store's time, UTC); `withdrawn_by`: who
+    removed them (`operator cancel`, `operator fail`, `publish attempt N`); `reason`: the ending."""
+
+    keys: list[str]
+    public_since: datetime | None = None
+    withdrawn_by: str
+    reason: str
+
+
 class RegionFailedOver(Event):
     """`tapeline region failover`: `to_region` holds the job history from region epoch `epoch` on;
     `from_region` is fenced. On `<prefix>.regions` (never the lifecycle topic); envelope job_id and

@@ -38,9 +38,11 @@ from processors.operator_events import (cancel_events, dismiss_events, done_by, 
 from processors.runtime import Runtime, transact
 from tapeline.partitioner import partition_for
 from tapeline.rows import letter_attempts
-from domain.errors import NoSuchDeadLetter, NoSuchJob, NotCancellable, NotReplayable
+from domain.errors import NoSuchDeadLetter, NoSuchJob, NotCancellable, NotReplayable, ServiceUnavailable, StorageError
+from domain.policy.withdrawal import ending_answer
+from processors.withdraw import withdraw, withdrawn_event
 from tapeline.settings import Settings
-from tapeline.ports import Clock, EventLog, JobStore, ObjectStorage
+from tapeline.ports import Clock, EventLog, JobStore, ObjectStorage, Writer
 from tapeline.crashpoints import delay_point
 from domain.errors import Fenced
 
@@ -238,10 +240,38 @@ def cancel_job(settings: Settings, job_id: str, operator: str, reason: str, *, a
         except Fenced:  # no flush: a fenced producer is in librdkafka's fatal state (flush raises, nothing to send)
             raise NotCancellable(f"job {job_id}: {winner(runtime, job_id, ('JobCancelled',), seen, settings.caught_up_timeout_s)}") from None
         producer.flush(5)
+        log.info("job cancelled", job_id=job_id, operator=operator, stage=row["stage"], attempt=row["attempt"])
+        return withdraw_after_ending(settings, runtime, producer, adapters, job_id, "operator cancel",
+                                     f"cancelled ({row['stage']} attempt {row['attempt']}, was {row['state']})")
     finally:
         runtime.close()
-    log.info("job cancelled", job_id=job_id, operator=operator, stage=row["stage"], attempt=row["attempt"])
-    return f"cancelled ({row['stage']} attempt {row['attempt']}, was {row['state']})"
+
+
+def withdraw_after_ending(settings: Settings, runtime: Runtime, producer: Writer, adapters: ActionAdapters, job_id: str,
+                          withdrawn_by: str, done: str) -> str:
+    """After an operator action ended job `job_id` (its events committed on `producer`): once the
+    ending is projected (a running publish sees it at its next check and stops), withdraw what a
+    publish had made public (`processors/withdraw.py`, rule `domain/policy/withdrawal.py`) and record
+    `OutputsWithdrawn` on `producer`. Returns the operator's answer: `done`, and when outputs had
+    been public, since when and that they are withdrawn. Never raises for the withdrawal: the ending
+    is committed either way, and a publish worker still running withdraws when it stops."""
+    try:
+        ended = runtime.job_row(job_id)
+        plan = withdraw(adapters.storage(), job_id, ended["state"] if ended else None)
+    except (ServiceUnavailable, StorageError) as exc:
+        log.warning("published outputs not checked after the ending", job_id=job_id, error=str(exc))
+        return (f"{done}; whether outputs were already public could not be checked now ({exc}): "
+                f"see `tapeline timeline {job_id}`")
+    if not plan:
+        return done
+    event = withdrawn_event(ended, plan, withdrawn_by, runtime.recorded_by, clock=adapters.clock)
+    try:
+        transact(producer, lambda: runtime.produce(producer, [(settings.jobs_topic, event)]), name="operator.withdraw")
+    except Fenced:  # another action on the job opened its writer meanwhile: the bucket is clean, say so
+        log.warning("outputs withdrawn but OutputsWithdrawn not recorded: another action took the job's writer",
+                    job_id=job_id, keys=len(plan.keys))
+        return ending_answer(done, plan) + " (not recorded: another operator action took over)"
+    return ending_answer(done, plan)
 
 
 @dataclass(frozen=True)
@@ -287,14 +317,15 @@ def fail_dead_letters(settings: Settings, ids: list[str], operator: str, reason:
                                     f"it has no job to fail")
             letters.append(letter)
         for letter in letters:
-            outcomes.append(_fail_one(settings, runtime, letter, operator, reason, refund, adapters.clock))
+            outcomes.append(_fail_one(settings, runtime, letter, operator, reason, refund, adapters))
     finally:
         runtime.close()
     return outcomes
 
 
 def _fail_one(settings: Settings, runtime: Runtime, letter: dict[str, Any], operator: str, reason: str,
-              refund: bool, clock: Clock) -> FailOutcome:
+              refund: bool, adapters: ActionAdapters) -> FailOutcome:
+    clock = adapters.clock
     job_id = letter["job_id"]
     producer = runtime.events.transactional_producer(operator_transactional_id(settings, job_id))  # first: fences
     fenced = False
@@ -317,8 +348,9 @@ def _fail_one(settings: Settings, runtime: Runtime, letter: dict[str, Any], oper
             producer.flush(5)
     log.info("dead-lettered job failed for good", dead_letter_id=letter["id"], job_id=job_id, operator=operator,
              refunded=refund)
-    return FailOutcome(letter["id"], job_id, True, refund,
-                       "failed for good" + ("; the submitter's quota is credited back" if refund else ""))
+    detail = withdraw_after_ending(settings, runtime, producer, adapters, job_id, "operator fail",
+                                   "failed for good" + ("; the submitter's quota is credited back" if refund else ""))
+    return FailOutcome(letter["id"], job_id, True, refund, detail)
 
 
 @dataclass(frozen=True)

@@ -117,8 +117,9 @@ class OriginProvider:
     def publish(self, request: PublishRequest, idempotency_key: str,
                 on_progress: Callable[[int, int], None] | None = None) -> ProviderPost:
         """Promote exactly `request.outputs` (sha256-checked) and write the master playlist.
-        `on_progress(done, total)` runs after each object (the caller heartbeats there: a long
-        rendition ladder is hundreds of objects, longer than a lease).
+        `on_progress(done, total)` runs before each object and before the master playlist (`done` =
+        `total`): the caller heartbeats there (a long rendition ladder is hundreds of objects, longer
+        than a lease) and checks that the job was not cancelled meanwhile (it raises to stop).
 
         Raises `StorageError` when an object does not match its recorded sha256 or a different
         object already sits at a published key (published bytes are never overwritten).
@@ -136,6 +137,8 @@ class OriginProvider:
             published.append(output.model_copy(update={"key": prefix + relative}))
             rendition = relative.split("/", 1)[0]
             sizes[rendition] = sizes.get(rendition, 0) + len(body)
+        if on_progress is not None:
+            on_progress(len(request.outputs), len(request.outputs))
         has_audio = request.audio_playlist_key is not None
         master = master_playlist(request.renditions, sizes, request.media_duration_s, has_audio).encode()
         master_key = prefix + "master.m3u8"

@@ -4,7 +4,9 @@ and record `Published` + `JobCompleted` (docs/design.md "Side effects").
 Protocol for one publish attempt (reconcile, then act):
   Step 1. `PublishIntended` (origin) in a transaction on the attempt's fenced producer;
   Step 2. the origin: promote exactly the objects the transcode attempt named to `published/{job}/`
-          with conditional writes (idempotent by nature: a repeat finds identical bytes);
+          with conditional writes (idempotent by nature: a repeat finds identical bytes), checking
+          before each object, before the master playlist and after the last one that the attempt
+          still owns the job (`Attempt.check_still_owner`: a cancel or another ending stops it);
   Step 3. with a webhook provider: `PublishIntended(webhook)`, then a claim marker
           `markers/{job}/webhook.json` created with `If-None-Match: *`, holding this attempt's
           claim token;
@@ -20,7 +22,13 @@ Protocol for one publish attempt (reconcile, then act):
           and a projection check (a zombie that wakes up here is fenced and stops);
   Step 6. call the provider with idempotency key = the job's publish dedup key;
   Step 7. `AttemptSucceeded` + `Published` (origin, and the webhook's `provider_ref`) + `JobCompleted`
-          in one transaction.
+          in one transaction;
+  Step 8. whatever the attempt's end (completed, failed, fenced by a cancel, its completion
+          superseded by a cancel committed first), once the projection has caught up: when the job
+          ended otherwise than completed, withdraw what is under `published/{job}/` and record
+          `OutputsWithdrawn` (`processors/withdraw.py`, rule `domain/policy/withdrawal.py`). The
+          operator's cancel withdraws too, once its `JobCancelled` is projected; this step removes
+          what the attempt wrote after that (the object it was writing when the cancel landed).
 Crash points `publish.*` mark each side-effect boundary (tests only, `tapeline.crashpoints`).
 A 429 from the provider (refused before processing, RFC 6585) releases the marker so the retry
 starts clean; any other failure keeps it, and the successor reconciles as in step 4.
@@ -42,9 +50,10 @@ from processors.provider_guard import ProviderGuard, deferred_event
 from processors.runtime import Outgoing
 from processors.worker import Attempt, StageWorker
 from domain import events as ev
-from tapeline.crashpoints import crash_point
-from domain.errors import ProviderDeferred, ProviderError, ProviderLookupFailed
-from tapeline.ports import ObjectStorage
+from processors.withdraw import withdraw, withdrawn_event
+from tapeline.crashpoints import crash_point, delay_point, fail_point
+from domain.errors import Fenced, ProviderDeferred, ProviderError, ProviderLookupFailed, ServiceUnavailable, StorageError
+from tapeline.ports import EventLogError, ObjectStorage
 
 log = structlog.get_logger("tapeline.publish")
 PROVIDER = "origin"
@@ -78,13 +87,21 @@ class PublishWorker(StageWorker):
                                            idempotency_key=idempotency_key(identity.job_id, PROVIDER)))])
         # Step 2
         crash_point("publish.before_promote")
+        delay_point("publish.before_promote")
         request = PublishRequest(job_id=identity.job_id, outputs=promotable(item.inputs), renditions=list(item.renditions),
                                  audio_playlist_key=item.audio_playlist_key, media_duration_s=item.media_duration_s or 0.0)
         # Objects promoted count as the attempt's progress (frames_done/frames_total of its heartbeats).
-        post = origin.publish(request, idempotency_key(identity.job_id, PROVIDER),
-                              on_progress=lambda done, total: attempt.heartbeat(
-                                  done, 0.0, None, total, point="publish.promote.Heartbeat"))
+        # Before each object the attempt checks it still owns the job: a cancel stops the promotion.
+        def promoting(done: int, total: int) -> None:
+            delay_point("publish.promote.object")
+            attempt.heartbeat(done, 0.0, None, total, point="publish.promote.Heartbeat")
+            attempt.check_still_owner()
+
+        post = origin.publish(request, idempotency_key(identity.job_id, PROVIDER), on_progress=promoting)
         crash_point("publish.after_promote")
+        delay_point("publish.after_promote")
+        fail_point("publish.after_promote")
+        attempt.check_still_owner()  # cancelled while the last object was written: no Published, Step 8 withdraws
         out: list[Outgoing] = [
             (jobs, attempt.event(ev.Published, provider=PROVIDER, provider_ref=post.provider_ref,
                                  master_key=post.provider_ref, master_url=post.url, renditions=list(post.renditions)))]
@@ -111,6 +128,32 @@ class PublishWorker(StageWorker):
                                      audio_playlist_key=audio_key, media_duration_s=item.media_duration_s,
                                      elapsed_s=time.monotonic() - started))] + out + [
             (jobs, attempt.event(ev.JobCompleted, master_url=post.url, media_duration_s=item.media_duration_s))]
+
+    def execute(self, attempt: Attempt, store: ObjectStorage) -> None:
+        """Steps 1-7 (`StageWorker.execute`: `work` and its outcome committed), then Step 8."""
+        try:
+            super().execute(attempt, store)
+        finally:
+            self.withdraw_if_ended(attempt, store)
+
+    def withdraw_if_ended(self, attempt: Attempt, store: ObjectStorage) -> None:
+        """Step 8: once the projection has caught up with the job's partition, withdraw its
+        published outputs if it ended otherwise than completed, and record `OutputsWithdrawn` on the
+        attempt's writer (evidence: the job has ended). Logs, never raises, when the projection, the
+        bucket or the log cannot answer: the operator's own withdrawal has run or runs."""
+        identity = attempt.identity
+        try:
+            row = attempt.runtime.job_row(identity.job_id)
+            plan = withdraw(store, identity.job_id, row["state"] if row else None)
+            log.info("published outputs checked after the attempt", job_id=identity.job_id, attempt=identity.attempt,
+                     state=row["state"] if row else None, withdrawn=len(plan.keys))
+            if plan:
+                attempt.record([(self.settings.jobs_topic, withdrawn_event(
+                    row, plan, f"publish attempt {identity.attempt}", attempt.runtime.recorded_by, clock=self.clock,
+                    claim_token=identity.claim_token))], retry_for_s=30.0)
+        except (ServiceUnavailable, StorageError, EventLogError, Fenced) as exc:
+            log.warning("could not check or withdraw published outputs after the attempt", job_id=identity.job_id,
+                        error=str(exc))
 
     def announce(self, attempt: Attempt, store: ObjectStorage, provider: WebhookProvider, request: PublishRequest,
                  origin_post: ProviderPost) -> ProviderPost:

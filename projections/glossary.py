@@ -80,6 +80,8 @@ EVENTS: dict[str, str] = {
     "JobDeadLettered": "out of attempts (or not safe to retry): an operator may replay it",
     "NeedsReview": "a publish could not be proven safe; a person checks the provider and resolves it",
     "JobCancelled": "an operator cancelled the job",
+    "OutputsWithdrawn": "the job's published outputs were deleted: it was cancelled or failed while (or after) "
+                        "a publish made them public",
     "JobReplayed": "an operator reopened a dead-lettered or reviewed job with a fresh attempt budget",
     "DeadLetter": "a record that could not be processed, kept raw with its source position and reason",
     "DeadLetterDismissed": "an operator closed an undecodable record's dead letter (nothing to replay or fail); the record stays",

@@ -169,6 +169,9 @@ def _summary(row: dict[str, Any]) -> str:
                 f"http={payload.get('http_status') or '-'} failures={payload['failures']} reason={payload['reason']}")
     if row["event_type"] in NOTIFICATION_EVENTS:
         return " ".join(f"{k}={payload[k]}" for k in NOTIFICATION_DETAIL if payload.get(k) is not None)
+    if row["event_type"] == "OutputsWithdrawn":
+        return (f"objects={len(payload.get('keys', []))} public_since={payload.get('public_since') or '-'} "
+                f"by={payload['withdrawn_by']} reason={payload['reason']}")
     if row["event_type"] == "PublishDeferred":
         quota = f" {payload['window']} {payload['used']}/{payload['limit']}" if payload.get("window") else ""
         return f"{payload['provider']} wait={payload['wait']}{quota} until={payload['until']}"

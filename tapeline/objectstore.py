@@ -402,10 +402,21 @@ class ObjectStore:
 
     def delete_many(self, keys: list[str]) -> None:
         """Remove `keys` (at most 1000, one DeleteObjects call). Refuses any key under `published/`."""
-        if not keys:
-            return
         if any(k.startswith(PUBLISHED_PREFIX) for k in keys):
             raise StorageError("refusing to delete published objects")
+        self._delete_objects(keys)
+
+    def withdraw_published(self, keys: list[str]) -> None:
+        """Remove published `keys` (at most 1000, one DeleteObjects call; every key under
+        `published/`): a job that ended otherwise than completed (domain/policy/withdrawal.py).
+        Raises `StorageError` for any other key or a failed delete."""
+        if any(not k.startswith(PUBLISHED_PREFIX) for k in keys):
+            raise StorageError("withdraw_published removes published objects only")
+        self._delete_objects(keys)
+
+    def _delete_objects(self, keys: list[str]) -> None:
+        if not keys:
+            return
         try:
             result = self.s3.delete_objects(Bucket=self.bucket,
                                             Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True})

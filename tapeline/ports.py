@@ -441,6 +441,12 @@ class ObjectStorage(Protocol):
         """Delete up to 1000 objects in one request."""
         ...
 
+    def withdraw_published(self, keys: list[str]) -> None:
+        """Delete up to 1000 published objects (every key under `published/`) in one request: the
+        one way published bytes are ever removed (domain/policy/withdrawal.py). Raises
+        `StorageError` for a key outside `published/` or a failed delete."""
+        ...
+
     def total_bytes(self) -> int:
         """The bucket's total size in bytes, listed now (uncached; `StorageGauge` caches it)."""
         ...

@@ -127,6 +127,12 @@ class InMemoryObjectStorage:
         for key in keys:
             self.objects.pop(key, None)
 
+    def withdraw_published(self, keys: list[str]) -> None:
+        if any(not k.startswith(PUBLISHED_PREFIX) for k in keys):
+            raise StorageError("withdraw_published removes published objects only")
+        for key in keys:
+            self.objects.pop(key, None)
+
     def total_bytes(self) -> int:
         return sum(len(o.body) for o in self.objects.values())
 

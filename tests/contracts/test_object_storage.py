@@ -111,6 +111,21 @@ def test_listing_pages_in_key_order_and_deleting(storage, prefix):
         storage.delete_many(["published/someone/master.m3u8"])
 
 
+def test_published_objects_are_withdrawn_only_through_withdraw_published(storage, prefix):
+    job = f"contract-{uuid.uuid4().hex[:10]}"
+    published = [f"published/{job}/master.m3u8", f"published/{job}/240p/index.m3u8"]
+    for key in published:
+        storage.put_if_absent(key, b"#EXTM3U\n", "application/vnd.apple.mpegurl")
+    storage.put_if_absent(prefix + "kept", b"kept", "text/plain")
+    with pytest.raises(StorageError):
+        storage.withdraw_published([published[0], prefix + "kept"])  # a key outside published/: nothing removed
+    assert storage.head(published[0]) is not None and storage.head(prefix + "kept") is not None
+    storage.withdraw_published(published)
+    storage.withdraw_published([])
+    assert storage.list_page(f"published/{job}/", None, 10)[0] == []
+    assert storage.head(prefix + "kept") is not None
+
+
 def test_aborting_an_unknown_multipart_upload_is_no_error(storage, prefix):
     storage.abort_multipart(prefix + "never", "no-such-upload")
     assert isinstance(storage.list_multipart(5), list)
