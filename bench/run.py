@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
 
 BENCHMARKS = ("stall_latency", "replay", "chaos", "transcode", "transcode_overhead", "intake", "broker_failover",
-              "failover")
+              "failover", "partitions")
 """Every benchmark (bench/<name>.py); helpers (common, lifecycles, intake_load) are not run."""
 
 TIMEOUT_S = {"smoke": 240.0, "full": 3 * 3600.0}

@@ -26,6 +26,7 @@ KEYS = {
     "broker_failover": {"pause_median_s", "pause_max_s", "elect_median_s", "duplicates", "lost"},
     "failover": {"failover_accepting_s", "resumed_first_s", "all_done_s", "rpo_events", "rpo_s", "reencoded_s",
                  "duplicates", "lost", "needs_review"},
+    "partitions": {"partitions", "takeover_s", "takeover_max_s", "duplicates", "lost", "false_stalls"},
 }
 """Figures each benchmark's RESULT line must carry (the ones its docstring and docs cite)."""
 
@@ -57,8 +58,10 @@ def test_benchmark_smoke_ends_with_a_result_line(name: str, base_settings: Setti
     assert KEYS[name] <= set(outcome.figures), outcome.line
     numbers = {k: v for k, v in outcome.figures.items() if k in KEYS[name] and isinstance(v, float)}
     assert numbers and not any(math.isnan(v) for v in numbers.values()), outcome.line
-    if name in ("chaos", "broker_failover"):
+    if name in ("chaos", "broker_failover", "partitions"):
         assert outcome.figures["duplicates"] == 0 and outcome.figures["lost"] == 0
+    if name == "partitions":
+        assert outcome.figures["partitions"] == 2 and outcome.figures["false_stalls"] == 0, outcome.line
     if name == "chaos":
         assert outcome.figures["covered"] >= 1, "the smoke's crash point did not fire"
     if name == "broker_failover":
