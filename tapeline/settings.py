@@ -589,6 +589,12 @@ class Settings(BaseSettings):
         """Work topic of one stage and priority tier, e.g. `tapeline.work.transcode.standard`."""
         return f"{self.topic_prefix}.work.{stage}.{tier}"
 
+    def stage_group(self, stage: str) -> str:
+        """Consumer group of one stage's workers on its work topics, `<app_name>.<stage>` (e.g.
+        `tapeline.transcode`): what their committed offsets, and so the stage's unclaimed work (the lag
+        KEDA scales the transcode Deployment on, deploy/helm/tapeline), are measured against."""
+        return f"{self.app_name}.{stage}"
+
     def work_topics(self, stage: str) -> list[str]:
         return [self.work_topic(stage, tier) for tier in TIERS]
 
