@@ -79,6 +79,21 @@ def _dead_letter(jobs: JobStore, dead_letter_id: str) -> dict[str, Any] | None:
     return letter_attempts(row) if row is not None else None
 
 
+def _chosen_letters(jobs: JobStore, ids: list[str], refusal: Callable[[dict[str, Any]], str | None]) -> list[dict[str, Any]]:
+    """The dead letters `ids` (`_dead_letter`), all read before any action writes. Raises
+    `NoSuchDeadLetter` for an unknown id and `NotReplayable` with `refusal(letter)`'s sentence for
+    one the action does not apply to (`refusal` returns None for the others)."""
+    letters = []
+    for dead_letter_id in ids:
+        letter = _dead_letter(jobs, dead_letter_id)
+        if letter is None:
+            raise NoSuchDeadLetter(f"no dead letter {dead_letter_id!r} (see `tapeline dlq list`)")
+        if (why := refusal(letter)) is not None:
+            raise NotReplayable(why)
+        letters.append(letter)
+    return letters
+
+
 def winner(runtime: Runtime, job_id: str, event_types: tuple[str, ...], seen: int, timeout_s: float) -> str:
     """After this action was fenced by another one on the same job: "already done by ... at ..."
     once the other's event (one of `event_types`, beyond the `seen` already in the timeline) is
@@ -129,16 +144,10 @@ def replay_dead_letters(settings: Settings, ids: list[str], operator: str, reaso
     runtime = Runtime(settings, "operator", events=adapters.events, jobs=adapters.jobs)
     outcomes: list[ReplayOutcome] = []
     try:
-        letters = []
-        for dead_letter_id in ids:
-            letter = _dead_letter(runtime.jobs, dead_letter_id)
-            if letter is None:
-                raise NoSuchDeadLetter(f"no dead letter {dead_letter_id!r} (see `tapeline dlq list`)")
-            if letter["kind"] != "job":
-                raise NotReplayable(
-                    f"dead letter {dead_letter_id} is an undecodable record ({letter['error']}); it has no job to "
-                    f"replay. Inspect it with `tapeline dlq show {dead_letter_id}` and fix its producer")
-            letters.append(letter)
+        letters = _chosen_letters(runtime.jobs, ids, lambda letter: None if letter["kind"] == "job" else (
+            f"dead letter {letter['id']} is an undecodable record ({letter['error']}); it has no job to replay. "
+            f"Inspect it with `tapeline dlq show {letter['id']}` and fix its producer, then dismiss it "
+            f"(`tapeline dlq dismiss`)"))
         for letter in letters:
             outcomes.append(_replay_one(settings, runtime, letter, operator, reason, adapters.clock))
     finally:
@@ -307,15 +316,9 @@ def fail_dead_letters(settings: Settings, ids: list[str], operator: str, reason:
     runtime = Runtime(settings, "operator", events=adapters.events, jobs=adapters.jobs)
     outcomes: list[FailOutcome] = []
     try:
-        letters = []
-        for dead_letter_id in ids:
-            letter = _dead_letter(runtime.jobs, dead_letter_id)
-            if letter is None:
-                raise NoSuchDeadLetter(f"no dead letter {dead_letter_id!r} (see `tapeline dlq list`)")
-            if letter["kind"] != "job":
-                raise NotReplayable(f"dead letter {dead_letter_id} is an undecodable record ({letter['error']}); "
-                                    f"it has no job to fail")
-            letters.append(letter)
+        letters = _chosen_letters(runtime.jobs, ids, lambda letter: None if letter["kind"] == "job" else (
+            f"dead letter {letter['id']} is an undecodable record ({letter['error']}); it has no job to fail "
+            f"(dismiss it: `tapeline dlq dismiss`)"))
         for letter in letters:
             outcomes.append(_fail_one(settings, runtime, letter, operator, reason, refund, adapters))
     finally:
@@ -377,16 +380,9 @@ def dismiss_dead_letters(settings: Settings, ids: list[str], operator: str, reas
     runtime = Runtime(settings, "operator", events=adapters.events, jobs=adapters.jobs)
     outcomes: list[DismissOutcome] = []
     try:
-        letters = []
-        for dead_letter_id in ids:
-            letter = _dead_letter(runtime.jobs, dead_letter_id)
-            if letter is None:
-                raise NoSuchDeadLetter(f"no dead letter {dead_letter_id!r} (see `tapeline dlq list`)")
-            if letter["kind"] == "job":
-                raise NotReplayable(f"dead letter {dead_letter_id} is job {letter['job_id']}'s: replay it or fail it "
-                                    f"for good (`tapeline dlq replay` / `tapeline dlq fail`); only an undecodable "
-                                    f"record's dead letter is dismissed")
-            letters.append(letter)
+        letters = _chosen_letters(runtime.jobs, ids, lambda letter: None if letter["kind"] != "job" else (
+            f"dead letter {letter['id']} is job {letter['job_id']}'s: replay it or fail it for good (`tapeline dlq "
+            f"replay` / `tapeline dlq fail`); only an undecodable record's dead letter is dismissed"))
         for letter in letters:
             outcomes.append(_dismiss_one(settings, runtime, letter, operator, reason, adapters.clock))
     finally:

@@ -277,6 +277,15 @@ def test_fencing_tokens_and_unpublished_digests_are_for_the_admin_token_only(cli
     assert "fencing tokens" in openapi["/api/jobs/{job_id}/timeline"]["get"]["description"]
 
 
+def test_a_jobs_dead_letter_is_replayed_or_failed_never_dismissed(client, world):
+    _, jobs = world
+    body = {"dead_letter_id": f"{jobs['dead'].job_id}/1", "operator": "alice", "why": "looks harmless"}
+    refused = client.post("/api/dead-letters/dismiss", json=body, headers=ADMIN)
+    assert refused.status_code == 409 and "replay it or fail it for good" in refused.json()["detail"], refused.text
+    letters = client.get("/api/dead-letters", params={"pending": True}).json()
+    assert body["dead_letter_id"] in {d["id"] for d in letters}  # still pending: nothing was written
+
+
 def test_dead_letters_review_stalls_lag_and_overview(client, world):
     settings, jobs = world
     dead, review = jobs["dead"].job_id, jobs["review"].job_id
