@@ -244,12 +244,25 @@ def test_a_slow_lossy_link_to_the_workers_completes_jobs_without_a_false_stall(n
 def justified(stall: ev.StallDetected, stamped: list[tuple[float, ev.Event]], gaps: dict, settings: Settings) -> bool:
     """Whether the timings on the log justify `stall`: a `handoff` re-drive (it costs no attempt) by a
     queued stage unclaimed for `handoff_timeout_s` since its `StageQueued` (`domain/policy/stall.py`
-    `handoff_redrive_due`); any other kind by a silence of at least one lease from the attempt."""
+    `handoff_redrive_due`); a `no_progress` stall by heartbeats whose counters (frames, seconds of
+    output) had not moved for the stage's no-progress timeout (a CPU-starved ffmpeg is stalled by that
+    rule, not by the link); any other kind by a silence of at least one lease from the attempt."""
+    at = next(t for t, e in stamped if e is stall)
     if stall.kind == "handoff":
-        at = next(t for t, e in stamped if e is stall)
         queued = [t for t, e in stamped if isinstance(e, ev.StageQueued) and e.job_id == stall.job_id
                   and e.stage == stall.stage and t <= at]
         return bool(queued) and at - max(queued) >= settings.handoff_timeout_s
+    if stall.kind == "no_progress":
+        mine = [(t, e) for t, e in stamped if e.job_id == stall.job_id and e.stage == stall.stage
+                and getattr(e, "attempt", None) == stall.stalled_attempt and t <= at]
+        moved = [t for t, e in mine if isinstance(e, ev.AttemptStarted)]
+        last = None
+        for t, e in mine:
+            if isinstance(e, ev.Heartbeat) and (e.frames_done, e.out_time_s) != last:
+                moved.append(t)
+                last = (e.frames_done, e.out_time_s)
+        timeout = settings.stall_thresholds(stall.stage).no_progress_timeout_s
+        return bool(moved) and at - max(moved) >= timeout
     return gaps.get((stall.stage, stall.stalled_attempt), 0.0) >= settings.lease_s
 
 
