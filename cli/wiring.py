@@ -222,12 +222,13 @@ def build_processor(role: str, settings: Settings, health: HealthState):
         from processors.watchdog import Watchdog
         from tapeline.postgres import PostgresJobStore
 
-        return Watchdog(settings, leader=PostgresJobStore(settings), **processor_adapters(settings, role, health))
+        return Watchdog(settings, leader=PostgresJobStore(settings, leader=True),
+                        **processor_adapters(settings, role, health))
     if role == "notify":
         from processors.notify import Notifier
         from tapeline.postgres import PostgresJobStore
 
-        return Notifier(settings, leader=PostgresJobStore(settings), new_store=lambda: PostgresJobStore(settings),
+        return Notifier(settings, leader=PostgresJobStore(settings, leader=True), new_store=lambda: PostgresJobStore(settings),
                         **processor_adapters(settings, role, health))
     if role == "intake":
         from processors.intake import IntakeProcessor

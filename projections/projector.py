@@ -31,7 +31,7 @@ from projections.pgschema import LiveGuard, SchemaSwapped, schema_oid
 from tapeline.crashpoints import crash_point
 from tapeline.health import HealthState
 from tapeline.ports import AssignedReader, EventLog, LogRecord, PartitionEnd, ReadError
-from tapeline.postgres import connect, migrate, q
+from tapeline.postgres import connect, leader_session, migrate, q
 from tapeline.settings import Settings
 
 log = structlog.get_logger("tapeline.projector")
@@ -156,8 +156,8 @@ class Projector:
     def run(self, stop: threading.Event, ready: threading.Event | None = None) -> None:
         """Consume and apply batches until `stop` is set; sets `ready` once assigned and caught up once."""
         migrate(self.settings.database_url, self.settings.db_schema)
-        conn = connect(self.settings.database_url, schema=self.settings.db_schema,
-                       autocommit=True)  # each batch is one explicit transaction
+        conn = connect(self.settings.database_url, schema=self.settings.db_schema,  # holds PROJECTOR_LOCK:
+                       autocommit=True, **leader_session(self.settings))  # each batch is one explicit transaction
         lag = None
         guard = LiveGuard()
         guard.oid = schema_oid(conn)  # before reading the offsets: a swap in between is caught by the first batch

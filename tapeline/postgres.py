@@ -79,6 +79,27 @@ def identifiers(names) -> psql.Composed:
     return psql.SQL(", ").join(psql.Identifier(name) for name in names)
 
 
+def dead_peer_settings(timeout_s: float) -> tuple[str, dict[str, int]]:
+    """(more `options`, libpq keyword parameters) for a session that holds a leader lock: both ends
+    give up on a peer that stopped answering within about `timeout_s` seconds (at least 6).
+
+    PostgreSQL keeps a session, and so its advisory locks, until it learns the client is gone; a
+    client host cut off from the network sends nothing, so with the kernel's TCP defaults (7,200 s
+    idle, then 9 probes 75 s apart) a cut-off watchdog, notifier or projector leader kept its lock
+    and no standby took over for about 2 h 11 min. The server side: `tcp_keepalives_idle`,
+    `_interval`, `_count` and `tcp_user_timeout` as session settings ("Connection Settings",
+    PostgreSQL 15 manual 20.3.1); the client side: libpq's `keepalives*` and `tcp_user_timeout`
+    ("Parameter Key Words", 34.1.2), so the cut-off process's own next query fails instead of
+    waiting. Probes start after a third of the timeout, one every sixth, three unanswered end it
+    (5/6 of the timeout); `tcp_user_timeout` (milliseconds) bounds unacknowledged data. Pure."""
+    timeout_s = max(6.0, timeout_s)
+    idle, interval, count, user_ms = int(timeout_s // 3), int(timeout_s // 6), 3, int(timeout_s * 1000)
+    options = (f" -c tcp_keepalives_idle={idle} -c tcp_keepalives_interval={interval}"
+               f" -c tcp_keepalives_count={count} -c tcp_user_timeout={user_ms}")
+    return options, {"keepalives": 1, "keepalives_idle": idle, "keepalives_interval": interval,
+                     "keepalives_count": count, "tcp_user_timeout": user_ms}
+
+
 def session_options(schema: str | None = None) -> str:
     """libpq `options` for every Tapeline session: JIT compilation off, and `schema` (a plain
     lowercase name, see `check_schema_name`) as the whole `search_path` when given.
@@ -378,20 +399,31 @@ def wait_applied(conn: psycopg.Connection, topic: str, partition: int, target: i
                                      f"log at {target})")
 
 
+def leader_session(settings: "Settings") -> dict[str, Any]:
+    """`connect` keyword arguments for a session that holds a leader lock (the watchdog's, the
+    notifier's, the projector's): the deployment's `session_options` with `dead_peer_settings`
+    for `leader_session_timeout_s`, and libpq's keepalive parameters."""
+    extra, params = dead_peer_settings(settings.leader_session_timeout_s)
+    return {"options": session_options(settings.db_schema) + extra, **params}
+
+
 class PostgresJobStore:
     """The `JobStore` port (`tapeline/ports.py`) over PostgreSQL: named queries of
     projections/sql/*.sql on one autocommit session in the deployment's schema, rows as dicts. The
     session opens on first use; `close` ends it (and any session lock taken through it); a later
     call opens a new one."""
 
-    def __init__(self, settings: "Settings") -> None:
-        self.settings = settings
+    def __init__(self, settings: "Settings", leader: bool = False) -> None:
+        self.settings, self.leader = settings, leader
         self._conn: psycopg.Connection | None = None
 
     def connection(self) -> psycopg.Connection:
-        """The session itself, opened on first use (the adapter's own: not part of the port)."""
+        """The session itself, opened on first use (the adapter's own: not part of the port). A
+        `leader` store's session (it holds a leader lock) gives up on a silent peer within
+        `leader_session_timeout_s` (`dead_peer_settings`)."""
         if self._conn is None:
-            self._conn = connect(self.settings.database_url, schema=self.settings.db_schema, autocommit=True)
+            self._conn = connect(self.settings.database_url, schema=self.settings.db_schema, autocommit=True,
+                                 **(leader_session(self.settings) if self.leader else {}))
             self._conn.row_factory = psycopg.rows.dict_row
         return self._conn
 

@@ -155,6 +155,11 @@ class Settings(BaseSettings):
 
     # Lease protocol (seconds). docs/design.md defaults: lease 120 s, heartbeat lease/4, no-progress 120 s.
     lease_s: float = Field(120.0, gt=0, le=86400, description="Attempt lease, seconds (at most a day)")
+    leader_session_timeout_s: float = Field(
+        15.0, ge=6, le=3600, description="Seconds within which PostgreSQL ends the session of a watchdog, notifier or "
+                                         "projector leader whose host stopped answering (TCP keepalives and "
+                                         "tcp_user_timeout on both ends), so a standby takes the leader lock; "
+                                         "tapeline/postgres.py dead_peer_settings")
     heartbeat_interval_s: float | None = None
     no_progress_timeout_s: float = 120.0
     seek_decode_min_speed: float = Field(
