@@ -19,11 +19,18 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
+from boto3.exceptions import Boto3Error
 from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError
 
 from domain.errors import ObjectMissing, OutputConflict, StorageError
 from tapeline.objects import PUBLISHED_PREFIX, StorageGauge, sha256_file  # noqa: F401 (client-free home)
 from tapeline.settings import Settings
+
+TRANSFER_ERRORS = (BotoCoreError, ClientError, Boto3Error)
+"""What boto3's managed transfers (`upload_file`, `upload_fileobj`, `download_file`) raise when S3 fails:
+botocore's errors, and boto3's own when s3transfer gives up on a body (`RetriesExceededError`: an
+endpoint that stops answering mid-download, seen as error class `unknown` when S3 was paused during
+a transcode's download; `S3UploadFailedError`). Every one is a `StorageError` (storage_transient)."""
 
 if TYPE_CHECKING:  # the cleanup planner's row types (imported lazily at run time: no import cycle)
     from domain.policy.cleanup import MultipartUpload, StoredObject
@@ -165,7 +172,7 @@ class ObjectStore:
         try:
             self.s3.upload_fileobj(reader, self.bucket, key, ExtraArgs={"ContentType": content_type, **self.sse},
                                 Config=config)
-        except (BotoCoreError, ClientError) as exc:
+        except TRANSFER_ERRORS as exc:
             raise StorageError(f"upload of {key} failed: {exc}") from exc
         return reader.digest.hexdigest(), reader.size
 
@@ -231,7 +238,7 @@ class ObjectStore:
         try:
             self.s3.upload_file(str(path), self.bucket, key,
                                 ExtraArgs={"ContentType": content_type, "Metadata": {"sha256": sha}, **self.sse})
-        except (BotoCoreError, ClientError) as exc:
+        except TRANSFER_ERRORS as exc:
             raise StorageError(f"upload of {key} failed: {exc}") from exc
         return sha, path.stat().st_size
 
@@ -242,7 +249,7 @@ class ObjectStore:
             if no_such_object(exc):
                 raise ObjectMissing(f"download of {key} failed: no such object") from exc
             raise StorageError(f"download of {key} failed: {exc}") from exc
-        except BotoCoreError as exc:
+        except TRANSFER_ERRORS as exc:
             raise StorageError(f"download of {key} failed: {exc}") from exc
 
     def get_bytes(self, key: str) -> bytes:

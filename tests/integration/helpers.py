@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
+import socket
 import subprocess
 
 from domain import events as ev
 from domain.codec import default_codec
 from devstack.chaos import committed_messages, keys_under  # re-exported for the tests
 
-__all__ = ["committed_messages", "keys_under", "committed_events", "of_job"]
+__all__ = ["committed_messages", "keys_under", "committed_events", "of_job", "answer_of"]
 from tapeline.settings import Settings
 
 
@@ -35,3 +37,25 @@ def decodes(url: str) -> subprocess.CompletedProcess:
     """Decode a whole media URL with ffmpeg (no output); returncode 0 and empty stderr mean clean."""
     return subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-i", url, "-f", "null", "-"],
                           capture_output=True, text=True, timeout=120)
+
+
+def answer_of(sock: socket.socket, timeout_s: float) -> str:
+    """The whole HTTP response on a raw `sock`: its head, then as many body bytes as its
+    Content-Length says (the head and the body may arrive in separate reads), or what arrived before
+    `timeout_s` seconds passed or the server closed or reset the connection."""
+    sock.settimeout(timeout_s)
+    data = b""
+    try:
+        while True:
+            head, sep, body = data.partition(b"\r\n\r\n")
+            if sep:
+                length = re.search(rb"(?im)^content-length:\s*(\d+)\s*$", head)
+                if length is None or len(body) >= int(length.group(1)):
+                    break
+            more = sock.recv(4096)
+            if not more:
+                break
+            data += more
+    except (socket.timeout, ConnectionResetError):
+        pass
+    return data.decode(errors="replace")

@@ -28,6 +28,7 @@ from projections.read_model import open_reader
 from tapeline import kafka
 from tapeline.objectstore import ObjectStore
 from tests.conftest import Pipeline, tapeline_cli, wait_for
+from tests.integration.helpers import answer_of
 from tests.integration.test_http_intake import TOKENS, clip, intake_server, uploads_published  # noqa: F401 (clip: a fixture)
 
 pytestmark = pytest.mark.integration
@@ -245,10 +246,7 @@ def test_stalled_bodies_are_cut_off_and_honest_uploads_still_get_through(hardene
         assert honest.status_code == 202, honest.text
         # Bounded by the pace rule (2 s here) and the intake's own work, not by how long the stalled sockets stay open.
         assert took_s < 30
-        answers = []
-        for sock in stalled:
-            sock.settimeout(30)
-            answers.append(sock.recv(4096).decode(errors="replace"))
+        answers = [answer_of(sock, 30) for sock in stalled]  # head and body, however the reads split them
         assert all(a.startswith("HTTP/1.1 408") for a in answers), [a[:80] for a in answers if not a.startswith("HTTP/1.1 408")][:3]
         assert '"error":"body_too_slow"' in answers[0].replace(" ", "")
         wait_for(lambda: uploading(hardened) == 0, 30, "every stalled upload's slot to be released")

@@ -32,5 +32,5 @@ def test_promotion_reports_each_object_before_it_is_copied(base_settings):
     rendition = ev.Rendition(name="240p", width=426, height=240, video_bitrate_kbps=400)
     post = OriginProvider(store).publish(PublishRequest(job_id, outputs, [rendition], None, 12.0),
                                          f"{job_id}:publish", on_progress=progress)
-    assert seen == [(0, 3, 0), (1, 3, 1), (2, 3, 2)]
+    assert seen == [(0, 3, 0), (1, 3, 1), (2, 3, 2), (3, 3, 3)]  # and once before the master playlist (a cancel stops it)
     assert len(post.outputs) == 4  # three segments and the master playlist

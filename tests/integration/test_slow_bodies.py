@@ -25,6 +25,7 @@ import pytest
 
 from tapeline.objectstore import ObjectStore
 from tests.conftest import wait_for
+from tests.integration.helpers import answer_of
 from tests.integration.test_http_intake import TOKENS, intake_server, uploads_published
 
 pytestmark = pytest.mark.integration
@@ -69,21 +70,6 @@ def open_upload(url: str, token: str, tier: str, filename: str, length: int, fir
                   f"Authorization: Bearer {token}\r\nContent-Type: video/mp4\r\n"
                   f"Content-Length: {length}\r\n\r\n").encode() + first)
     return sock
-
-
-def answer_of(sock: socket.socket, timeout_s: float) -> str:
-    """The head and body of the response on `sock` (what arrives within `timeout_s`)."""
-    sock.settimeout(timeout_s)
-    data = b""
-    try:
-        while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
-            more = sock.recv(4096)
-            if not more:
-                break
-            data += more
-    except (socket.timeout, ConnectionResetError):
-        pass
-    return data.decode(errors="replace")
 
 
 class Dripper(threading.Thread):
