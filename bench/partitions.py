@@ -7,8 +7,8 @@ address 10.250.k.1 in the root namespace, forwarders from that address to the sh
 S3, the projector, intake, thumbnails and publish in the root namespace, a transcode worker on each
 of hosts `w1` and `w2`, the leading watchdog on host `ops1` and a standby on `ops2`.
 
-Each round: (1) submits a job and cuts the link of the worker host that claims it (processes stay
-alive) until the other host's worker has started the next attempt, then heals it; (2) shapes both
+Each round: (1) submits a job and, once its attempt has checkpointed a segment (mid-transcode),
+cuts the link of the worker host that claimed it (processes stay alive) until the other host's worker has started the next attempt, then heals it; (2) shapes both
 worker links slow and lossy (`Topology.shape`, 4 Mbit/s, packets queued over 200 ms dropped) and
 flaps them (1.5 s down every 6 s) while `--jobs` jobs run; (3) cuts the leading watchdog's host and
 measures `takeover_s`, from the cut to the first committed tick of the other watchdog (the leader
@@ -16,8 +16,8 @@ lock then goes to the other ops host; the next round cuts that one).
 
 At the end every job is checked on the log: one `JobCompleted` (`duplicates` counts extra ones and
 published objects outside the one output set), none unfinished (`lost`), and `false_stalls` counts
-`StallDetected` events of the slow-link jobs that no silence of a lease justified (handoff re-drives,
-which cost no attempt and follow `handoff_timeout_s`, are not counted).
+`StallDetected` events of the slow-link jobs that the log's timings do not justify
+(`devstack/link_faults.py` `justified`, the rule the test applies).
 
 Usage: python bench/partitions.py [--rounds 3] [--jobs 2] [--smoke]   (`--smoke`: one round, one job)
 Ends with one line `RESULT partitions=... takeover_s=... takeover_max_s=... duplicates=0 lost=0 false_stalls=...`
@@ -48,28 +48,19 @@ from psycopg.conninfo import conninfo_to_dict  # noqa: E402
 import devstack as stack  # noqa: E402
 from bench.stall_latency import env_for  # noqa: E402
 from devstack import broker_faults  # noqa: E402
-from devstack.chaos import committed_messages, keys_under  # noqa: E402
+from devstack.chaos import keys_under  # noqa: E402
+from devstack.link_faults import PARTITION_TIMING, stamped  # noqa: E402
+from devstack.link_faults import false_stalls as unjustified  # noqa: E402
 from devstack.netns import Topology  # noqa: E402
 from devstack.tcp_proxy import TcpForwarder  # noqa: E402
 from domain import events as ev  # noqa: E402
-from domain.codec import default_codec  # noqa: E402
 from domain.pipeline import STAGE_NAMES  # noqa: E402
 from producers.submit import publish, upload  # noqa: E402
 from tapeline.postgres import migrate  # noqa: E402
 from tapeline.samples import sample_video  # noqa: E402
 from tapeline.settings import Settings  # noqa: E402
 
-TIMING = {"lease_s": 10.0, "heartbeat_interval_s": 1.0, "no_progress_timeout_s": 20.0, "handoff_timeout_s": 15.0,
-          "intake_timeout_s": 60.0, "tick_interval_s": 0.5, "caught_up_timeout_s": 20.0, "x264_preset": "ultrafast",
-          "transaction_timeout_ms": 6000, "kafka_session_timeout_ms": 6000, "webhook_timeout_s": 3.0}
-"""The test module's timings (tests/faults/test_network_partitions.py NET_TIMING), seconds."""
 JOB_TIMEOUT_S = 300.0
-
-
-def stamped(settings: Settings) -> list[tuple[float, ev.Event]]:
-    """(broker time, epoch seconds; event) of every committed lifecycle record."""
-    codec = default_codec()
-    return [(m.timestamp()[1] / 1000, ev.Event.from_record(codec.decode(m.value()))) for m in committed_messages(settings)]
 
 
 def wait(condition, timeout_s: float, what: str):
@@ -87,12 +78,16 @@ def state(settings: Settings, job_id: str) -> str | None:
     return row[0] if row else None
 
 
-def clip(directory: Path, seconds: float, n: int) -> Path:
-    """A distinct clip (its own sha256) of `seconds` of the sample at 640x360."""
+def clip(directory: Path, seconds: float, n: int, full_size: bool = False) -> Path:
+    """A distinct clip (its own sha256) of `seconds` of the sample looped (it is 5.3 s long), at
+    640x360, or with `full_size` its own 1280x720 stream copied (the test's long video: a transcode
+    that runs long enough to be cut mid-way)."""
     path = directory / f"clip-{n}.mp4"
-    subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-t", f"{seconds:g}", "-i", str(sample_video()),
-                    "-vf", "scale=640:360", "-metadata", f"comment={uuid.uuid4().hex}", "-c:v", "libx264",
-                    "-preset", "ultrafast", "-c:a", "aac", "-y", str(path)], check=True, timeout=120)
+    encode = ["-c", "copy"] if full_size else ["-vf", "scale=640:360", "-c:v", "libx264", "-preset", "ultrafast",
+                                                "-c:a", "aac"]
+    subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-stream_loop", "-1", "-i", str(sample_video()),
+                    "-t", f"{seconds:g}", "-metadata", f"comment={uuid.uuid4().hex}", *encode, "-y", str(path)],
+                   check=True, timeout=120)
     return path
 
 
@@ -102,18 +97,17 @@ def submit(settings: Settings, path: Path) -> str:
     return submission.job_id
 
 
-def silences(events: list[tuple[float, ev.Event]], job_id: str) -> tuple[dict, list]:
-    """Per (stage, attempt), the longest stretch of broker time without a record of it from its
-    AttemptStarted on (a StallDetected counts for the attempt it stalls); and the job's stalls."""
-    mine = [(at, e) for at, e in events if e.job_id == job_id]
-    started = {(e.stage, e.attempt): at for at, e in mine if isinstance(e, ev.AttemptStarted)}
-    times: dict = {}
-    for at, e in mine:
-        key = (e.stage, e.stalled_attempt) if isinstance(e, ev.StallDetected) else (e.stage, e.attempt)
-        if key in started and at >= started[key]:
-            times.setdefault(key, []).append(at)
-    gaps = {k: max((b - a for a, b in zip(sorted(t), sorted(t)[1:])), default=0.0) for k, t in times.items()}
-    return gaps, [e for _, e in mine if isinstance(e, ev.StallDetected)]
+def explain(settings: Settings, job_id: str, work: Path) -> None:
+    """Print what the log holds of `job_id` and the watchdogs' and workers' last log lines: a step
+    that timed out says why."""
+    print(f"job {job_id} on the log:")
+    for at, e in stamped(settings):
+        if e.job_id == job_id:
+            print(f"  {at:.1f} {e.event_type} {e.stage} attempt={e.attempt} "
+                  f"{getattr(e, 'kind', '') or ''} {getattr(e, 'worker', '') or ''}")
+    for log in sorted(work.glob("watchdog-*.log")) + sorted(work.glob("transcode-*.log")):
+        print(f"--- {log.name}")
+        print("\n".join(log.read_text(errors="replace").splitlines()[-15:]))
 
 
 def main() -> int:
@@ -149,7 +143,7 @@ def main() -> int:
             "work_partitions": 2, "uploads_partitions": 2, "reuse_results": False, "cleanup_orphans": False,
             "database_url": f"postgresql://{pg['user']}:{pg['password']}@{svc}:{pg_port}/{dbname}",
             "s3_endpoint": f"http://{svc}:{s3_port}", "home": work / "stack", "kafka_bootstrap": f"{svc}:{port}",
-            "kafka_controller_port": port + 1, "kafka_brokers": 1, **TIMING})
+            "kafka_controller_port": port + 1, "kafka_brokers": 1, **PARTITION_TIMING})
         migrate(settings.database_url, settings.db_schema, settings.reader_role)
         stack.up(settings)
 
@@ -177,15 +171,25 @@ def main() -> int:
         jobs, slow_jobs, takeovers, cuts, leader = [], [], [], 0, "ops1"
         for round_ in range(args.rounds):
             # (1) the claiming worker's host is cut off mid-transcode, healed once the other took over.
-            job = submit(settings, clip(work, 16.0, len(jobs)))
+            job = submit(settings, clip(work, 32.0, len(jobs), full_size=True))
             jobs.append(job)
             first = wait(lambda: [e for _, e in stamped(settings) if isinstance(e, ev.AttemptStarted)
                                   and e.job_id == job and e.stage == "transcode"], 120, "no transcode attempt")
+            # mid-transcode, as the test cuts it: once the attempt has checkpointed a segment
+            wait(lambda: [e for _, e in stamped(settings) if isinstance(e, ev.CheckpointRecorded) and e.job_id == job
+                          and e.attempt == first[0].attempt], 120, "no checkpoint of the first attempt")
+            if [e for _, e in stamped(settings) if isinstance(e, ev.AttemptSucceeded) and e.job_id == job
+                    and e.stage == "transcode"]:
+                raise RuntimeError(f"job {job}: the transcode ended before its host could be cut (clip too short)")
             host = first[0].worker.split("@")[1].split(":")[0]
             topology.cut(host)
             cuts += 1
-            wait(lambda: [e for _, e in stamped(settings) if isinstance(e, ev.AttemptStarted) and e.job_id == job
-                          and e.stage == "transcode" and e.attempt > first[0].attempt], 120, "no second attempt")
+            try:
+                wait(lambda: [e for _, e in stamped(settings) if isinstance(e, ev.AttemptStarted) and e.job_id == job
+                              and e.stage == "transcode" and e.attempt > first[0].attempt], 120, "no second attempt")
+            except TimeoutError:
+                explain(settings, job, work)
+                raise
             topology.heal(host)
             # (2) slow, lossy, flapping links to both workers.
             stop = threading.Event()
@@ -225,7 +229,7 @@ def main() -> int:
             except TimeoutError:
                 pass
         events = stamped(settings)
-        duplicates = lost = false_stalls = 0
+        duplicates = lost = false_stalls = 0  # (false_stalls: a count here; `unjustified` lists them)
         for job_id in jobs:
             completions = [e for _, e in events if e.job_id == job_id and isinstance(e, ev.JobCompleted)]
             if state(settings, job_id) != "completed" or not completions:
@@ -237,9 +241,7 @@ def main() -> int:
             duplicates += len(published) - 1
             duplicates += len(keys_under(settings, f"published/{job_id}/") - {o.key for o in published[-1].outputs})
         for job_id in slow_jobs:
-            gaps, stalls = silences(events, job_id)
-            false_stalls += sum(1 for s in stalls if s.kind != "handoff"  # a re-drive after handoff_timeout_s
-                                and gaps.get((s.stage, s.stalled_attempt), 0.0) < settings.lease_s)
+            false_stalls += len(unjustified(events, job_id, settings))
         print(f"RESULT partitions={cuts} takeover_s={statistics.median(takeovers):.1f} "
               f"takeover_max_s={max(takeovers):.1f} duplicates={duplicates} lost={lost} false_stalls={false_stalls}")
         return 0 if duplicates == lost == false_stalls == 0 else 1

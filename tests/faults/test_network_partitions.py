@@ -34,26 +34,21 @@ from psycopg.conninfo import conninfo_to_dict
 
 import devstack as stack
 from domain import events as ev
-from domain.codec import default_codec
 from devstack import broker_faults
 from devstack.chaos import fold_log, committed_messages
+from devstack.link_faults import PARTITION_TIMING, false_stalls, lease_gaps, stamped
 from devstack.netns import Topology
 from devstack.tcp_proxy import TcpForwarder
 from tapeline.settings import Settings
 from tests.conftest import isolated_settings, own_database, wait_for
-from tests.faults.conftest import FAULT_TIMING, OTHER_STAGES, Roles
+from tests.faults.conftest import OTHER_STAGES, Roles
 from tests.faults.test_checkpoint_resume import VIDEO, checkpoints_of_attempt
 from tests.faults.test_worker_faults import assert_completed_once, submit, wait_state
 from tests.integration.helpers import committed_events, of_job
 
 pytestmark = pytest.mark.integration
 
-NET_TIMING = {**FAULT_TIMING, "lease_s": 10.0, "heartbeat_interval_s": 1.0, "no_progress_timeout_s": 20.0,
-              "transaction_timeout_ms": 6000, "kafka_session_timeout_ms": 6000}
-"""The fault tests' timings (tests/faults/conftest.py) with a lease of 10 s and a no-progress timeout of
-20 s: this module runs nine processes and a broker on a shared 2-core machine, where a 4 s lease made
-a thumbnails attempt that was working (load average 20) look stalled. The transaction timeout (6 s)
-and the consumer session (6 s) stay below the lease, as Settings requires."""
+NET_TIMING = PARTITION_TIMING  # (devstack/link_faults.py: why a 10 s lease here)
 KEEPALIVE_S = 3
 """Idle seconds before the forwarders probe a peer (then 3 probes, 1 s apart): a cut-off host's
 PostgreSQL session, and so the watchdog leader's advisory lock, ends about 6 s after its last byte."""
@@ -133,12 +128,6 @@ def _evidence(settings: Settings, job_id: str) -> list[dict]:
         return conn.execute("SELECT partition, \"offset\", event_type, stage, attempt, recorded_by, applied "
                             "FROM lifecycle_evidence WHERE job_id = %s ORDER BY partition, \"offset\"",
                             (job_id,)).fetchall()
-
-
-def _stamped(settings: Settings) -> list[tuple[float, ev.Event]]:
-    """(broker time in epoch seconds, event) of every committed lifecycle record."""
-    codec = default_codec()
-    return [(m.timestamp()[1] / 1000, ev.Event.from_record(codec.decode(m.value()))) for m in committed_messages(settings)]
 
 
 def _projection_equals_fold(settings: Settings, job_id: str) -> None:
@@ -231,55 +220,14 @@ def test_a_slow_lossy_link_to_the_workers_completes_jobs_without_a_false_stall(n
             thread.join(10)
         for name in ("w1", "w2"):
             topology.unshape(name)
-    stamped = _stamped(settings)
+    events = stamped(settings)
     for job_id in jobs:
         assert_completed_once(settings, job_id)
-        gaps, stalls = lease_gaps(stamped, job_id)
-        unjustified = [s for s in stalls if not justified(s, stamped, gaps, settings)]
+        gaps, stalls = lease_gaps(events, job_id)
+        unjustified = false_stalls(events, job_id, settings)
         print(f"{job_id}: longest silence per attempt {gaps}; stalls "
               f"{[(s.kind, s.stage, s.stalled_attempt, round(s.since_s, 1)) for s in stalls]}")
         assert unjustified == [], unjustified
-
-
-def justified(stall: ev.StallDetected, stamped: list[tuple[float, ev.Event]], gaps: dict, settings: Settings) -> bool:
-    """Whether the timings on the log justify `stall`: a `handoff` re-drive (it costs no attempt) by a
-    queued stage unclaimed for `handoff_timeout_s` since its `StageQueued` (`domain/policy/stall.py`
-    `handoff_redrive_due`); a `no_progress` stall by heartbeats whose counters (frames, seconds of
-    output) had not moved for the stage's no-progress timeout (a CPU-starved ffmpeg is stalled by that
-    rule, not by the link); any other kind by a silence of at least one lease from the attempt."""
-    at = next(t for t, e in stamped if e is stall)
-    if stall.kind == "handoff":
-        queued = [t for t, e in stamped if isinstance(e, ev.StageQueued) and e.job_id == stall.job_id
-                  and e.stage == stall.stage and t <= at]
-        return bool(queued) and at - max(queued) >= settings.handoff_timeout_s
-    if stall.kind == "no_progress":
-        mine = [(t, e) for t, e in stamped if e.job_id == stall.job_id and e.stage == stall.stage
-                and getattr(e, "attempt", None) == stall.stalled_attempt and t <= at]
-        moved = [t for t, e in mine if isinstance(e, ev.AttemptStarted)]
-        last = None
-        for t, e in mine:
-            if isinstance(e, ev.Heartbeat) and (e.frames_done, e.out_time_s) != last:
-                moved.append(t)
-                last = (e.frames_done, e.out_time_s)
-        timeout = settings.stall_thresholds(stall.stage).no_progress_timeout_s
-        return bool(moved) and at - max(moved) >= timeout
-    return gaps.get((stall.stage, stall.stalled_attempt), 0.0) >= settings.lease_s
-
-
-def lease_gaps(stamped: list[tuple[float, ev.Event]], job_id: str) -> tuple[dict[tuple[str, int], float], list]:
-    """({(stage, attempt): the longest stretch, seconds of broker time, between two records of that
-    attempt from its AttemptStarted on, or from its last record to a StallDetected of it}, the job's
-    StallDetected events)."""
-    mine = [(at, e) for at, e in stamped if e.job_id == job_id]
-    stalls = [e for _, e in mine if isinstance(e, ev.StallDetected)]
-    started = {(e.stage, e.attempt): at for at, e in mine if isinstance(e, ev.AttemptStarted)}
-    times: dict[tuple[str, int], list[float]] = {}
-    for at, e in mine:
-        key = (e.stage, e.stalled_attempt) if isinstance(e, ev.StallDetected) else (e.stage, e.attempt)
-        if key in started and at >= started[key]:  # from the claim on: a queue wait is no silence
-            times.setdefault(key, []).append(at)
-    gaps = {key: max((b - a for a, b in zip(sorted(t), sorted(t)[1:])), default=0.0) for key, t in times.items()}
-    return gaps, stalls
 
 
 def test_the_watchdog_host_cut_off_a_standby_takes_over_within_the_bound(net, hosts, tmp_path):
@@ -288,7 +236,7 @@ def test_the_watchdog_host_cut_off_a_standby_takes_over_within_the_bound(net, ho
     cut_at = time.time()
 
     def standby_tick() -> float | None:
-        ticks = [at for at, e in _stamped(settings) if isinstance(e, ev.WatchdogTick)
+        ticks = [at for at, e in stamped(settings) if isinstance(e, ev.WatchdogTick)
                  and e.recorded_by.startswith("watchdog@services:")]
         return min(ticks) if ticks else None
 
@@ -305,5 +253,5 @@ def test_the_watchdog_host_cut_off_a_standby_takes_over_within_the_bound(net, ho
     assert_completed_once(settings, job_id)
     time.sleep(settings.lease_s / 2)
     # The cut-off watchdog wrote nothing after the takeover (the fixed transactional id fenced it).
-    late = [e for at, e in _stamped(settings) if e.recorded_by.startswith("watchdog@ops:") and at > first]
+    late = [e for at, e in stamped(settings) if e.recorded_by.startswith("watchdog@ops:") and at > first]
     assert late == []
