@@ -79,19 +79,26 @@ def _dead_letter(jobs: JobStore, dead_letter_id: str) -> dict[str, Any] | None:
     return letter_attempts(row) if row is not None else None
 
 
-def _chosen_letters(jobs: JobStore, ids: list[str], refusal: Callable[[dict[str, Any]], str | None]) -> list[dict[str, Any]]:
-    """The dead letters `ids` (`_dead_letter`), all read before any action writes. Raises
-    `NoSuchDeadLetter` for an unknown id and `NotReplayable` with `refusal(letter)`'s sentence for
-    one the action does not apply to (`refusal` returns None for the others)."""
-    letters = []
-    for dead_letter_id in ids:
-        letter = _dead_letter(jobs, dead_letter_id)
-        if letter is None:
-            raise NoSuchDeadLetter(f"no dead letter {dead_letter_id!r} (see `tapeline dlq list`)")
-        if (why := refusal(letter)) is not None:
-            raise NotReplayable(why)
-        letters.append(letter)
-    return letters
+def _each_letter(settings: Settings, adapters: ActionAdapters, ids: list[str],
+                 refusal: Callable[[dict[str, Any]], str | None],
+                 act: Callable[[Runtime, dict[str, Any]], Any]) -> list[Any]:
+    """`act(runtime, letter)` for each dead letter of `ids`, in order, on one operator `Runtime` over
+    `adapters` (closed at the end); every letter is read before the first act. Raises
+    `NoSuchDeadLetter` for an unknown id and `NotReplayable` with `refusal(letter)`'s sentence for one
+    the action does not apply to (`refusal` returns None for the others), before anything is written."""
+    runtime = Runtime(settings, "operator", events=adapters.events, jobs=adapters.jobs)
+    try:
+        letters = []
+        for dead_letter_id in ids:
+            letter = _dead_letter(runtime.jobs, dead_letter_id)
+            if letter is None:
+                raise NoSuchDeadLetter(f"no dead letter {dead_letter_id!r} (see `tapeline dlq list`)")
+            if (why := refusal(letter)) is not None:
+                raise NotReplayable(why)
+            letters.append(letter)
+        return [act(runtime, letter) for letter in letters]
+    finally:
+        runtime.close()
 
 
 def winner(runtime: Runtime, job_id: str, event_types: tuple[str, ...], seen: int, timeout_s: float) -> str:
@@ -141,18 +148,11 @@ def replay_dead_letters(settings: Settings, ids: list[str], operator: str, reaso
     job to reopen: `tapeline dlq show` gives its bytes and source position), before anything is
     produced; `ServiceUnavailable` when the projection does not catch up.
     """
-    runtime = Runtime(settings, "operator", events=adapters.events, jobs=adapters.jobs)
-    outcomes: list[ReplayOutcome] = []
-    try:
-        letters = _chosen_letters(runtime.jobs, ids, lambda letter: None if letter["kind"] == "job" else (
-            f"dead letter {letter['id']} is an undecodable record ({letter['error']}); it has no job to replay. "
-            f"Inspect it with `tapeline dlq show {letter['id']}` and fix its producer, then dismiss it "
-            f"(`tapeline dlq dismiss`)"))
-        for letter in letters:
-            outcomes.append(_replay_one(settings, runtime, letter, operator, reason, adapters.clock))
-    finally:
-        runtime.close()
-    return outcomes
+    return _each_letter(settings, adapters, ids, lambda letter: None if letter["kind"] == "job" else (
+        f"dead letter {letter['id']} is an undecodable record ({letter['error']}); it has no job to replay. "
+        f"Inspect it with `tapeline dlq show {letter['id']}` and fix its producer, then dismiss it "
+        f"(`tapeline dlq dismiss`)"),
+        lambda runtime, letter: _replay_one(settings, runtime, letter, operator, reason, adapters.clock))
 
 
 def _replay_one(settings: Settings, runtime: Runtime, letter: dict[str, Any], operator: str,
@@ -313,17 +313,10 @@ def fail_dead_letters(settings: Settings, ids: list[str], operator: str, reason:
     actions on a job take effect once). Idempotent: a job already failed is left alone and the
     outcome says by whom and whether its quota was refunded. Raises `NotReplayable` for an unknown
     id or a record dead letter, before anything is produced."""
-    runtime = Runtime(settings, "operator", events=adapters.events, jobs=adapters.jobs)
-    outcomes: list[FailOutcome] = []
-    try:
-        letters = _chosen_letters(runtime.jobs, ids, lambda letter: None if letter["kind"] == "job" else (
-            f"dead letter {letter['id']} is an undecodable record ({letter['error']}); it has no job to fail "
-            f"(dismiss it: `tapeline dlq dismiss`)"))
-        for letter in letters:
-            outcomes.append(_fail_one(settings, runtime, letter, operator, reason, refund, adapters))
-    finally:
-        runtime.close()
-    return outcomes
+    return _each_letter(settings, adapters, ids, lambda letter: None if letter["kind"] == "job" else (
+        f"dead letter {letter['id']} is an undecodable record ({letter['error']}); it has no job to fail "
+        f"(dismiss it: `tapeline dlq dismiss`)"),
+        lambda runtime, letter: _fail_one(settings, runtime, letter, operator, reason, refund, adapters))
 
 
 def _fail_one(settings: Settings, runtime: Runtime, letter: dict[str, Any], operator: str, reason: str,
@@ -377,17 +370,10 @@ def dismiss_dead_letters(settings: Settings, ids: list[str], operator: str, reas
     Raises `NoSuchDeadLetter` for an unknown id and `NotReplayable` for a job's dead letter (replay
     or fail it instead), before anything is produced; `ServiceUnavailable` when the projection does
     not catch up within `caught_up_timeout_s` seconds."""
-    runtime = Runtime(settings, "operator", events=adapters.events, jobs=adapters.jobs)
-    outcomes: list[DismissOutcome] = []
-    try:
-        letters = _chosen_letters(runtime.jobs, ids, lambda letter: None if letter["kind"] != "job" else (
-            f"dead letter {letter['id']} is job {letter['job_id']}'s: replay it or fail it for good (`tapeline dlq "
-            f"replay` / `tapeline dlq fail`); only an undecodable record's dead letter is dismissed"))
-        for letter in letters:
-            outcomes.append(_dismiss_one(settings, runtime, letter, operator, reason, adapters.clock))
-    finally:
-        runtime.close()
-    return outcomes
+    return _each_letter(settings, adapters, ids, lambda letter: None if letter["kind"] != "job" else (
+        f"dead letter {letter['id']} is job {letter['job_id']}'s: replay it or fail it for good (`tapeline dlq "
+        f"replay` / `tapeline dlq fail`); only an undecodable record's dead letter is dismissed"),
+        lambda runtime, letter: _dismiss_one(settings, runtime, letter, operator, reason, adapters.clock))
 
 
 def _dismiss_one(settings: Settings, runtime: Runtime, letter: dict[str, Any], operator: str, reason: str,
