@@ -1,11 +1,11 @@
 """Local monitoring for `tapeline stack up --with-monitoring`: Debian's Prometheus and Alertmanager.
 
-Prometheus loads the shipped rules (compose/alerts.yml, unchanged), scrapes the processors' health
+Prometheus loads the shipped rules (compose/alerts.yml, or the file `alert_rules_file` names), scrapes the processors' health
 ports, the API's /metrics and region B's media replicator from a file_sd target list the stack writes, and sends its alerts to
 the local Alertmanager, which routes them with compose/alertmanager.yml. Both listen on 127.0.0.1
 only (`settings.prometheus_port`, `settings.alertmanager_port`); their files live under
 `<home>/monitoring/`. `monitoring_interval_s` is the scrape and evaluation interval (a test shortens
-it; a rule's `for:` is never changed).
+it).
 """
 
 from __future__ import annotations
@@ -33,6 +33,13 @@ DEFAULT_HEALTH_PORT_BASE = 9400
 """The processors' health port base scraped when `health_port_base` is unset (README, docker-compose)."""
 ALERT_RULES = PROJECT_ROOT / "compose" / "alerts.yml"
 """The shipped alerting rules Prometheus loads (the ones promtool tests)."""
+
+
+def alert_rules(settings: Settings) -> Path:
+    """The rules file the local Prometheus loads: `settings.alert_rules_file`, or the shipped
+    compose/alerts.yml when that is empty."""
+    return Path(settings.alert_rules_file) if settings.alert_rules_file else ALERT_RULES
+
 ALERTMANAGER_CONFIG = PROJECT_ROOT / "compose" / "alertmanager.yml"
 """Alertmanager's routing, shared with docker-compose."""
 PROMETHEUS_BINARY = "prometheus"
@@ -113,7 +120,7 @@ def prometheus_config(settings: Settings, targets_file: Path) -> dict[str, Any]:
                    "scrape_timeout": f"{max(1, round(min(settings.monitoring_interval_s, 10.0) * 1000))}ms",
                    # the rules' `dashboard` links are this + the page (compose/alerts.yml)
                    "external_labels": {"tapeline_dashboard": dashboard_url(settings)}},
-        "rule_files": [str(ALERT_RULES)],
+        "rule_files": [str(alert_rules(settings))],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [_address(settings, "alertmanager")]}]}]},
         "scrape_configs": [{"job_name": "tapeline",
                             "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "30s"}]}],
@@ -199,7 +206,7 @@ def monitoring_status(settings: Settings, paths: HomePaths) -> dict[str, dict[st
         entry: dict[str, Any] = {"address": f"http://{_address(settings, service)}/", "up": up, "pid": pid,
                                  "started_by_stack": pid is not None, "log": str(files["log"]) if pid else None}
         if service == "prometheus":
-            entry["rules"] = str(ALERT_RULES)
+            entry["rules"] = str(alert_rules(settings))
             entry["targets"] = str(files["dir"] / "targets.json")
         if not up:
             entry["error"] = (f"{error}; not running (start it with `tapeline stack up --with-monitoring`)"

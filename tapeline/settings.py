@@ -332,7 +332,9 @@ class Settings(BaseSettings):
     prometheus_port: int = Field(19090, description="Port of the local stack's Prometheus (127.0.0.1)")
     alertmanager_port: int = Field(19091, description="Port of the local stack's Alertmanager (127.0.0.1)")
     monitoring_interval_s: float = Field(15.0, gt=0, le=3600, description="The local Prometheus's scrape and rule "
-                                         "evaluation interval, seconds (a test shortens it; the rules' `for:` stay)")
+                                         "evaluation interval, seconds (a test shortens it)")
+    alert_rules_file: str = Field("", description="The alert rules the local Prometheus loads (a path); empty: the "
+                                  "shipped compose/alerts.yml")
 
     # The read API and dashboard (`tapeline serve`, projections/api.py).
     serve_host: str = Field("127.0.0.1", description="Address `tapeline serve` listens on (loopback by default)")

@@ -33,6 +33,12 @@ def test_the_written_configuration_passes_promtool(tmp_path: Path):
     assert body["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == [f"127.0.0.1:{settings.alertmanager_port}"]
 
 
+def test_a_rules_file_setting_replaces_the_shipped_rules(tmp_path):
+    own = tmp_path / "team-alerts.yml"
+    assert prometheus_config(Settings(alert_rules_file=str(own)), tmp_path / "t.json")["rule_files"] == [str(own)]
+    assert prometheus_config(Settings(), tmp_path / "t.json")["rule_files"] == [str(ALERT_RULES)]
+
+
 def test_targets_are_the_supervisor_health_ports_and_the_api():
     settings = Settings(health_port_base=19400, serve_port=18400, transcode_workers=2, publish_workers=2)
     groups = scrape_targets(settings)
