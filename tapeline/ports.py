@@ -335,8 +335,10 @@ class JobStore(Protocol):
     on the store's own session (each read sees the latest projection; a session advisory lock
     taken through it lives as long as the store), or, inside `transaction()`, in that one
     transaction. Rows are dicts keyed by column name. A lock wait past the transaction's lock timeout
-    raises `LockTimeout`; a lost connection raises the adapter's own error (PostgreSQL:
-    `psycopg.OperationalError`); an unreachable server on first use raises `ServiceUnavailable`."""
+    raises `LockTimeout`; an unreachable server on first use, and a session lost under a call,
+    raise `ServiceUnavailable` (the next call opens a new session), except on a store that holds a
+    leader lock, where a lost session raises the adapter's own error (PostgreSQL:
+    `psycopg.OperationalError`) from then on: the lock went with it."""
 
     def open(self) -> None:
         """Open the session now if it is not open (else the first call opens it). Raises

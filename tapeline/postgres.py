@@ -411,7 +411,13 @@ class PostgresJobStore:
     """The `JobStore` port (`tapeline/ports.py`) over PostgreSQL: named queries of
     projections/sql/*.sql on one autocommit session in the deployment's schema, rows as dicts. The
     session opens on first use; `close` ends it (and any session lock taken through it); a later
-    call opens a new one."""
+    call opens a new one.
+
+    A session the server or the network ended (a restart, `pg_terminate_backend`, a link cut longer
+    than the keepalives) makes the call that meets it raise `ServiceUnavailable`, and the next call
+    opens a new session: a worker reads its item again rather than exit. Not so for a `leader`
+    store: its session held the leader lock, which ended with it, so a new session would hide the
+    loss; the call raises `psycopg.OperationalError`, and so does every later one until `close`."""
 
     def __init__(self, settings: "Settings", leader: bool = False) -> None:
         self.settings, self.leader = settings, leader
@@ -436,6 +442,18 @@ class PostgresJobStore:
             return self.connection().execute(q(name), params)
         except psycopg.errors.LockNotAvailable as exc:
             raise LockTimeout(f"{name}: {exc}") from exc
+        except psycopg.OperationalError as exc:
+            self._raise_if_session_lost(exc, name)
+            raise
+
+    def _raise_if_session_lost(self, exc: psycopg.OperationalError, during: str) -> None:
+        """`ServiceUnavailable` (the session dropped, so the next call opens another) when `exc` ended
+        this store's session and the store is no leader's; else nothing (the caller re-raises)."""
+        if self.leader or self._conn is None or not self._conn.closed:
+            return
+        self._conn = None
+        raise ServiceUnavailable(f"PostgreSQL session lost during {during} (a new one opens on the next "
+                                 f"call): {exc}".strip()) from exc
 
     def all(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Every row of the named query."""
@@ -452,13 +470,21 @@ class PostgresJobStore:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
         """`Connection.transaction()` on the session: commit at the end, roll back on an exception."""
-        with self.connection().transaction():
-            yield
+        try:
+            with self.connection().transaction():
+                yield
+        except psycopg.OperationalError as exc:
+            self._raise_if_session_lost(exc, "a transaction")
+            raise
 
     def wait_applied(self, topic: str, partition: int, target: int, timeout_s: float,
                      stop: threading.Event | None = None) -> None:
         """`wait_applied` on this session, projection `main`."""
-        wait_applied(self.connection(), topic, partition, target, timeout_s, stop=stop)
+        try:
+            wait_applied(self.connection(), topic, partition, target, timeout_s, stop=stop)
+        except psycopg.OperationalError as exc:
+            self._raise_if_session_lost(exc, "wait_applied")
+            raise
 
     def close(self) -> None:
         """End the session, if it was opened."""
