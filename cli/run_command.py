@@ -14,7 +14,7 @@ import typer
 
 import structlog
 
-from domain.errors import KafkaAccessRefused, TapelineError
+from domain.errors import DatabaseAccessRefused, KafkaAccessRefused, TapelineError
 from tapeline import logs
 from cli.helpers import region_settings, console, fail, load_settings
 from domain.pipeline import STAGE_NAMES
@@ -46,7 +46,12 @@ def as_role(settings: Settings, role: str) -> Settings:
     return settings.model_copy(update={"kafka_role": role})
 
 
-def hold_refusal(settings: Settings, role: str, exc: KafkaAccessRefused) -> int:
+Refusal = KafkaAccessRefused | DatabaseAccessRefused
+"""A service refused this process's credentials or certificates: retrying with the same settings
+cannot help."""
+
+
+def hold_refusal(settings: Settings, role: str, exc: Refusal) -> int:
     """`refused` for a refusal met before the role's processor was built (its region check): the health
     server on `settings.health_port` answers `/health/ready` with it until SIGTERM/SIGINT."""
     from tapeline.health import HealthServer, HealthState
@@ -91,16 +96,18 @@ def run_role(settings: Settings, role: str) -> int:
 
 
 ACCESS_REFUSED_EXIT_CODE = 78
-"""`run --role R` exits with this (EX_CONFIG, sysexits.h) after Kafka refused its principal."""
+"""`run --role R` exits with this (EX_CONFIG, sysexits.h) after Kafka refused its principal or
+PostgreSQL its login or TLS."""
 
 
-def refused(exc: KafkaAccessRefused, health, stop: threading.Event) -> int:
-    """Kafka refused this role (a certificate, password or ACL): log it once, answer `/health/ready` 503
-    with the reason, do nothing more until stopped (no retry loop: the same settings are refused
-    again, and a supervisor would restart the process into the same refusal), then exit
-    `ACCESS_REFUSED_EXIT_CODE`."""
+def refused(exc: Refusal, health, stop: threading.Event) -> int:
+    """Kafka refused this role (a certificate, password or ACL), or PostgreSQL did (TLS, login): log
+    it once, answer `/health/ready` 503 with the reason, do nothing more until stopped (no retry
+    loop: the same settings are refused again, and a supervisor would restart the process into the
+    same refusal), then exit `ACCESS_REFUSED_EXIT_CODE`."""
     log = structlog.get_logger("tapeline.run")
-    log.error("kafka refused this process; fix its settings and start it again", kind=exc.kind, error=str(exc))
+    service = "postgresql" if isinstance(exc, DatabaseAccessRefused) else "kafka"
+    log.error(f"{service} refused this process; fix its settings and start it again", kind=exc.kind, error=str(exc))
     health.mark_refused(str(exc))
     print(f"error: {exc}", file=sys.stderr, flush=True)
     stop.wait()
@@ -146,7 +153,12 @@ def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f
         from tapeline.postgres import migrate as run_migrations
         from cli.wiring import rescue_on_exit
 
-        run_migrations(settings.database_url, settings.db_schema, settings.reader_role)
+        try:
+            run_migrations(settings.database_url, settings.db_schema, settings.reader_role)
+        except DatabaseAccessRefused as exc:
+            if role == "all":
+                fail(exc, code=ACCESS_REFUSED_EXIT_CODE)
+            raise typer.Exit(hold_refusal(settings, role, exc))
         if role == "all":
             code = supervisor.supervise(supervisor.ROLES, grace_s=settings.shutdown_grace_s,
                                         health_port_base=settings.health_port_base,

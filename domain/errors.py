@@ -50,6 +50,22 @@ class ServiceUnavailable(TapelineError):
     error_class = "broker_transient"
 
 
+class DatabaseAccessRefused(ServiceUnavailable):
+    """PostgreSQL refused this client: a TLS failure (an untrusted or missing certificate, a name that
+    does not match, a server without TLS where sslmode requires it) or an authentication failure (a
+    wrong password, no pg_hba.conf entry for this user or address).
+
+    `kind` says which: "tls" or "authentication". Retrying cannot help. It stays a
+    `ServiceUnavailable` for the callers that only report whether PostgreSQL answers (`stack
+    status`, the read API); `tapeline run` holds it like `KafkaAccessRefused`: `/health/ready` 503
+    with the reason, no restart loop (tapeline/postgres.py `connect` classifies libpq's messages).
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class SchemaError(TapelineError):
     """An event does not match its schema."""
 

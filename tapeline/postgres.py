@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql as psql
 
-from domain.errors import ConfigurationError, ServiceUnavailable
+from domain.errors import ConfigurationError, DatabaseAccessRefused, ServiceUnavailable
 from domain.lifecycle_data import LIFECYCLE, Lifecycle
 from tapeline.ports import LockTimeout
 
@@ -140,6 +140,23 @@ def tls_refusal(message: str) -> str | None:
     return next((meaning for text, meaning in TLS_REFUSALS if text in message), None)
 
 
+AUTHENTICATION_REFUSALS: tuple[tuple[str, str], ...] = (
+    (r"password authentication failed", "the password is wrong for this user"),
+    (r"no pg_hba\.conf entry", "the server's pg_hba.conf lets no such connection in (user, database, address, TLS)"),
+    (r"no password supplied", "the server wants a password and the URL gives none"),
+    (r'role "[^"]*" does not exist', "no such user on the server"),
+    (r'database "[^"]*" does not exist', "no such database on the server"),
+)
+"""(regular expression over libpq's message, what it means) of the refused logins, first match wins
+(the server's messages: PostgreSQL 15 `auth.c`, `postinit.c`)."""
+
+
+def authentication_refusal(message: str) -> str | None:
+    """What a libpq connection error says about a refused login, for a person
+    (`AUTHENTICATION_REFUSALS`), or None when it is none. Pure."""
+    return next((meaning for pattern, meaning in AUTHENTICATION_REFUSALS if re.search(pattern, message)), None)
+
+
 def masked_dsn(dsn: str) -> str:
     """The DSN with its password replaced by `***`: a URL's user info and its `password` query
     parameter (libpq reads both), or the key=value form's `password`. Every message that shows a
@@ -163,7 +180,8 @@ def masked_dsn(dsn: str) -> str:
 def connect(database_url: str, schema: str | None = None, **kwargs) -> psycopg.Connection:
     """A PostgreSQL connection (`session_options`). Raises `ServiceUnavailable` with the address
     when it fails; a TLS failure (a certificate not signed by the CA, a name that does not match,
-    a missing file; `tls_refusal`) says so first.
+    a missing file; `tls_refusal`) or a refused login (`authentication_refusal`) raises its
+    subclass `DatabaseAccessRefused`, which says which first.
 
     `database_url` carries the TLS settings as libpq parameters, so every connection, pool and
     libpq tool (`pg_dump`) that is given it honours them: `sslmode` (`verify-full` in production:
@@ -182,7 +200,11 @@ def connect(database_url: str, schema: str | None = None, **kwargs) -> psycopg.C
         safe = masked_dsn(database_url)
         tls = tls_refusal(str(exc))
         if tls is not None:
-            raise ServiceUnavailable(f"PostgreSQL at {safe} refused over TLS: {tls} ({exc})".strip()) from exc
+            raise DatabaseAccessRefused("tls", f"PostgreSQL at {safe} refused over TLS: {tls} ({exc})".strip()) from exc
+        refused = authentication_refusal(str(exc))
+        if refused is not None:
+            raise DatabaseAccessRefused("authentication", f"PostgreSQL at {safe} refused the login: {refused} "
+                                                          f"({exc})".strip()) from exc
         raise ServiceUnavailable(f"PostgreSQL at {safe} did not answer: {exc}".strip()) from exc
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from devstack.tls import subject_alt_names
-from tapeline.postgres import tls_refusal
+from tapeline.postgres import authentication_refusal, tls_refusal
 
 
 def test_subject_alt_names_tell_addresses_from_names() -> None:
@@ -32,6 +32,25 @@ def test_tls_refusals_are_named(message: str, meaning: str) -> None:
 def test_other_connection_errors_are_not_tls() -> None:
     assert tls_refusal('connection to server at "127.0.0.1", port 5432 failed: Connection refused') is None
     assert tls_refusal('password authentication failed for user "tapeline"') is None
+
+
+@pytest.mark.parametrize(("message", "meaning"), [
+    ('connection to server at "127.0.0.1", port 5432 failed: FATAL:  password authentication failed for user '
+     '"tapeline"', "the password is wrong"),
+    ('FATAL:  no pg_hba.conf entry for host "10.0.0.9", user "tapeline", database "tapeline", no encryption',
+     "pg_hba.conf"),
+    ("fe_sendauth: no password supplied", "gives none"),
+    ('FATAL:  role "nobody" does not exist', "no such user"),
+    ('FATAL:  database "nowhere" does not exist', "no such database"),
+])
+def test_refused_logins_are_named(message: str, meaning: str) -> None:
+    assert meaning in authentication_refusal(message)
+
+
+def test_unanswered_and_tls_failures_are_no_refused_login() -> None:
+    assert authentication_refusal('connection to server at "127.0.0.1", port 5432 failed: Connection refused') is None
+    assert authentication_refusal("SSL error: certificate verify failed") is None
+    assert authentication_refusal('FATAL:  the database system is starting up') is None
 
 
 def test_a_refused_connection_shows_no_password() -> None:
