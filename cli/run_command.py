@@ -14,7 +14,7 @@ import typer
 
 import structlog
 
-from domain.errors import DatabaseAccessRefused, KafkaAccessRefused, TapelineError
+from domain.errors import DatabaseAccessRefused, KafkaAccessRefused, StorageAccessRefused, StorageError, TapelineError
 from tapeline import logs
 from cli.helpers import region_settings, console, fail, load_settings
 from domain.pipeline import STAGE_NAMES
@@ -46,9 +46,27 @@ def as_role(settings: Settings, role: str) -> Settings:
     return settings.model_copy(update={"kafka_role": role})
 
 
-Refusal = KafkaAccessRefused | DatabaseAccessRefused
+Refusal = KafkaAccessRefused | DatabaseAccessRefused | StorageAccessRefused
 """A service refused this process's credentials or certificates: retrying with the same settings
 cannot help."""
+
+
+def check_storage_access(settings: Settings, role: str) -> None:
+    """Before a role that uses the bucket starts (`cli.wiring.STORAGE_ROLES`; `all` runs them): raise
+    `StorageAccessRefused` when S3 refuses its credentials or TLS (`tapeline.objectstore.check_access`).
+    An endpoint that does not answer now is only logged: it may answer later, and each call retries."""
+    from cli.wiring import STORAGE_ROLES
+    from tapeline.objectstore import check_access
+
+    if role != "all" and role not in STORAGE_ROLES:
+        return
+    try:
+        check_access(settings)
+    except StorageAccessRefused:
+        raise
+    except StorageError as exc:
+        structlog.get_logger("tapeline.run").warning("S3 did not answer the start-up check; starting anyway",
+                                                    error=str(exc))
 
 
 def hold_refusal(settings: Settings, role: str, exc: Refusal) -> int:
@@ -96,17 +114,19 @@ def run_role(settings: Settings, role: str) -> int:
 
 
 ACCESS_REFUSED_EXIT_CODE = 78
-"""`run --role R` exits with this (EX_CONFIG, sysexits.h) after Kafka refused its principal or
-PostgreSQL its login or TLS."""
+"""`run --role R` exits with this (EX_CONFIG, sysexits.h) after Kafka refused its principal,
+PostgreSQL its login or TLS, or S3 its credentials or TLS."""
 
 
 def refused(exc: Refusal, health, stop: threading.Event) -> int:
-    """Kafka refused this role (a certificate, password or ACL), or PostgreSQL did (TLS, login): log
+    """Kafka refused this role (a certificate, password or ACL), or PostgreSQL (TLS, login) or S3 did
+    (TLS, credentials): log
     it once, answer `/health/ready` 503 with the reason, do nothing more until stopped (no retry
     loop: the same settings are refused again, and a supervisor would restart the process into the
     same refusal), then exit `ACCESS_REFUSED_EXIT_CODE`."""
     log = structlog.get_logger("tapeline.run")
-    service = "postgresql" if isinstance(exc, DatabaseAccessRefused) else "kafka"
+    service = ("postgresql" if isinstance(exc, DatabaseAccessRefused)
+               else "s3" if isinstance(exc, StorageAccessRefused) else "kafka")
     log.error(f"{service} refused this process; fix its settings and start it again", kind=exc.kind, error=str(exc))
     health.mark_refused(str(exc))
     print(f"error: {exc}", file=sys.stderr, flush=True)
@@ -155,7 +175,8 @@ def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f
 
         try:
             run_migrations(settings.database_url, settings.db_schema, settings.reader_role)
-        except DatabaseAccessRefused as exc:
+            check_storage_access(settings, role)
+        except (DatabaseAccessRefused, StorageAccessRefused) as exc:
             if role == "all":
                 fail(exc, code=ACCESS_REFUSED_EXIT_CODE)
             raise typer.Exit(hold_refusal(settings, role, exc))

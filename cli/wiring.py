@@ -186,6 +186,9 @@ def serve(settings: Settings, host: str | None = None, port: int | None = None, 
 
 WORKER_ROLES = STAGE_NAMES
 PROCESSOR_ROLES = ("projector", "intake", *STAGE_NAMES, "watchdog", "notify")
+STORAGE_ROLES = ("intake", *STAGE_NAMES, "watchdog")
+"""The roles that read or write the bucket (intake probes uploads, the stages read and write media,
+the watchdog cleans up); `tapeline run` checks their S3 credentials before it starts them."""
 
 
 def processor_adapters(settings: Settings, role: str, health: HealthState) -> dict:

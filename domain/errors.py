@@ -131,6 +131,21 @@ class StorageError(TapelineError):
     error_class = "storage_transient"
 
 
+class StorageAccessRefused(StorageError):
+    """The S3 endpoint refused this client's credentials or TLS: an unknown access key, a wrong
+    secret, an expired token, no credentials anywhere in the default chain, or an endpoint whose
+    certificate is not trusted (or that does not speak TLS where the URL says https).
+
+    `kind` says which: "tls" or "authentication". Retrying cannot help. A missing permission
+    (AccessDenied) is not one: a role may lawfully lack the permission of the call that met it
+    (tapeline/objectstore.py `access_refusal` classifies; `tapeline run` holds it like
+    `KafkaAccessRefused`)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class ObjectMissing(StorageError):
     """The object asked for does not exist (the store answered 404 / `NoSuchKey`). Told apart by
     type, never by the message: a message holds the key, and a key may hold "404"."""

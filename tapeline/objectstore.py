@@ -20,9 +20,10 @@ import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from boto3.exceptions import Boto3Error
-from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError
+from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError, NoCredentialsError
+from botocore.exceptions import SSLError as BotoSSLError
 
-from domain.errors import ObjectMissing, OutputConflict, StorageError
+from domain.errors import ObjectMissing, OutputConflict, StorageAccessRefused, StorageError
 from tapeline.objects import PUBLISHED_PREFIX, StorageGauge, sha256_file  # noqa: F401 (client-free home)
 from tapeline.settings import Settings
 
@@ -461,3 +462,50 @@ def endpoint_answers(settings: Settings, timeout_s: float = 3.0) -> tuple[bool, 
             return False, (f"TLS: {reason} (the endpoint's certificate must be signed by a CA of "
                            f"TAPELINE_S3_CA_BUNDLE={settings.s3_ca_bundle or '(unset: the system CAs)'})")
         return False, str(reason)
+
+
+REFUSED_CREDENTIALS: dict[str, str] = {
+    "InvalidAccessKeyId": "the access key id is not known to the endpoint",
+    "SignatureDoesNotMatch": "the secret key does not match the access key id",
+    "ExpiredToken": "the session token has expired",
+    "InvalidToken": "the session token is malformed or not valid",
+    "TokenRefreshRequired": "the session token must be refreshed",
+}
+"""S3 error codes that refuse the credentials themselves, and what each means (Amazon S3 API
+Reference, "Error responses": all 400/403). AccessDenied is not among them on purpose."""
+
+
+def access_refusal(exc: BaseException) -> StorageAccessRefused | None:
+    """`StorageAccessRefused` when `exc` (a botocore error) is a refusal of this client's credentials
+    (`REFUSED_CREDENTIALS`, or none found by the default chain) or of its TLS (botocore's
+    `SSLError`: an untrusted certificate, or an endpoint that does not speak TLS); else None. Pure."""
+    if isinstance(exc, BotoSSLError):
+        return StorageAccessRefused("tls", f"S3 refused over TLS: {exc} (an https:// endpoint's certificate must be "
+                                           "signed by a CA of TAPELINE_S3_CA_BUNDLE, or the system's)")
+    if isinstance(exc, NoCredentialsError):
+        return StorageAccessRefused("authentication", "S3: no credentials (neither TAPELINE_S3_ACCESS_KEY/"
+                                                      "TAPELINE_S3_SECRET_KEY nor botocore's default chain gave any)")
+    if isinstance(exc, ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code in REFUSED_CREDENTIALS:
+            return StorageAccessRefused("authentication", f"S3 refused the credentials ({code}): "
+                                                          f"{REFUSED_CREDENTIALS[code]}")
+    return None
+
+
+def check_access(settings: Settings, timeout_s: float = 3.0) -> None:
+    """One quick listing of the bucket (`MaxKeys=0`, one try, `timeout_s` seconds to connect and to
+    read): returns when it is answered or denied for want of a permission. Raises
+    `StorageAccessRefused` when the credentials or the TLS are refused (`access_refusal`), and
+    `StorageError` when the endpoint does not answer or the bucket does not exist."""
+    quick = settings.model_copy(update={"s3_max_attempts": 1, "s3_read_timeout_s": timeout_s,
+                                        "s3_connect_timeout_s": timeout_s})
+    try:
+        client(quick).list_objects_v2(Bucket=settings.s3_bucket, MaxKeys=0)
+    except (BotoCoreError, ClientError) as exc:
+        refusal = access_refusal(exc)
+        if refusal is not None:
+            raise refusal from exc
+        if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") == "AccessDenied":
+            return
+        raise StorageError(f"S3 at {settings.s3_endpoint}, bucket {settings.s3_bucket}: {exc}") from exc

@@ -64,3 +64,21 @@ def test_a_refused_connection_shows_no_password() -> None:
         with pytest.raises(ServiceUnavailable) as failed:
             connect(url)
         assert "s3cr3t" not in str(failed.value) and "***" in str(failed.value)
+
+
+def test_s3_refusals_are_told_from_other_errors() -> None:
+    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+    from botocore.exceptions import SSLError as BotoSSLError
+
+    from tapeline.objectstore import access_refusal
+
+    def error(code: str) -> ClientError:
+        return ClientError({"Error": {"Code": code, "Message": code}}, "ListObjectsV2")
+
+    assert access_refusal(error("SignatureDoesNotMatch")).kind == "authentication"
+    assert "not known" in str(access_refusal(error("InvalidAccessKeyId")))
+    assert access_refusal(NoCredentialsError()).kind == "authentication"
+    assert access_refusal(BotoSSLError(endpoint_url="https://s3.example", error="certificate verify failed")).kind == "tls"
+    for other in (error("AccessDenied"), error("NoSuchBucket"), error("SlowDown"),
+                  EndpointConnectionError(endpoint_url="http://127.0.0.1:1")):
+        assert access_refusal(other) is None, other
