@@ -11,7 +11,7 @@ from domain import events as ev
 from domain.codec import default_codec
 from devstack.chaos import committed_messages, keys_under  # re-exported for the tests
 
-__all__ = ["committed_messages", "keys_under", "committed_events", "of_job", "answer_of"]
+__all__ = ["committed_messages", "keys_under", "committed_events", "of_job", "answer_of", "free_ports"]
 from tapeline.settings import Settings
 
 
@@ -59,3 +59,15 @@ def answer_of(sock: socket.socket, timeout_s: float) -> str:
     except (socket.timeout, ConnectionResetError):
         pass
     return data.decode(errors="replace")
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` TCP ports nobody listens on now (the kernel's pick)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()

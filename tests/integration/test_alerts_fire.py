@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from devstack.monitoring import ALERT_RULES
 
 from tapeline.samples import sample_video
 from tests.conftest import settings_env, wait_for
+from tests.integration.helpers import free_ports
 from tests.integration.test_dead_letters import produce_raw
 
 pytestmark = pytest.mark.integration
@@ -45,9 +45,7 @@ ALERT = "TapelineDeadLettersPending"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:

@@ -10,7 +10,6 @@ the admin)."""
 from __future__ import annotations
 
 import json
-import socket
 import urllib.error
 import urllib.request
 import uuid
@@ -28,21 +27,9 @@ from tapeline.kafka import cluster_answers
 from tapeline.samples import sample_video
 from tapeline.settings import Settings
 from tests.conftest import Pipeline, isolated_settings, own_database, settings_env, tapeline_cli, wait_for
-from tests.integration.helpers import committed_events, of_job
+from tests.integration.helpers import committed_events, free_ports, of_job
 
 pytestmark = pytest.mark.integration
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` TCP ports nobody listens on now (the kernel's pick)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ endpoint. No secret is ever printed. (PostgreSQL's TLS refusals take the same pa
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import urllib.request
 import pytest
 
 from tests.conftest import settings_env, wait_for
+from tests.integration.helpers import free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -26,9 +26,7 @@ WRONG = "not-the-password-4b1f"
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def wrong_password_env(settings) -> dict[str, str]:
