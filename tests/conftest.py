@@ -142,6 +142,27 @@ class Pipeline:
                                         stderr=self.log, start_new_session=True)
         return self
 
+    def wait_projection(self, timeout_s: float = 120.0) -> "Pipeline":
+        """Wait until this pipeline's projector has applied every partition of the lifecycle log up to
+        its last stable offset now (a command run right after `start` waits only its own
+        `caught_up_timeout_s` for that, which a loaded machine's start-up can outlast). Raises
+        `ServiceUnavailable` after `timeout_s` seconds."""
+        from tapeline.kafka import KafkaEventLog
+        from tapeline.postgres import PostgresJobStore
+
+        topic = self.settings.jobs_topic
+        events = KafkaEventLog(self.settings, f"{self.settings.app_name}.tests.lso")
+        jobs = PostgresJobStore(self.settings)
+        deadline = time.monotonic() + timeout_s
+        try:
+            for partition in range(events.partition_count(topic)):
+                jobs.wait_applied(topic, partition, events.last_stable_offset(topic, partition),
+                                  max(1.0, deadline - time.monotonic()))
+        finally:
+            jobs.close()
+            events.close()
+        return self
+
     def stop(self, timeout_s: float = 40.0) -> None:
         if self.process and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)

@@ -93,6 +93,7 @@ def test_crash_between_marker_and_call_goes_to_review_then_an_operator_resolves_
 
     pipeline = Pipeline(settings, tmp_path / "after.log").start()
     try:
+        pipeline.wait_projection()  # the new projector has read what the stopped pipeline left behind
         done = tapeline_cli(settings, "review", "resolve", job_id, "--not-posted", "--why", "checked the CMS",
                             "--operator", "ops")
         assert done.returncode == 0, done.stderr
