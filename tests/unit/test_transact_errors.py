@@ -1,11 +1,12 @@
 """`processors.runtime.transact` under the errors a broker outage causes (issue 24 item 2).
 
 The writer here (the in-memory log's, tests/memory_log.py) keeps librdkafka's rule that matters:
-`begin_transaction` while a transaction is open fails ("Operation not valid in state InTransaction").
-Before, a flush, offsets or commit error that was neither fenced nor abortable left the transaction
-open, so every later transaction of that producer failed at `begin`: a heartbeat thread that "tries again at the next call" never wrote
-again and its attempt was judged stalled; the watchdog's long-lived producer would tick blind for
-good. A retriable commit error was also repeated without end and without a word.
+`begin_transaction` while a transaction is open fails ("Operation not valid in state
+InTransaction"). Before, a flush, offsets or commit error that was neither fenced nor abortable left
+the transaction open, so every later transaction of that producer failed at `begin`: a heartbeat
+thread that "tries again at the next call" never wrote again and its attempt was judged stalled; the
+watchdog's long-lived producer would tick blind for good. A retriable commit error was also repeated
+without end and without a word.
 """
 
 from __future__ import annotations
