@@ -31,7 +31,8 @@ the call did nothing (with `landed=True` it took effect and its answer was lost:
 committed and raised). An injected `WriterFenced` (or `WriterBroken`) leaves the writer dead as the
 client's fatal state does: every later call raises it again. An injected `TransactionMustAbort`
 leaves the open transaction abortable only: every call but `abort_transaction` raises it until the
-abort. Every writer and reader keeps the names of the calls made on it in `calls`.
+abort. The log, every writer and every reader keep the names of the calls made on them in `calls`,
+and each call with its arguments in `called`.
 """
 
 from __future__ import annotations
@@ -79,6 +80,9 @@ class _Faults:
 
     def __init__(self) -> None:
         self.calls: list[str] = []
+        """The name of every call made, in order (those that raised too)."""
+        self.called: list[tuple[Any, ...]] = []
+        """(name, *arguments) of every call made, in order."""
         self._faults: dict[str, list[tuple[Exception, bool]]] = {}
 
     def fail_next(self, call: str, *errors: Exception, landed: bool = False) -> None:
@@ -88,9 +92,10 @@ class _Faults:
             raise AttributeError(f"{type(self).__name__} has no method {call!r} to fail")
         self._faults.setdefault(call, []).extend((error, landed) for error in errors)
 
-    def _fault(self, call: str) -> tuple[Exception | None, bool]:
+    def _fault(self, call: str, *arguments: Any) -> tuple[Exception | None, bool]:
         """Record the call; (the injected error for it or None, whether it lands first)."""
         self.calls.append(call)
+        self.called.append((call, *arguments))
         queued = self._faults.get(call)
         return queued.pop(0) if queued else (None, False)
 
@@ -170,7 +175,7 @@ class InMemoryEventLog(_Faults):
     def transactional_producer(self, transactional_id: str) -> "MemoryWriter":
         """A writer for `transactional_id`; an older one with that id is fenced and its open
         transaction aborted."""
-        error, _ = self._fault("transactional_producer")
+        error, _ = self._fault("transactional_producer", transactional_id)
         if error is not None:
             raise error
         older = self.writers.get(transactional_id)
@@ -182,14 +187,14 @@ class InMemoryEventLog(_Faults):
 
     def consumer(self, group_id: str, **overrides: Any) -> "MemoryReader":
         """A reader in group `group_id` (`overrides["enable.partition.eof"]`: report partition ends)."""
-        error, _ = self._fault("consumer")
+        error, _ = self._fault("consumer", group_id)
         if error is not None:
             raise error
         return MemoryReader(self, group_id, overrides)
 
     def partition_count(self, topic: str) -> int:
         """Raises `ServiceUnavailable` for a topic not made (the adapter says so after 10 s)."""
-        error, _ = self._fault("partition_count")
+        error, _ = self._fault("partition_count", topic)
         if error is not None:
             raise error
         if topic not in self.counts:
@@ -198,7 +203,7 @@ class InMemoryEventLog(_Faults):
 
     def last_stable_offset(self, topic: str, partition: int) -> int:
         """The first offset of the oldest open transaction in `topic[partition]`, else its end."""
-        error, _ = self._fault("last_stable_offset")
+        error, _ = self._fault("last_stable_offset", topic, partition)
         if error is not None:
             raise error
         return self._lso(topic, partition)
@@ -211,7 +216,7 @@ class InMemoryEventLog(_Faults):
         return len(entries)
 
     def assigned_reader(self, group_id: str, **overrides: Any) -> "MemoryAssignedReader":
-        error, _ = self._fault("assigned_reader")
+        error, _ = self._fault("assigned_reader", group_id)
         if error is not None:
             raise error
         return MemoryAssignedReader(self, group_id, {"enable.partition.eof": True, **overrides})
@@ -223,7 +228,7 @@ class InMemoryEventLog(_Faults):
         return self.cluster
 
     def close(self) -> None:
-        self.calls.append("close")
+        self._fault("close")
 
 
 class MemoryWriter(_Faults):
@@ -237,10 +242,10 @@ class MemoryWriter(_Faults):
         self.must_abort: TransactionMustAbort | None = None
         self.deliveries: list[tuple[Callable[[str, int, int], None], str, int, int]] = []
 
-    def _enter(self, call: str, *, aborting: bool = False) -> tuple[Exception | None, bool]:
+    def _enter(self, call: str, *arguments: Any, aborting: bool = False) -> tuple[Exception | None, bool]:
         """Record `call` and raise what stops it before it runs: the writer's death (a fence, an
         injected fatal error), an injected error that does not land, an abortable transaction."""
-        error, landed = self._fault(call)
+        error, landed = self._fault(call, *arguments)
         if self.dead is None and self.log.writers.get(self.transactional_id) is not self:
             self.dead = WriterFenced("Broker: Producer attempted an operation with an old epoch: this instance "
                                      "has been fenced by a newer instance")
@@ -282,7 +287,7 @@ class MemoryWriter(_Faults):
         """Append the record to `topic[partition]` in the open transaction (unreadable until commit);
         `on_delivery` runs in the next `flush`, `poll` or commit. Raises `EventLogError` outside a
         transaction or for a partition that does not exist."""
-        error, _ = self._enter("produce")
+        error, _ = self._enter("produce", topic, key, value, partition)
         transaction = self._open("produce")
         entries = self.log._log(topic, partition)
         offset = len(entries)
@@ -295,7 +300,7 @@ class MemoryWriter(_Faults):
             raise error
 
     def flush(self, timeout_s: float) -> int:
-        error, _ = self._enter("flush")
+        error, _ = self._enter("flush", timeout_s)
         self._deliver()
         if error is not None:
             raise error
@@ -303,7 +308,7 @@ class MemoryWriter(_Faults):
 
     def send_offsets(self, offsets: list[Offset], group_metadata: Any, timeout_s: float) -> None:
         """Add `offsets` of the group of `group_metadata` (a `GroupMetadata`) to the open transaction."""
-        error, _ = self._enter("send_offsets")
+        error, _ = self._enter("send_offsets", offsets, group_metadata, timeout_s)
         transaction = self._open("send_offsets")
         if not isinstance(group_metadata, GroupMetadata):
             raise EventLogError(f"send_offsets: {group_metadata!r} is no group metadata of this log")
@@ -313,7 +318,7 @@ class MemoryWriter(_Faults):
             raise error
 
     def commit_transaction(self, timeout_s: float) -> None:
-        error, _ = self._enter("commit_transaction")
+        error, _ = self._enter("commit_transaction", timeout_s)
         transaction = self._open("commit_transaction")
         self._deliver()
         self.log._end(transaction, COMMIT)
@@ -322,7 +327,7 @@ class MemoryWriter(_Faults):
             raise error
 
     def abort_transaction(self, timeout_s: float) -> None:
-        error, _ = self._enter("abort_transaction", aborting=True)
+        error, _ = self._enter("abort_transaction", timeout_s, aborting=True)
         transaction = self._open("abort_transaction")
         self.deliveries = []
         self.log._end(transaction, ABORT)
@@ -331,7 +336,7 @@ class MemoryWriter(_Faults):
             raise error
 
     def poll(self, timeout_s: float) -> None:
-        error, _ = self._enter("poll", aborting=True)
+        error, _ = self._enter("poll", timeout_s, aborting=True)
         self._deliver()
         if error is not None:
             raise error
@@ -377,8 +382,8 @@ class MemoryReader(_Reading):
         self.rebalance: str | None = None
         """"assign" or "revoke": what the next `poll` does first."""
 
-    def _check(self, call: str) -> None:
-        error, landed = self._fault(call)
+    def _check(self, call: str, *arguments: Any) -> None:
+        error, _ = self._fault(call, *arguments)
         if self.closed:
             raise RuntimeError("Consumer closed")
         if error is not None:
@@ -387,7 +392,7 @@ class MemoryReader(_Reading):
     def subscribe(self, topics: list[str], on_assign=None, on_revoke=None, on_lost=None) -> None:
         """Join the group on `topics` (the partitions come in the next `poll`). Raises
         `NotImplementedError` when the group has another live member (the fake has one)."""
-        self._check("subscribe")
+        self._check("subscribe", topics)
         member = self.log.members.get(self.group_id)
         if member is not None and member is not self and not member.closed:
             raise NotImplementedError(f"group {self.group_id} has a member already: the in-memory log models one "
@@ -413,7 +418,7 @@ class MemoryReader(_Reading):
     def poll(self, timeout_s: float) -> Record | PartitionEnd | ReadError | None:
         """A rebalance due first (its callback runs here), then the next record or partition end;
         None at once when there is nothing."""
-        self._check("poll")
+        self._check("poll", timeout_s)
         if self.rebalance == "revoke":
             self.rebalance = None
             self._leave()
@@ -429,18 +434,18 @@ class MemoryReader(_Reading):
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
         """Raises `EventLogError` for a partition not assigned."""
-        self._check("seek")
+        self._check("seek", topic, partition, offset)
         if (topic, partition) not in self.positions:
             raise EventLogError(f"Failed to seek to offset {offset}: Local: Erroneous state")
         self.positions[(topic, partition)] = offset
         self.ends_told.pop((topic, partition), None)
 
     def pause(self, partitions: list[Partition]) -> None:
-        self._check("pause")
+        self._check("pause", partitions)
         self.paused |= set(partitions)
 
     def resume(self, partitions: list[Partition]) -> None:
-        self._check("resume")
+        self._check("resume", partitions)
         self.paused -= set(partitions)
 
     def assignment(self) -> list[Partition]:
@@ -448,7 +453,7 @@ class MemoryReader(_Reading):
         return sorted(self.positions)
 
     def commit(self, offsets: list[Offset]) -> None:
-        self._check("commit")
+        self._check("commit", offsets)
         self.log.group_offsets.setdefault(self.group_id, {}).update(
             {(o.topic, o.partition): o.offset for o in map(lambda o: Offset(*o), offsets)})
 
@@ -459,7 +464,7 @@ class MemoryReader(_Reading):
     def close(self) -> None:
         """Leave the group (`on_revoke` runs now) and refuse every later call."""
         if not self.closed:
-            self.calls.append("close")
+            self._fault("close")
             self._leave()
             self.closed = True
 
@@ -468,15 +473,15 @@ class MemoryAssignedReader(_Reading):
     """The `AssignedReader` port of `InMemoryEventLog`: records come out as `tests.fakelog.FakeMessage`
     (a `LogRecord`, as the client's `Message` is), partition ends as `PartitionEnd`."""
 
-    def _check(self, call: str) -> None:
-        error, _ = self._fault(call)
+    def _check(self, call: str, *arguments: Any) -> None:
+        error, _ = self._fault(call, *arguments)
         if self.closed:
             raise RuntimeError("Consumer closed")
         if error is not None:
             raise error
 
     def assign(self, positions: list[tuple[str, int, int | None]]) -> None:
-        self._check("assign")
+        self._check("assign", positions)
         for topic, partition, _ in positions:
             self.log._log(topic, partition)
         self.positions = {(topic, partition): offset or 0 for topic, partition, offset in positions}
@@ -491,11 +496,11 @@ class MemoryAssignedReader(_Reading):
                            record.key, record.headers)
 
     def poll(self, timeout_s: float) -> FakeMessage | PartitionEnd | ReadError | None:
-        self._check("poll")
+        self._check("poll", timeout_s)
         return self._item()
 
     def consume(self, max_records: int, timeout_s: float) -> list[FakeMessage | PartitionEnd | ReadError]:
-        self._check("consume")
+        self._check("consume", max_records, timeout_s)
         taken = []
         while len(taken) < max_records:
             item = self._item()
@@ -511,5 +516,5 @@ class MemoryAssignedReader(_Reading):
 
     def close(self) -> None:
         if not self.closed:
-            self.calls.append("close")
+            self._fault("close")
             self.closed = True
