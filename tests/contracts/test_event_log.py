@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import pytest
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 
 from tapeline.kafka import KafkaEventLog, admin_client
 from tapeline.kafka_topics import delete_app_groups, delete_named_topics
@@ -296,7 +297,8 @@ def test_an_assigned_reader_reports_each_partition_end_once_it_reaches_it(side: 
         records = [item for item in items if not isinstance(item, PartitionEnd)]
         assert [(m.topic(), m.partition(), m.offset(), m.key(), m.value()) for m in records] == \
             [(topic, 0, 0, b"k", b"a"), (topic, 0, 1, b"k", b"b")]
-        assert all(m.timestamp()[1] > 0 and m.headers() is None for m in records)
+        assert all(m.timestamp()[0] == TIMESTAMP_LOG_APPEND_TIME and m.timestamp()[1] > 0 and m.headers() is None
+                   for m in records)  # the broker's clock, as on the projections' topics
         assert {item for item in items if isinstance(item, PartitionEnd)} == \
             {PartitionEnd(topic, 0, 3), PartitionEnd(topic, 1, 0)}  # past the commit marker
         commit(writer, topic, [b"c"], partition=1)
