@@ -442,7 +442,7 @@ class MemoryReader(_Reading):
 
     def pause(self, partitions: list[Partition]) -> None:
         self._check("pause", partitions)
-        self.paused |= set(partitions)
+        self.paused |= set(partitions) & set(self.positions)  # an unassigned one: no error, nothing kept
 
     def resume(self, partitions: list[Partition]) -> None:
         self._check("resume", partitions)
