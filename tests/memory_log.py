@@ -258,7 +258,14 @@ class MemoryWriter(_Faults):
             raise self.must_abort
         return error, landed
 
+    def _landed(self, error: Exception | None) -> None:
+        """Raise the injected error of a call that took effect (`landed`), remembered as `_remember` says."""
+        if error is not None:
+            self._remember(error)
+            raise error
+
     def _remember(self, error: Exception) -> None:
+        """A fatal error kills the writer; an abortable one leaves its open transaction abort-only."""
         if isinstance(error, WriterFenced):
             self.dead = error
         elif isinstance(error, TransactionMustAbort) and self.transaction is not None:
@@ -279,8 +286,7 @@ class MemoryWriter(_Faults):
         if self.transaction is not None:
             raise EventLogError("Operation not valid in state InTransaction")
         self.transaction = _Transaction(self.transactional_id)
-        if error is not None:
-            raise error
+        self._landed(error)
 
     def produce(self, topic: str, key: bytes, value: bytes, partition: int,
                 on_delivery: Callable[[str, int, int], None] | None = None) -> None:
@@ -296,14 +302,12 @@ class MemoryWriter(_Faults):
         transaction.first.setdefault((topic, partition), offset)
         if on_delivery is not None:
             self.deliveries.append((on_delivery, topic, partition, offset))
-        if error is not None:
-            raise error
+        self._landed(error)
 
     def flush(self, timeout_s: float) -> int:
         error, _ = self._enter("flush", timeout_s)
         self._deliver()
-        if error is not None:
-            raise error
+        self._landed(error)
         return 0
 
     def send_offsets(self, offsets: list[Offset], group_metadata: Any, timeout_s: float) -> None:
@@ -314,8 +318,7 @@ class MemoryWriter(_Faults):
             raise EventLogError(f"send_offsets: {group_metadata!r} is no group metadata of this log")
         group = transaction.offsets.setdefault(group_metadata.group_id, {})
         group.update({(o.topic, o.partition): o.offset for o in map(lambda o: Offset(*o), offsets)})
-        if error is not None:
-            raise error
+        self._landed(error)
 
     def commit_transaction(self, timeout_s: float) -> None:
         error, _ = self._enter("commit_transaction", timeout_s)
@@ -323,8 +326,7 @@ class MemoryWriter(_Faults):
         self._deliver()
         self.log._end(transaction, COMMIT)
         self.transaction = None
-        if error is not None:
-            raise error
+        self._landed(error)
 
     def abort_transaction(self, timeout_s: float) -> None:
         error, _ = self._enter("abort_transaction", timeout_s, aborting=True)
@@ -332,14 +334,12 @@ class MemoryWriter(_Faults):
         self.deliveries = []
         self.log._end(transaction, ABORT)
         self.transaction, self.must_abort = None, None
-        if error is not None:
-            raise error
+        self._landed(error)
 
     def poll(self, timeout_s: float) -> None:
         error, _ = self._enter("poll", timeout_s, aborting=True)
         self._deliver()
-        if error is not None:
-            raise error
+        self._landed(error)
 
 
 class _Reading(_Faults):

@@ -110,3 +110,16 @@ def test_job_store_refuses_what_a_test_forgot_or_misnamed():
         store.one("job_status", {"job_id": "a"})
     store.run("session_alive")  # a statement needs no answer
     assert store.names() == ["session_alive"]
+
+
+def test_a_landed_fatal_error_commits_and_then_the_writer_is_dead():
+    log = InMemoryEventLog({"t": 1})
+    writer = log.transactional_producer("w")
+    writer.fail_next("commit_transaction", WriterFenced("fenced after the commit"), landed=True)
+    writer.begin_transaction()
+    writer.produce("t", b"k", b"v", 0)
+    with pytest.raises(WriterFenced):
+        writer.commit_transaction(1)
+    assert [r.value for r in log.records("t")] == [b"v"]
+    with pytest.raises(WriterFenced):
+        writer.begin_transaction()
