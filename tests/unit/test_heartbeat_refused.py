@@ -12,61 +12,52 @@ from processors.attempt import Attempt
 from processors.runtime import AttemptIdentity
 from tapeline.clock import system_clock
 from tapeline.health import HealthState
-from tapeline.ports import EventLogError, WriterFenced
+from tapeline.ports import EventLogError
 from tapeline.settings import Settings
+from tests.memory_jobs import InMemoryJobStore
+from tests.memory_log import InMemoryEventLog, MemoryWriter
 
 
-class Writer:
-    """A transactional writer whose next commits raise the errors in `fails`, in order, then commit."""
-
-    def __init__(self, *fails: Exception) -> None:
-        self.fails, self.committed, self.aborted = list(fails), 0, 0
-
-    def begin_transaction(self) -> None: ...
-
-    def flush(self, timeout_s: float) -> int:
-        return 0
-
-    def commit_transaction(self, timeout_s: float) -> None:
-        if self.fails:
-            raise self.fails.pop(0)
-        self.committed += 1
-
-    def abort_transaction(self, timeout_s: float) -> None:
-        self.aborted += 1
-
-    def poll(self, timeout_s: float) -> None: ...
+SETTINGS = Settings(lease_s=30.0, heartbeat_interval_s=1.0)
+WRITER_ID = "tapeline.transcode.job"
 
 
-class Jobs:
-    def __init__(self, owner: str = "tok") -> None:
-        self.owner = owner
-
-    def one(self, name: str, params: dict) -> dict:
-        return {"state": "running", "stage": "transcode", "attempt": 1, "claim_token": self.owner}
+def jobs(owner: str = "tok") -> InMemoryJobStore:
+    """The projection: the job runs attempt 1 of transcode, claimed by `owner`."""
+    return InMemoryJobStore({"job_status": {"state": "running", "stage": "transcode", "attempt": 1,
+                                            "claim_token": owner}})
 
 
 class Runtime:
-    settings = Settings(lease_s=30.0, heartbeat_interval_s=1.0)
+    settings = SETTINGS
     health = HealthState("transcode", "test")
 
-    def __init__(self, jobs: Jobs | None = None) -> None:
-        self.jobs = jobs or Jobs()
+    def __init__(self, log: InMemoryEventLog, jobs: InMemoryJobStore) -> None:
+        self.events, self.jobs = log, jobs
 
-    def produce(self, producer, outgoing) -> None: ...
+    def produce(self, producer, outgoing) -> None:
+        for topic, event in outgoing:
+            producer.produce(topic, event.job_id.encode(), event.event_id.encode(), 0)
 
     def partitions(self, topic: str) -> int:
-        return 4
+        return self.events.partition_count(topic)
 
     def wait_caught_up(self, partition: int, timeout_s: float) -> None: ...
 
 
-def attempt(writer: Writer, jobs: Jobs | None = None) -> Attempt:
+def attempt(owner: str = "tok") -> tuple[Attempt, MemoryWriter]:
+    log = InMemoryEventLog({SETTINGS.jobs_topic: 4})
+    writer = log.transactional_producer(WRITER_ID)
     identity = AttemptIdentity(job_id="job", stage="transcode", attempt=1, claim_token="tok", recorded_by="w@h",
                                correlation_id="up", causation_id=None, clock=system_clock)
-    made = Attempt(Runtime(jobs), identity, writer, item=None)
+    made = Attempt(Runtime(log, jobs(owner)), identity, writer, item=None)
     made.last_heartbeat -= 10  # a heartbeat is due
-    return made
+    return made, writer
+
+
+def written(made: Attempt) -> int:
+    """Heartbeats a reader of the lifecycle log can read."""
+    return len(made.runtime.events.records(SETTINGS.jobs_topic))
 
 
 def beat(made: Attempt) -> None:
@@ -74,16 +65,19 @@ def beat(made: Attempt) -> None:
 
 
 def test_a_refused_heartbeat_is_tried_again_at_the_next_call():
-    writer = Writer(EventLogError("Local: Timed out", retriable=False))
-    made = attempt(writer)
+    made, writer = attempt()
+    writer.fail_next("commit_transaction", EventLogError("Local: Timed out", retriable=False))
     beat(made)  # refused: no exception, nothing committed
-    assert (made.heartbeat_failures, writer.committed) == (1, 0)
+    assert (made.heartbeat_failures, written(made)) == (1, 0)
     beat(made)  # still due (the refused one did not count): written now
-    assert (made.heartbeat_failures, writer.committed) == (1, 1)
+    assert (made.heartbeat_failures, written(made)) == (1, 1)
     beat(made)  # not due again yet
-    assert writer.committed == 1
+    assert written(made) == 1
 
 
 def test_a_fenced_writer_still_stops_the_attempt_when_a_newer_attempt_owns_the_job():
+    made, _ = attempt(owner="newer")
+    made.runtime.events.transactional_producer(WRITER_ID)  # the newer attempt's writer fences this one
     with pytest.raises(Fenced):
-        beat(attempt(Writer(WriterFenced("a newer attempt took over")), Jobs(owner="newer")))
+        beat(made)
+    assert written(made) == 0

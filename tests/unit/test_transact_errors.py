@@ -1,11 +1,12 @@
 """`processors.runtime.transact` under the errors a broker outage causes (issue 24 item 2).
 
-The writer here keeps librdkafka's rule that matters: `begin_transaction` while a transaction is
-open fails ("Operation not valid in state InTransaction"). Before, a flush, offsets or commit error
-that was neither fenced nor abortable left the transaction open, so every later transaction of that
-producer failed at `begin`: a heartbeat thread that "tries again at the next call" never wrote
-again and its attempt was judged stalled; the watchdog's long-lived producer would tick blind for
-good. A retriable commit error was also repeated without end and without a word.
+The writer here (the in-memory log's, tests/memory_log.py) keeps librdkafka's rule that matters:
+`begin_transaction` while a transaction is open fails ("Operation not valid in state
+InTransaction"). Before, a flush, offsets or commit error that was neither fenced nor abortable left
+the transaction open, so every later transaction of that producer failed at `begin`: a heartbeat
+thread that "tries again at the next call" never wrote again and its attempt was judged stalled; the
+watchdog's long-lived producer would tick blind for good. A retriable commit error was also repeated
+without end and without a word.
 """
 
 from __future__ import annotations
@@ -14,114 +15,97 @@ import pytest
 
 from domain.errors import Fenced
 from processors.runtime import transact
-from tapeline.ports import EventLogError, TransactionMustAbort, WriterFenced, WriterStuck
+from tapeline.ports import EventLogError, Offset, TransactionMustAbort, WriterFenced, WriterStuck
+from tests.memory_log import InMemoryEventLog, MemoryWriter
+
+TOPIC = "t"
 
 
-class Writer:
-    """A transactional writer: `fail[call]` lists errors its next calls of that name raise, in order."""
-
-    def __init__(self, **fail: list[Exception]) -> None:
-        self.fail = fail
-        self.open = False
-        self.committed = self.aborted = self.commit_calls = 0
-
-    def _maybe_fail(self, call: str) -> None:
-        if self.fail.get(call):
-            raise self.fail[call].pop(0)
-
-    def begin_transaction(self) -> None:
-        if self.open:
-            raise EventLogError("Operation not valid in state InTransaction")
-        self.open = True
-
-    def produce(self, *args, **kwargs) -> None: ...
-
-    def flush(self, timeout_s: float) -> int:
-        self._maybe_fail("flush")
-        return 0
-
-    def send_offsets(self, offsets, group_metadata, timeout_s: float) -> None:
-        self._maybe_fail("send_offsets")
-
-    def commit_transaction(self, timeout_s: float) -> None:
-        self.commit_calls += 1
-        self._maybe_fail("commit")
-        self.open = False
-        self.committed += 1
-
-    def abort_transaction(self, timeout_s: float) -> None:
-        self._maybe_fail("abort")
-        self.open = False
-        self.aborted += 1
-
-    def poll(self, timeout_s: float) -> None: ...
+def writer() -> MemoryWriter:
+    """A writer of the in-memory log (tests/memory_log.py), which keeps librdkafka's rule that matters:
+    `begin_transaction` while a transaction is open is refused."""
+    return InMemoryEventLog({TOPIC: 1}).transactional_producer("tapeline.test")
 
 
-class Group:
-    def group_metadata(self) -> object:
-        return object()
+def committed(writer: MemoryWriter) -> int:
+    """How many transactions committed (each `run` produces one record)."""
+    return len(writer.log.records(TOPIC))
 
 
-def run(writer: Writer, **kwargs) -> None:
-    transact(writer, lambda: None, **kwargs)
+def aborts(writer: MemoryWriter) -> int:
+    return writer.calls.count("abort_transaction")
 
 
-@pytest.mark.parametrize("call", ["flush", "send_offsets", "commit"])
+def run(writer: MemoryWriter, offsets: list[Offset] | None = None, **kwargs) -> None:
+    group = writer.log.consumer("tapeline.test-group") if offsets else None
+    transact(writer, lambda: writer.produce(TOPIC, b"k", b"v", 0), consumer=group, offsets=offsets, **kwargs)
+
+
+@pytest.mark.parametrize("call", ["flush", "send_offsets", "commit_transaction"])
 def test_an_error_that_is_not_retried_aborts_so_the_next_transaction_can_begin(call):
-    writer = Writer(**{call: [EventLogError("Local: Timed out", retriable=False)]})
+    made = writer()
+    made.fail_next(call, EventLogError("Local: Timed out", retriable=False))
     with pytest.raises(EventLogError, match="Timed out"):
-        run(writer, consumer=Group(), offsets=[("t", 0, 1)])
-    assert (writer.open, writer.aborted) == (False, 1)
-    run(writer, consumer=Group(), offsets=[("t", 0, 1)])  # begins and commits: the producer is usable
-    assert writer.committed == 1
+        run(made, offsets=[Offset(TOPIC, 0, 1)])
+    assert (made.transaction, aborts(made), committed(made)) == (None, 1, 0)
+    run(made, offsets=[Offset(TOPIC, 0, 1)])  # begins and commits: the producer is usable
+    assert committed(made) == 1
 
 
 def test_an_abortable_error_aborts_and_is_raised():
-    writer = Writer(commit=[TransactionMustAbort("Transactional operation failed", retriable=True)])
+    made = writer()
+    made.fail_next("commit_transaction", TransactionMustAbort("Transactional operation failed", retriable=True))
     with pytest.raises(TransactionMustAbort):
-        run(writer)
-    assert (writer.commit_calls, writer.aborted, writer.open) == (1, 1, False)
+        run(made)
+    assert (made.calls.count("commit_transaction"), aborts(made), made.transaction) == (1, 1, None)
+    assert committed(made) == 0
 
 
 def test_a_retriable_commit_error_is_committed_again():
-    writer = Writer(commit=[EventLogError("Local: Timed out", retriable=True)] * 3)
-    run(writer)
-    assert (writer.commit_calls, writer.committed, writer.aborted) == (4, 1, 0)
+    made = writer()
+    made.fail_next("commit_transaction", *[EventLogError("Local: Timed out", retriable=True)] * 3)
+    run(made)
+    assert (made.calls.count("commit_transaction"), committed(made), aborts(made)) == (4, 1, 0)
 
 
 def test_a_commit_that_stays_unconfirmed_gives_up_after_its_bound_and_aborts():
-    writer = Writer(commit=[EventLogError("Local: Timed out", retriable=True)] * 1000)
+    made = writer()
+    made.fail_next("commit_transaction", *[EventLogError("Local: Timed out", retriable=True)] * 1000)
     with pytest.raises(EventLogError, match="Timed out"):
-        run(writer, commit_retry_s=0.0)
-    assert (writer.commit_calls, writer.committed, writer.aborted, writer.open) == (1, 0, 1, False)
+        run(made, commit_retry_s=0.0)
+    assert (made.calls.count("commit_transaction"), committed(made), aborts(made), made.transaction) == (1, 0, 1, None)
 
 
 def test_a_fenced_writer_is_not_aborted_and_says_fenced():
-    writer = Writer(commit=[WriterFenced("Producer fenced by newer instance")])
+    made = writer()
+    made.fail_next("commit_transaction", WriterFenced("Producer fenced by newer instance"))
     with pytest.raises(Fenced):
-        run(writer)
-    assert writer.aborted == 0
+        run(made)
+    assert aborts(made) == 0
 
 
 def test_a_failing_abort_is_logged_and_the_original_error_raised():
-    writer = Writer(flush=[EventLogError("Broker: Not enough in-sync replicas", retriable=False)],
-                    abort=[EventLogError("Local: Timed out", retriable=True)])
+    made = writer()
+    made.fail_next("flush", EventLogError("Broker: Not enough in-sync replicas", retriable=False))
+    made.fail_next("abort_transaction", EventLogError("Local: Timed out", retriable=False))
     with pytest.raises(EventLogError, match="in-sync replicas"):
-        run(writer)
+        run(made)
+    assert aborts(made) == 1  # not retriable: not repeated
 
 
 def test_an_error_raised_while_producing_aborts():
-    writer = Writer()
+    made = writer()
     with pytest.raises(ValueError):
-        transact(writer, lambda: (_ for _ in ()).throw(ValueError("cannot encode")))
-    assert (writer.aborted, writer.open) == (1, False)
+        transact(made, lambda: (_ for _ in ()).throw(ValueError("cannot encode")))
+    assert (aborts(made), made.transaction) == (1, None)
 
 
 def test_a_stuck_writer_is_neither_aborted_nor_used_again_by_transact():
-    writer = Writer(send_offsets=[WriterStuck("send_offsets_to_transaction did not return")])
+    made = writer()
+    made.fail_next("send_offsets", WriterStuck("send_offsets_to_transaction did not return"))
     with pytest.raises(WriterStuck):
-        run(writer, consumer=Group(), offsets=[("t", 0, 1)])
-    assert writer.aborted == 0
+        run(made, offsets=[Offset(TOPIC, 0, 1)])
+    assert aborts(made) == 0 and made.calls[-1] == "send_offsets"
 
 
 def test_send_offsets_that_never_returns_is_cut_off(monkeypatch):
@@ -162,24 +146,24 @@ def test_send_offsets_errors_still_arrive_as_the_ports_errors():
 def test_a_writer_fenced_at_begin_says_fenced():
     """A producer left in librdkafka's fatal state fails at `begin_transaction`: that is `Fenced`,
     never an `EventLogError` a caller would try again."""
-    class Dead(Writer):
-        def begin_transaction(self) -> None:
-            raise WriterFenced("Failed to end transaction: Broker: Producer attempted a transactional operation "
-                               "in an invalid state")
-
-    writer = Dead()
+    made = writer()
+    made.fail_next("begin_transaction", WriterFenced("Failed to end transaction: Broker: Producer attempted a "
+                                                     "transactional operation in an invalid state"))
     with pytest.raises(Fenced):
-        run(writer)
-    assert writer.aborted == 0
+        run(made)
+    assert aborts(made) == 0
+    with pytest.raises(Fenced):  # the client's fatal state stays
+        run(made)
 
 
 def test_an_abort_that_is_not_confirmed_is_repeated_so_the_next_begin_works():
     """A retriable abort failure left librdkafka's abort running: the next `begin_transaction` failed
     with `_CONFLICT` ("Conflicting abort_transaction API call is already in progress")."""
-    writer = Writer(flush=[EventLogError("Broker: Not enough in-sync replicas", retriable=False)],
-                    abort=[EventLogError("Local: Timed out", retriable=True)] * 2)
+    made = writer()
+    made.fail_next("flush", EventLogError("Broker: Not enough in-sync replicas", retriable=False))
+    made.fail_next("abort_transaction", *[EventLogError("Local: Timed out", retriable=True)] * 2)
     with pytest.raises(EventLogError, match="in-sync replicas"):
-        run(writer)
-    assert (writer.aborted, writer.open) == (1, False)
-    run(writer)
-    assert writer.committed == 1
+        run(made)
+    assert (aborts(made), made.transaction) == (3, None)
+    run(made)
+    assert committed(made) == 1

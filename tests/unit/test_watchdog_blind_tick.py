@@ -12,28 +12,23 @@ from tapeline.clock import system_clock
 from tapeline.health import HealthState
 from tapeline.ports import EventLogError, TransactionMustAbort, WriterBroken, WriterFenced
 from tapeline.settings import Settings
+from tests.memory_jobs import InMemoryJobStore
+from tests.memory_log import InMemoryEventLog, MemoryWriter
 
 
-class Writer:
-    """A transactional writer whose commit raises `fail` (None: commits)."""
+TOPIC = Settings().jobs_topic
 
-    def __init__(self, fail: Exception | None = None) -> None:
-        self.fail, self.aborted, self.committed = fail, 0, 0
 
-    def begin_transaction(self) -> None: ...
+def writer(fail: Exception | None = None) -> MemoryWriter:
+    """A writer of an in-memory lifecycle log of 2 partitions whose next commit raises `fail`."""
+    made = InMemoryEventLog({TOPIC: 2}).transactional_producer("tapeline.watchdog")
+    if fail is not None:
+        made.fail_next("commit_transaction", fail)
+    return made
 
-    def flush(self, timeout_s: float) -> int:
-        return 0
 
-    def commit_transaction(self, timeout_s: float) -> None:
-        if self.fail is not None:
-            raise self.fail
-        self.committed += 1
-
-    def abort_transaction(self, timeout_s: float) -> None:
-        self.aborted += 1
-
-    def poll(self, timeout_s: float) -> None: ...
+def ticks_written(made: MemoryWriter) -> int:
+    return len(made.log.records(TOPIC))
 
 
 class Runtime:
@@ -50,6 +45,7 @@ class Runtime:
 
     def produce_to(self, producer, topic: str, partition: int, event) -> None:
         self.produced += 1
+        producer.produce(topic, event.job_id.encode(), event.event_id.encode(), partition)
 
     def wait_caught_up(self, partition: int, timeout_s: float) -> None:
         if self.caught_up_error is not None:
@@ -65,17 +61,18 @@ def blind_ticks(dog: Watchdog) -> float:
     return dog.health.watchdog_ticks.labels(result="blind")._value.get()
 
 
-@pytest.mark.parametrize("runtime, writer", [
-    (Runtime(EventLogError("Failed to get watermark offsets: Local: Broker handle destroyed")), Writer()),
-    (Runtime(), Writer(TransactionMustAbort("the coordinator moved"))),
-    (Runtime(), Writer(EventLogError("Local: Timed out"))),
+@pytest.mark.parametrize("caught_up_error, commit_error", [
+    (EventLogError("Failed to get watermark offsets: Local: Broker handle destroyed"), None),
+    (None, TransactionMustAbort("the coordinator moved")),
+    (None, EventLogError("Local: Timed out")),
 ])
-def test_a_log_that_refuses_a_call_makes_the_tick_blind_not_the_watchdog_exit(runtime, writer):
-    dog = watchdog()
-    assert dog.tick(runtime, writer) is None
+def test_a_log_that_refuses_a_call_makes_the_tick_blind_not_the_watchdog_exit(caught_up_error, commit_error):
+    dog, runtime, made = watchdog(), Runtime(caught_up_error), writer(commit_error)
+    assert dog.tick(runtime, made) is None
     assert blind_ticks(dog) == 1 and runtime.produced == 2
-    if isinstance(writer.fail, TransactionMustAbort):
-        assert writer.aborted == 1  # the next tick begins a fresh transaction
+    assert ticks_written(made) == (2 if commit_error is None else 0)
+    if isinstance(commit_error, TransactionMustAbort):
+        assert made.calls.count("abort_transaction") == 1 and made.transaction is None  # the next tick begins afresh
 
 
 def test_a_fenced_tick_is_blind_and_the_writer_is_replaced_only_by_the_leader():
@@ -83,25 +80,20 @@ def test_a_fenced_tick_is_blind_and_the_writer_is_replaced_only_by_the_leader():
     epoch bump after it aborted a tick that outlived the transaction timeout (no other watchdog
     ticks without the lock): blind, and replaced once the leader's session still answers."""
     dog = watchdog()
-    assert dog.tick(Runtime(), Writer(WriterFenced("This instance has been fenced by a newer instance"))) is None
+    assert dog.tick(Runtime(), writer(WriterFenced("This instance has been fenced by a newer instance"))) is None
     assert dog.writer_broken
 
-    class LostSession:
-        def run(self, name: str, params: dict | None = None) -> None:
-            raise ServiceUnavailable("the leader's session is gone")
-
-    dog.leader = LostSession()
+    dog.leader = InMemoryJobStore()
+    dog.leader.lose_session()  # the leader's session is gone, and its lock with it
     with pytest.raises(ServiceUnavailable):
         dog.new_writer(object(), "tapeline.watchdog")
 
 
 def test_another_error_of_the_tick_is_not_taken_for_a_fence():
-    class Refusing(Writer):
-        def begin_transaction(self) -> None:
-            raise Fenced("attempt 1 no longer owns job j")  # the projection's word, not the writer's
-
+    made = writer()
+    made.fail_next("begin_transaction", Fenced("attempt 1 no longer owns job j"))  # the projection's word, not the writer's
     with pytest.raises(Fenced):
-        watchdog().tick(Runtime(), Refusing())
+        watchdog().tick(Runtime(), made)
 
 
 def test_a_writer_the_client_declared_unusable_makes_the_tick_blind_and_is_replaced():
@@ -109,21 +101,15 @@ def test_a_writer_the_client_declared_unusable_makes_the_tick_blind_and_is_repla
     newer watchdog's fence: the tick is blind, the refusal is remembered as an outage, and `run`
     replaces the writer (before, the watchdog exited and its restart forgot the outage)."""
     dog = watchdog()
-    assert dog.tick(Runtime(), Writer(WriterBroken("Failed to end transaction: INVALID_TXN_STATE"))) is None
+    assert dog.tick(Runtime(), writer(WriterBroken("Failed to end transaction: INVALID_TXN_STATE"))) is None
     assert dog.writer_broken and dog.refused_since is not None and blind_ticks(dog) == 1
 
 
-class Jobs:
+def projection(newest) -> InMemoryJobStore:
     """The projection after the log came back: empty views and a log clock."""
-
-    def __init__(self, newest) -> None:
-        self.newest = newest
-
-    def one(self, name: str, params: dict | None = None) -> dict:
-        return {"now": self.newest}  # log_clock_newest and log_clock_oldest
-
-    def all(self, name: str, params: dict | None = None) -> list:
-        return []
+    return InMemoryJobStore({"log_clock_newest": {"now": newest}, "log_clock_oldest": {"now": newest},
+                             **{name: [] for name in ("stalled_attempts", "handoffs_due", "expected_work_unreported",
+                                                      "due_retries")}})
 
 
 def test_refused_ticks_are_remembered_as_a_log_outage_once_a_tick_lands(monkeypatch):
@@ -136,13 +122,16 @@ def test_refused_ticks_are_remembered_as_a_log_outage_once_a_tick_lands(monkeypa
     monkeypatch.setattr(watchdog_module, "deadlines_in_s", lambda db, settings: [])
     dog = Watchdog(Settings(cleanup_orphans=False), leader=None, jobs=None, events=None, storage=None,
                    clock=system_clock, health=HealthState("watchdog", "test"))
-    assert dog.tick(Runtime(), Writer(EventLogError("Broker: Not enough in-sync replicas"))) is None
+    assert dog.tick(Runtime(), writer(EventLogError("Broker: Not enough in-sync replicas"))) is None
     assert dog.refused_since is not None and dog.outage is None
     dog.refused_since -= 40.0  # as if the refusals began 40 s ago
     dog.next_cleanup_at = float("inf")  # no bucket here
     back = Runtime()
-    back.jobs = Jobs(datetime(2026, 12, 5, 5, 48, 13, tzinfo=timezone.utc))
-    assert dog.tick(back, Writer()) is not None
+    newest = datetime(2026, 12, 5, 5, 48, 13, tzinfo=timezone.utc)
+    back.jobs = projection(newest)
+    landed = writer()
+    assert dog.tick(back, landed) is not None
+    assert ticks_written(landed) == 2
     assert dog.refused_since is None
-    assert dog.outage.ended_at == back.jobs.newest
+    assert dog.outage.ended_at == newest
     assert timedelta(seconds=40) <= dog.outage.ended_at - dog.outage.began_at < timedelta(seconds=45)
