@@ -3,7 +3,8 @@ and after a failover"), against the real Kafka, PostgreSQL and S3 of region A on
 `RegionFailedOver` naming region B is written to this module's own `<prefix>.regions` (no region B
 is started: its Kafka address is a port nobody listens on, as for a region that is gone). The real
 `tapeline serve` then answers a curl POST with 503 `region_fenced` and where to send it, and
-`tapeline submit` exits 3; neither writes a record or an object."""
+`tapeline submit` (direct, and `--url` through that intake) exits 3; none of them writes a record, a
+claim or an object."""
 
 from __future__ import annotations
 
@@ -111,6 +112,13 @@ def test_a_fenced_region_a_refuses_uploads_with_where_to_send_them_and_writes_no
         assert body["upload_to"] == "https://region-b.intake.example/uploads"
         assert f"failover {failover_id}" in body["reason"] and "region b" in body["reason"]
         assert int(headers["retry-after"]) == body["retry_after_s"] > 0
+
+        # `submit --url` stops at that answer (exit 3) instead of waiting out its Retry-After ten times.
+        through_http = tapeline_cli(settings, "submit", "--url", url, "--token", TOKEN, str(source), timeout_s=120)
+        assert through_http.returncode == FENCED_EXIT_CODE, through_http.stdout + through_http.stderr
+        said = " ".join(through_http.stderr.split())
+        assert "503 region_fenced" in said and "https://region-b.intake.example/uploads" in said, said
+        assert "retrying" not in said
 
     # Nothing of the refused upload anywhere: no record, no object, no claim row.
     uploads_after = [e for e in committed_events(settings, settings.uploads_topic) if isinstance(e, ev.UploadCompleted)]
