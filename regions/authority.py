@@ -189,32 +189,46 @@ class AuthorityCache:
     tests). `current()` is the authority, or None while nothing could be read: no read yet answered,
     i.e. every region was unreachable or the read raised. A read that fails keeps the last authority
     read (a fence does not go away because its topic stopped answering for a moment); a failed read
-    also waits out `interval_s`. Thread-safe: one read at a time, other callers wait for it."""
+    also waits out `interval_s`. Thread-safe, one read at a time: while it runs, other callers get
+    the authority read before without waiting; only before the first read has ended do they wait
+    for it (no upload is let through unchecked while the process starts)."""
 
     def __init__(self, read: Callable[[], RegionView], interval_s: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.read, self.interval_s, self.clock = read, interval_s, clock
         self._authority: Authority | None = None
         self._read_at: float | None = None
+        self._done_once = False
         self._lock = threading.Lock()
 
     def current(self) -> Authority | None:
         """The authority (read now when the last read is `interval_s` or more old), or None when unknown."""
-        with self._lock:
-            now = self.clock()
-            if self._read_at is not None and now - self._read_at < self.interval_s:
+        if self._fresh():
+            return self._authority
+        if not self._lock.acquire(blocking=not self._done_once):
+            return self._authority  # another caller is reading: the authority read before, meanwhile
+        try:
+            if self._fresh():  # read by the caller this one waited for
                 return self._authority
-            self._read_at = now
+            self._read_at = self.clock()
             try:
                 view = self.read()
             except Exception as exc:  # an unreadable authority never fails the caller
                 log.warning("region authority not read", error=f"{type(exc).__name__}: {exc}")
                 return self._authority
+            finally:
+                self._done_once = True
             if view.answered:
                 self._authority = view.authority
             else:
                 log.warning("region authority not read: no region answered", unreachable=view.unreachable)
             return self._authority
+        finally:
+            self._lock.release()
+
+    def _fresh(self) -> bool:
+        """Whether a read has ended and the last one started less than `interval_s` ago."""
+        return self._done_once and self._read_at is not None and self.clock() - self._read_at < self.interval_s
 
 
 class IntakeFence:

@@ -207,3 +207,42 @@ def test_a_fenced_answer_to_submit_url_is_a_region_fenced_error_not_a_wait():
     client.close()
     assert waits == [] and raised.value.active_region == "b"
     assert raised.value.upload_to == "https://b.intake.example/uploads"
+
+
+def test_while_one_caller_reads_the_others_get_the_last_authority_at_once_but_wait_for_the_first_read():
+    import threading
+
+    fence = to_region(authority([]), "b")
+    release, reading = threading.Event(), threading.Event()
+    answers = [view(), view([fence])]
+
+    def slow_read() -> RegionView:
+        reading.set()
+        assert release.wait(10)
+        return answers.pop(0)
+
+    clock = Clock()
+    cache = AuthorityCache(slow_read, 5.0, clock)
+    seen: list = []
+    first = threading.Thread(target=lambda: seen.append(("first", cache.current())))
+    first.start()
+    assert reading.wait(10)
+    waiter = threading.Thread(target=lambda: seen.append(("waiter", cache.current())))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive() and seen == []  # before the first read ended nobody is answered unchecked
+    release.set()
+    first.join(10)
+    waiter.join(10)
+    assert sorted(seen) == [("first", Authority("a", 0)), ("waiter", Authority("a", 0))]
+
+    release.clear()
+    reading.clear()
+    clock.t += 5.0
+    second = threading.Thread(target=lambda: seen.append(("second", cache.current())))
+    second.start()
+    assert reading.wait(10)
+    assert cache.current() == Authority("a", 0)  # a read is under way: the last authority, without waiting
+    release.set()
+    second.join(10)
+    assert seen[-1] == ("second", authority([fence])) and cache.current().active == "b"
