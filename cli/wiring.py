@@ -154,8 +154,8 @@ def region_pair(settings: Settings) -> dict[str, Settings]:
     except ValueError as exc:
         import structlog
 
-        structlog.get_logger("tapeline.region").warning("the other region's settings cannot be derived; reading this region's epochs only",
-                    error=str(exc))
+        structlog.get_logger("tapeline.region").warning(
+            "the other region's settings cannot be derived; reading this region's epochs only", error=str(exc))
         return {settings.region: settings}
 
 

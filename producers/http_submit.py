@@ -51,8 +51,9 @@ class IntakeClient:
         `on_wait(seconds, status, body)` waits out each 503/429 (or unreachable intake, status 0):
         it must return after `seconds`, showing the wait as it likes (default: `time.sleep`).
         Raises `RegionFenced` at once for a 503 `region_fenced` (the intake's region is fenced: its
-        `upload_to` names the active region's intake), `SubmitError` for a refusal (4xx, 507) or when `retries` waits were not enough, and
-        `ServiceUnavailable` when the intake cannot be reached after `retries` attempts."""
+        `upload_to` names the active region's intake), `SubmitError` for a refusal (4xx, 507) or
+        when `retries` waits were not enough, and `ServiceUnavailable` when the intake cannot be
+        reached after `retries` attempts."""
         check_file(path)
         key = key or str(uuid.uuid4())
         params = {"priority": priority, "profile": profile, "filename": path.name}
