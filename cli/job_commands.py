@@ -12,7 +12,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from domain.errors import TapelineError
+from domain.errors import RegionFenced, TapelineError
 from domain.policy.tiers import TIERS
 from cli.helpers import console, fail, load_settings, out
 from projections import presenter
@@ -82,13 +82,16 @@ def submit(file: Path = typer.Argument(..., help="Video file to upload"),
            retries: int = typer.Option(10, "--retries", envvar="TAPELINE_SUBMIT_RETRIES",
                                        help="--url: how many 503/429 answers to wait out (their Retry-After)")) -> None:
     """Upload FILE to object storage and publish UploadCompleted (or, with --url, POST it to the HTTP intake,
-    waiting out 503/429 Retry-After); prints the job id."""
+    waiting out 503/429 Retry-After); prints the job id. Refused with exit code 3 and nothing uploaded
+    while this region does not hold the job history (docs/regions.md): the error names the active region
+    and where to submit."""
     from producers.submit import publish, upload
 
     settings = load_settings()
     if url:
         _submit_http(settings, file, url, token, priority, profile, retries, wait, as_json, timeout)
         return
+    _refuse_when_fenced(settings, file)
     try:
         size = file.stat().st_size if file.is_file() else 0
         with Progress(TextColumn("uploading {task.fields[name]}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
@@ -110,6 +113,22 @@ def submit(file: Path = typer.Argument(..., help="Video file to upload"),
     except TapelineError as exc:
         fail(exc)
     _report(summary, as_json)
+
+
+def _refuse_when_fenced(settings: Settings, file: Path) -> None:
+    """Exit with `FENCED_EXIT_CODE` and one error line (who holds the job history, where to submit)
+    when `settings`' region is not the active one; return when it is, or when no region's Kafka
+    answers (the upload then fails on its own). One read of the region epochs, before anything is
+    uploaded (`regions/authority.py` `IntakeFence`)."""
+    from cli.wiring import region_pair
+    from regions.authority import FENCED_EXIT_CODE, IntakeFence
+
+    refusal = IntakeFence(settings.region, region_pair(settings)).refusal()
+    if refusal is None:
+        return
+    active = dict(refusal.details)["active_region"]
+    fail(RuntimeError(f"{refusal.reason}; nothing was uploaded. Submit to region {active}: "
+                      f"TAPELINE_REGION={active} tapeline submit {file}"), code=FENCED_EXIT_CODE)
 
 
 def _report(summary: dict[str, Any], as_json: bool) -> None:
@@ -163,6 +182,10 @@ def _submit_http(settings: Settings, file: Path, url: str, token: str | None, pr
                 time.sleep(0.5)
         finally:
             client.close()
+    except RegionFenced as exc:
+        from regions.authority import FENCED_EXIT_CODE
+
+        fail(exc, code=FENCED_EXIT_CODE)
     except TapelineError as exc:
         fail(exc)
     _report(summary, as_json)

@@ -116,19 +116,47 @@ class WebhookService:
 
 class HttpIntake:
     """`projections.web_ports.Intake` over `producers/http_intake.py`: `POST /uploads` writes as the
-    login role (it writes `intake_uploads`), not as the read API's read-only role."""
+    login role (it writes `intake_uploads`), not as the read API's read-only role. While another
+    region holds the job history it refuses every upload (`regions/authority.py` `IntakeFence` over
+    `regions`, every region's settings: `region_pair(settings)` by default)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, regions: dict[str, Settings] | None = None) -> None:
         from producers.http_intake import IntakeService, intake_router
+        from regions.authority import IntakeFence
 
-        self.service = IntakeService(settings)
+        fence = IntakeFence(settings.region, regions or region_pair(settings))
+        self.service = IntakeService(settings, fence=fence.refusal)
         self.router = intake_router(self.service)
+
+    def fenced(self) -> dict | None:
+        refusal = self.service.fenced()
+        return refusal.body() if refusal is not None else None
 
     def open(self) -> None:
         self.service.open()
 
     def close(self) -> None:
         self.service.close()
+
+
+def region_pair(settings: Settings) -> dict[str, Settings]:
+    """`{"a": ..., "b": ...}`: `settings` and the other region's. Region A's settings derive region B's
+    (`Settings.for_region`); region B's cannot derive region A's, so those come from the environment
+    (`cli/helpers.py` `region_settings`, which always describes region A). When region B cannot be
+    derived (a key=value `database_url` without `region_b_database_url`), `{settings.region: settings}`
+    alone: its own region's epochs are still read."""
+    try:
+        if settings.region == "a":
+            return {"a": settings, "b": settings.for_region("b")}
+        from cli.helpers import region_settings
+
+        return {**region_settings(), settings.region: settings}
+    except ValueError as exc:
+        import structlog
+
+        structlog.get_logger("tapeline.region").warning(
+            "the other region's settings cannot be derived; reading this region's epochs only", error=str(exc))
+        return {settings.region: settings}
 
 
 def build_app(settings: Settings) -> FastAPI:

@@ -172,6 +172,18 @@ class SubmitError(TapelineError):
     """The file cannot be submitted."""
 
 
+class RegionFenced(TapelineError):
+    """This region does not take uploads: another region holds the job history (docs/regions.md
+    "What clients see"). `active_region` is the region that does, `upload_to` its intake's
+    `POST /uploads` URL (None when unknown)."""
+
+    error_class = "region_fenced"
+
+    def __init__(self, message: str, *, active_region: str, upload_to: str | None) -> None:
+        super().__init__(message)
+        self.active_region, self.upload_to = active_region, upload_to
+
+
 class ProviderError(TapelineError):
     """A publish provider refused or failed the call (429 or 5xx, or it did not answer)."""
 

@@ -6,6 +6,11 @@ any record. `tapeline region failover --to R` writes a `RegionFailedOver` with t
 active region. A processor runs only in the active region: one that finds a higher epoch naming
 another region stops and writes nothing (`fence_reason`).
 
+Uploads follow the same rule (`intake_refusal`): a region that is not the active one refuses them
+before a byte is stored (HTTP 503 `region_fenced` from `tapeline serve`'s intake, exit code 3 from
+`tapeline submit`), naming the active region and its intake's address, so no upload is parked in a
+log that no longer reaches the active region.
+
 An attempt that was running in the region left behind is lost with it, not by its work: the failover
 judges it as a stall of its own kind, `region_lost` (`region_lost_row`), which `processors/watchdog.py`
 `run_once` retries at once and which gives its attempt back (`lifecycle.FREE_STALL_KINDS`).
@@ -15,9 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from domain import events as ev
+from domain.policy.admission import Refusal
 from domain.policy.stall import stalled_row
 
 REGIONS: tuple[str, ...] = ("a", "b")
@@ -67,6 +73,40 @@ def fence_reason(region: str, current: Authority) -> str | None:
             f"{record.epoch} ({record.occurred_at:%Y-%m-%d %H:%M:%S} UTC, by {record.operator}: {record.reason}); "
             f"its processors write nothing. To bring region {region} back, rejoin it as the standby "
             f"(docs/regions.md \"Failback\")")
+
+
+INTAKE_FENCED_ERROR = "region_fenced"
+"""The `error` of the intake's refusal while its region is not the active one (`intake_refusal`)."""
+
+
+def intake_refusal(region: str, current: Authority, intake_urls: Mapping[str, str],
+                   retry_after_s: int) -> Refusal | None:
+    """Whether an upload may be accepted in `region` (None: yes) or the refusal: HTTP 503, error
+    `region_fenced`, `retry_after_s` (whole seconds, the `Retry-After`) and a JSON body
+    `{error, reason, retry_after_s, region, active_region, epoch, failover_id, upload_to}`.
+
+    `current` is the authority the region epochs say (`authority`); `intake_urls` maps a region
+    name to the base URL of its HTTP intake as clients reach it (`Settings.intake_address`, e.g.
+    `{"a": "https://a.example", "b": "https://b.example"}`). `upload_to` is the active region's
+    `<base>/uploads`, None when `intake_urls` does not know it; `failover_id` is the fence record's
+    `correlation_id` (None at epoch 0, when `region` is the standby before any failover). The rule is
+    `fence_reason`'s: only the active region takes uploads. Pure."""
+    if current.active == region:
+        return None
+    base = intake_urls.get(current.active)
+    upload_to = f"{base.rstrip('/')}/uploads" if base else None
+    where = (f"send uploads to region {current.active}: {upload_to}" if upload_to
+             else f"send uploads to region {current.active}'s intake")
+    record = current.record
+    if record is None:
+        reason = (f"region {region} is the standby: region {current.active} holds the job history (no failover "
+                  f"recorded); {where}")
+    else:
+        reason = (f"region {region} is fenced: failover {record.correlation_id} made region {record.to_region} the "
+                  f"active region at region epoch {record.epoch} ({record.occurred_at:%Y-%m-%d %H:%M:%S} UTC); {where}")
+    return Refusal(503, INTAKE_FENCED_ERROR, reason, retry_after_s, details=(
+        ("region", region), ("active_region", current.active), ("epoch", current.epoch),
+        ("failover_id", record.correlation_id if record is not None else None), ("upload_to", upload_to)))
 
 
 def failover_event(current: Authority, to_region: str, *, reason: str, operator: str, planned: bool,

@@ -19,6 +19,12 @@ tier (429 `tier_share`) and has at most `intake_max_starting_per_submitter` bodi
 they move (429 `too_many_starting`); a body is gathered on the event loop and only whole parts go
 to a thread, so no thread waits for a client (issue 44 item 3).
 
+A region that does not hold the job history (fenced by a failover, or the standby) refuses every
+upload before its body is read: 503 `region_fenced` with `active_region`, `upload_to` (the active
+region's `POST /uploads`) and `Retry-After` (docs/regions.md; the rule is `domain/regions.py`
+`intake_refusal`, the cached check `regions/authority.py` `IntakeFence`, passed in as
+`IntakeService.fence`).
+
 Admission runs before a byte is stored, in one PostgreSQL transaction under an advisory lock, so
 concurrent requests are counted exactly: the pure rules are `domain/policy/admission.py`
 (`admission`: storage guard 507, the tier's capacity and the reserve for higher tiers 503, the
@@ -134,7 +140,8 @@ def intake_router(service: IntakeService) -> APIRouter:
         502: {"description": "Object storage did not keep the body as sent (size or sha256 read back differ)"},
         429: {"description": "The submitter's jobs in flight are at its cap, it holds its share of the tier, "
                              "or too many of its bodies are not moving yet (Retry-After)"},
-        503: {"description": "The tier is over capacity (Retry-After) or a service is down"},
+        503: {"description": "The tier is over capacity (Retry-After), a service is down, or this region is "
+                             "fenced (`region_fenced`: `active_region` and `upload_to` say where to send it)"},
         507: {"description": "Object storage is at its limit"}})
     async def post_upload(request: Request) -> Response:
         """Stream the request body to object storage as a new upload and publish `UploadCompleted`.
@@ -149,6 +156,10 @@ def intake_router(service: IntakeService) -> APIRouter:
         if submitter is None:
             return problem(401, "unauthorized", "an API token is required: Authorization: Bearer <token> "
                                                 "(one of TAPELINE_INTAKE_TOKENS)")
+        fenced = await service.call(service.fenced)  # before a byte of the body is read
+        if fenced is not None:
+            log.info("upload refused: region fenced", submitter=submitter, error=fenced.error, reason=fenced.reason)
+            return refusal_response(fenced)
         priority = _param(request, "priority", "standard")
         profile = _param(request, "profile", "default")
         filename = _param(request, "filename", "source")

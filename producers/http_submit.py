@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterator
 import httpx
 
 from producers.submit import check_file
-from domain.errors import ServiceUnavailable, SubmitError
+from domain.errors import RegionFenced, ServiceUnavailable, SubmitError
+from domain.regions import INTAKE_FENCED_ERROR
 
 BLOCK = 1 << 20
 
@@ -49,8 +50,10 @@ class IntakeClient:
 
         `on_wait(seconds, status, body)` waits out each 503/429 (or unreachable intake, status 0):
         it must return after `seconds`, showing the wait as it likes (default: `time.sleep`).
-        Raises `SubmitError` for a refusal (4xx, 507) or when `retries` waits were not enough, and
-        `ServiceUnavailable` when the intake cannot be reached after `retries` attempts."""
+        Raises `RegionFenced` at once for a 503 `region_fenced` (the intake's region is fenced: its
+        `upload_to` names the active region's intake), `SubmitError` for a refusal (4xx, 507) or
+        when `retries` waits were not enough, and `ServiceUnavailable` when the intake cannot be
+        reached after `retries` attempts."""
         check_file(path)
         key = key or str(uuid.uuid4())
         params = {"priority": priority, "profile": profile, "filename": path.name}
@@ -67,6 +70,10 @@ class IntakeClient:
                 if answer.status_code == 202:
                     return answer.json()
                 body = _json(answer)
+                if body.get("error") == INTAKE_FENCED_ERROR:  # waiting does not help: another region takes uploads
+                    raise RegionFenced(f"the intake refused the upload: {answer.status_code} {body['error']}: "
+                                       f"{body.get('reason')}", active_region=str(body.get("active_region")),
+                                       upload_to=body.get("upload_to"))
                 after = answer.headers.get("retry-after")
                 if answer.status_code not in (429, 503) or after is None or attempt == retries:
                     raise SubmitError(f"the intake refused the upload: {answer.status_code} "

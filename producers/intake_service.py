@@ -16,7 +16,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 import psycopg
 import structlog
@@ -42,8 +42,11 @@ class IntakeService:
     API's read-only role: it writes `intake_uploads`), the object store, one idempotent producer,
     the storage gauge and a thread pool for blocking calls. `open()` before use, `close()` after."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, fence: Callable[[], Refusal | None] | None = None) -> None:
         self.settings = settings
+        self.fence = fence
+        """Why this region takes no upload now (`regions/authority.py` `IntakeFence.refusal`: 503
+        `region_fenced` while another region holds the job history), or None; unset: never fenced."""
         self.store = ObjectStore(settings)
         self.gauge = StorageGauge(settings, self.store)
         self.pool = ConnectionPool(settings.database_url, min_size=1, max_size=8, open=False, timeout=10.0,
@@ -71,6 +74,11 @@ class IntakeService:
         if self._producer is not None:
             self._producer.flush(10.0)
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def fenced(self) -> Refusal | None:
+        """The refusal every upload gets while this region is fenced (`fence`), else None. Blocking:
+        at most one read of the region epochs per `region_check_interval_s`."""
+        return self.fence() if self.fence is not None else None
 
     async def call(self, fn, *args):
         """Run a blocking call on the intake's own threads. An upload takes one only for a call of its

@@ -311,7 +311,14 @@ def create_app(settings: Settings, *, actions: OperatorActions | None = None, in
 
     @app.get("/health/ready", tags=["health"], responses=answers(503))
     def ready() -> JSONResponse:
-        """200 when a read-only connection answers, else 503 with the reason."""
+        """200 when a read-only connection answers, else 503 with the reason; 503 `{"status":
+        "fenced", reason, active_region, upload_to, ...}` while this region's intake refuses uploads
+        because another region holds the job history (docs/regions.md), so a load balancer in front of
+        both regions sends clients to the active one."""
+        fenced = intake.fenced() if intake is not None else None
+        if fenced is not None:
+            return JSONResponse({"status": "fenced", **{k: v for k, v in fenced.items() if k != "error"}},
+                                status_code=503)
         try:
             with context.pool.connection(timeout=5.0) as conn:
                 role = conn.execute(q("current_role")).fetchone()["role"]

@@ -7,7 +7,7 @@ passes them to `create_app`.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from fastapi import APIRouter
 
@@ -74,6 +74,12 @@ class Intake(Protocol):
     """The HTTP intake (`POST /uploads`): a router, opened with the app and closed with it."""
 
     router: APIRouter
+
+    def fenced(self) -> dict[str, Any] | None:
+        """The JSON problem body every upload gets while this region is fenced (`error`
+        `region_fenced`, `reason`, `active_region`, `upload_to`, ...), else None. Blocking: it may read
+        the region epochs (at most once per `region_check_interval_s`)."""
+        ...
 
     def open(self) -> None: ...
 

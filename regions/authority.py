@@ -27,7 +27,8 @@ import structlog
 from domain import events as ev
 from domain.codec import default_codec
 from domain.errors import ServiceUnavailable
-from domain.regions import Authority, REGION_EVENT_KEY, authority, fence_reason
+from domain.policy.admission import Refusal
+from domain.regions import Authority, REGION_EVENT_KEY, authority, fence_reason, intake_refusal
 from tapeline.kafka import bootstrap_listens
 from tapeline.settings import Settings
 
@@ -97,11 +98,17 @@ def write_region_record(settings: Settings, event: ev.RegionFailedOver, timeout_
 @dataclass
 class RegionView:
     """What the reachable regions' topics say: the authority, the records per region that answered
-    and has the topic, and the regions that did not answer."""
+    and has the topic, the regions that did not answer, and the regions that were asked."""
 
     authority: Authority
     records: dict[str, list[ev.RegionFailedOver]] = field(default_factory=dict)
     unreachable: list[str] = field(default_factory=list)
+    asked: list[str] = field(default_factory=list)
+
+    @property
+    def answered(self) -> bool:
+        """Whether at least one region asked answered (with or without a `<prefix>.regions` topic)."""
+        return bool(set(self.asked) - set(self.unreachable))
 
 
 def read_regions(regions: dict[str, Settings], timeout_s: float = 5.0) -> RegionView:
@@ -119,7 +126,7 @@ def read_regions(regions: dict[str, Settings], timeout_s: float = 5.0) -> Region
         except ServiceUnavailable as exc:
             log.warning("region not read", region=name, error=str(exc))
             unreachable.append(name)
-    return RegionView(authority([r for rs in records.values() for r in rs]), records, unreachable)
+    return RegionView(authority([r for rs in records.values() for r in rs]), records, unreachable, list(regions))
 
 
 def check_region(region: str, regions: dict[str, Settings], timeout_s: float = 5.0) -> str | None:
@@ -172,6 +179,85 @@ class RegionGuard:
                 log.error("region fenced: stopping", region=self.region, reason=reason)
                 self.on_fenced(reason)
                 return
+
+
+class AuthorityCache:
+    """The region authority as last read, read again at most every `interval_s` seconds, so a caller
+    on a hot path (every upload) costs a Kafka read once per interval, not once per call.
+
+    `read()` returns a `RegionView` (`read_regions`); `clock()` is monotonic seconds (injected for
+    tests). `current()` is the authority, or None while nothing could be read: no read yet answered,
+    i.e. every region was unreachable or the read raised. A read that fails keeps the last authority
+    read (a fence does not go away because its topic stopped answering for a moment); a failed read
+    also waits out `interval_s`. Thread-safe, one read at a time: while it runs, other callers get
+    the authority read before without waiting; only before the first read has ended do they wait
+    for it (no upload is let through unchecked while the process starts)."""
+
+    def __init__(self, read: Callable[[], RegionView], interval_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.read, self.interval_s, self.clock = read, interval_s, clock
+        self._authority: Authority | None = None
+        self._read_at: float | None = None
+        self._done_once = False
+        self._lock = threading.Lock()
+
+    def current(self) -> Authority | None:
+        """The authority (read now when the last read is `interval_s` or more old), or None when unknown."""
+        if self._fresh():
+            return self._authority
+        if not self._lock.acquire(blocking=not self._done_once):
+            return self._authority  # another caller is reading: the authority read before, meanwhile
+        try:
+            if self._fresh():  # read by the caller this one waited for
+                return self._authority
+            self._read_at = self.clock()
+            try:
+                view = self.read()
+            except Exception as exc:  # an unreadable authority never fails the caller
+                log.warning("region authority not read", error=f"{type(exc).__name__}: {exc}")
+                return self._authority
+            finally:
+                self._done_once = True
+            if view.answered:
+                self._authority = view.authority
+            else:
+                log.warning("region authority not read: no region answered", unreachable=view.unreachable)
+            return self._authority
+        finally:
+            self._lock.release()
+
+    def _fresh(self) -> bool:
+        """Whether a read has ended and the last one started less than `interval_s` ago."""
+        return self._done_once and self._read_at is not None and self.clock() - self._read_at < self.interval_s
+
+
+class IntakeFence:
+    """Whether this region's intake may take an upload, for `tapeline serve`'s `POST /uploads` and
+    its `/health/ready` (docs/regions.md "What clients see during and after a failover").
+
+    `region` is this region's name, `regions` every region's settings (`{"a": ..., "b": ...}`,
+    `cli/helpers.py` `region_settings`): their `<prefix>.regions` topics are read through an
+    `AuthorityCache` at most every `region_check_interval_s` (this region's setting) seconds, and the
+    answer is `domain/regions.py` `intake_refusal` with each region's `Settings.intake_address` and a
+    `Retry-After` of `intake_retry_after_max_s`. While no region's Kafka answers (the authority
+    cannot be read) uploads are accepted, as before region epochs existed: the upload then fails on
+    its own when this region's Kafka does not take it. `clock` (monotonic seconds) and `read` (a
+    `RegionView`) are injected for tests; by default `read_regions(regions, timeout_s=3)`."""
+
+    def __init__(self, region: str, regions: dict[str, Settings], clock: Callable[[], float] = time.monotonic,
+                 read: Callable[[], RegionView] | None = None) -> None:
+        own = regions[region]
+        self.region = region
+        self.urls = {name: settings.intake_address for name, settings in regions.items()}
+        self.retry_after_s = max(1, int(own.intake_retry_after_max_s))
+        self.cache = AuthorityCache(read or (lambda: read_regions(regions, timeout_s=3.0)),
+                                    own.region_check_interval_s, clock)
+
+    def refusal(self) -> Refusal | None:
+        """The 503 `region_fenced` refusal while this region is not the active one, else None (also
+        while the authority cannot be read). Blocks for a Kafka read at most once per interval."""
+        current = self.cache.current()
+        return None if current is None else intake_refusal(self.region, current, self.urls, self.retry_after_s)
 
 
 def unanswered(settings: Settings, *, s3: bool = False) -> str | None:

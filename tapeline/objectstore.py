@@ -100,6 +100,16 @@ def object_url(endpoint: str, bucket: str, key: str, addressing_style: str) -> s
     return urlunsplit(parts._replace(netloc=f"{bucket}.{parts.netloc}", path=f"{parts.path.rstrip('/')}/{key}"))
 
 
+def published_url(public_base_url: str, endpoint: str, bucket: str, key: str, addressing_style: str) -> str:
+    """The URL Tapeline hands out for the published object `key` (events, webhooks, the API, `tapeline
+    status`): `public_base_url` + "/" + `key` when a public base URL is set (one address in front of
+    every region's bucket, so a URL stays valid after a failover), else the S3 endpoint's
+    `object_url`. The key is not escaped. Pure."""
+    if public_base_url:
+        return f"{public_base_url.rstrip('/')}/{key}"
+    return object_url(endpoint, bucket, key, addressing_style)
+
+
 def tls_context(settings: Settings):
     """An `ssl.SSLContext` for a plain HTTP client (urllib) reaching the S3 endpoint: it trusts
     `s3_ca_bundle` when set, else the system's CAs; it verifies the certificate and the host name."""
@@ -153,8 +163,10 @@ class ObjectStore:
         self.s3 = client(settings)
 
     def public_url(self, key: str) -> str:
-        """URL of a published object (readable anonymously), in `s3_addressing_style` (`object_url`)."""
-        return object_url(self.settings.s3_endpoint, self.bucket, key, self.settings.s3_addressing_style)
+        """URL of a published object (readable anonymously): under `public_base_url` when it is set,
+        else the S3 endpoint's, in `s3_addressing_style` (`published_url`)."""
+        return published_url(self.settings.public_base_url, self.settings.s3_endpoint, self.bucket, key,
+                             self.settings.s3_addressing_style)
 
     @property
     def sse(self) -> dict[str, str]:

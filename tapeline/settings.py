@@ -13,7 +13,7 @@ from typing import Literal
 
 from domain import pipeline
 from domain.policy.tiers import TIERS
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -81,6 +81,10 @@ class Settings(BaseSettings):
                              "for AWS S3, your provider's https:// URL elsewhere")
     s3_bucket: str = "tapeline-media"
     s3_region: str = "us-east-1"
+    public_base_url: str = Field("", description="Base URL clients reach published objects at (a CDN or DNS name in "
+                                 "front of every region's bucket): a published URL is this + '/' + the object's key "
+                                 "(https://media.example.com/published/<job>/master.m3u8); empty: the S3 endpoint's "
+                                 "URL of the object (s3_endpoint, s3_bucket, s3_addressing_style)")
     s3_access_key: str | None = Field("tapeline", description="Static S3 access key id; unset (empty) together with "
                                       "s3_secret_key: the AWS default credential chain (AWS_* environment, shared "
                                       "config and credentials files, web identity, container or instance profile)")
@@ -126,6 +130,12 @@ class Settings(BaseSettings):
                                                   "B's `run --role all` (its intake's readiness is how a failover "
                                                   "knows region B accepts uploads); unset: region A's "
                                                   "health_port_base (9400 when 0) + region_b_port_offset")
+    intake_public_url: str | None = Field(None, description="Base URL clients reach this region's HTTP intake at "
+                                          "(`tapeline serve`; a fenced region's intake names the active region's in "
+                                          "its 503); unset: http://<serve_host, 127.0.0.1 for a wildcard>:<serve_port>")
+    region_b_intake_public_url: str | None = Field(None, description="Base URL of region B's HTTP intake; unset: "
+                                                   "region A's intake address with its port + region_b_port_offset "
+                                                   "(http://127.0.0.1:18400)")
     region_check_interval_s: float = Field(5.0, gt=0, description="`tapeline run`: seconds between its checks "
                                            "that its region still holds the job history (a region fenced by a "
                                            "failover stops its processors; docs/regions.md \"Failover\")")
@@ -405,6 +415,19 @@ class Settings(BaseSettings):
     storage_pressure_retention_s: float = Field(300.0, description="Cleanup retention of ended jobs' work objects "
                                                 "and checkpoints while storage is past its limit, seconds")
 
+    @field_validator("public_base_url", "intake_public_url", "region_b_intake_public_url")
+    @classmethod
+    def _http_url(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """A public address is an http(s) URL with a host, kept without its trailing slash; empty
+        means unset ("" for `public_base_url`, else None). Raises ValueError for anything else."""
+        if value is None or not value.strip():
+            return "" if info.field_name == "public_base_url" else None
+        value = value.strip().rstrip("/")
+        scheme, _, rest = value.partition("://")
+        if scheme not in ("http", "https") or not rest:
+            raise ValueError(f"{value!r} is not an http:// or https:// URL")
+        return value
+
     @field_validator("s3_access_key", "s3_secret_key", "s3_ca_bundle", "s3_sse", "s3_sse_kms_key_id",
                      mode="before")
     @classmethod
@@ -470,6 +493,8 @@ class Settings(BaseSettings):
         - S3: `s3_endpoint` with its port + offset (29000), same bucket and credentials;
         - home: `<home>/region-b`; the Kafka jars stay region A's (`kafka_jars`);
         - its processors' health ports from `region_b_health_port_base` (19400: 9400 + offset);
+        - its HTTP intake's public address from `region_b_intake_public_url`, else region A's
+          `intake_address` with its port + offset (http://127.0.0.1:18400);
         - one Kafka node, so its topics' replicas and `min.insync.replicas` are 1 whatever region A's.
 
         Topic names, app name and every other setting are kept: the mirror keeps topic names
@@ -499,7 +524,19 @@ class Settings(BaseSettings):
             "health_port_base": self.region_b_health_port_base if self.region_b_health_port_base is not None
             else (self.health_port_base or 9400) + offset,
             "kafka_jars": self.kafka_jars or Path(self.home) / "kafka" / "libs",
+            "intake_public_url": self.region_b_intake_public_url
+            or _with_port(self.intake_address, offset, relative=True),
         })
+
+    @property
+    def intake_address(self) -> str:
+        """Base URL (no trailing slash) clients reach this region's HTTP intake at: `intake_public_url`,
+        else `http://<serve_host>:<serve_port>` (127.0.0.1 for a wildcard bind address). Region B's is
+        set by `for_region` (`region_b_intake_public_url`, else region A's with its port + offset)."""
+        if self.intake_public_url:
+            return self.intake_public_url
+        host = "127.0.0.1" if self.serve_host in ("0.0.0.0", "::", "") else self.serve_host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.serve_port}"
 
     @property
     def replicator_health_address(self) -> str | None:

@@ -82,10 +82,13 @@ class Refusal:
     error: str
     reason: str
     retry_after_s: int | None = None
+    details: tuple[tuple[str, Any], ...] = ()
+    """Further fields of the JSON answer as `(name, value)` pairs (e.g. `region_fenced`'s
+    `active_region` and `upload_to`, `domain/regions.py` `intake_refusal`); none for most refusals."""
 
     def body(self) -> dict[str, Any]:
-        """The JSON answer: `{error, reason, retry_after_s}`."""
-        return {"error": self.error, "reason": self.reason, "retry_after_s": self.retry_after_s}
+        """The JSON answer: `{error, reason, retry_after_s}` and the `details` fields."""
+        return {"error": self.error, "reason": self.reason, "retry_after_s": self.retry_after_s, **dict(self.details)}
 
     def headers(self) -> dict[str, str]:
         """`Retry-After` when retrying later helps, else none."""
