@@ -353,6 +353,14 @@ class _Reading(_Faults):
         self.ends_told: dict[Partition, int] = {}
         self.closed = False
 
+    def _check(self, call: str, *arguments: Any) -> None:
+        """Raise the fault injected for `call`, or the client's error once closed."""
+        error, _ = self._fault(call, *arguments)
+        if self.closed:
+            raise RuntimeError("Consumer closed")
+        if error is not None:
+            raise error
+
     def _eof(self) -> bool:
         return str(self.overrides.get("enable.partition.eof", False)).lower() in ("true", "1")
 
@@ -381,13 +389,6 @@ class MemoryReader(_Reading):
         self.topics: list[str] = []
         self.rebalance: str | None = None
         """"assign" or "revoke": what the next `poll` does first."""
-
-    def _check(self, call: str, *arguments: Any) -> None:
-        error, _ = self._fault(call, *arguments)
-        if self.closed:
-            raise RuntimeError("Consumer closed")
-        if error is not None:
-            raise error
 
     def subscribe(self, topics: list[str], on_assign=None, on_revoke=None, on_lost=None) -> None:
         """Join the group on `topics` (the partitions come in the next `poll`). Raises
@@ -472,13 +473,6 @@ class MemoryReader(_Reading):
 class MemoryAssignedReader(_Reading):
     """The `AssignedReader` port of `InMemoryEventLog`: records come out as `tests.fakelog.FakeMessage`
     (a `LogRecord`, as the client's `Message` is), partition ends as `PartitionEnd`."""
-
-    def _check(self, call: str, *arguments: Any) -> None:
-        error, _ = self._fault(call, *arguments)
-        if self.closed:
-            raise RuntimeError("Consumer closed")
-        if error is not None:
-            raise error
 
     def assign(self, positions: list[tuple[str, int, int | None]]) -> None:
         self._check("assign", positions)

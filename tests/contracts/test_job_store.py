@@ -22,6 +22,7 @@ from tapeline.postgres import PostgresJobStore
 from tapeline.settings import Settings
 from tests.conftest import own_database
 from tests.memory_jobs import InMemoryJobStore
+from tests.integration.helpers import terminate_session
 
 
 @pytest.fixture(scope="module")
@@ -39,16 +40,6 @@ def offsets_kept(store: InMemoryJobStore, params: dict[str, Any]) -> dict[str, i
     return {"next_offset": max(found)} if found else None
 
 
-def terminate(store: PostgresJobStore, settings: Settings) -> None:
-    """End `store`'s session from another one, as a server restart would."""
-    pid = store.connection().info.backend_pid
-    other = PostgresJobStore(settings)
-    try:
-        other.connection().execute("SELECT pg_terminate_backend(%s)", (pid,))
-    finally:
-        other.close()
-
-
 @pytest.fixture(params=["memory", "postgres"])
 def store(request) -> Iterator[tuple[JobStore, Callable[[], None]]]:
     """(the store, how to lose its session under it)."""
@@ -59,7 +50,7 @@ def store(request) -> Iterator[tuple[JobStore, Callable[[], None]]]:
     settings: Settings = request.getfixturevalue("database")
     real = PostgresJobStore(settings)
     try:
-        yield real, lambda: terminate(real, settings)
+        yield real, lambda: terminate_session(real, settings)
     finally:
         real.close()
 

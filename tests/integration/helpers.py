@@ -11,7 +11,7 @@ from domain import events as ev
 from domain.codec import default_codec
 from devstack.chaos import committed_messages, keys_under  # re-exported for the tests
 
-__all__ = ["committed_messages", "keys_under", "committed_events", "of_job", "answer_of", "free_ports"]
+__all__ = ["committed_messages", "keys_under", "committed_events", "of_job", "answer_of", "free_ports", "terminate_session"]
 from tapeline.settings import Settings
 
 
@@ -71,3 +71,16 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def terminate_session(store, settings: Settings) -> None:
+    """End `store`'s (a `PostgresJobStore`) session from another session, as a server restart or a
+    dead link would."""
+    from tapeline.postgres import PostgresJobStore
+
+    pid = store.connection().info.backend_pid
+    other = PostgresJobStore(settings)
+    try:
+        other.connection().execute("SELECT pg_terminate_backend(%s)", (pid,))
+    finally:
+        other.close()

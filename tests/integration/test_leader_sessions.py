@@ -13,6 +13,7 @@ import pytest
 
 from domain.errors import ServiceUnavailable
 from tapeline.postgres import PostgresJobStore
+from tests.integration.helpers import terminate_session
 
 pytestmark = pytest.mark.integration
 
@@ -38,31 +39,21 @@ def test_a_leader_session_gives_up_on_a_silent_peer_and_others_keep_the_defaults
         plain.close()
 
 
-def terminate(store: PostgresJobStore, settings) -> None:
-    """End `store`'s session from another session, as a server restart or a dead link would."""
-    pid = store.connection().info.backend_pid
-    other = PostgresJobStore(settings)
-    try:
-        other.connection().execute("SELECT pg_terminate_backend(%s)", (pid,))
-    finally:
-        other.close()
-
-
 def test_a_lost_session_is_unavailable_once_then_reopened_but_a_leader_never_reopens(base_settings):
     plain, leader = PostgresJobStore(base_settings), PostgresJobStore(base_settings, leader=True)
     try:
         first = plain.connection().info.backend_pid
-        terminate(plain, base_settings)
+        terminate_session(plain, base_settings)
         with pytest.raises(ServiceUnavailable, match="PostgreSQL session lost during schema_missing"):
             plain.one("schema_missing", {"schema": "public"})
         assert plain.one("schema_missing", {"schema": "public"}), "the next call runs on a new session"
         assert plain.connection().info.backend_pid != first
-        terminate(plain, base_settings)
+        terminate_session(plain, base_settings)
         with pytest.raises(ServiceUnavailable, match="during a transaction"):
             with plain.transaction():
                 plain.one("schema_missing", {"schema": "public"})
 
-        terminate(leader, base_settings)
+        terminate_session(leader, base_settings)
         for _ in range(2):  # its leader lock went with the session: never a quiet new one
             with pytest.raises(psycopg.OperationalError):
                 leader.one("schema_missing", {"schema": "public"})
