@@ -51,7 +51,7 @@ from devstack import broker_faults  # noqa: E402
 from devstack.chaos import keys_under  # noqa: E402
 from devstack.link_faults import PARTITION_TIMING, stamped  # noqa: E402
 from devstack.link_faults import false_stalls as unjustified  # noqa: E402
-from devstack.netns import Topology  # noqa: E402
+from devstack.netns import Topology, unavailable  # noqa: E402
 from devstack.tcp_proxy import TcpForwarder  # noqa: E402
 from domain import events as ev  # noqa: E402
 from domain.pipeline import STAGE_NAMES  # noqa: E402
@@ -118,8 +118,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.smoke:
         args.rounds, args.jobs = 1, 1
-    if os.geteuid() != 0:
-        print("bench/partitions.py needs root: it makes network namespaces (ip netns)")
+    if (reason := unavailable()) is not None:
+        print(f"bench/partitions.py makes network namespaces (ip netns): {reason}")
         return 2
     base = Settings()
     work = Path(tempfile.mkdtemp(prefix="bench-partitions-"))

@@ -12,16 +12,66 @@ The layout (`Topology`), all addresses in 10.250.<k>.0/24 with k picked free at 
 `flap(...)` cuts it briefly and repeatedly; `cut(name)` sets the root end of a host's veth down (processes stay alive; TCP sends no reset, its
 connections time out), `heal(name)` sets it up. `close()` deletes the namespaces, the veth pairs
 and the address on `lo`, also after a failure (deleting a namespace deletes its veth end and so the
-pair).
+pair). A topology whose process was killed before `close()` (kill -9, a machine restart of the
+session) cannot clean up after itself: each topology writes an owner file under `OWNERS_DIR` (its
+process id and start time, namespaces, links, address), and `open()` first deletes what every
+owner that is no longer running left behind (`sweep_stale`).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import shutil
 import subprocess
 import threading
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
+
+OWNERS_DIR = Path("/run/tapeline-netns")
+"""One JSON file per open topology (`<tag>.json`): who made it and what it made. Under /run, which a
+reboot empties together with the namespaces themselves."""
+
+
+def unavailable() -> str | None:
+    """Why test hosts cannot be made here (not root, or no `ip`), or None when they can."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None:
+        return "network namespaces need iproute2 (`ip`)"
+    return None
+
+
+def _started(pid: int) -> str | None:
+    """The start time of process `pid` (field 22 of /proc/<pid>/stat, clock ticks since boot), or None
+    when no such process runs: with the pid it names one process, even after the pid is reused."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def sweep_stale() -> list[str]:
+    """Delete the namespaces, links and service addresses of every topology whose owner process is
+    gone (`OWNERS_DIR`); returns the namespaces deleted. Never raises for what is already gone."""
+    deleted: list[str] = []
+    for owner_file in sorted(OWNERS_DIR.glob("*.json")) if OWNERS_DIR.is_dir() else []:
+        try:
+            owner = json.loads(owner_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if _started(owner["pid"]) == owner["started"]:
+            continue  # still running: its own close() cleans up
+        for link in owner["links"]:
+            ip("link", "del", link, check=False)
+        for namespace in owner["namespaces"]:
+            if ip("netns", "del", namespace, check=False).returncode == 0:
+                deleted.append(namespace)
+        ip("addr", "del", f"{owner['service']}/32", "dev", "lo", check=False)
+        owner_file.unlink(missing_ok=True)
+    return deleted
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -74,12 +124,19 @@ class Topology:
         self.service = f"10.250.{self.block}.1"
 
     def open(self) -> "Topology":
-        """Make the namespaces and links; on failure deletes what it made and raises `RuntimeError`."""
+        """Delete what killed topologies left (`sweep_stale`), record this one's owner, then make the
+        namespaces and links; on failure deletes what it made and raises `RuntimeError`."""
+        sweep_stale()
+        hosts = [Host(name, f"tl{self.tag}-{name}", f"tl{self.tag}{name}"[:15], f"10.250.{self.block}.{4 * i + 6}")
+                 for i, name in enumerate(self.names)]
+        OWNERS_DIR.mkdir(parents=True, exist_ok=True)
+        self.owner_file.write_text(json.dumps({
+            "pid": os.getpid(), "started": _started(os.getpid()), "service": self.service,
+            "namespaces": [h.namespace for h in hosts], "links": [h.root_link for h in hosts]}))
         try:
             ip("addr", "add", f"{self.service}/32", "dev", "lo")
-            for i, name in enumerate(self.names):
-                host = Host(name, f"tl{self.tag}-{name}", f"tl{self.tag}{name}"[:15],
-                            f"10.250.{self.block}.{4 * i + 6}")
+            for i, host in enumerate(hosts):
+                name = host.name
                 gateway = f"10.250.{self.block}.{4 * i + 5}"
                 ip("netns", "add", host.namespace)
                 self.hosts[name] = host
@@ -140,3 +197,9 @@ class Topology:
             ip("netns", "del", host.namespace, check=False)
         self.hosts.clear()
         ip("addr", "del", f"{self.service}/32", "dev", "lo", check=False)
+        self.owner_file.unlink(missing_ok=True)
+
+    @property
+    def owner_file(self) -> Path:
+        """This topology's owner record (`sweep_stale` reads it after a kill)."""
+        return OWNERS_DIR / f"{self.tag}.json"
