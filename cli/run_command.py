@@ -8,13 +8,13 @@ import os
 import signal
 import sys
 import threading
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 
 import structlog
 
-from domain.errors import DatabaseAccessRefused, KafkaAccessRefused, StorageAccessRefused, StorageError, TapelineError
+from domain.errors import AccessRefused, KafkaAccessRefused, StorageAccessRefused, StorageError, TapelineError
 from tapeline import logs
 from cli.helpers import region_settings, console, fail, load_settings
 from domain.pipeline import STAGE_NAMES
@@ -46,11 +46,6 @@ def as_role(settings: Settings, role: str) -> Settings:
     return settings.model_copy(update={"kafka_role": role})
 
 
-Refusal = KafkaAccessRefused | DatabaseAccessRefused | StorageAccessRefused
-"""A service refused this process's credentials or certificates: retrying with the same settings
-cannot help."""
-
-
 def check_storage_access(settings: Settings, role: str) -> None:
     """Before a role that uses the bucket starts (`cli.wiring.STORAGE_ROLES`; `all` runs them): raise
     `StorageAccessRefused` when S3 refuses its credentials or TLS (`tapeline.objectstore.check_access`).
@@ -69,7 +64,15 @@ def check_storage_access(settings: Settings, role: str) -> None:
                                                     error=str(exc))
 
 
-def hold_refusal(settings: Settings, role: str, exc: Refusal) -> int:
+def exit_refused(settings: Settings, role: str, exc: AccessRefused) -> NoReturn:
+    """A refusal met while `run` starts: `run --role all` exits `ACCESS_REFUSED_EXIT_CODE` at once (its
+    children would each meet it), a single role holds it (`hold_refusal`), then exits."""
+    if role == "all":
+        fail(exc, code=ACCESS_REFUSED_EXIT_CODE)
+    raise typer.Exit(hold_refusal(settings, role, exc))
+
+
+def hold_refusal(settings: Settings, role: str, exc: AccessRefused) -> int:
     """`refused` for a refusal met before the role's processor was built (its region check): the health
     server on `settings.health_port` answers `/health/ready` with it until SIGTERM/SIGINT."""
     from tapeline.health import HealthServer, HealthState
@@ -105,7 +108,7 @@ def run_role(settings: Settings, role: str) -> int:
         try:
             processor = build_processor(role, settings, health)
             processor.run(stop)
-        except KafkaAccessRefused as exc:
+        except AccessRefused as exc:
             return refused(exc, health, stop)
     finally:
         if server is not None:
@@ -118,16 +121,15 @@ ACCESS_REFUSED_EXIT_CODE = 78
 PostgreSQL its login or TLS, or S3 its credentials or TLS."""
 
 
-def refused(exc: Refusal, health, stop: threading.Event) -> int:
+def refused(exc: AccessRefused, health, stop: threading.Event) -> int:
     """Kafka refused this role (a certificate, password or ACL), or PostgreSQL (TLS, login) or S3 did
     (TLS, credentials): log
     it once, answer `/health/ready` 503 with the reason, do nothing more until stopped (no retry
     loop: the same settings are refused again, and a supervisor would restart the process into the
     same refusal), then exit `ACCESS_REFUSED_EXIT_CODE`."""
     log = structlog.get_logger("tapeline.run")
-    service = ("postgresql" if isinstance(exc, DatabaseAccessRefused)
-               else "s3" if isinstance(exc, StorageAccessRefused) else "kafka")
-    log.error(f"{service} refused this process; fix its settings and start it again", kind=exc.kind, error=str(exc))
+    log.error(f"{exc.service} refused this process; fix its settings and start it again", kind=exc.kind,
+              error=str(exc))
     health.mark_refused(str(exc))
     print(f"error: {exc}", file=sys.stderr, flush=True)
     stop.wait()
@@ -160,9 +162,7 @@ def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f
     try:
         reason = check_region(settings.region, regions)  # a fenced region's processors write nothing
     except KafkaAccessRefused as exc:
-        if role == "all":
-            fail(exc, code=ACCESS_REFUSED_EXIT_CODE)
-        raise typer.Exit(hold_refusal(settings, role, exc))
+        exit_refused(settings, role, exc)
     if reason is not None:
         fail(RuntimeError(reason), code=FENCED_EXIT_CODE)
     guard = None
@@ -176,10 +176,8 @@ def run(role: str = typer.Option("all", "--role", envvar="TAPELINE_ROLE", help=f
         try:
             run_migrations(settings.database_url, settings.db_schema, settings.reader_role)
             check_storage_access(settings, role)
-        except (DatabaseAccessRefused, StorageAccessRefused) as exc:
-            if role == "all":
-                fail(exc, code=ACCESS_REFUSED_EXIT_CODE)
-            raise typer.Exit(hold_refusal(settings, role, exc))
+        except AccessRefused as exc:
+            exit_refused(settings, role, exc)
         if role == "all":
             code = supervisor.supervise(supervisor.ROLES, grace_s=settings.shutdown_grace_s,
                                         health_port_base=settings.health_port_base,

@@ -177,10 +177,9 @@ def storage_meter(settings: Settings):
     import time
 
     from tapeline.objects import StorageGauge
-    from tapeline.objectstore import ObjectStore
+    from tapeline.objectstore import ObjectStore, one_quick_try
 
-    quick = settings.model_copy(update={"s3_max_attempts": 1, "s3_read_timeout_s": min(3.0, settings.s3_read_timeout_s),
-                                        "s3_connect_timeout_s": min(3.0, settings.s3_connect_timeout_s)})
+    quick = one_quick_try(settings)
     gauge = StorageGauge(quick, ObjectStore(quick))
     failed: list[tuple[float, Exception]] = []
 

@@ -30,7 +30,20 @@ class ConfigurationError(TapelineError):
     """A setting or a local service is missing or wrong."""
 
 
-class KafkaAccessRefused(ConfigurationError):
+class AccessRefused(Exception):
+    """A service refused this client's credentials or certificates: retrying with the same settings
+    cannot help. A mixin of the three refusals below; `service` names the service ("kafka",
+    "postgresql", "s3") and `kind` the check ("tls", "authentication", "authorisation").
+    `tapeline run` holds any of them the same way (cli/run_command.py `refused`)."""
+
+    service = ""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class KafkaAccessRefused(AccessRefused, ConfigurationError):
     """Kafka refused this client: a wrong or missing certificate, password or ACL.
 
     `kind` says which: "tls" (the TLS handshake failed: an untrusted or missing certificate),
@@ -39,9 +52,10 @@ class KafkaAccessRefused(ConfigurationError):
     stops with it (tapeline/kafka.py `access_refusal` classifies librdkafka's errors).
     """
 
+    service = "kafka"
+
     def __init__(self, kind: str, message: str) -> None:
-        super().__init__(f"Kafka refused this client ({kind}): {message}")
-        self.kind = kind
+        super().__init__(kind, f"Kafka refused this client ({kind}): {message}")
 
 
 class ServiceUnavailable(TapelineError):
@@ -50,7 +64,7 @@ class ServiceUnavailable(TapelineError):
     error_class = "broker_transient"
 
 
-class DatabaseAccessRefused(ServiceUnavailable):
+class DatabaseAccessRefused(AccessRefused, ServiceUnavailable):
     """PostgreSQL refused this client: a TLS failure (an untrusted or missing certificate, a name that
     does not match, a server without TLS where sslmode requires it) or an authentication failure (a
     wrong password, no pg_hba.conf entry for this user or address).
@@ -61,9 +75,7 @@ class DatabaseAccessRefused(ServiceUnavailable):
     with the reason, no restart loop (tapeline/postgres.py `connect` classifies libpq's messages).
     """
 
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
+    service = "postgresql"
 
 
 class SchemaError(TapelineError):
@@ -131,7 +143,7 @@ class StorageError(TapelineError):
     error_class = "storage_transient"
 
 
-class StorageAccessRefused(StorageError):
+class StorageAccessRefused(AccessRefused, StorageError):
     """The S3 endpoint refused this client's credentials or TLS: an unknown access key, a wrong
     secret, an expired token, no credentials anywhere in the default chain, or an endpoint whose
     certificate is not trusted (or that does not speak TLS where the URL says https).
@@ -141,9 +153,7 @@ class StorageAccessRefused(StorageError):
     (tapeline/objectstore.py `access_refusal` classifies; `tapeline run` holds it like
     `KafkaAccessRefused`)."""
 
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
+    service = "s3"
 
 
 class ObjectMissing(StorageError):

@@ -505,15 +505,21 @@ def access_refusal(exc: BaseException) -> StorageAccessRefused | None:
     return None
 
 
+def one_quick_try(settings: Settings, timeout_s: float = 3.0) -> Settings:
+    """`settings` for an S3 client that gives up after one try of at most `timeout_s` seconds to
+    connect and to read (or the configured timeouts, when shorter): for a check or a gauge that must
+    not wait out the client's full retries."""
+    return settings.model_copy(update={"s3_max_attempts": 1,
+                                       "s3_read_timeout_s": min(timeout_s, settings.s3_read_timeout_s),
+                                       "s3_connect_timeout_s": min(timeout_s, settings.s3_connect_timeout_s)})
+
+
 def check_access(settings: Settings, timeout_s: float = 3.0) -> None:
-    """One quick listing of the bucket (`MaxKeys=0`, one try, `timeout_s` seconds to connect and to
-    read): returns when it is answered or denied for want of a permission. Raises
+    """One quick listing of the bucket (`MaxKeys=0`, `one_quick_try`): returns when it is answered or denied for want of a permission. Raises
     `StorageAccessRefused` when the credentials or the TLS are refused (`access_refusal`), and
     `StorageError` when the endpoint does not answer or the bucket does not exist."""
-    quick = settings.model_copy(update={"s3_max_attempts": 1, "s3_read_timeout_s": timeout_s,
-                                        "s3_connect_timeout_s": timeout_s})
     try:
-        client(quick).list_objects_v2(Bucket=settings.s3_bucket, MaxKeys=0)
+        client(one_quick_try(settings, timeout_s)).list_objects_v2(Bucket=settings.s3_bucket, MaxKeys=0)
     except (BotoCoreError, ClientError) as exc:
         refusal = access_refusal(exc)
         if refusal is not None:

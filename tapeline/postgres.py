@@ -460,22 +460,25 @@ class PostgresJobStore:
         self.connection()
 
     def _execute(self, name: str, params: dict[str, Any] | None):
-        try:
-            return self.connection().execute(q(name), params)
-        except psycopg.errors.LockNotAvailable as exc:
-            raise LockTimeout(f"{name}: {exc}") from exc
-        except psycopg.OperationalError as exc:
-            self._raise_if_session_lost(exc, name)
-            raise
+        with self._session_lost(name):
+            try:
+                return self.connection().execute(q(name), params)
+            except psycopg.errors.LockNotAvailable as exc:
+                raise LockTimeout(f"{name}: {exc}") from exc
 
-    def _raise_if_session_lost(self, exc: psycopg.OperationalError, during: str) -> None:
-        """`ServiceUnavailable` (the session dropped, so the next call opens another) when `exc` ended
-        this store's session and the store is no leader's; else nothing (the caller re-raises)."""
-        if self.leader or self._conn is None or not self._conn.closed:
-            return
-        self._conn = None
-        raise ServiceUnavailable(f"PostgreSQL session lost during {during} (a new one opens on the next "
-                                 f"call): {exc}".strip()) from exc
+    @contextlib.contextmanager
+    def _session_lost(self, during: str) -> Iterator[None]:
+        """Around a call on the session: `ServiceUnavailable` (the session dropped, so the next call
+        opens another) when a `psycopg.OperationalError` ended this store's session and the store is
+        no leader's; any other error, and a leader's lost session, goes on as it is."""
+        try:
+            yield
+        except psycopg.OperationalError as exc:
+            if self.leader or self._conn is None or not self._conn.closed:
+                raise
+            self._conn = None
+            raise ServiceUnavailable(f"PostgreSQL session lost during {during} (a new one opens on the next "
+                                     f"call): {exc}".strip()) from exc
 
     def all(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Every row of the named query."""
@@ -492,21 +495,14 @@ class PostgresJobStore:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
         """`Connection.transaction()` on the session: commit at the end, roll back on an exception."""
-        try:
-            with self.connection().transaction():
-                yield
-        except psycopg.OperationalError as exc:
-            self._raise_if_session_lost(exc, "a transaction")
-            raise
+        with self._session_lost("a transaction"), self.connection().transaction():
+            yield
 
     def wait_applied(self, topic: str, partition: int, target: int, timeout_s: float,
                      stop: threading.Event | None = None) -> None:
         """`wait_applied` on this session, projection `main`."""
-        try:
+        with self._session_lost("wait_applied"):
             wait_applied(self.connection(), topic, partition, target, timeout_s, stop=stop)
-        except psycopg.OperationalError as exc:
-            self._raise_if_session_lost(exc, "wait_applied")
-            raise
 
     def close(self) -> None:
         """End the session, if it was opened."""

@@ -7,16 +7,15 @@ tests: where cargo exists the engine must be built, so they fail instead of skip
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import struct
 from datetime import datetime, timedelta, timezone
 from types import ModuleType
 
-import pytest
 
 from domain import lifecycle
+from tests.conftest import missing_under_ci
 from projections import native, writes
 from projections.bulk import FoldState
 from projections.native import EngineSetup, NativeFoldState
@@ -29,11 +28,8 @@ def require_native() -> ModuleType:
     built from this repository's `schemas/lifecycle.json`, or collecting the test module fails (CI has
     cargo: a broken or stale build fails it instead of skipping the engine's tests)."""
     if shutil.which("cargo") is None and native.tapeline_native is None:
-        if os.environ.get("CI"):  # .ci/run: the bootstrap installs cargo and builds the engine, so never skip
-            pytest.fail("CI: no cargo on PATH and tapeline_native not built; the bootstrap should have built it",
-                        pytrace=False)
-        pytest.skip("no cargo on PATH and tapeline_native not built: the native engine cannot be tested here",
-                    allow_module_level=True)
+        missing_under_ci("no cargo on PATH and tapeline_native not built: the native engine cannot be tested "
+                         "here (under CI the bootstrap should have built it)", module_level=True)
     import tapeline_native  # an ImportError here fails the collection, as it should where cargo exists
 
     native.check_build()  # NativeUnsupported for a build from another lifecycle.json
