@@ -26,7 +26,7 @@ def _wait_for_job(settings: Settings, job_id: str, timeout_s: float, show_progre
 
     started = time.monotonic()
     deadline, next_cluster_check = started + timeout_s, started + 3.0
-    with read.open_reader(settings) as conn:
+    with _reader_once_migrated(settings, deadline) as conn:
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
                       TimeElapsedColumn(), console=console, disable=not show_progress, transient=False) as bar:
             task = bar.add_task("waiting for intake", total=100)
@@ -45,6 +45,21 @@ def _wait_for_job(settings: Settings, job_id: str, timeout_s: float, show_progre
                                         f"(state: {row['state'] if row else 'not yet accepted'}); "
                                         "are the processors running? `tapeline run --role all --detach`")
                 time.sleep(0.3)
+
+
+def _reader_once_migrated(settings: Settings, deadline: float):
+    """`read_model.open_reader`, waiting (until `deadline`, monotonic seconds) while the projection
+    schema has no tables yet: processors started a moment ago (`make demo`: `run --detach`, then
+    the demo at once) migrate it as they start. Raises `ProjectionMissing` after the deadline."""
+    from projections import read_model as read
+
+    while True:
+        try:
+            return read.open_reader(settings)
+        except read.ProjectionMissing:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _refuse_other_cluster(settings: Settings, conn) -> None:

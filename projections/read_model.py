@@ -18,15 +18,20 @@ from domain.errors import ConfigurationError
 from tapeline.rows import TierBacklog, letter_attempts, tier_backlogs  # noqa: F401 (pure; re-exported)
 from tapeline.settings import Settings
 
+class ProjectionMissing(ConfigurationError):
+    """The projection schema holds no tables yet: never migrated, or its processors are starting and
+    have not migrated it yet."""
+
+
 def open_reader(settings: Settings) -> psycopg.Connection:
-    """An autocommit connection (dict rows) to the projection schema. Raises `ConfigurationError`
-    when the schema holds no projection yet (never migrated, or missing), instead of failing later
+    """An autocommit connection (dict rows) to the projection schema. Raises `ProjectionMissing` (a
+    `ConfigurationError`) when the schema holds no projection yet (never migrated, or missing), instead of failing later
     with `UndefinedTable` on the first read."""
     conn = connect(settings.database_url, schema=settings.db_schema, autocommit=True)
     conn.row_factory = psycopg.rows.dict_row
     if conn.execute(q("projection_missing")).fetchone()["missing"]:
         conn.close()
-        raise ConfigurationError(f"projection schema {settings.db_schema} has no tables yet: start the projector "
+        raise ProjectionMissing(f"projection schema {settings.db_schema} has no tables yet: start the projector "
                                  "(`tapeline run`) or run `tapeline migrate`")
     return conn
 
