@@ -18,7 +18,11 @@ a fold of the log), and the log gives the attempts that started but did not succ
 and the `StallDetected` events.
 
 Usage: python bench/broker_failover.py [--kills 3] [--jobs 4] [--seed 1] [--keep] [--smoke]
-(`--smoke`: one kill with two jobs, for `bench/run.py --smoke`.)
+                                      [--cluster HOME BOOTSTRAP CONTROLLER_PORT]
+(`--smoke`: one kill with two jobs, for `bench/run.py --smoke`; `--cluster`: use a running three-node
+cluster started by `tapeline stack up --brokers 3` with that home and ports, and leave it running
+with every node up and in sync: `tests/faults/test_broker_failover.py` runs the smoke on its module's
+cluster so the suite starts one three-node cluster, not two.)
 Prints the figures and ends with one line
 `RESULT kills=... pause_median_s=... pause_max_s=... elect_median_s=... elect_max_s=... attempts_lost=...
 stalls=... duplicates=... lost=...`.
@@ -94,25 +98,34 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help="keep the processors' log (run.log) and the cluster's files")
     parser.add_argument("--smoke", action="store_true", help="tiny run: --kills 1 --jobs 2")
+    parser.add_argument("--cluster", nargs=3, metavar=("HOME", "BOOTSTRAP", "CONTROLLER_PORT"),
+                        help="a running three-node cluster to use (and leave running) instead of a fresh one")
     args = parser.parse_args()
     if args.smoke:
         args.kills, args.jobs = 1, 2
     random.seed(args.seed)
 
     work = Path(tempfile.mkdtemp(prefix="bench-broker-failover-"))
-    port = faults.free_port_block()
-    cluster = {"home": work / "cluster", "kafka_bootstrap": f"127.0.0.1:{port}", "kafka_controller_port": port + 1,
-               "kafka_brokers": 3}
+    if args.cluster:
+        home, bootstrap, controller_port = args.cluster
+        cluster = {"home": Path(home), "kafka_bootstrap": bootstrap, "kafka_controller_port": int(controller_port),
+                   "kafka_brokers": 3}
+    else:
+        port = faults.free_port_block()
+        cluster = {"home": work / "cluster", "kafka_bootstrap": f"127.0.0.1:{port}", "kafka_controller_port": port + 1,
+                   "kafka_brokers": 3}
     cluster_settings = Settings().model_copy(update=cluster)
+    stop_cluster = (lambda: None) if args.cluster else (lambda: stack.down(cluster_settings))
     provider = ProviderProcess(work)
     pipeline = None
     try:
-        stack.up(cluster_settings)
+        if not args.cluster:
+            stack.up(cluster_settings)
         settings = bench_settings("brokerfail", **cluster, **faults.CLUSTER_TIMING, webhook_url=provider.url,
                                   webhook_dedupes=False)
     except BaseException:
         provider.stop()
-        stack.down(cluster_settings)
+        stop_cluster()
         raise
     log_path = work / "run.log"
     log = open(log_path, "ab")
@@ -168,7 +181,7 @@ def main() -> int:
         stamps = sorted(m.timestamp()[1] / 1000 for m in messages)
     finally:
         drop_bench_database(settings)
-        stack.down(cluster_settings)
+        stop_cluster()
     for kill in kills:
         kill["pause_s"] = faults.longest_gap(stamps, kill["at"], kill["until"])
         print(f"node {kill['node']:.0f}: elect {kill['elect_s']:.1f} s, pause {kill['pause_s']:.1f} s")

@@ -107,14 +107,16 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def run_benchmark(script: Path, smoke: bool, timeout_s: float, env: dict[str, str] | None = None) -> Outcome:
+def run_benchmark(script: Path, smoke: bool, timeout_s: float, env: dict[str, str] | None = None,
+                  args: tuple[str, ...] = ()) -> Outcome:
     """Run one benchmark script as a child (its own session) and judge it (see the module docstring).
 
-    `script`: path of a Python script; `smoke` adds `--smoke`; stdout and stderr are read together.
+    `script`: path of a Python script; `smoke` adds `--smoke`, `args` follow it; stdout and stderr
+    are read together.
     Never raises for the benchmark's failures: they are in `Outcome.error`.
     """
     name = script.stem
-    command = [sys.executable, str(script)] + (["--smoke"] if smoke else [])
+    command = [sys.executable, str(script)] + (["--smoke"] if smoke else []) + list(args)
     started = time.monotonic()
     child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_default_sigint)

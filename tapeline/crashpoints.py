@@ -42,6 +42,34 @@ def tier_for_point(point: str) -> str:
     return pipeline.profile_running(stage)
 
 
+def crash_point_rounds(points: tuple[str, ...] = PIPELINE_CRASH_POINTS) -> list[tuple[tuple[str, ...], str]]:
+    """`points` in rounds that one job can pass: at most one point per process (the point's first
+    part: `intake`, a stage, `projector`, `watchdog`), taken in order, so each round kills each
+    process at most once; with the tier of the round's job (`tier_for_point`: a round with an
+    `archive` point runs a job of that profile, which passes every stage of the default one too).
+
+    Returns `[(points, tier), ...]`, every point exactly once; raises `ValueError` when a round would
+    need two profiles (two points whose stages no one profile runs).
+    """
+    queues: dict[str, list[str]] = {}
+    for point in points:
+        queues.setdefault(point.partition(".")[0], []).append(point)
+    rounds: list[tuple[tuple[str, ...], str]] = []
+    while any(queues.values()):
+        taken = tuple(queue.pop(0) for queue in queues.values() if queue)
+        tiers = {tier_for_point(point) for point in taken} - {"standard"}
+        if len(tiers) > 1:
+            raise ValueError(f"no one job passes {taken}: tiers {sorted(tiers)}")
+        tier = tiers.pop() if tiers else "standard"
+        profile = pipeline.profile_for_tier(tier)
+        off_path = [p for p in taken if p.partition(".")[0] in pipeline.BY_NAME
+                    and p.partition(".")[0] not in pipeline.profile_stages(profile)]
+        if off_path:
+            raise ValueError(f"a job of tier {tier} never passes {off_path}")
+        rounds.append((taken, tier))
+    return rounds
+
+
 NOTIFY_CRASH_POINTS: tuple[str, ...] = (
     # the notifier (processors/notify.py): NotificationIntended, the POST, its record
     "notify.intended.before_produce", "notify.intended.after_produce", "notify.intended.after_commit",

@@ -249,3 +249,21 @@ def test_two_brokers_down_block_the_pipeline_and_it_resumes_when_one_returns(clu
     # see test_a_commit_that_timed_out_does_not_wedge_its_writer.)
     _through_a_fault(cluster, tmp_path, clips, "two-down", kill_two, lease_s=90.0,
                      no_progress_timeout_s=90.0)
+
+
+def test_the_broker_failover_benchmark_smoke_runs_on_this_cluster(cluster):
+    """`bench/broker_failover.py --smoke` (one kill, two jobs) on this module's cluster instead of a
+    cluster of its own (tests/integration/test_bench_smoke.py `SMOKED_ELSEWHERE`): its RESULT line
+    has every figure, no duplicate, no lost job, and the cluster is left with every node in sync."""
+    from bench.run import BENCH, TIMEOUT_S, run_benchmark
+    from tests.integration.test_bench_smoke import KEYS
+
+    outcome = run_benchmark(BENCH / "broker_failover.py", smoke=True, timeout_s=TIMEOUT_S["smoke"],
+                            args=("--cluster", str(cluster.home), cluster.kafka_bootstrap,
+                                  str(cluster.kafka_controller_port)))
+    print(f"broker_failover: {outcome.seconds:.1f} s: {outcome.line}")
+    assert outcome.error is None, f"--smoke: {outcome.error}; last lines:\n{outcome.tail()}"
+    assert KEYS["broker_failover"] <= set(outcome.figures), outcome.line
+    assert outcome.figures["kills"] == 1, "the smoke's node was not killed"
+    assert outcome.figures["duplicates"] == 0 and outcome.figures["lost"] == 0, outcome.line
+    assert [n["up"] for n in stack.status(cluster)["kafka"]["nodes"]] == [True, True, True]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from domain import pipeline
 from domain.lifecycle_data import LIFECYCLE
-from tapeline.crashpoints import PIPELINE_CRASH_POINTS, tier_for_point
+from tapeline.crashpoints import PIPELINE_CRASH_POINTS, crash_point_rounds, tier_for_point
 from tapeline.settings import Settings
 
 
@@ -62,3 +62,25 @@ def test_crash_point_jobs_cover_every_profiled_stage():
     assert pipeline.profile_for_tier(tier_for_point("archive.before_put")) == "archive"
     assert {s for p in PIPELINE_CRASH_POINTS for s in [p.partition(".")[0]] if s in pipeline.BY_NAME} == \
         set(pipeline.profiled_stages())
+
+
+def test_crash_point_rounds_take_every_point_once_and_kill_each_process_once_per_round():
+    rounds = crash_point_rounds(PIPELINE_CRASH_POINTS)
+    flat = [point for points, _ in rounds for point in points]
+    assert sorted(flat) == sorted(PIPELINE_CRASH_POINTS)
+    for points, tier in rounds:
+        processes = [point.partition(".")[0] for point in points]
+        assert len(processes) == len(set(processes)), points
+        stages = {p for p in processes if p in pipeline.BY_NAME}
+        assert stages <= set(pipeline.profile_stages(pipeline.profile_for_tier(tier))), (points, tier)
+    # a process's points keep their order: claim before heartbeats before completion
+    assert [p for p in flat if p.startswith("publish.")] == [p for p in PIPELINE_CRASH_POINTS if p.startswith("publish.")]
+    assert len(rounds) == max(sum(p.startswith(s + ".") for p in PIPELINE_CRASH_POINTS) for s in ("publish", "transcode"))
+
+
+def test_crash_point_rounds_refuse_points_no_one_job_passes(monkeypatch):
+    import pytest
+
+    monkeypatch.setattr(pipeline, "profile_stages", lambda profile: ("transcode",) if profile == "default" else ("archive",))
+    with pytest.raises(ValueError, match="passes"):
+        crash_point_rounds(("archive.before_put", "publish.before_marker"))
