@@ -52,7 +52,10 @@ to be pasted into issues and logs, and secrets are never logged.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import subprocess
 import time
 from typing import Any, Callable
@@ -61,7 +64,8 @@ from rich.console import Console
 
 from tapeline.settings import Settings
 
-from tapeline.home import StackError, HomePaths, locked, home_paths, read_state, say, update_state, stop_owned
+from tapeline.home import (StackError, HomePaths, locked, home_paths, owned_pid, read_state, say, update_state,
+                           stop_owned)
 from devstack.ffmpeg import ffmpeg_version, check_ffmpeg
 from devstack.kafka_nodes import (KafkaNode, start_kafka, wait_for_kafka, kafka_nodes, kafka_status, start_kafka_node,
                                   secured, stack_client)
@@ -203,6 +207,13 @@ def down(settings: Settings, console: Console | None = None) -> None:
         down_mirror(paths, console)  # the failback's mirror b -> a and replicator into A (region rejoin a), if they run
         down_replicator(paths, console)
         nodes = kafka_nodes(settings, paths)
+        if len(nodes) > 1:
+            # Every node told at once: stopped one by one, the last nodes lose the controller quorum their
+            # controlled shutdown waits for, and each waits out STOP_TIMEOUT_S before its SIGKILL.
+            for node in nodes:
+                if (pid := owned_pid(node.pid_file, node.markers)) is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGTERM)
         for name, pid_file, markers in ([(f"kafka node {n.node_id}" if len(nodes) > 1 else "kafka", n.pid_file, n.markers)
                                          for n in nodes] + [("s3", paths.s3_pid, s3_markers(settings))]):
             stop_owned(pid_file, markers, name, console)
