@@ -478,6 +478,19 @@ class RegionFailedOver(Event):
     planned: bool
 
 
+class JobDelayed(Event):
+    """A job in flight when its region was left: the failover tells its submitter once (`job.delayed`)
+    from the region now serving it. Written by `regions/failover.py` for each job accepted, queued,
+    running or waiting for a retry in the target's projection (`domain/regions.py` `delayed_event`);
+    stage `region`, attempt = the failover's epoch (one dedup key per job and failover); changes no state."""
+
+    reason: str
+    serving_region: str
+    from_region: str
+    epoch: int
+    state: str
+
+
 class WatchdogTick(Event):
     partition: int
     sequence: int

@@ -14,6 +14,9 @@ log that no longer reaches the active region.
 An attempt that was running in the region left behind is lost with it, not by its work: the failover
 judges it as a stall of its own kind, `region_lost` (`region_lost_row`), which `processors/watchdog.py`
 `run_once` retries at once and which gives its attempt back (`lifecycle.FREE_STALL_KINDS`).
+
+Every job in flight at the failover (`DELAYED_STATES`) is delayed by it, and its submitter is told
+once (`delayed_event`: a `JobDelayed` per job and epoch, which the notifier sends as `job.delayed`).
 """
 
 from __future__ import annotations
@@ -132,3 +135,26 @@ def region_lost_row(job: dict[str, Any], failover: ev.RegionFailedOver, now: dat
         return None
     return stalled_row(job, "region_lost", f"attempt ran in region {failover.from_region}, lost with it: failover to "
                                            f"region {failover.to_region} at epoch {failover.epoch}", now)
+
+
+DELAYED_STATES: tuple[str, ...] = ("accepted", "queued", "running", "retry_scheduled")
+"""The states of a job in flight: a failover delays it. A job ended, or waiting for a person
+(dead_lettered, needs_review), is not delayed by the region's change and is not told."""
+
+
+def delayed_event(job: Mapping[str, Any], failover: ev.RegionFailedOver, *, recorded_by: str,
+                  stamp: ev.Stamp) -> ev.JobDelayed | None:
+    """The `JobDelayed` that tells the submitter of `job` (a `job_state` row of the target region's
+    projection) that `failover` delayed it, or None when the job is not in flight (`DELAYED_STATES`).
+    Stage `region`, attempt = the failover's epoch: one dedup key per job and epoch, so running the
+    same failover again adds no second notification (the projection drops the duplicate)."""
+    if job.get("state") not in DELAYED_STATES:
+        return None
+    why = failover.reason.strip()
+    reason = (f"region {failover.from_region} was left for region {failover.to_region} "
+              f"({'planned switch' if failover.planned else 'outage'}{': ' + why if why else ''}); "
+              f"the job goes on in region {failover.to_region} from its last checkpoint")
+    return ev.JobDelayed.new(stamp, job_id=str(job["job_id"]), stage=REGION_EVENT_KEY, attempt=failover.epoch,
+                             recorded_by=recorded_by, correlation_id=failover.correlation_id,
+                             causation_id=failover.event_id, reason=reason, serving_region=failover.to_region,
+                             from_region=failover.from_region, epoch=failover.epoch, state=str(job["state"]))

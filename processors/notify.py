@@ -74,7 +74,8 @@ BATCH = 500
 
 DELIVERY_EVENTS = ("NotificationIntended", "NotificationDelivered", "NotificationFailed", "NotificationDeadLettered")
 
-PAYLOAD_FIELDS = ("master_url", "media_duration_s", "error_class", "reason", "operator", "upload_id", "refunded")
+PAYLOAD_FIELDS = ("master_url", "media_duration_s", "error_class", "reason", "operator", "upload_id", "refunded",
+                  "serving_region", "from_region")
 """Fields of the notified lifecycle event copied into the webhook's `data` (when it has them)."""
 
 

@@ -92,6 +92,7 @@ EVENTS: dict[str, str] = {
     "WebhookEndpointDisabled": "a customer endpoint failed for too long without a success and was disabled",
     "WatchdogTick": "the watchdog's tick: it moves the log clock of every partition",
     "RegionFailedOver": "a region took over the job history (tapeline region failover); the region it left is fenced",
+    "JobDelayed": "a failover moved this job in flight to another region; its submitter is told once (job.delayed)",
 }
 """Event types, as the timeline names them."""
 

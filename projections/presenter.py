@@ -167,6 +167,9 @@ def _summary(row: dict[str, Any]) -> str:
     if row["event_type"] == "ProviderBreakerChanged":
         return (f"{payload['provider']} {payload['from_state']}->{payload['to_state']} until={payload.get('until') or '-'} "
                 f"http={payload.get('http_status') or '-'} failures={payload['failures']} reason={payload['reason']}")
+    if row["event_type"] == "JobDelayed":
+        return (f"serving_region={payload['serving_region']} from_region={payload['from_region']} "
+                f"epoch={payload['epoch']} state={payload['state']}")
     if row["event_type"] in NOTIFICATION_EVENTS:
         return " ".join(f"{k}={payload[k]}" for k in NOTIFICATION_DETAIL if payload.get(k) is not None)
     if row["event_type"] == "OutputsWithdrawn":

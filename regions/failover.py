@@ -24,6 +24,9 @@ The steps, in order (each timed from the command's start, `FailoverReport.steps`
    Jobs queued, waiting for a retry or between stages need nothing: their work items and
    retries are in R's log. A publish attempt that starts again reconciles first (provider lookup by
    idempotency key; `needs_review` when a post cannot be proven either way).
+   `customers_told`: every job in flight (`domain/regions.py` `DELAYED_STATES`) gets a `JobDelayed`
+   (one per job and epoch: a second run of the command adds none), which R's notifier sends to the
+   job's submitter as `job.delayed`.
 7. `processors_started`: R's `tapeline run --role all` in the background (pid and log under R's home;
    `tapeline stack down --region b` stops it), unless `start_processors` is False.
 8. `accepting_uploads`: R's intake reports ready on its health port: an upload submitted to R is
@@ -49,7 +52,7 @@ import structlog
 
 from domain import events as ev
 from domain.errors import ServiceUnavailable, TapelineError
-from domain.regions import failover_event, region_lost_row
+from domain.regions import DELAYED_STATES, delayed_event, failover_event, region_lost_row
 from tapeline.clock import system_clock
 from regions.authority import new_failover_id, read_regions, unanswered, write_region_record
 from regions.processes import Processes, ProjectorThread
@@ -76,13 +79,15 @@ class FailoverReport:
     resumed: bool = False  # the target was already active: an earlier run's failover finished here
     steps: dict[str, float] = field(default_factory=dict)
     lost_attempts: list[dict[str, Any]] = field(default_factory=list)
+    delayed_jobs: int = 0
     processors_pid: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"failover_id": self.failover_id, "from_region": self.from_region, "to_region": self.to_region,
                 "epoch": self.epoch, "planned": self.planned, "resumed": self.resumed,
                 "steps_s": {name: round(s, 3) for name, s in self.steps.items()},
-                "lost_attempts": self.lost_attempts, "processors_pid": self.processors_pid}
+                "lost_attempts": self.lost_attempts, "delayed_jobs": self.delayed_jobs,
+                "processors_pid": self.processors_pid}
 
 
 def _operator() -> str:
@@ -170,8 +175,11 @@ def fail_over(regions: dict[str, Settings], to: str, why: str, *, processes: Pro
         step("projections_caught_up", f"region {to}'s projections applied its whole log")
         report.lost_attempts = _requeue_lost_attempts(processes, target, record)
         _wait_caught_up(target, timeout_s=max(60.0, accept_timeout_s))
-    step("lost_attempts_requeued", f"{len(report.lost_attempts)} attempt(s) lost with region {left} queued again "
-                                   "(region_lost: no attempt used)")
+        step("lost_attempts_requeued", f"{len(report.lost_attempts)} attempt(s) lost with region {left} queued again "
+                                       "(region_lost: no attempt used)")
+        report.delayed_jobs = _tell_delayed(processes, target, record)
+        _wait_caught_up(target, timeout_s=max(60.0, accept_timeout_s))
+    step("customers_told", f"{report.delayed_jobs} job(s) in flight delayed: their submitters are told (job.delayed)")
 
     if start_processors:
         report.processors_pid = start_region_processors(processes, target)
@@ -283,6 +291,30 @@ def _requeue_lost_attempts(processes: Processes, target: Settings, record: ev.Re
     finally:
         runtime.close()
     return [{"job_id": r["job_id"], "stage": r["stage"], "attempt": r["attempt"]} for r in rows]
+
+
+def _tell_delayed(processes: Processes, target: Settings, record: ev.RegionFailedOver) -> int:
+    """A `JobDelayed` for every job in flight in `target`'s projection, in one transaction (the
+    notifier of `target` sends each as `job.delayed`); returns how many were written. Written again
+    by a second run of the same failover, each is a duplicate of its dedup key and is dropped."""
+    from processors.runtime import transact
+    from projections.read_model import jobs_in_state
+    from psycopg.rows import dict_row
+
+    with psycopg.connect(target.database_url, autocommit=True, row_factory=dict_row) as conn:
+        in_flight = [job for state in DELAYED_STATES for job in jobs_in_state(conn, state, limit=1_000_000)]
+    runtime = processes.build_runtime(target, "failover")
+    try:
+        events = [event for job in in_flight
+                  if (event := delayed_event(job, record, recorded_by=runtime.recorded_by,
+                                             stamp=system_clock.stamp())) is not None]
+        if events:
+            producer = runtime.events.transactional_producer(f"{target.app_name}.failover")
+            transact(producer, lambda: runtime.produce(producer, [(target.jobs_topic, e) for e in events]),
+                     name="failover.delayed")
+    finally:
+        runtime.close()
+    return len(events)
 
 
 def start_region_processors(processes: Processes, target: Settings) -> int:

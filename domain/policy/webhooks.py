@@ -25,6 +25,7 @@ NOTIFICATION_TYPES: dict[str, str] = {
     "NeedsReview": "job.needs_review",
     "JobReplayed": "job.replayed",
     "JobCancelled": "job.cancelled",
+    "JobDelayed": "job.delayed",
 }
 """Lifecycle event type -> notification type (the `type` of the delivered JSON)."""
 

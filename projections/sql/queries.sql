@@ -571,7 +571,7 @@ JOIN uploads u ON u.job_id = e.job_id
 JOIN webhook_endpoints ep ON ep.submitter = u.submitter AND ep.enabled AND e.broker_ts >= ep.created_at
     AND m.notification_type = ANY (ep.event_types)
 WHERE e.event_type IN ('JobCompleted', 'JobRejected', 'JobFailed', 'JobDeadLettered', 'NeedsReview', 'JobReplayed',
-                       'JobCancelled') AND e.applied AND e.broker_ts >= %(since)s
+                       'JobCancelled', 'JobDelayed') AND e.applied AND e.broker_ts >= %(since)s
   AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.source_dedup_key = e.dedup_key
                   AND d.endpoint_id = ep.endpoint_id)
   -- A JobReplayed is committed with what it causes (causation_id = its event id): the next StageQueued,

@@ -1279,7 +1279,7 @@ COMMENT ON COLUMN public.webhook_endpoints.url IS 'Where notifications are POSTe
 
 COMMENT ON COLUMN public.webhook_endpoints.secret IS 'Signing secret (Standard Webhooks whsec_...); never shown after registration';
 
-COMMENT ON COLUMN public.webhook_endpoints.event_types IS 'Notification types wanted (job.completed, job.rejected, job.failed, job.dead_lettered, job.needs_review, job.replayed, job.cancelled)';
+COMMENT ON COLUMN public.webhook_endpoints.event_types IS 'Notification types wanted (job.completed, job.rejected, job.failed, job.dead_lettered, job.needs_review, job.replayed, job.cancelled, job.delayed)';
 
 COMMENT ON COLUMN public.webhook_endpoints.enabled IS 'Whether notifications are sent to it (false: disabled by an operator or after failing too long)';
 
@@ -1378,7 +1378,7 @@ CREATE INDEX job_state_state ON public.job_state USING btree (state, updated_at)
 
 CREATE INDEX lifecycle_evidence_job ON public.lifecycle_evidence USING btree (job_id, broker_ts);
 
-CREATE INDEX lifecycle_evidence_notifiable ON public.lifecycle_evidence USING btree (broker_ts) WHERE ((event_type = ANY (ARRAY['JobCompleted'::text, 'JobRejected'::text, 'JobFailed'::text, 'JobDeadLettered'::text, 'NeedsReview'::text, 'JobReplayed'::text, 'JobCancelled'::text])) AND applied);
+CREATE INDEX lifecycle_evidence_notifiable ON public.lifecycle_evidence USING btree (broker_ts) WHERE ((event_type = ANY (ARRAY['JobCompleted'::text, 'JobRejected'::text, 'JobFailed'::text, 'JobDeadLettered'::text, 'NeedsReview'::text, 'JobReplayed'::text, 'JobCancelled'::text, 'JobDelayed'::text])) AND applied);
 
 CREATE INDEX lifecycle_evidence_provider_events ON public.lifecycle_evidence USING btree (event_type, broker_ts) WHERE (event_type = ANY (ARRAY['Published'::text, 'PublishDeferred'::text, 'ProviderBreakerChanged'::text]));
 

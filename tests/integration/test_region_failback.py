@@ -42,7 +42,8 @@ from devstack.second_region import down_region_b
 from regions.replicator_process import down_replicator
 from tapeline.samples import sample_video
 from tests.conftest import Pipeline, tapeline_cli, wait_for
-from tests.integration.helpers import committed_events
+from tests.integration.helpers import committed_events, of_job
+from tests.integration.receiver import Receiver, body_of
 
 pytestmark = pytest.mark.integration
 
@@ -82,7 +83,7 @@ def regions(isolated: Settings) -> Iterator[tuple[Settings, Settings]]:
         "region_b_s3_endpoint": f"http://127.0.0.1:{_free_port()}", "region_b_postgres_port": _free_port(),
         "region_b_home": root / "b", "health_port_base": _free_port_base(),
         "region_b_health_port_base": _free_port_base(), "replicate_health_port": 0,
-        "region_check_interval_s": 1.0})
+        "region_check_interval_s": 1.0, "notify_allow_loopback": True, "notify_poll_s": 0.3})
     b = a.for_region("b")
     try:
         up = tapeline_cli(a, "stack", "up", "--region", "b", timeout_s=240)
@@ -177,10 +178,28 @@ def _region_status(a: Settings) -> dict:
     return _cli_json(a, "region", "status", timeout_s=120)
 
 
+@pytest.fixture()
+def receiver() -> Iterator[Receiver]:
+    running = Receiver().start()
+    yield running
+    running.stop()
+
+
+def _delayed_posts(receiver: Receiver) -> list[dict]:
+    """The verified `job.delayed` POSTs the receiver got, one entry per POST."""
+    return [body_of(post) for posts in receiver.ids_of("/hooks").values() for post in posts
+            if body_of(post)["type"] == "job.delayed"]
+
+
 @pytest.mark.timeout(1200)
-def test_failback_round_trip_loses_nothing_and_completes_every_job_once(regions, tmp_path: Path) -> None:
+def test_failback_round_trip_loses_nothing_and_completes_every_job_once(regions, receiver, tmp_path: Path) -> None:
     a, b = regions
     timings: dict[str, float] = {}
+    # The submitter of `tapeline submit` (cli) registers an endpoint in region A: A's endpoints stay
+    # through the rejoin, so after the switch back A tells it of the job the switch delayed.
+    added = tapeline_cli(a, "webhooks", "add", receiver.url("/hooks"), "--submitter", "cli", "--json")
+    assert added.returncode == 0, added.stderr
+    receiver.secrets["/hooks"] = json.loads(added.stdout)["secret"]
 
     # 1. Region A holds the history: a job completes there and reaches B through the mirror A -> B.
     pipeline_a = Pipeline(a, tmp_path / "run-a.log").start()
@@ -260,11 +279,38 @@ def test_failback_round_trip_loses_nothing_and_completes_every_job_once(regions,
     assert supervisor.running_pid(b) is None  # B's processors stopped by their guard
     assert stack_mirror_down(a)  # the failover stopped the mirror B -> A (its files under A's home)
 
+    # The job in flight was delayed by the switch: one JobDelayed in A's log, one job.delayed to its
+    # submitter's endpoint, from the region now serving it (issue 41 item 5).
+    assert failback["delayed_jobs"] == 1 and "customers_told" in failback["steps_s"]
+    delayed = wait_for(lambda: _delayed_posts(receiver), 60, "region A to send job.delayed of the job in flight")
+    assert [(d["data"]["job_id"], d["data"]["serving_region"], d["data"]["from_region"]) for d in delayed] == \
+        [(third, "a", "b")], delayed
+    assert "region b was left for region a (planned switch: failback)" in delayed[0]["data"]["reason"]
+    # The same failover's JobDelayed written again (as a second run of the command writes it): a
+    # duplicate of its dedup key, applied once, never sent again.
+    from cli.wiring import build_runtime
+    from domain.regions import delayed_event
+    from processors.runtime import transact
+    from regions.authority import read_regions
+
+    record = read_regions({"a": a, "b": b}).authority.record
+    runtime = build_runtime(a, "test-failover-again")
+    try:
+        again = delayed_event({"job_id": third, "state": "queued"}, record, recorded_by=runtime.recorded_by,
+                              stamp=system_clock.stamp())
+        producer = runtime.events.transactional_producer(f"{a.app_name}.test-failover-again")
+        transact(producer, lambda: runtime.produce(producer, [(a.jobs_topic, again)]), name="test")
+    finally:
+        runtime.close()
+    written = [e for e in of_job(committed_events(a, timeout_s=60), third, "JobDelayed")]
+    assert len(written) == 2 and len({e.dedup_key for e in written}) == 1
+
     # 7. The job in flight completes in A, and so does one submitted after the switch.
     wait_for(lambda: (row := _state(a, third)) is not None and row["state"] == "completed", 300,
              "the job in flight to complete in region A")
     fourth = _submit(a, "a", wait=True)
     assert fourth["state"] == "completed", fourth
+    assert len(_delayed_posts(receiver)) == 1  # the duplicate was not sent; the fourth job was never delayed
     jobs = [first["job_id"], second["job_id"], third, fourth["job_id"]]
     completions = _completions(a)
     assert {job: len(completions[job]) for job in jobs} == {job: 1 for job in jobs}

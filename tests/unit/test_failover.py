@@ -140,3 +140,41 @@ def test_the_drill_counts_as_reencoded_only_segments_region_b_encoded_again():
     events += [checkpoint("k", "720p", 0, 1)]  # another job only B encoded
     assert reencoded_seconds(events, NOW) == 3.5
     assert reencoded_seconds(events[:6], NOW) == 0.0
+
+
+def test_every_job_in_flight_is_delayed_once_per_failover_and_the_notifier_sends_it():
+    from domain.policy.webhooks import NOTIFICATION_TYPES
+    from domain.regions import DELAYED_STATES, delayed_event
+
+    to_b = failover(authority([]), "b")
+    stamp = ev.Stamp(NOW, "d1")
+    told = {state: delayed_event({"job_id": "j-" + state, "state": state}, to_b, recorded_by="failover@t", stamp=stamp)
+            for state in ("accepted", "queued", "running", "retry_scheduled", "completed", "failed", "cancelled",
+                          "rejected", "dead_lettered", "needs_review")}
+    assert {state for state, event in told.items() if event is not None} == set(DELAYED_STATES)
+    running = told["running"]
+    assert (running.job_id, running.stage, running.attempt, running.epoch) == ("j-running", "region", 1, 1)
+    assert (running.serving_region, running.from_region, running.state) == ("b", "a", "running")
+    assert "region a was left for region b (outage: region a lost power)" in running.reason
+    assert running.causation_id == to_b.event_id and running.correlation_id == to_b.correlation_id
+    # The same failover run again: another event id, the same dedup key (the projection keeps one).
+    again = delayed_event({"job_id": "j-running", "state": "running"}, to_b, recorded_by="failover@t2",
+                          stamp=ev.Stamp(NOW + timedelta(seconds=30), "d2"))
+    assert again.event_id != running.event_id and again.dedup_key == running.dedup_key
+    # A later failover (the switch back) is another epoch: its own notification.
+    back = failover(authority([to_b]), "a", minutes=5)
+    assert delayed_event({"job_id": "j-running", "state": "queued"}, back, recorded_by="x",
+                         stamp=stamp).dedup_key != running.dedup_key
+    assert NOTIFICATION_TYPES["JobDelayed"] == "job.delayed"
+
+
+def test_a_delayed_job_s_row_keeps_its_state():
+    from domain.regions import delayed_event
+    from tests.unit.test_fold import accepted
+
+    row = evolve(None, accepted(), NOW).row
+
+    delayed = delayed_event(row, failover(authority([]), "b"), recorded_by="failover@t", stamp=ev.Stamp(NOW, "d"))
+    outcome = evolve(row, delayed, NOW + timedelta(seconds=1))
+    assert outcome.applied and outcome.row["state"] == row["state"] and outcome.row["events"] == row["events"] + 1
+    assert outcome.row["last_event_type"] == "JobDelayed"
