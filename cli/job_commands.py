@@ -233,9 +233,8 @@ def _print_diagnosis(found: dict[str, Any]) -> None:
     from rich.markup import escape  # reasons are the writers' words: never read as markup
 
     out.print(f"  [bold]what happened:[/bold] {escape(found['summary'])}", highlight=False)
-    if found["why"]:
-        verdict = "will fail the same way again" if found["permanent"] else "may pass on a retry"
-        out.print(f"  [bold]{verdict}:[/bold] {escape(found['why'])}", highlight=False)
+    if found["why"]:  # the job page's words (domain/diagnosis.py VERDICTS)
+        out.print(f"  [bold]{found['verdict'].lower()}:[/bold] {escape(found['why'])}", highlight=False)
     out.print(f"  [bold]what to do:[/bold] {escape(found['action'])}", highlight=False)
     for other in found["same_source"][:5]:
         out.print(f"  same file: job {other['job_id']} {other['state']}"

@@ -194,9 +194,7 @@ const pages = {
     fillRows(document.querySelector("#dead-letters tbody"), rows, d => el("tr", {"data-id": d.id, "data-kind": d.kind},
       el("td", {class: "id"}, d.id), el("td", {class: "kind"}, d.kind), el("td", {}, d.job_id ? jobLink(d.job_id) : ""),
       el("td", {}, d.stage || ""), el("td", {class: "error-class"}, d.error_class || ""),
-      el("td", {}, d.attempts ? String(d.attempts) : "",
-         d.budget_attempts && d.budget_attempts !== d.attempts
-           ? el("span", {class: "muted"}, " (" + d.budget_attempts + " counted against its last budget)") : ""),
+      el("td", {}, d.attempts ? d.attempts_text : ""),  // tapeline/rows.py attempts_text: the CLI's words
       ...cells((d.broker_ts || "").slice(0, 19)),
       el("td", {class: "error"}, d.error || ""),
       el("td", {class: "replayed"}, d.replayed_at ? "by " + d.replayed_by + ": " + (d.replay_reason || "") : "no")),

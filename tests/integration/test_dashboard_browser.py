@@ -181,7 +181,7 @@ def test_the_dashboard_shows_each_job_where_it_belongs_and_replays_the_dead_lett
     expect(page.locator("#diagnosis-summary")).to_contain_text(
         "What happened: Dead-lettered after 1 attempt(s) of transcode: storage_transient (")
     expect(page.locator("#diagnosis-why")).to_have_text(
-        "A retry may pass: storage_transient is retryable: it should pass once the object store works again")
+        "Not permanent: storage_transient: a retry may pass once the object store works again")
     expect(page.locator("#diagnosis-action")).to_contain_text("Fix the object store, then replay")
     expect(page.locator("#replay-warning")).to_have_count(0)
     expect(page.locator('#job-replay-form input[name="dead_letter_id"]')).to_have_value(f"{jobs['dead']}/1")
