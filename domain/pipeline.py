@@ -52,7 +52,7 @@ class StageSpec:
     heartbeats with progress of its own while it works (crash points `<stage>.Heartbeat.*` join the
     list; False for a stage whose only heartbeats are `Attempt.keepalive`'s during a copy, archive: a
     short job ends before the first one, and those transactions are the same code as every stage's); `share`: its weight in a job's
-    0-100 progress (`projections.read_model.percent_done`); `final`: the stage that ends a job
+    0-100 progress (`projections.presenter.percent_done`); `final`: the stage that ends a job
     (`JobCompleted`, publish): its outputs are not carried to the job's row; `about`: what it does,
     in an operator's words (the glossary's line for the stage, `projections/glossary.py`).
     """
