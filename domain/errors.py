@@ -1,7 +1,8 @@
 """The exception tree. Every error Tapeline raises on purpose is a `TapelineError`.
 
-Each subclass's docstring is its default message. `error_class` names the class from docs/design.md's
-error table that a failure of this kind is recorded as.
+Each subclass's docstring is its default message. `error_class` names the class of the error table
+(`domain/error_classes.py`) that a failure of this kind is recorded as (`region_fenced` aside: an
+intake refusal, never an attempt's failure); `tests/unit/test_error_classes.py` checks it.
 
 Outside the tree on purpose, each caught where it is raised or one layer up and turned into a
 `TapelineError`, a retry or an answer: the ports' transport errors (`tapeline/ports.py`:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from domain import pipeline
+from domain.diagnosis import object_words
 from domain.lifecycle import TERMINAL_STATES
 from domain.links import web_url
 from tapeline.objects import attempt_path
@@ -153,11 +154,14 @@ def timeline_detail(row: dict[str, Any]) -> str:
     """The detail column of one timeline row (`projections.read_model.timeline`: `event_type`, `stage`,
     `attempt`, `payload`), the same text in `tapeline timeline`, its `--json`, the API's timeline
     and the job page: an event's own summary where it has one, then every fact of `SHOWN` its
-    payload holds that the summary did not name (who acted, which dead letter, ...)."""
+    payload holds that the summary did not name (who acted, which dead letter, ...), and the object an
+    `output_conflict` met (`in_the_way`, in the diagnosis' words)."""
     text = _summary(row)
     shown = {part.split("=", 1)[0] for part in text.split() if "=" in part}
     skip = shown | set(_SUMMARISED.get(row["event_type"], ()))
     extra = [f"{key}={row['payload'][key]}" for key in SHOWN if key not in skip and row["payload"].get(key) not in (None, "")]
+    if row["payload"].get("in_the_way"):  # an output_conflict's object in the way, as the diagnosis names it
+        extra.append(f"in_the_way={object_words(row['payload']['in_the_way'])}")
     return " ".join(part for part in (text, *extra) if part)
 
 
