@@ -212,7 +212,7 @@ def _dead_lettered(job, events, same, made) -> Diagnosis:
     spec = error_class_row(error_class)
     repeated = len(letters) >= 2 and letters[-1].get("error_class") == letters[-2].get("error_class")
     again = " It had been replayed and failed the same way again." if repeated else ""
-    if spec.permanent:  # not retried and not the file's: the object in the way (output_conflict)
+    if spec.permanent:  # the class alone says a retry fails the same way (output_conflict: the object in the way)
         found = letters[-1].get("in_the_way") if letters else None
         named = object_words(found)
         in_the_way = f" In the way: {named}." if named else ""
