@@ -210,8 +210,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
     attempts = summary["attempts"]
     how = "with no attempt of its own" if not attempts else f"after {attempts} attempt{'s' if attempts != 1 else ''}"
     out.print(f"job {summary['job_id']}: [bold]{summary['state']}[/bold] {how}")
-    if summary["state"] != "completed":
-        out.print(f"  {summary.get('error_class')}: {summary.get('reason')}")
+    if summary["state"] != "completed" and (summary.get("error_class") or summary.get("reason")):
+        out.print(f"  {summary.get('error_class') or 'reason'}: {summary.get('reason') or '-'}", highlight=False)
     if summary.get("reused_from"):
         out.print(f"  reused the published outputs of job {summary['reused_from']} (same source and profile; "
                   "no transcode)", highlight=False)
@@ -228,14 +228,24 @@ def _print_summary(summary: dict[str, Any]) -> None:
         out.print(f"  archived: {kept['key']}  sha256 {kept['sha256']}", highlight=False)
 
 
+def _progress_line(summary: dict[str, Any]) -> str:
+    """`tier standard, transcode attempt 2, 11.6 % done; lease until ...; frames 392`: the lease and
+    frames only while an attempt runs (a finished job has neither), the stage's own attempt, the
+    percent as every view prints it (`presenter.percent_text`)."""
+    running = summary["state"] == "running"
+    frames = f"; frames {summary['progress_frames']}" if running and summary["progress_frames"] else ""
+    lease = f"; lease until {summary['leased_until']}" if running and summary["leased_until"] else ""
+    return (f"  tier {summary['priority']}, {summary['stage']} attempt {summary['attempt']}, "
+            f"{summary['percent_text']} done{lease}{frames}")
+
+
 def _print_diagnosis(found: dict[str, Any]) -> None:
     """The diagnosis (domain/diagnosis.py) as an operator reads it: what happened, why, what to do."""
     from rich.markup import escape  # reasons are the writers' words: never read as markup
 
     out.print(f"  [bold]what happened:[/bold] {escape(found['summary'])}", highlight=False)
-    if found["why"]:
-        verdict = "will fail the same way again" if found["permanent"] else "may pass on a retry"
-        out.print(f"  [bold]{verdict}:[/bold] {escape(found['why'])}", highlight=False)
+    if found["why"]:  # the job page's words (domain/diagnosis.py VERDICTS)
+        out.print(f"  [bold]{found['verdict'].lower()}:[/bold] {escape(found['why'])}", highlight=False)
     out.print(f"  [bold]what to do:[/bold] {escape(found['action'])}", highlight=False)
     for other in found["same_source"][:5]:
         out.print(f"  same file: job {other['job_id']} {other['state']}"
@@ -266,8 +276,7 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
                     return
                 _print_summary(summary)
                 _print_diagnosis(summary["diagnosis"])
-                out.print(f"  tier {summary['priority']}, stage {summary['stage']}, {summary['percent']}% done; lease until "
-                          f"{summary['leased_until'] or '-'}; frames {summary['progress_frames'] or 0}")
+                out.print(_progress_line(summary), highlight=False)
                 for a in summary["attempt_history"]:
                     out.print(f"  {a['stage']} attempt {a['attempt']} by {a['worker']}: {a['outcome']}"
                               f"{' (' + a['error_class'] + ')' if a['error_class'] else ''}, started "
@@ -288,9 +297,9 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
         out.print_json(json.dumps({"jobs": rows, "projection_lag": lag or {"error": lag_error},
                                    "providers": providers}))
         return
-    table = Table("job", "state", "stage", "attempts", "%", "updated (UTC)")
+    table = Table("job", "state", "stage", "attempt", "%", "updated (UTC)")  # the dashboard's list, same words
     for r in rows:
-        table.add_row(r["job_id"], r["state"], r["stage"], str(r["attempts"]), f"{r['percent']:.0f}", r["updated_at"][:19])
+        table.add_row(r["job_id"], r["state"], r["stage"], str(r["attempt"]), r["percent_text"], r["updated_at"][:19])
     out.print(table)
     for item in providers:
         out.print(f"provider {describe_provider(item)}", highlight=False)

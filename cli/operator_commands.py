@@ -12,6 +12,7 @@ from rich.table import Column, Table
 
 from domain.errors import NoSuchDeadLetter, TapelineError
 from cli.helpers import fail, load_settings, out
+from tapeline.rows import attempts_text
 
 dlq_app = typer.Typer(help="Dead letters: jobs out of attempts and records that could not be decoded.",
                       no_args_is_help=True)
@@ -29,11 +30,9 @@ def _letter_json(row: dict[str, Any], raw: bool = False) -> dict[str, Any]:
 
 
 def _letter_attempts(row: dict[str, Any]) -> str:
-    """`6` or `6 (3 budget)`: the attempts a dead-lettered job started, and those its last budget counted."""
-    if not row["attempts"]:
-        return "-"
-    budget = row.get("budget_attempts")
-    return f"{row['attempts']} ({budget} budget)" if budget and budget != row["attempts"] else str(row["attempts"])
+    """The attempts a dead-lettered job started, and those its last budget counted, in the dashboard's
+    words (`tapeline/rows.py` `attempts_text`)."""
+    return attempts_text(row["attempts"], row.get("budget_attempts"))
 
 
 @dlq_app.command("list")

@@ -3,9 +3,11 @@
 `diagnose(job, events, same_source, now)` is pure: the job's projected row, its applied lifecycle
 events in log order and the other jobs of the same source sha256 in, one `Diagnosis` out. The CLI
 (`tapeline status JOB`), the read API (`/api/jobs/{id}`) and the job page all show this one text.
-Permanence comes from the error-class table (`domain/policy/retry.py` `ERROR_CLASSES`) and from the
-job's own history: a job that failed the same way after a replay, or whose exact file failed the
-same way in another job, will most likely fail again.
+Permanence, what a retry would do and what to do come from the error-class table
+(`domain/error_classes.py` `ERROR_CLASSES`) and from the job's own history: a job that failed the
+same way after a replay, or whose exact file failed the same way in another job, will most likely
+fail again. An `output_conflict` names the object in the way (its key, size, sha256 and when it was
+written, from the dead letter's `in_the_way`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
-from domain.policy.retry import ERROR_CLASSES
+from domain.error_classes import ErrorClass, error_class as error_class_row
 
 STALL_WORDS: dict[str, str] = {
     "no_progress": "ffmpeg stopped advancing while its worker was alive",
@@ -26,18 +28,9 @@ STALL_WORDS: dict[str, str] = {
 }
 """Each `StallDetected.kind` in an operator's words."""
 
-CAUSES: dict[str, str] = {
-    "storage_transient": "the object store",
-    "output_conflict": "the object already at the job's published key (remove it, or find who wrote it)",
-    "broker_transient": "Kafka",
-    "provider_throttled": "the publish provider",
-    "timeout": "what made the work slow (load, or a time limit too short for the source)",
-    "out_of_memory": "the memory limit",
-    "worker_lost": "the workers (their hosts, their logs)",
-    "progress_stalled": "what froze ffmpeg (the source, or the worker's host)",
-    "unknown": "the error shown in the timeline",
-}
-"""What to fix before replaying a job dead-lettered with a retryable class."""
+VERDICTS: dict[bool, str] = {True: "Permanent", False: "Not permanent"}
+"""How `Diagnosis.permanent` reads, the same words in the CLI and on the job page, followed by `why`
+(which says what a retry would do in the error table's words: never said twice)."""
 
 
 @dataclass(frozen=True)
@@ -54,9 +47,14 @@ class Diagnosis:
     why: str | None = None
     same_source: tuple[dict[str, Any], ...] = field(default_factory=tuple)
 
+    @property
+    def verdict(self) -> str | None:
+        """`permanent` in words (`VERDICTS`), None when nothing failed."""
+        return None if self.permanent is None else VERDICTS[self.permanent]
+
     def as_dict(self) -> dict[str, Any]:
-        return {"summary": self.summary, "stall": self.stall, "permanent": self.permanent, "why": self.why,
-                "action": self.action, "same_source": [dict(o) for o in self.same_source]}
+        return {"summary": self.summary, "stall": self.stall, "permanent": self.permanent, "verdict": self.verdict,
+                "why": self.why, "action": self.action, "same_source": [dict(o) for o in self.same_source]}
 
 
 def stall_words(kind: str, detail: str = "") -> str:
@@ -145,7 +143,7 @@ def diagnose(job: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
         due = job.get("retry_due_at")
         when = f" at {due:%H:%M:%S} UTC" if due is not None else ""
         return made(f"{last[0].upper()}{last[1:]}; attempt {job.get('retry_next_attempt')} is scheduled{when}.",
-                    "Nothing to do: it retries by itself.", False, f"{error_class} is retryable")
+                    "Nothing to do: it retries by itself.", False, _why(error_class_row(error_class)))
     if state == "failed":
         ended = next((e for e in reversed(events) if e["event_type"] == "JobFailed"), None)
         payload = (ended or {}).get("payload") or {}
@@ -153,13 +151,12 @@ def diagnose(job: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
             return made(f"Dead-lettered at {stage} ({error_class}), then {reason}.",
                         "Nothing to do: nothing reopens a failed job; the submitter may send the file again.", True,
                         "an operator ended it for good")
-        return made(f"Failed for good at {stage}: {error_class}: {reason}.",
-                    "Do not replay: ask the submitter for a corrected file.", True,
-                    f"{error_class} is not retryable: the same input fails the same way every time")
+        spec = error_class_row(error_class)
+        return made(f"Failed for good at {stage}: {error_class}: {reason}.", _todo(spec, job), True, _why(spec))
     if state == "rejected":
         if error_class == "quota_exceeded":
-            return made(f"Rejected at intake: {reason}.", "Nothing to do: resubmit once the submitter's quota allows it.",
-                        True, "the submitter's quota was used up when it arrived")
+            spec = error_class_row(error_class)
+            return made(f"Rejected at intake: {reason}.", _todo(spec, job), True, _why(spec))
         return made(f"Rejected at intake: {error_class}: {reason}.",
                     "Nothing to do: the submitter must send a valid file.", True, "the upload itself was refused")
     if state == "cancelled":
@@ -176,28 +173,58 @@ def diagnose(job: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
     return made(f"{state}: {reason or ''}".rstrip(": ") + ".", "Nothing to do.")
 
 
+def _why(spec: ErrorClass) -> str:
+    """The error table's words for what a retry of `spec` would do: `output_conflict: a retry would ...`."""
+    return f"{spec.name}: {spec.on_retry}"
+
+
+def _todo(spec: ErrorClass, job: Mapping[str, Any], still: str = "") -> str:
+    """The error table's "what to do" for `spec`, with the job's id, its dead letter's id and `still`
+    (a note on a cause that failed again after a replay) filled in."""
+    return spec.what_to_do.format(job=job["job_id"], letter=f"{job['job_id']}/{job['attempt']}", still=still)
+
+
+def object_words(found: Mapping[str, Any] | None) -> str:
+    """The object in the way (`JobDeadLettered.in_the_way`: key, sha256, size_bytes, written_at) in
+    words: "`KEY` (N bytes, sha256 HEX, written 2026-12-07 11:52:01 UTC)"; "" when not recorded."""
+    if not found:
+        return ""
+    written = found.get("written_at")
+    if isinstance(written, datetime):
+        written = f"{written:%Y-%m-%d %H:%M:%S} UTC"
+    elif isinstance(written, str):
+        written = written.replace("T", " ")[:19] + " UTC"
+    when = f", written {written}" if written else ", when written not known"
+    return f"`{found['key']}` ({found['size_bytes']} bytes, sha256 {found['sha256']}{when})"
+
+
 def _dead_lettered(job, events, same, made) -> Diagnosis:
-    """A dead-lettered job: permanent when its last two dead letters (before and after a replay)
-    share an error class, or when the same file was dead-lettered or failed with that class in
-    another job, or when the class is not retryable; otherwise fix the cause, then replay. The
-    first two rules hold only for a class the file can cause (`ErrorClass.from_the_file`): the
+    """A dead-lettered job: permanent when its class is (the error table: `output_conflict` meets the
+    same object until it is removed, and the diagnosis names that object), when its last two dead
+    letters (before and after a replay) share an error class, or when the same file was
+    dead-lettered or failed with that class in another job; otherwise fix the cause, then replay.
+    The history rules hold only for a class the file can cause (`ErrorClass.from_the_file`): the
     object store or Kafka failing again says nothing about the file."""
     stage, attempt, error_class, reason = job["stage"], job["attempt"], job.get("error_class"), job.get("reason")
-    letters = [(e.get("payload") or {}).get("error_class") for e in events if e["event_type"] == "JobDeadLettered"]
+    letters = [e.get("payload") or {} for e in events if e["event_type"] == "JobDeadLettered"]
     summary = f"Dead-lettered after {attempt} attempt(s) of {stage}: {error_class} ({reason})."
     failed_same = [o for o in same if o["state"] in ("failed", "dead_lettered") and o.get("error_class") == error_class]
-    spec = ERROR_CLASSES.get(error_class or "unknown", ERROR_CLASSES["unknown"])
-    repeated = len(letters) >= 2 and letters[-1] == letters[-2]
+    spec = error_class_row(error_class)
+    repeated = len(letters) >= 2 and letters[-1].get("error_class") == letters[-2].get("error_class")
+    again = " It had been replayed and failed the same way again." if repeated else ""
+    if spec.permanent:  # the class alone says a retry fails the same way (output_conflict: the object in the way)
+        found = letters[-1].get("in_the_way") if letters else None
+        named = object_words(found)
+        in_the_way = f" In the way: {named}." if named else ""
+        remove = (f" To remove it: `aws s3 rm s3://BUCKET/{found['key']}` (or your object store's console)."
+                  if found else "")
+        return made(summary + in_the_way + again, _todo(spec, job) + remove, True, _why(spec))
     if not spec.from_the_file:
-        cause = CAUSES.get(spec.name, CAUSES["unknown"])
-        again = " It had been replayed and failed the same way again." if repeated else ""
-        still = f" ({cause} still failed after the replay)" if repeated else ""
-        return made(summary + again,
-                    f"Fix {cause}{still}, then replay: `tapeline dlq replay {job['job_id']}/{attempt} --why \"...\"`.",
-                    False, f"{error_class} is retryable: it should pass once {cause} works again" if spec.retryable
-                    else f"{error_class} is not the file's doing: a replay should pass once {cause} is dealt with")
+        still = f" ({spec.cause} still failed after the replay)" if repeated else ""
+        return made(summary + again, _todo(spec, job, still), False,
+                    _why(spec) + ("; it is not the file's doing" if repeated else ""))
     if repeated:
-        return made(summary + " It had been replayed and failed the same way again.",
+        return made(summary + again,
                     "Do not replay again until the cause is found: look at the source on this page and ask the "
                     "submitter for a new file if the file is the cause.", True,
                     "the same error came back after a replay")
@@ -206,9 +233,4 @@ def _dead_lettered(job, events, same, made) -> Diagnosis:
         return made(summary, "Do not replay: the same file failed the same way in another job; ask the submitter "
                              "for a new file.", True,
                     f"job {other['job_id']} of the same file ended {other['state']} with {error_class}")
-    if not spec.retryable:
-        return made(summary, "Do not replay: ask the submitter for a corrected file.", True,
-                    f"{error_class} is not retryable: the same input fails the same way every time")
-    cause = CAUSES.get(spec.name, CAUSES["unknown"])
-    return made(summary, f"Fix {cause}, then replay: `tapeline dlq replay {job['job_id']}/{attempt} --why \"...\"`.",
-                False, f"{error_class} is retryable: it should pass once {cause} works again")
+    return made(summary, _todo(spec, job), spec.permanent, _why(spec))

@@ -1,7 +1,8 @@
 """The exception tree. Every error Tapeline raises on purpose is a `TapelineError`.
 
-Each subclass's docstring is its default message. `error_class` names the class from docs/design.md's
-error table that a failure of this kind is recorded as.
+Each subclass's docstring is its default message. `error_class` names the class of the error table
+(`domain/error_classes.py`) that a failure of this kind is recorded as (`region_fenced` aside: an
+intake refusal, never an attempt's failure); `tests/unit/test_error_classes.py` checks it.
 
 Outside the tree on purpose, each caught where it is raised or one layer up and turned into a
 `TapelineError`, a retry or an answer: the ports' transport errors (`tapeline/ports.py`:
@@ -15,6 +16,8 @@ builtin a caller expects (`domain/lifecycle_data.py` `LifecycleFileError` is a `
 """
 
 from __future__ import annotations
+
+from domain.error_classes import ERROR_CLASSES
 
 
 class TapelineError(Exception):
@@ -163,9 +166,24 @@ class ObjectMissing(StorageError):
 
 class OutputConflict(StorageError):
     """A key Tapeline writes once already holds other bytes (class `output_conflict`: not retried,
-    dead-lettered at once for an operator)."""
+    dead-lettered at once for an operator).
+
+    `in_the_way`: what the store holds at the key, `{"key", "sha256", "size_bytes", "written_at"}`
+    (`written_at` a UTC datetime or None), when the writer read it back; the failure records it in
+    `AttemptFailed` and `JobDeadLettered` for the diagnosis. Use `OutputConflict.found` to build one."""
 
     error_class = "output_conflict"
+
+    def __init__(self, message: str | None = None, *, in_the_way: dict | None = None) -> None:
+        super().__init__(message)
+        self.in_the_way = in_the_way
+
+    @classmethod
+    def found(cls, key: str, differs: str, in_the_way: dict | None) -> "OutputConflict":
+        """The conflict at `key`: `differs` says how the stored object differs from the bytes sent;
+        the message ends with what a retry would do (the error table's words, `domain/error_classes.py`)."""
+        return cls(f"{key} already exists with different content ({differs}): another job or deployment wrote it; "
+                   f"it is never overwritten, and {ERROR_CLASSES[cls.error_class].on_retry}", in_the_way=in_the_way)
 
 
 class Fenced(TapelineError):

@@ -331,10 +331,25 @@ class AttemptSucceeded(Event):
     elapsed_s: float
 
 
+class ObjectFound(_Frozen):
+    """An object found in the way of a write (class `output_conflict`): its key, the hex sha256 of
+    its stored bytes, its size in bytes and when the store says it was written (UTC; None: it did
+    not say)."""
+
+    key: str
+    sha256: str
+    size_bytes: int
+    written_at: datetime | None = None
+
+
 class AttemptFailed(Event):
+    """`retryable` is the error class's (`domain/error_classes.py`); `in_the_way`: the object an
+    `output_conflict` met (None otherwise)."""
+
     error_class: str
     retryable: bool
     reason: str
+    in_the_way: ObjectFound | None = None
 
 
 class AttemptYielded(Event):
@@ -368,10 +383,13 @@ class JobFailed(Event):
 
 
 class JobDeadLettered(Event):
+    """`in_the_way`: the object an `output_conflict` met (None for any other class)."""
+
     error_class: str
     reason: str
     attempts: int
     evidence: str
+    in_the_way: ObjectFound | None = None
 
 
 class JobReplayed(Event):

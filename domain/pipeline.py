@@ -25,6 +25,10 @@ from domain.lifecycle_data import LIFECYCLE
 INTAKE = "intake"
 """The one step before every pipeline: it has no work topic and is always position 0."""
 
+INTAKE_ABOUT = ("probes the upload, checks the submitter's quota, picks the profile and the ladder, and accepts "
+                "or rejects the job (or reuses an earlier job's outputs)")
+"""What intake does, in an operator's words (the glossary's `intake`)."""
+
 
 @dataclass(frozen=True)
 class StageSpec:
@@ -48,8 +52,9 @@ class StageSpec:
     heartbeats with progress of its own while it works (crash points `<stage>.Heartbeat.*` join the
     list; False for a stage whose only heartbeats are `Attempt.keepalive`'s during a copy, archive: a
     short job ends before the first one, and those transactions are the same code as every stage's); `share`: its weight in a job's
-    0-100 progress (`projections.read_model.percent_done`); `final`: the stage that ends a job
-    (`JobCompleted`, publish): its outputs are not carried to the job's row.
+    0-100 progress (`projections.presenter.percent_done`); `final`: the stage that ends a job
+    (`JobCompleted`, publish): its outputs are not carried to the job's row; `about`: what it does,
+    in an operator's words (the glossary's line for the stage, `projections/glossary.py`).
     """
 
     name: str
@@ -64,19 +69,28 @@ class StageSpec:
     heartbeats: bool = True
     share: float = 1.0
     final: bool = False
+    about: str = ""
 
 
 STAGES: tuple[StageSpec, ...] = (
     StageSpec("archive", "processors.archive:ArchiveWorker", heartbeats=False, share=0.05,
+              about="keeps the source for good under archive/{job}/ with a sha256 manifest (jobs of the archive "
+                    "tier)",
               side_effect_points=(("claim", "archive.before_put"), ("claim", "archive.after_put"),
                                   ("claim", "archive.after_manifest"))),
     StageSpec("transcode", "processors.transcode:TranscodeWorker", needs=frozenset({"x264_preset"}),
-              uses_media_tool=True, checkpoints=True, share=0.85),
+              uses_media_tool=True, checkpoints=True, share=0.85,
+              about="encodes the ladder's renditions with ffmpeg in checkpointed segments; a retry resumes after "
+                    "the last checkpoint"),
     StageSpec("thumbnails", "processors.thumbnails:ThumbnailsWorker", needs=frozenset({"inputs"}), optional=True,
               uses_media_tool=True, share=0.05,
+              about="makes the poster, the storyboard sprite and the WebVTT thumbnails track; skipped for a "
+                    "degraded job",
               side_effect_points=(("Heartbeat", "thumbnails.before_upload"), ("Heartbeat", "thumbnails.after_upload"))),
     StageSpec("publish", "processors.publish:PublishWorker", needs=frozenset({"inputs", "audio_playlist_key"}),
               final=True, share=0.1,
+              about="promotes the outputs to published/{job}/ with conditional puts, writes the master playlist "
+                    "and announces to the provider; ends the job",
               side_effect_points=(("PublishIntended", "publish.before_promote"), ("PublishIntended", "publish.after_promote"),
                                   ("PublishIntended", "publish.before_marker"), ("PublishIntended", "publish.after_marker"),
                                   ("Heartbeat", "publish.before_provider_call"),

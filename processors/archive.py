@@ -114,7 +114,7 @@ class ArchiveWorker(StageWorker):
         body = manifest(identity.job_id, item.source_key, copy_key, size, sha)
         existing = store.create_exclusive(manifest_key, body)
         if existing is not None and existing != body:
-            raise OutputConflict(f"{manifest_key} already exists and describes another archive; it is never overwritten")
+            raise OutputConflict.found(manifest_key, "it describes another archive", store.object_found(manifest_key))
         if store.get_bytes(manifest_key) != body:
             raise StorageError(f"the manifest {manifest_key} read back differs from the one written")
         crash_point("archive.after_manifest")

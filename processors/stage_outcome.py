@@ -11,6 +11,7 @@ import dataclasses
 
 from domain import events as ev
 from domain import pipeline
+from domain.error_classes import error_class as error_class_row
 from domain.policy.retry import Action, retry_decision, retry_scheduled
 from processors.runtime import AttemptIdentity, Outgoing
 from tapeline.settings import Settings
@@ -86,8 +87,14 @@ def yield_events(settings: Settings, identity: AttemptIdentity, item: ev.WorkIte
 
 
 def failure_events(settings: Settings, identity: AttemptIdentity, item: ev.WorkItem, uncounted: int,
-                   error_class: str, reason: str, cooldown_s: float | None = None) -> list[Outgoing]:
+                   error_class: str, reason: str, cooldown_s: float | None = None,
+                   in_the_way: dict | None = None) -> list[Outgoing]:
     """`AttemptFailed` and what follows from the retry decision (retry, fail, dead-letter). Pure.
+
+    `AttemptFailed.retryable` is the error class's (`domain/error_classes.py`), whatever this
+    attempt's budget: an `output_conflict` is never retried, a `storage_transient` out of attempts
+    still was. `in_the_way`: the object an `output_conflict` met (`{"key", "sha256", "size_bytes",
+    "written_at"}`), recorded in `AttemptFailed` and `JobDeadLettered`.
 
     `uncounted`: the item's attempt numbers that do not count against the budget (yields,
     deferrals, attempts before an operator's replay). `cooldown_s`: a provider's own `Retry-After`
@@ -101,8 +108,10 @@ def failure_events(settings: Settings, identity: AttemptIdentity, item: ev.WorkI
         decision = dataclasses.replace(decision, delay_s=cooldown_s)  # the provider said when
     if decision.action is Action.RETRY:  # attempt numbers keep rising past uncounted ones (yields, deferrals)
         decision = dataclasses.replace(decision, next_attempt=item.attempt + 1)
+    found = ev.ObjectFound(**in_the_way) if in_the_way else None
     out: list[Outgoing] = [(jobs, identity.event(ev.AttemptFailed, error_class=error_class,
-                                                 retryable=decision.action is not Action.FAIL, reason=reason))]
+                                                 retryable=error_class_row(error_class).retryable, reason=reason,
+                                                 in_the_way=found))]
     common = dict(job_id=item.job_id, recorded_by=identity.recorded_by, correlation_id=item.correlation_id,
                   causation_id=item.event_id, claim_token=identity.claim_token)
     if decision.action is Action.FAIL:
@@ -110,7 +119,8 @@ def failure_events(settings: Settings, identity: AttemptIdentity, item: ev.WorkI
                                            reason=reason, **common)))
     elif decision.action is Action.DEAD_LETTER:
         dead = ev.JobDeadLettered.new(clock.stamp(), stage=stage, attempt=item.attempt, error_class=error_class,
-                                      reason=reason, attempts=used, evidence=f"{jobs} job {item.job_id}", **common)
+                                      reason=reason, attempts=used, evidence=f"{jobs} job {item.job_id}",
+                                      in_the_way=found, **common)
         out += [(jobs, dead), (settings.dlq_topic, dead)]  # the lifecycle fact + its dead-letter record
     else:
         out.append((jobs, retry_scheduled(decision.delay_s, clock.stamp(), stage=stage, attempt=item.attempt,

@@ -237,7 +237,8 @@ class StageWorker:
             return
         except TapelineError as exc:
             outgoing = self.failure_events(attempt, exc.error_class, str(exc),
-                                           cooldown_s=getattr(exc, "retry_after_s", None))
+                                           cooldown_s=getattr(exc, "retry_after_s", None),
+                                           in_the_way=getattr(exc, "in_the_way", None))
         except Exception as exc:  # an unclassified bug still ends in a recorded, classified failure
             log.exception("attempt failed with an unexpected error")
             outgoing = self.failure_events(attempt, "unknown", f"{type(exc).__name__}: {exc}")
@@ -278,8 +279,9 @@ class StageWorker:
         return outcome.yield_events(self.settings, attempt.identity, attempt.item, reason)
 
     def failure_events(self, attempt: Attempt, error_class: str, reason: str,
-                       cooldown_s: float | None = None) -> list[Outgoing]:
+                       cooldown_s: float | None = None, in_the_way: dict | None = None) -> list[Outgoing]:
         """`stage_outcome.failure_events` for `attempt`: `AttemptFailed` and what the retry decision
-        makes of it (`cooldown_s`: a provider's own `Retry-After`, seconds)."""
+        makes of it (`cooldown_s`: a provider's own `Retry-After`, seconds; `in_the_way`: the object an
+        `OutputConflict` met)."""
         return outcome.failure_events(self.settings, attempt.identity, attempt.item, attempt.uncounted, error_class,
-                                      reason, cooldown_s)
+                                      reason, cooldown_s, in_the_way)

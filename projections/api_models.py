@@ -94,6 +94,8 @@ class DiagnosisOut(BaseModel):
                                                 "stopped heartbeating, ...); null when none")
     permanent: bool | None = Field(None, description="true: a retry would fail the same way; false: a retry may "
                                                      "pass; null: nothing failed")
+    verdict: str | None = Field(None, description="`permanent` in words, as the CLI and the job page show it "
+                                                  "(Permanent, Not permanent); null: nothing failed")
     why: str | None = Field(None, description="Why `permanent` is what it is (the error-class table, a repeat "
                                               "after a replay, the same file failing in another job)")
     action: str = Field(description="What an operator should do")

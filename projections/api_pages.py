@@ -17,6 +17,20 @@ from projections import read_model as read
 
 router = APIRouter()
 
+PAGES: tuple[tuple[str, str], ...] = (
+    ("/", "Overview: jobs by state and stage, jobs created and ended per minute, stalled count, dead letters "
+          "pending, projection lag, recent jobs, the region replication panel"),
+    ("/jobs", "Jobs: every job, newest first; filters `?state=`, `?stage=`, `?priority=`, paging `?limit=`, `?offset=`"),
+    ("/jobs/{job_id}", "One job: its diagnosis, summary, source, progress per attempt, attempts, checkpoints, "
+                       "timeline, and the replay, cancel and review forms"),
+    ("/stalled", "Stalled: attempts, handoffs and uploads that stopped moving, retries waiting, jobs waiting "
+                 "for review"),
+    ("/dead-letters", "Dead letters: the 200 newest, with the replay, fail and dismiss forms"),
+    ("/webhooks", "Webhooks: customer endpoints, enabled or why not, failing since when, deliveries by state"),
+)
+"""Every page of the dashboard (GET, HTML) and what it shows; `docs/operating.md` lists them from here
+(`projections/doc_tables.py`) and `tests/unit/test_glossary.py` checks this list against `router`."""
+
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
 def overview_page(request: Request, conn: psycopg.Connection = Depends(db),

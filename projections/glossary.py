@@ -1,17 +1,21 @@
-"""One-line explanations of every term the dashboard shows: its column headings, job states, stall
-kinds, attempt outcomes, timeline flags, event types, error classes and the platform's own words
-(log clock, fenced, superseded, ladder, yield, ...).
+"""One-line explanations of every term the dashboard shows: its column headings, job states, stages,
+stall kinds, attempt outcomes, timeline flags, event types, error classes and the platform's own
+words (log clock, fenced, superseded, ladder, yield, budget, claim marker, ...).
 
 The dashboard puts them on hover (`title`, from the page's embedded glossary: `dashboard.js`
 `explainTerms`), and `docs/operating.md` carries the same table between its glossary markers
-(`python -m projections.glossary` prints it; `tests/unit/test_glossary.py` checks that the doc, the
-templates and this module agree). Job states take their meaning from `schemas/lifecycle.json` (the
-lifecycle's own text), nothing here restates them.
+(`python -m projections.doc_tables --write` writes it; `tests/unit/test_glossary.py` checks that the
+doc, the templates and this module agree). Generated, not restated: job states take their meaning
+from `schemas/lifecycle.json` (the lifecycle's own text), stages from the stage registry
+(`domain/pipeline.py` `StageSpec.about`), error classes from the error table
+(`domain/error_classes.py`).
 """
 
 from __future__ import annotations
 
+from domain import pipeline
 from domain.diagnosis import STALL_WORDS
+from domain.error_classes import ERROR_CLASSES, glossary_line
 from domain.lifecycle_data import LIFECYCLE
 
 _STALL_DETAIL: dict[str, str] = {
@@ -96,26 +100,13 @@ EVENTS: dict[str, str] = {
 }
 """Event types, as the timeline names them."""
 
-ERROR_CLASS_HELP: dict[str, str] = {
-    "invalid_input": "the source is not valid media or breaks a rule of the request; permanent",
-    "unsupported_media": "the media is valid but Tapeline cannot process it, or a check fails the same way "
-                         "every time; permanent",
-    "limits_exceeded": "the source is past a size, duration or resolution limit; permanent",
-    "quota_exceeded": "the submitter's own quota was used up at intake; rejected",
-    "provider_throttled": "the publish provider answered 429 or 5xx; retried after its cooldown",
-    "storage_transient": "the object store failed for a while; retried with backoff",
-    "output_conflict": "a key the job publishes already holds other bytes (another job or deployment wrote it); "
-                       "dead-lettered at once, not retried",
-    "broker_transient": "Kafka failed for a while; retried with backoff",
-    "timeout": "the work ran past its time limit; retried with backoff",
-    "out_of_memory": "the work ran out of memory; retried with backoff",
-    "worker_lost": "the worker was lost: it stopped heartbeating or its process exited; retried at once",
-    "progress_stalled": "the worker was alive but its ffmpeg stopped advancing (a no-progress stall); retried "
-                        "at once",
-    "region_lost": "the attempt's region was lost and another took over; retried there at once, using no attempt",
-    "unknown": "an error not classified; retried with backoff",
-}
-"""Error classes (the table with `retryable` and the terminal event is `domain/policy/retry.py`)."""
+ERROR_CLASS_HELP: dict[str, str] = {c.name: glossary_line(c) for c in ERROR_CLASSES.values()}
+"""Error classes, from the error table (`domain/error_classes.py`: what it is, how it is retried, what
+a retry would do)."""
+
+STAGES: dict[str, str] = {pipeline.INTAKE: f"stage: {pipeline.INTAKE_ABOUT}",
+                          **{s.name: f"stage: {s.about}" for s in pipeline.STAGES}}
+"""Every stage, from the stage registry (`domain/pipeline.py`: `INTAKE_ABOUT`, `StageSpec.about`)."""
 
 TERMS: dict[str, str] = {
     # column headings and labels
@@ -124,13 +115,14 @@ TERMS: dict[str, str] = {
     "record": "dead-letter kind: a record a processor could not decode, kept raw with its source position",
     "projection": "dead-letter kind: a record the projector could not decode or apply",
     "state": "where the job is in its lifecycle (hover a state for its meaning)",
-    "stage": "the pipeline step: intake, transcode or publish",
+    "stage": f"the pipeline step: {pipeline.INTAKE}, then the stages of the job's profile "
+             f"({', '.join(pipeline.STAGE_NAMES)}; hover a stage for what it does)",
     "attempt": "the try of the stage, counted from 1; retries and hand-overs start a new attempt",
-    "stage / attempt": "the current stage and how many attempts the job has started",
+    "stage / attempt": "the current stage and its own attempt number (each stage counts its attempts from 1)",
     "attempts": "how many attempts of the stage the job had started when it was dead-lettered (a replayed job "
                 "keeps counting); in brackets, those counted against the budget it ran out of",
-    "done": "share of the job done: stages before the current one plus the current stage's progress; only a "
-            "completed job shows 100 %",
+    "done": "share of the job done: stages before the current one plus the current stage's progress (segments "
+            "an earlier attempt finished count as done); only a completed job shows 100 %",
     "%": "share of the job done (see done)",
     "priority": "the tier: archive before standard before index (with aging so none starves)",
     "source": "the uploaded media the job transcodes",
@@ -202,6 +194,21 @@ TERMS: dict[str, str] = {
     "dead letter": "a job out of attempts, or a record that could not be processed, kept for an operator",
     "replay": "reopen a dead-lettered or reviewed job with a fresh attempt budget",
     "heartbeat": "a worker's lease renewal with progress counters",
+    "budget": "the attempts a stage may start before the job is dead-lettered (max_attempts, 3 by default); a "
+              "replay gives a fresh one; yields, deferred publishes and region_lost use none of it",
+    "claim marker": "the object publish creates (markers/{job}/webhook.json, only if absent) before it calls a "
+                    "provider, naming its attempt; another attempt finding it cannot rule out a post: needs_review",
+    "origin": "the built-in publish provider: the object store itself (outputs promoted to published/{job}/, "
+              "their public URLs); a webhook provider is announced to besides when one is configured",
+    "degraded": "accepted with a cheaper profile (top rendition dropped, a faster preset, thumbnails skipped) "
+                "because its tier's backlog was past the threshold at intake; degraded_reason says by how much",
+    "profile_fingerprint": "sha256 of the output profile (ladder, codec settings, segment length); a completed "
+                           "job with the same source sha256 and fingerprint is reused instead of transcoding",
+    "gross_wasted_s": "seconds an attempt that did not finish its stage ran, before subtracting what a later "
+                      "attempt reused (wasted (s) subtracts it)",
+    "LSO": "last stable offset: the end of a partition a read_committed reader can reach (open transactions hold "
+           "it back); projection lag and 'caught up' are measured to it",
+    "percent": "share of the job done (see done)",
 }
 """Column headings, labels and the platform's own words."""
 
@@ -212,7 +219,7 @@ def glossary() -> dict[str, str]:
     Later groups never override earlier ones: a heading that is also a state keeps its heading text.
     """
     merged: dict[str, str] = {}
-    for group in (TERMS, dict(LIFECYCLE.state_help), STALL_KINDS, OUTCOMES, FLAGS, EVENTS, ERROR_CLASS_HELP):
+    for group in (TERMS, dict(LIFECYCLE.state_help), STAGES, STALL_KINDS, OUTCOMES, FLAGS, EVENTS, ERROR_CLASS_HELP):
         for term, text in group.items():
             merged.setdefault(term, text)
     return merged
@@ -229,5 +236,5 @@ def markdown() -> str:
     return "\n".join(["| term | meaning |", "|---|---|", *rows])
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the docs' copy: python -m projections.doc_tables --write
     print(markdown())

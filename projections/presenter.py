@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from domain import pipeline
+from domain.diagnosis import object_words
 from domain.lifecycle import TERMINAL_STATES
 from domain.links import web_url
 from tapeline.objects import attempt_path
@@ -38,8 +39,12 @@ STAGE_SHARE = stage_shares(None)
 
 
 def percent_done(row: dict[str, Any]) -> float:
-    """0-100: stages weighted by `stage_shares`, a running media stage's (transcode, thumbnails)
-    progress from the media seconds its heartbeats report.
+    """0-100, the one formula every view shows (`tapeline status`, its list, the dashboard, the API):
+    stages weighted by `stage_shares`; inside a media stage (transcode, thumbnails) that runs, is
+    queued again or waits for its retry, the media seconds done over the source's duration, where
+    done is the larger of what the running attempt's heartbeats report (`progress_out_time_s`,
+    running only) and what applied checkpoints already hold (`checkpointed_s`, attached by
+    `projections/read_model.py`: segments a retry reuses count as done).
 
     Only a completed job is 100; a job that ended otherwise (cancelled, failed, dead-lettered, ...)
     shows where it stopped: the share of the stages before the one it was in (a job cancelled before
@@ -51,9 +56,21 @@ def percent_done(row: dict[str, Any]) -> float:
         return round(100.0 * low, 1)
     inside = 0.0
     declared = pipeline.BY_NAME.get(row["stage"])
-    if row["state"] == "running" and declared is not None and declared.uses_media_tool and row.get("source_duration_s"):
-        inside = min(1.0, (row.get("progress_out_time_s") or 0.0) / row["source_duration_s"])
+    if row["state"] in ACTIVE_STATES and declared is not None and declared.uses_media_tool \
+            and row.get("source_duration_s"):
+        heartbeats = (row.get("progress_out_time_s") or 0.0) if row["state"] == "running" else 0.0
+        done_s = max(heartbeats, row.get("checkpointed_s") or 0.0)
+        inside = min(1.0, done_s / row["source_duration_s"])
     return round(100.0 * (low + (high - low) * inside), 1)
+
+
+ACTIVE_STATES = ("running", "queued", "retry_scheduled")
+"""States in which a stage's done media counts inside its share (`percent_done`)."""
+
+
+def percent_text(percent: float) -> str:
+    """`percent_done`'s value as every view prints it: one decimal and a spaced sign, `11.6 %`."""
+    return f"{percent:.1f} %"
 
 
 def published_artifacts(row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -84,8 +101,11 @@ def archived_objects(row: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def job_summary(row: dict[str, Any]) -> dict[str, Any]:
-    """The JSON object `tapeline submit --json` and `status --json` print for one job."""
+    """The JSON object `tapeline submit --json` and `status --json` print for one job (the API's job
+    adds to it): `attempt` is the current stage's own attempt, `attempts` the most any stage started;
+    `percent` is `percent_done`, `percent_text` how every view prints it."""
     summary: dict[str, Any] = {"job_id": row["job_id"], "state": row["state"], "stage": row["stage"],
+                               "attempt": row["attempt"],  # the current stage's own attempt number
                                "attempts": row["attempts"], "source_duration_s": row["source_duration_s"]}
     if row["state"] != "completed":
         summary["error_class"] = row["error_class"]
@@ -97,6 +117,7 @@ def job_summary(row: dict[str, Any]) -> dict[str, Any]:
     summary["archived"] = archived_objects(row)  # the archive profile's preserved source and manifest
     summary["pipeline"] = row.get("pipeline")
     summary["percent"] = percent_done(row)
+    summary["percent_text"] = percent_text(summary["percent"])
     # Issue 9: the tier, the degradation ladder and result reuse (migration 013).
     summary["priority"] = row.get("priority")
     summary["degraded"] = bool(row.get("degraded"))
@@ -104,6 +125,7 @@ def job_summary(row: dict[str, Any]) -> dict[str, Any]:
     summary["reused_from"] = row.get("reused_from")
     summary["leased_until"] = row["leased_until"].isoformat() if row["leased_until"] else None
     summary["progress_frames"] = row["progress_frames"]
+    summary["checkpointed_s"] = row.get("checkpointed_s")  # media seconds in applied checkpoints (reused by a retry)
     summary["updated_at"] = row["updated_at"].isoformat()
     return summary
 
@@ -132,11 +154,14 @@ def timeline_detail(row: dict[str, Any]) -> str:
     """The detail column of one timeline row (`projections.read_model.timeline`: `event_type`, `stage`,
     `attempt`, `payload`), the same text in `tapeline timeline`, its `--json`, the API's timeline
     and the job page: an event's own summary where it has one, then every fact of `SHOWN` its
-    payload holds that the summary did not name (who acted, which dead letter, ...)."""
+    payload holds that the summary did not name (who acted, which dead letter, ...), and the object an
+    `output_conflict` met (`in_the_way`, in the diagnosis' words)."""
     text = _summary(row)
     shown = {part.split("=", 1)[0] for part in text.split() if "=" in part}
     skip = shown | set(_SUMMARISED.get(row["event_type"], ()))
     extra = [f"{key}={row['payload'][key]}" for key in SHOWN if key not in skip and row["payload"].get(key) not in (None, "")]
+    if row["payload"].get("in_the_way"):  # an output_conflict's object in the way, as the diagnosis names it
+        extra.append(f"in_the_way={object_words(row['payload']['in_the_way'])}")
     return " ".join(part for part in (text, *extra) if part)
 
 

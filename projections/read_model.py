@@ -1,7 +1,7 @@
 """The read model: every query over the projections that the CLI (`cli/job_commands.py`,
 `cli/operator_commands.py`), the read API and dashboard (`projections/api*.py`) and the region
 failover read, on a read-only session (`open_reader`). Rows are shaped for display by pure
-functions: here the job summary and percent done, `projections/presenter.py` the timeline's words,
+functions: `projections/presenter.py` (the job summary, percent done, the timeline's words),
 `domain/policy/stall.py` the stalled rows. (The processors and the HTTP intake read through their
 own job store sessions: the named queries of `projections/sql/queries.sql`.)"""
 
@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 
+from domain import pipeline
 from domain.diagnosis import diagnose
 from tapeline.postgres import connect, q
 from domain.errors import ConfigurationError
@@ -37,7 +38,24 @@ def open_reader(settings: Settings) -> psycopg.Connection:
 
 
 def job_row(conn: psycopg.Connection, job_id: str) -> dict[str, Any] | None:
-    return conn.execute(q("job_status"), {"job_id": job_id}).fetchone()
+    """One job's `job_state` row with `checkpointed_s` (`with_checkpoints`), or None."""
+    row = conn.execute(q("job_status"), {"job_id": job_id}).fetchone()
+    return None if row is None else with_checkpoints(conn, [row])[0]
+
+
+def with_checkpoints(conn: psycopg.Connection, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` (job_state rows), each with `checkpointed_s`: the media seconds its current stage holds
+    in applied checkpoints (the least, over its renditions, of the end of the furthest segment;
+    None without any), which `presenter.percent_done` counts as done. One query for all rows, and
+    none when no row is in a stage that checkpoints while still active."""
+    wanted = [r["job_id"] for r in rows if r["state"] in ("running", "queued", "retry_scheduled")
+              and getattr(pipeline.BY_NAME.get(r["stage"]), "checkpoints", False)]
+    done: dict[tuple[str, str], float] = {}
+    if wanted:
+        for c in conn.execute(q("checkpointed_media"), {"job_ids": wanted}).fetchall():
+            key = (c["job_id"], c["stage"])
+            done[key] = min(done.get(key, c["done_s"]), c["done_s"])
+    return [{**r, "checkpointed_s": done.get((r["job_id"], r["stage"]))} for r in rows]
 
 
 def timeline(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
@@ -101,7 +119,8 @@ def replay_warning(conn: psycopg.Connection, dead_letter_id: str) -> str | None:
 
 
 def recent_jobs(conn: psycopg.Connection, limit: int = 20) -> list[dict[str, Any]]:
-    return conn.execute(q("recent_jobs"), {"limit": limit}).fetchall()
+    """The most recently updated jobs, with `checkpointed_s` (`with_checkpoints`)."""
+    return with_checkpoints(conn, conn.execute(q("recent_jobs"), {"limit": limit}).fetchall())
 
 
 def stalls(conn: psycopg.Connection) -> list[dict[str, Any]]:
@@ -188,7 +207,7 @@ def dead_letter(conn: psycopg.Connection, dead_letter_id: str) -> dict[str, Any]
 
 def jobs_in_state(conn: psycopg.Connection, state: str, limit: int = 1000) -> list[dict[str, Any]]:
     """Jobs in one state (e.g. needs_review), most recently updated first."""
-    return conn.execute(q("jobs_in_state"), {"state": state, "limit": limit}).fetchall()
+    return with_checkpoints(conn, conn.execute(q("jobs_in_state"), {"state": state, "limit": limit}).fetchall())
 
 
 def projection_lag(settings: Settings, conn: psycopg.Connection, timeout_s: float = 10.0):
@@ -226,9 +245,20 @@ def _round(value: float | None) -> float | None:
     return round(value, 3) if value is not None else None
 
 
-def stage_durations(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
-    """A job's queue wait, run time and attempts per stage (view `stage_durations`, seconds)."""
-    return conn.execute(q("job_stage_durations"), {"job_id": job_id}).fetchall()
+def stage_durations(conn: psycopg.Connection, job_id: str, now: datetime | None = None) -> list[dict[str, Any]]:
+    """A job's queue wait, run time and attempts per stage (view `stage_durations`, seconds), each with
+    `running`: whether an attempt of the stage runs now. The view counts only ended attempts; a
+    running one's seconds so far (`now`, the reader's clock, UTC, less its broker-time start) are
+    added to `run_s`, so a stage running for 30 s does not say it ran 0 s."""
+    rows = conn.execute(q("job_stage_durations"), {"job_id": job_id}).fetchall()
+    running = [a for a in attempts(conn, job_id) if a["outcome"] == "running" and a["started_at"] is not None]
+    now = now or datetime.now(timezone.utc)
+    out = []
+    for row in rows:
+        mine = [a for a in running if a["stage"] == row["stage"]]
+        so_far = sum(max(0.0, (now - a["started_at"]).total_seconds()) for a in mine)
+        out.append({**row, "run_s": round((row["run_s"] or 0.0) + so_far, 3), "running": bool(mine)})
+    return out
 
 
 def jobs_page(conn: psycopg.Connection, *, state: str | None = None, stage: str | None = None,
@@ -237,7 +267,7 @@ def jobs_page(conn: psycopg.Connection, *, state: str | None = None, stage: str 
     """(one page of job rows, how many jobs match), newest last event first. `since`/`until` bound the
     broker time of the job's last applied event (`updated_at`, UTC), `until` exclusive; None: any."""
     params = {"state": state, "stage": stage, "priority": priority, "since": since, "until": until}
-    rows = conn.execute(q("jobs_page"), {**params, "limit": limit, "offset": offset}).fetchall()
+    rows = with_checkpoints(conn, conn.execute(q("jobs_page"), {**params, "limit": limit, "offset": offset}).fetchall())
     total = conn.execute(q("jobs_count"), params).fetchone()["n"]
     return rows, total
 

@@ -285,8 +285,7 @@ class ObjectStore:
             return True
         existing = hashlib.sha256(self.get_bytes(key)).hexdigest()
         if existing != sha:
-            raise OutputConflict(f"{key} already exists with different content (sha256 {existing[:12]} != "
-                                 f"{sha[:12]}): another job or deployment wrote it; a retry would meet it again")
+            raise OutputConflict.found(key, f"sha256 {existing[:12]} != {sha[:12]}", self.object_found(key))
         return False
 
     def put_file_if_absent(self, path: Path, key: str, content_type: str, sha256: str,
@@ -317,8 +316,22 @@ class ObjectStore:
             return True
         differs = self.stored_mismatch(key, size, sha256)
         if differs is not None:
-            raise OutputConflict(f"{key} already exists with different content ({differs}); it is never overwritten")
+            raise OutputConflict.found(key, differs, self.object_found(key))
         return False
+
+    def object_found(self, key: str) -> dict[str, Any] | None:
+        """What the store holds at `key`, for an `OutputConflict` to name: `{"key", "sha256" (hex, of
+        the bytes read back, streaming), "size_bytes", "written_at" (its Last-Modified, a UTC
+        datetime)}`, or None when it is gone or cannot be read (the conflict is reported without it)."""
+        try:
+            found = self.s3.head_object(Bucket=self.bucket, Key=key)
+            digest, body = hashlib.sha256(), self.s3.get_object(Bucket=self.bucket, Key=key)["Body"]
+            while block := body.read(1 << 20):
+                digest.update(block)
+        except (BotoCoreError, ClientError):
+            return None
+        return {"key": key, "sha256": digest.hexdigest(), "size_bytes": int(found.get("ContentLength", 0)),
+                "written_at": found.get("LastModified")}
 
     def _multipart_if_absent(self, path: Path, key: str, content_type: str, metadata: dict[str, str],
                              part_bytes: int, on_bytes: Callable[[int], None] | None) -> None:

@@ -406,6 +406,12 @@ class ObjectStorage(Protocol):
         """Read `key` back: None when it has `size` bytes and hex `sha256`, else what differs."""
         ...
 
+    def object_found(self, key: str) -> dict[str, Any] | None:
+        """What is stored at `key` (`{"key", "sha256", "size_bytes", "written_at"}`: hex sha256 of the
+        bytes read back, bytes, its Last-Modified as a UTC datetime), or None when it is gone or
+        cannot be read. What an `OutputConflict` names."""
+        ...
+
     def create_exclusive(self, key: str, body: bytes, content_type: str = "application/json") -> bytes | None:
         """Create `key` with `body` only when absent: None when created, else the existing object's body."""
         ...

@@ -12,14 +12,24 @@ from domain.policy.tiers import TIERS
 
 
 def letter_attempts(row: dict[str, Any]) -> dict[str, Any]:
-    """A dead-letter row with `attempts` = the stage's attempts the job had started when it was
+    """A dead-letter row with `attempts_text` (`attempts_text`) and `attempts` = the stage's attempts the job had started when it was
     dead-lettered (its attempt number: a replayed job keeps counting, so a job replayed and out of
     attempts again shows 6, not 3) and `budget_attempts` = those of the budget it ran out of (the
     `JobDeadLettered.attempts` the writer recorded). A record's dead letter has neither. Pure."""
     recorded = row.get("attempts")
     attempt = row.get("attempt")
     total = max(recorded, attempt) if recorded is not None and attempt is not None else recorded
-    return {**row, "attempts": total, "budget_attempts": recorded}
+    return {**row, "attempts": total, "budget_attempts": recorded, "attempts_text": attempts_text(total, recorded)}
+
+
+def attempts_text(attempts: int | None, budget_attempts: int | None) -> str:
+    """A dead letter's attempts in the words the CLI and the dashboard both show: `6 (3 counted
+    against its last budget)` for a replayed job, `3` for a first dead letter, `-` for a record's. Pure."""
+    if not attempts:
+        return "-"
+    if budget_attempts and budget_attempts != attempts:
+        return f"{attempts} ({budget_attempts} counted against its last budget)"
+    return str(attempts)
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,7 @@ class InMemoryObjectStorage:
             return True
         existing = hashlib.sha256(self.objects[key].body).hexdigest()
         if existing != sha:
-            raise OutputConflict(f"{key} already exists with different content (sha256 {existing[:12]} != "
-                                 f"{sha[:12]}): another job or deployment wrote it; a retry would meet it again")
+            raise OutputConflict.found(key, f"sha256 {existing[:12]} != {sha[:12]}", self.object_found(key))
         return False
 
     def put_file_if_absent(self, path: Path, key: str, content_type: str, sha256: str,
@@ -73,8 +72,15 @@ class InMemoryObjectStorage:
             return True
         differs = self.stored_mismatch(key, len(body), sha256)
         if differs is not None:
-            raise OutputConflict(f"{key} already exists with different content ({differs}); it is never overwritten")
+            raise OutputConflict.found(key, differs, self.object_found(key))
         return False
+
+    def object_found(self, key: str) -> dict | None:
+        found = self.objects.get(key)
+        if found is None:
+            return None
+        return {"key": key, "sha256": hashlib.sha256(found.body).hexdigest(), "size_bytes": len(found.body),
+                "written_at": found.last_modified}
 
     def stored_mismatch(self, key: str, size: int, sha256: str) -> str | None:
         found = self.objects.get(key)

@@ -1,4 +1,5 @@
-"""Error classes and the retry decision, as data (docs/design.md "Error classes" and "Retry policy").
+"""The retry decision (docs/design.md "Error classes" and "Retry policy"); the error classes and how
+each is retried are the one table `domain/error_classes.py` `ERROR_CLASSES`.
 
 `retry_decision(error_class, attempt, policy)` is pure: what to do after attempt number `attempt`
 (1-based, graceful yields not counted) failed. Defaults from docs/design.md: at most 3 attempts, backoff
@@ -15,38 +16,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from domain import events as ev
+from domain.error_classes import error_class as error_class_row
+from domain.error_classes import AT_ONCE, AT_ONCE_FREE, ERROR_CLASSES, ErrorClass  # noqa: F401 (re-exported)
 
-
-@dataclass(frozen=True)
-class ErrorClass:
-    name: str
-    retryable: bool
-    terminal_event: str  # event that ends the job when this class is not retried
-    from_the_file: bool = True  # the source file can cause it: the same file failing the same way (in another
-    # job, or again after a replay) points at the file; False for the infrastructure's own classes
-
-
-ERROR_CLASSES: dict[str, ErrorClass] = {c.name: c for c in (
-    ErrorClass("invalid_input", False, "JobFailed"),
-    ErrorClass("unsupported_media", False, "JobFailed"),
-    ErrorClass("limits_exceeded", False, "JobFailed"),
-    ErrorClass("quota_exceeded", False, "JobRejected", from_the_file=False),
-    ErrorClass("provider_throttled", True, "JobDeadLettered", from_the_file=False),
-    ErrorClass("storage_transient", True, "JobDeadLettered", from_the_file=False),
-    # A published key holds other bytes (another deployment's job, or a stale object in a shared
-    # bucket): a retry writes to the same key and meets the same object, so it goes to an operator
-    # at once, reopenable once the object is dealt with.
-    ErrorClass("output_conflict", False, "JobDeadLettered", from_the_file=False),
-    ErrorClass("broker_transient", True, "JobDeadLettered", from_the_file=False),
-    ErrorClass("timeout", True, "JobDeadLettered"),
-    ErrorClass("out_of_memory", True, "JobDeadLettered"),
-    ErrorClass("worker_lost", True, "JobDeadLettered"),
-    ErrorClass("progress_stalled", True, "JobDeadLettered"),
-    # An attempt lost with its region (a failover): retried at once in the region that took over,
-    # and its attempt is given back (domain/lifecycle.py FREE_STALL_KINDS).
-    ErrorClass("region_lost", True, "JobDeadLettered", from_the_file=False),
-    ErrorClass("unknown", True, "JobDeadLettered"),
-)}
 
 STALL_ERROR_CLASSES: dict[str, str] = {
     "lease_expired": "worker_lost",  # no heartbeat within the lease: the worker (or its host) is gone
@@ -59,8 +31,9 @@ STALL_ERROR_CLASSES: dict[str, str] = {
 `attempts` view (migration 023) maps `StallDetected.kind` the same way: tests/unit/test_decisions.py
 checks that the two agree."""
 
-STALL_BACKOFF_S: dict[str, tuple[float, ...]] = {name: (0.0,) for name in set(STALL_ERROR_CLASSES.values())}
-"""A stall is retried at once (docs/design.md, error class table): the default per-class schedules."""
+STALL_BACKOFF_S: dict[str, tuple[float, ...]] = {c.name: (0.0,) for c in ERROR_CLASSES.values()
+                                                 if c.retried in (AT_ONCE, AT_ONCE_FREE)}
+"""The classes the error table retries at once (the stalls): the default per-class schedules."""
 
 
 def stall_error_class(kind: str) -> str:
@@ -99,7 +72,7 @@ def retry_decision(error_class: str, attempt: int, policy: RetryPolicy,
     Unknown class names count as `unknown` (retryable). `rng` draws the jitter (a seeded one in
     tests); the delay is `schedule[attempt - 1]` (last entry repeating) times 1 +- jitter.
     """
-    spec = ERROR_CLASSES.get(error_class, ERROR_CLASSES["unknown"])
+    spec = error_class_row(error_class)
     if not spec.retryable:  # ends the job now, with its class's terminal event
         return RetryDecision(Action.DEAD_LETTER if spec.terminal_event == "JobDeadLettered" else Action.FAIL, None, 0.0)
     if attempt >= policy.max_attempts:

@@ -280,6 +280,14 @@ LEFT JOIN provider_state s ON s.provider = n.provider
 LEFT JOIN provider_waits w ON w.provider = n.provider
 ORDER BY n.provider;
 
+-- name: checkpointed_media
+-- Media seconds each given job's stages hold in applied checkpoints, per rendition: the end of its furthest segment (a retry resumes after them; projections/presenter.py percent_done counts them as done).
+SELECT job_id, stage, payload->>'rendition' AS rendition,
+       max((payload->>'media_start_s')::float8 + (payload->>'media_duration_s')::float8) AS done_s
+FROM lifecycle_evidence
+WHERE job_id = ANY(%(job_ids)s) AND event_type = 'CheckpointRecorded' AND applied AND NOT superseded AND NOT duplicate
+GROUP BY job_id, stage, payload->>'rendition';
+
 -- name: job_checkpoints
 -- Checkpoints of a job's stage recorded by attempts that owned the job then (applied; a superseded claim token or a duplicate is never used), log order.
 SELECT attempt, payload, broker_ts FROM lifecycle_evidence

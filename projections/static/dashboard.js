@@ -134,7 +134,11 @@ function progressChart(target, legend, doc) {
                  "attempt " + s.attempt + " (" + (s.outcome || "?") + ", " + s.heartbeats + " heartbeats" +
                  (late ? ", " + late + " late (superseded)" : "") + ")"));
   });
-  if (!series.length) nodes.push(svg("text", {x: left + 10, y: H / 2, class: "tick"}, "no heartbeats yet"));
+  if (!series.length) {  // "yet" only while the job can still run
+    const active = ["accepted", "queued", "running", "retry_scheduled"].includes(doc.state);
+    nodes.push(svg("text", {x: left + 10, y: H / 2, class: "tick"},
+                   active ? "no heartbeats yet" : "no transcode heartbeats recorded"));
+  }
   target.replaceChildren(...nodes);
   legend.replaceChildren(...keys);
 }
@@ -144,7 +148,7 @@ function progressChart(target, legend, doc) {
 function jobRow(j, withPriority) {
   const tds = [el("td", {}, jobLink(j.job_id)), el("td", {class: "state " + j.state}, j.state), el("td", {}, j.stage)];
   if (withPriority) tds.push(el("td", {}, j.priority || ""));
-  tds.push(el("td", {}, String(j.attempts)), num(Number(j.percent).toFixed(1)), el("td", {}, (j.updated_at || "").slice(0, 19)),
+  tds.push(el("td", {}, String(j.attempt)), num(j.percent_text), el("td", {}, (j.updated_at || "").slice(0, 19)),
            el("td", {}, j.reason || ""));
   return el("tr", {"data-job-id": j.job_id, "data-state": j.state}, ...tds);
 }
@@ -194,9 +198,7 @@ const pages = {
     fillRows(document.querySelector("#dead-letters tbody"), rows, d => el("tr", {"data-id": d.id, "data-kind": d.kind},
       el("td", {class: "id"}, d.id), el("td", {class: "kind"}, d.kind), el("td", {}, d.job_id ? jobLink(d.job_id) : ""),
       el("td", {}, d.stage || ""), el("td", {class: "error-class"}, d.error_class || ""),
-      el("td", {}, d.attempts ? String(d.attempts) : "",
-         d.budget_attempts && d.budget_attempts !== d.attempts
-           ? el("span", {class: "muted"}, " (" + d.budget_attempts + " counted against its last budget)") : ""),
+      el("td", {}, d.attempts ? d.attempts_text : ""),  // tapeline/rows.py attempts_text: the CLI's words
       ...cells((d.broker_ts || "").slice(0, 19)),
       el("td", {class: "error"}, d.error || ""),
       el("td", {class: "replayed"}, d.replayed_at ? "by " + d.replayed_by + ": " + (d.replay_reason || "") : "no")),
@@ -212,8 +214,8 @@ const pages = {
     const state = document.getElementById("job-state");
     state.textContent = job.state;
     state.className = "state " + job.state;
-    document.getElementById("job-stage").textContent = job.stage + " / " + job.attempts;
-    document.getElementById("job-percent").textContent = Number(job.percent).toFixed(1) + " %";  // as the CLI prints it
+    document.getElementById("job-stage").textContent = job.stage + " / " + job.attempt;  // the stage's own attempt
+    document.getElementById("job-percent").textContent = job.percent_text;  // presenter.percent_text, as the CLI prints it
     document.getElementById("job-reason").textContent = job.reason || "";
     document.getElementById("job-error-class").textContent = job.error_class || "";
     document.getElementById("job-updated").textContent = (job.updated_at || "").slice(0, 23);

@@ -183,6 +183,26 @@ def test_stage_durations(isolated, handmade):
             for r in running] == [("transcode", 1.0, 0.0, None, None, 1)]
 
 
+def test_the_read_model_counts_a_running_attempt_and_reused_segments(isolated, handmade):
+    """Issue 45: the view counts ended attempts only ("run time 0 s" for an attempt running 30 s); the
+    read model adds the running attempt's seconds so far. And the media a job's stage holds in applied
+    checkpoints (`with_checkpoints`, the share of `percent_done` a retry reuses) is read from evidence."""
+    from projections.presenter import percent_done
+
+    settings = isolated.model_copy(update={"db_schema": SCHEMA})
+    with read.open_reader(settings) as conn:
+        running = read.stage_durations(conn, handmade["k"].job_id, now=at(232))  # claimed at 202
+        assert [(d["stage"], d["run_s"], d["running"]) for d in running] == [("transcode", 30.0, True)]
+        ended = read.stage_durations(conn, handmade["j"].job_id, now=at(232))
+        assert [(d["stage"], d["run_s"], d["running"]) for d in ended] == [("transcode", 30.0, False),
+                                                                           ("publish", 1.0, False)]
+        j = read.job_row(conn, handmade["j"].job_id)
+        assert j["checkpointed_s"] is None  # completed: nothing to count
+        waiting = read.with_checkpoints(conn, [{**j, "state": "retry_scheduled", "stage": "transcode"}])[0]
+        assert waiting["checkpointed_s"] == 4.0  # attempt 2's segment 0, 0.0 + 4.0 s of media
+        assert percent_done(waiting) == pytest.approx(5.0 + 85.0 * 4.0 / 5.28, abs=0.05)
+
+
 def test_views_are_documented_and_live_in_each_schema(isolated, handmade):
     for schema in ("public", SCHEMA):
         undocumented = select(isolated, """

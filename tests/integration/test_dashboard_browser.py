@@ -146,8 +146,8 @@ def test_the_dashboard_shows_each_job_where_it_belongs_and_replays_the_dead_lett
     # legend counts the heartbeats the attempts table counts.
     cli = json.loads(tapeline_cli(settings, "status", jobs["stalled"], "--json").stdout)
     expect(page.locator("#diagnosis-summary")).to_have_text("What happened: " + cli["diagnosis"]["summary"])
-    expect(page.locator("#job-percent")).to_have_text(f"{cli['percent']:.1f} %")
-    expect(page.locator("#job-stage")).to_have_text(f"{cli['stage']} / {cli['attempts']}")
+    expect(page.locator("#job-percent")).to_have_text(cli["percent_text"])  # presenter.percent_text, one wording
+    expect(page.locator("#job-stage")).to_have_text(f"{cli['stage']} / {cli['attempt']}")  # the stage's own attempt
     rows = page.locator("#attempts tbody tr").evaluate_all("rows => rows.map(r => [...r.cells].map(c => c.textContent))")
     assert [(r[0], r[1], r[3], float(r[7]) if r[7] else None, r[8]) for r in rows] == [
         (a["stage"], str(a["attempt"]), a["outcome"], a["wasted_s"], str(a["heartbeats"])) for a in cli["attempt_history"]]
@@ -181,7 +181,7 @@ def test_the_dashboard_shows_each_job_where_it_belongs_and_replays_the_dead_lett
     expect(page.locator("#diagnosis-summary")).to_contain_text(
         "What happened: Dead-lettered after 1 attempt(s) of transcode: storage_transient (")
     expect(page.locator("#diagnosis-why")).to_have_text(
-        "A retry may pass: storage_transient is retryable: it should pass once the object store works again")
+        "Not permanent: storage_transient: a retry may pass once the object store works again")
     expect(page.locator("#diagnosis-action")).to_contain_text("Fix the object store, then replay")
     expect(page.locator("#replay-warning")).to_have_count(0)
     expect(page.locator('#job-replay-form input[name="dead_letter_id"]')).to_have_value(f"{jobs['dead']}/1")

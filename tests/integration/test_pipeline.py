@@ -238,6 +238,23 @@ def test_a_published_key_holding_other_bytes_dead_letters_at_once_without_a_retr
         assert [e.error_class for e in of_job(events, job_id, "JobDeadLettered")] == ["output_conflict"]
         assert not [e for e in of_job(events, job_id, "RetryScheduled") if e.stage == "publish"]
         assert store.get_bytes(squatter) == b"#EXTM3U\n# written by another deployment\n"  # never overwritten
+        # Issue 45: one word everywhere. The event is not retryable (the error table's), the message says
+        # what a retry would do in the table's words, and the object in the way is recorded and named.
+        squatter_bytes = b"#EXTM3U\n# written by another deployment\n"
+        squatter_sha = hashlib.sha256(squatter_bytes).hexdigest()
+        failed = [e for e in of_job(events, job_id, "AttemptFailed") if e.stage == "publish"]
+        assert [e.retryable for e in failed] == [False]
+        assert "a retry would meet the same object again until it is removed" in failed[0].reason
+        blocking = of_job(events, job_id, "JobDeadLettered")[0].in_the_way
+        assert (blocking.key, blocking.size_bytes, blocking.sha256) == (squatter, len(squatter_bytes), squatter_sha)
+        assert blocking.written_at is not None and blocking.written_at.tzinfo is not None
+        status = json.loads(tapeline_cli(isolated, "status", job_id, "--json").stdout)
+        diagnosis = status["diagnosis"]
+        assert (diagnosis["permanent"], diagnosis["verdict"]) == (True, "Permanent")
+        assert diagnosis["why"] == "output_conflict: a retry would meet the same object again until it is removed"
+        assert f"`{squatter}` ({len(squatter_bytes)} bytes, sha256 {squatter_sha}, written " in diagnosis["summary"]
+        assert f"tapeline dlq replay {job_id}/1" in diagnosis["action"]
+        assert f"tapeline dlq fail {job_id}/1 --refund" in diagnosis["action"]
     finally:
         store.delete(squatter)
 

@@ -51,7 +51,7 @@ def test_a_stall_waiting_for_its_retry_and_a_retry_waiting_for_a_worker():
                        [stalled("no_progress")], [], NOW)
     assert waiting.summary == ("Transcode attempt 1 stalled: ffmpeg stopped advancing while its worker was alive; "
                                "attempt 2 is scheduled at 12:00:30 UTC.")
-    assert (waiting.permanent, waiting.why, waiting.action) == (False, "progress_stalled is retryable",
+    assert (waiting.permanent, waiting.why, waiting.action) == (False, "progress_stalled: a retry may pass unless the source itself freezes ffmpeg",
                                                                 "Nothing to do: it retries by itself.")
     queued = diagnose(row("queued", attempt=2, queued_at=NOW - timedelta(seconds=27)), [stalled("lease_expired")], [], NOW)
     assert queued.summary == ("Queued: transcode attempt 2 has waited for 27 s for a free worker. "
@@ -78,7 +78,7 @@ def test_a_permanent_failure():
     found = diagnose(row("failed", error_class="unsupported_media", reason="rendition audio: 3.008 s long"), [], [], NOW)
     assert found.summary == "Failed for good at transcode: unsupported_media: rendition audio: 3.008 s long."
     assert (found.permanent, found.why, found.action) == (
-        True, "unsupported_media is not retryable: the same input fails the same way every time",
+        True, "unsupported_media: a retry would fail the same way: the same input fails the same way every time",
         "Do not replay: ask the submitter for a corrected file.")
 
 
@@ -101,7 +101,7 @@ def test_dead_lettered_after_retries_is_replayable_once_the_cause_is_fixed():
                          reason="out of attempts: S3 answered 503"), events, [], NOW)
     assert found.summary == ("Dead-lettered after 3 attempt(s) of transcode: storage_transient "
                              "(out of attempts: S3 answered 503).")
-    assert (found.permanent, found.why) == (False, "storage_transient is retryable: it should pass once the object "
+    assert (found.permanent, found.why) == (False, "storage_transient: a retry may pass once the object "
                                                    "store works again")
     assert found.action == 'Fix the object store, then replay: `tapeline dlq replay j-1/3 --why "..."`.'
 
@@ -143,7 +143,8 @@ def test_needs_review_cancelled_and_rejected():
     quota = diagnose(row("rejected", "intake", 0, error_class="quota_exceeded", reason="alice used 10 of 10 today"),
                      [], [], NOW)
     assert (quota.summary, quota.why) == ("Rejected at intake: alice used 10 of 10 today.",
-                                          "the submitter's quota was used up when it arrived")
+                                          "quota_exceeded: a retry would be refused the same way until the "
+                                          "submitter's quota allows it")
 
 
 def test_the_infrastructure_failing_again_says_nothing_about_the_file():
@@ -154,7 +155,7 @@ def test_the_infrastructure_failing_again_says_nothing_about_the_file():
     other = {"job_id": "j-0", "state": "dead_lettered", "error_class": "storage_transient"}
     found = diagnose(row("dead_lettered", attempt=3, error_class="storage_transient", reason="S3 answered 503"),
                      [letter], [other], NOW)
-    assert (found.permanent, found.why) == (False, "storage_transient is retryable: it should pass once the object "
+    assert (found.permanent, found.why) == (False, "storage_transient: a retry may pass once the object "
                                                    "store works again")
     assert found.action == 'Fix the object store, then replay: `tapeline dlq replay j-1/3 --why "..."`.'
     again = diagnose(row("dead_lettered", attempt=6, error_class="broker_transient", reason="no leader"),
@@ -176,14 +177,37 @@ def test_which_classes_the_file_can_cause():
          "region_lost"}
 
 
-def test_an_output_conflict_says_what_to_deal_with_before_a_replay():
+def test_an_output_conflict_names_the_object_in_the_way_and_both_ways_out():
+    """An `output_conflict` (issue 45): permanent by the error table (a retry meets the same object
+    until it is removed), its why in the table's words (never "a retry may pass"), its summary naming
+    the object (key, size, sha256, when written, from the dead letter's `in_the_way`) and its action
+    the two real commands, each said once."""
     from domain.diagnosis import diagnose
 
+    key = "published/j-9/master.m3u8"
     job = {"job_id": "j-9", "state": "dead_lettered", "stage": "publish", "attempt": 1, "attempts": 1,
-           "error_class": "output_conflict", "reason": "published/j-9/master.m3u8 already exists with different content"}
+           "error_class": "output_conflict", "reason": f"{key} already exists with different content"}
+    blocking = {"key": key, "sha256": "ab" * 32, "size_bytes": 41, "written_at": "2026-12-07T11:00:05.123000Z"}
     events = [{"event_type": "JobDeadLettered", "stage": "publish", "attempt": 1,
-               "payload": {"error_class": "output_conflict"}}]
+               "payload": {"error_class": "output_conflict", "in_the_way": blocking}}]
     found = diagnose(job, events, [], NOW)
-    assert found.permanent is False
-    assert "the object already at the job's published key" in found.action and "dlq replay j-9/1" in found.action
-    assert "is not the file's doing" in found.why and "retryable" not in found.why
+    assert found.permanent is True and found.verdict == "Permanent"
+    assert found.why == "output_conflict: a retry would meet the same object again until it is removed"
+    assert found.summary.endswith(f"In the way: `{key}` (41 bytes, sha256 {'ab' * 32}, written 2026-12-07 11:00:05 "
+                                  "UTC).")
+    assert 'tapeline dlq replay j-9/1 --why "..."' in found.action
+    assert 'tapeline dlq fail j-9/1 --refund --why "..."' in found.action
+    assert f"aws s3 rm s3://BUCKET/{key}" in found.action
+    assert found.action.count("replay j-9/1") == 1 and "may pass" not in found.why
+
+    # replayed before the object was removed: the same words, and "again" agrees with permanent
+    again = diagnose({**job, "attempt": 2}, events + [
+        {"event_type": "JobReplayed", "stage": "publish", "attempt": 1, "payload": {"operator": "ops"}},
+        {"event_type": "JobDeadLettered", "stage": "publish", "attempt": 2,
+         "payload": {"error_class": "output_conflict", "in_the_way": blocking}}], [], NOW)
+    assert again.permanent is True and "failed the same way again" in again.summary
+    assert "dlq replay j-9/2" in again.action
+
+    # an older dead letter (before `in_the_way` was recorded) still reads, without the object's facts
+    old = diagnose(job, [{**events[0], "payload": {"error_class": "output_conflict"}}], [], NOW)
+    assert old.permanent is True and "In the way" not in old.summary and "aws s3 rm" not in old.action

@@ -60,5 +60,38 @@ def test_states_are_explained_by_the_lifecycle_file_not_restated():
 
 def test_the_operator_guide_carries_the_same_glossary():
     doc = (ROOT / "docs" / "operating.md").read_text()
-    block = doc.split("<!-- glossary: python -m projections.glossary -->\n", 1)[1].split("\n<!-- /glossary -->", 1)[0]
-    assert block == glossary.markdown(), "regenerate the table: python -m projections.glossary"
+    block = doc.split("<!-- glossary: python -m projections.doc_tables --write -->\n", 1)[1].split(
+        "\n<!-- /glossary -->", 1)[0]
+    assert block == glossary.markdown(), "regenerate the tables: python -m projections.doc_tables --write"
+
+
+def test_the_glossary_is_generated_from_the_stage_registry_and_the_error_table():
+    """Every stage (intake and the registry's) and every error class is explained from its one source,
+    and the terms an operator asked about in issue 45 are there."""
+    from domain import pipeline
+    from domain.error_classes import glossary_line
+
+    terms = glossary.glossary()
+    assert set(glossary.STAGES) == {pipeline.INTAKE, *pipeline.STAGE_NAMES}
+    for spec in pipeline.STAGES:
+        assert spec.about and terms[spec.name] == f"stage: {spec.about}"
+    assert terms[pipeline.INTAKE] == f"stage: {pipeline.INTAKE_ABOUT}"
+    assert all(name in terms["stage"] for name in pipeline.STAGE_NAMES)
+    for name, spec in ERROR_CLASSES.items():
+        assert glossary.ERROR_CLASS_HELP[name] == glossary_line(spec)
+    assert "not retried" in terms["output_conflict"] and "may pass" not in terms["output_conflict"]
+    for word in ("gross_wasted_s", "origin", "budget", "claim marker", "degraded", "profile_fingerprint", "LSO"):
+        assert terms[word], word
+
+
+def test_the_docs_list_every_page_of_the_dashboard():
+    """`api_pages.PAGES` names every HTML page the dashboard serves (GET routes of its router), and
+    `docs/operating.md` carries the list."""
+    from projections.api_pages import PAGES, router
+    from projections.doc_tables import BLOCKS
+
+    served = {route.path for route in router.routes if "GET" in route.methods}
+    assert {path for path, _ in PAGES} == served
+    block = next(b for b in BLOCKS if b.name == "dashboard pages")
+    listed = block.current((ROOT / "docs" / "operating.md").read_text())
+    assert listed == block.render() and all(f"`{path}`" in listed for path in served)

@@ -10,7 +10,7 @@ from projections.read_model import letter_attempts
 def test_a_replayed_job_out_of_attempts_again_shows_all_its_attempts():
     row = letter_attempts({"kind": "job", "attempt": 6, "attempts": 3})
     assert (row["attempts"], row["budget_attempts"]) == (6, 3)
-    assert _letter_attempts(row) == "6 (3 budget)"
+    assert _letter_attempts(row) == row["attempts_text"] == "6 (3 counted against its last budget)"
 
 
 def test_a_first_dead_letter_and_a_record_read_as_before():

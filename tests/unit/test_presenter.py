@@ -83,3 +83,14 @@ def test_who_acted_and_which_dead_letter_are_shown_for_an_operator_event():
            "payload": {"operator": "alice", "reason": "fixed S3", "dead_letter_id": "job-1/3"}}
     assert timeline_detail(row) == "reason=fixed S3 operator=alice dead_letter_id=job-1/3"
     assert {"operator", "dead_letter_id", "error_class", "master_url"} <= set(SHOWN)
+
+
+def test_a_conflicts_timeline_row_names_the_object_in_the_way():
+    """Issue 45: no view showed the object that blocked the publish; the timeline row of the dead letter
+    names it as the diagnosis does (key, size, sha256, when written)."""
+    found = {"key": "published/j/master.m3u8", "sha256": "c" * 64, "size_bytes": 41,
+             "written_at": "2026-12-07T11:00:05Z"}
+    row = {"event_type": "JobDeadLettered", "stage": "publish", "attempt": 1,
+           "payload": {"error_class": "output_conflict", "reason": "exists", "in_the_way": found}}
+    assert timeline_detail(row) == ("error_class=output_conflict reason=exists in_the_way=`published/j/master.m3u8` "
+                                    f"(41 bytes, sha256 {'c' * 64}, written 2026-12-07 11:00:05 UTC)")
