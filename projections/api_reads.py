@@ -61,7 +61,9 @@ def get_job(job_id: str, request: Request, conn: psycopg.Connection = Depends(db
     return JobDetail(job=job_json(row), attempts=read.attempt_history(conn, job_id),
                      stage_durations=[plain(r) for r in read.stage_durations(conn, job_id)],
                      checkpoints=shown(request, read.checkpoints(conn, job_id)), source=source,
-                     diagnosis=read.job_diagnosis(conn, row, source))
+                     diagnosis=read.job_diagnosis(conn, row, source),
+                     suspect=next(iter(read.suspect_attempts(conn, job_id)), None),
+                     stall_evidence=read.job_stall_evidence(conn, job_id))
 
 
 @router.get("/api/jobs/{job_id}/timeline", tags=["jobs"], responses=ONE,
@@ -94,11 +96,15 @@ def get_checkpoints(job_id: str, request: Request, conn: psycopg.Connection = De
 
 
 @router.get("/api/stalled", tags=["operations"], responses=answers(503))
-def get_stalled(request: Request, conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
+def get_stalled(request: Request, conn: psycopg.Connection = Depends(db),
+                context: Web = Depends(web)) -> list[dict[str, Any]]:
     """Stalled attempts (lease_expired, no_progress, worker_exited), stalled handoffs, expected work
     missing, retries and hand-overs still waiting (`waiting`) and jobs in needs_review, each with
-    `kind` and `since_s` (seconds; log clock, wall clock for reviews)."""
-    return shown(request, read.stalls(conn))
+    `kind` and `since_s` (seconds; log clock, wall clock for reviews); then attempts suspect before
+    the verdict (`suspect`, with `allowance_s`, `remaining_s` and the tool's state) and attempt stalls
+    judged in the last `TAPELINE_RECENT_STALLS_S` seconds with their `outcome` (`recent_stall`):
+    `read.stall_list`."""
+    return shown(request, read.stall_list(conn, context.settings.recent_stalls_s))
 
 
 @router.get("/api/dead-letters", tags=["operations"], responses=READS)

@@ -186,7 +186,7 @@ const pages = {
     fillRows(document.querySelector("#stalls tbody"), rows, s => el("tr", {"data-job-id": s.job_id, "data-kind": s.kind},
       el("td", {class: "kind"}, s.kind), el("td", {}, jobLink(s.job_id)), ...cells(s.stage, s.attempt, s.worker || "",
       (s.last_progress_at || "").slice(0, 19)), num(s.since_s.toFixed(1)), el("td", {}, s.reason || "")),
-      "nothing is stalled", 8);
+      "nothing is stalled, suspect, or judged stalled recently", 8);
   },
 
   async "dead-letters"() {
