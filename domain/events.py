@@ -94,8 +94,9 @@ class ToolState(_Frozen):
     running, S sleeping, D waiting on I/O, T stopped by a signal, Z exited), `cpu_s` (user + system
     CPU seconds, every thread, used over the last `window_s` wall seconds: the last minute at most,
     and not before its progress counters last moved), `last_progress` (its last `-progress` block,
-    one line) and `stderr_tail` (its last stderr lines, at most 500 characters). Interpreted by
-    `domain/policy/tool_state.py` `explain_tool_state`."""
+    one line), `stderr_tail` (its last stderr lines, at most 500 characters) and `cpu_wait_s`
+    (seconds its threads were runnable but waited for a CPU over the same window: a busy host).
+    Interpreted by `domain/policy/tool_state.py` `explain_tool_state`."""
 
     tool: str
     process_state: str | None = None
@@ -103,6 +104,7 @@ class ToolState(_Frozen):
     window_s: float | None = None
     last_progress: str | None = None
     stderr_tail: str | None = None
+    cpu_wait_s: float | None = None
 
 
 class Event(_Frozen):

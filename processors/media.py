@@ -294,11 +294,12 @@ CPU time)."""
 class ToolWatch:
     """What one tool process (`pid`, named `tool`) is doing, for the heartbeats' `ToolState`
     (issue 45 item 2): its state letter from `/proc/<pid>/stat` (field 3; of all its threads, the
-    stopped state first, then running, then waiting on I/O: `process_state`), and its CPU time
-    (utime + stime, every thread) sampled at most every `SAMPLE_S` seconds over the last
-    `WINDOW_S` seconds. The CPU window starts when its progress counters last moved (`progressed`),
-    so a stall's figure is the CPU it used without output. A read that fails (the process is gone)
-    keeps the last values; `Z` when it has exited."""
+    stopped state first, then running, then waiting on I/O: `process_state`), its CPU time (utime +
+    stime, every thread) and the time its threads waited for a CPU while runnable (field 2 of each
+    `/proc/<pid>/task/<tid>/schedstat`), sampled at most every `SAMPLE_S` seconds over the last
+    `WINDOW_S` seconds. The window starts when its progress counters last moved (`progressed`), so
+    a stall's figures are what it used without output. A read that fails (the process is gone)
+    keeps the last values."""
 
     WINDOW_S = 60.0
     SAMPLE_S = 1.0
@@ -306,7 +307,7 @@ class ToolWatch:
 
     def __init__(self, pid: int, tool: str = "ffmpeg") -> None:
         self.pid, self.tool = pid, tool
-        self.samples: deque[tuple[float, float]] = deque()  # (monotonic s, CPU s), oldest first
+        self.samples: deque[tuple[float, float, float | None]] = deque()  # (monotonic s, CPU s, CPU wait s)
         self.moved_at = time.monotonic()  # when the progress counters last moved
         self.counters: tuple[str | None, str | None] | None = None
         self.last_line: str | None = None
@@ -321,14 +322,32 @@ class ToolWatch:
         shown = ("frame", "fps", "out_time", "speed", "total_size", "progress")
         self.last_line = " ".join(f"{k}={block[k].strip()}" for k in shown if k in block)
 
-    def _stat(self, path: str) -> list[str] | None:
+    @staticmethod
+    def _stat(path: str) -> list[str] | None:
         try:
             return Path(path).read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             return None
 
+    def _tasks(self) -> list[str]:
+        try:
+            return os.listdir(f"/proc/{self.pid}/task")
+        except OSError:
+            return []
+
+    def _cpu_wait_s(self) -> float | None:
+        """Seconds all its threads spent runnable but waiting for a CPU (schedstat), None when unknown."""
+        total, read = 0, False
+        for task in self._tasks():
+            try:
+                total += int(Path(f"/proc/{self.pid}/task/{task}/schedstat").read_text().split()[1])
+                read = True
+            except (OSError, IndexError, ValueError):
+                continue
+        return total / 1e9 if read else None
+
     def sample(self) -> None:
-        """Read the CPU time, at most every `SAMPLE_S` seconds; samples older than the window go."""
+        """Read the CPU times, at most every `SAMPLE_S` seconds; samples older than the window go."""
         now = time.monotonic()
         if self.samples and now - self.samples[-1][0] < self.SAMPLE_S:
             return
@@ -336,7 +355,7 @@ class ToolWatch:
         if fields is None:
             return
         self.letter = fields[0]
-        self.samples.append((now, (int(fields[11]) + int(fields[12])) / self.TICKS))
+        self.samples.append((now, (int(fields[11]) + int(fields[12])) / self.TICKS, self._cpu_wait_s()))
         while len(self.samples) > 2 and self.samples[1][0] <= now - self.WINDOW_S:
             self.samples.popleft()
 
@@ -348,35 +367,30 @@ class ToolWatch:
             return self.letter
         letters = {main[0]}
         if main[0] not in ("T", "t", "Z", "X"):
-            try:
-                tasks = os.listdir(f"/proc/{self.pid}/task")
-            except OSError:
-                tasks = []
-            for task in tasks:
+            for task in self._tasks():
                 fields = self._stat(f"/proc/{self.pid}/task/{task}/stat")
                 if fields is not None:
                     letters.add(fields[0])
-        for letter in ("T", "t", "Z", "X", "R", "D"):
-            if letter in letters:
-                self.letter = letter
-                return letter
-        self.letter = main[0]
-        return main[0]
+        self.letter = next((letter for letter in ("T", "t", "Z", "X", "R", "D") if letter in letters), main[0])
+        return self.letter
 
     def state(self, stderr_tail: "deque[str] | list[str]" = ()) -> ToolState:
-        """The `ToolState` now: CPU seconds over the window (from the oldest sample at or after both
-        the window's start and the counters' last move, to the newest), the last progress line and
-        the last stderr lines (at most 5 lines, 500 characters)."""
+        """The `ToolState` now: CPU seconds and CPU-wait seconds over the window (from the oldest
+        sample at or after both the window's start and the counters' last move, to the newest), the
+        last progress line and the last stderr lines (at most 5 lines, 500 characters)."""
         self.sample()
-        cpu_s = window_s = None
+        cpu_s = wait_s = window_s = None
         if self.samples:
-            start = max(self.samples[-1][0] - self.WINDOW_S, self.moved_at)
-            first = next((s for s in self.samples if s[0] >= start), self.samples[-1])
-            cpu_s = round(self.samples[-1][1] - first[1], 3)
-            window_s = round(self.samples[-1][0] - first[0], 3)
+            newest = self.samples[-1]
+            start = max(newest[0] - self.WINDOW_S, self.moved_at)
+            first = next((s for s in self.samples if s[0] >= start), newest)
+            cpu_s, window_s = round(newest[1] - first[1], 3), round(newest[0] - first[0], 3)
+            if newest[2] is not None and first[2] is not None:
+                wait_s = round(max(0.0, newest[2] - first[2]), 3)
         lines = [line for line in list(stderr_tail)[-5:] if line]
         return ToolState(tool=self.tool, process_state=self.process_state(), cpu_s=cpu_s, window_s=window_s,
-                         last_progress=self.last_line, stderr_tail="\n".join(lines)[-500:] or None)
+                         last_progress=self.last_line, stderr_tail="\n".join(lines)[-500:] or None,
+                         cpu_wait_s=wait_s)
 
 
 class _Usage:

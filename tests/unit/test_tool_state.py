@@ -69,3 +69,12 @@ def test_the_diagnosis_of_a_stall_says_why_ffmpeg_stopped():
     found = diagnose(job, events, [], now)
     assert found.stall == ("ffmpeg stopped advancing while its worker was alive: ffmpeg was stopped by a signal "
                            "(process state T): it ran no code until it was continued")
+
+
+def test_a_loop_on_a_busy_host_wanted_the_whole_cpu():
+    """It got 0.45 s of CPU in 3 s but waited 2.5 s more for one (schedstat): a loop, not a wait."""
+    assert explain_tool_state(state("R", cpu_s=0.45, window_s=3.0, cpu_wait_s=2.5)) == (
+        "ffmpeg ran at full CPU without output (0.5 s of CPU in 3.0 s; it waited 2.5 s more for a CPU: the host "
+        "is busy): a loop, or a decode that makes no frames")
+    # waiting for a CPU is not "no CPU": a starving process wants none
+    assert not explain_tool_state(state("S", cpu_s=0.0, window_s=3.0, cpu_wait_s=1.0)).startswith("ffmpeg used no CPU")

@@ -58,9 +58,9 @@ LEFT JOIN LATERAL (
     LIMIT 1
 ) h ON true
 WHERE j.state = 'running'
-  AND NOT (j.leased_until < c.now
-           OR j.progress_at + make_interval(secs => COALESCE(s.no_progress_timeout_s, p.no_progress_timeout_s)
-                                                   + COALESCE(j.progress_grace_s, 0)) < c.now)
+  AND NOT COALESCE(j.leased_until < c.now, false)
+  AND NOT COALESCE(j.progress_at + make_interval(secs => COALESCE(s.no_progress_timeout_s, p.no_progress_timeout_s)
+                                                         + COALESCE(j.progress_grace_s, 0)) < c.now, false)
   AND (j.progress_at + make_interval(secs => p.suspect_fraction * (COALESCE(s.no_progress_timeout_s, p.no_progress_timeout_s)
                                                                     + COALESCE(j.progress_grace_s, 0))) < c.now
        OR j.last_heartbeat_at + (j.leased_until - j.last_heartbeat_at) * p.suspect_fraction < c.now);
