@@ -160,7 +160,8 @@ def get_overview(conn: psycopg.Connection = Depends(db), context: Web = Depends(
 
 
 def overview(conn: psycopg.Connection, context: Web) -> dict[str, Any]:
-    """The overview (`GET /api/overview`, the dashboard's first page) read over `conn`; the lag from
+    """The overview (`GET /api/overview`, the dashboard's first page) read over `conn` (`suspect`: how
+    many attempts `read.suspect_attempts` lists); the lag from
     `context.lag`, `{"error": ...}` in its place when it cannot be measured; `region_replication`,
     the Region replication panel (`projections/region_panel.py` `panel`), None when there is none."""
     by_state = {s: 0 for s in STATES}
@@ -177,6 +178,7 @@ def overview(conn: psycopg.Connection, context: Web) -> dict[str, Any]:
         lag_doc = {"error": str(exc)}
     return {"jobs_by_state": by_state, "jobs_by_stage": by_stage,
             "throughput": read.throughput(conn, read.database_now(conn)), "stalls": stalls,
+            "suspect": len(read.suspect_attempts(conn)),  # before the verdict (issue 45)
             "dead_letters": read.dead_letter_counts(conn), "projection_lag": lag_doc,
             "recent_jobs": [job_json(r) for r in read.recent_jobs(conn, 20)],
             "region_replication": context.region.get() if context.region is not None else None}

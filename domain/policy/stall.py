@@ -21,8 +21,13 @@ the lifecycle log; never a machine's clock):
   refused the watchdog's ticks: a broker outage) is not judged until one lease after the log
   accepted writes again (`excused_by_outage`): its heartbeats could not be written either.
 
-The SQL views `stalled_attempts`, `stalled_handoffs` and `expected_work_missing` (migrations 016,
-019, 020) select the candidates with the same comparisons, so the watchdog reads few rows; the
+Before the verdict, a running attempt is **suspect** (`attempt_suspect`, issue 45) once its progress
+counters, or its heartbeats, have been still for more than `suspect_fraction` of their allowance:
+the views and the dashboard show "no progress for 95 s of the 120 s allowance" while the watchdog
+has yet to act.
+
+The SQL views `stalled_attempts`, `stalled_handoffs`, `expected_work_missing` and `suspect_attempts`
+(migrations 016, 019, 020, 031) select the candidates with the same comparisons, so the watchdog reads few rows; the
 watchdog decides with the functions below (`processors/watchdog.py` `run_once`), and
 `tests/integration/test_stall_rule.py` checks the views select exactly what these functions call
 stalled.

@@ -162,6 +162,7 @@ const pages = {
     document.getElementById("stalled-count").textContent =
       String(Object.values(doc.stalls).reduce((a, b) => a + b, 0) - waiting);
     document.getElementById("waiting-count").textContent = String(waiting);
+    document.getElementById("suspect-count").textContent = String(doc.suspect);
     document.getElementById("dead-pending").textContent = String(doc.dead_letters.pending);
     const lag = doc.projection_lag;
     document.getElementById("lag").textContent = lag.error ? "unknown" : lag.events + " events, " + lag.seconds + " s";
