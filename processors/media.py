@@ -312,6 +312,7 @@ class ToolWatch:
         self.counters: tuple[str | None, str | None] | None = None
         self.last_line: str | None = None
         self.letter: str | None = None
+        self.last_state: tuple[float, ToolState] | None = None  # (monotonic s, what `state` gave)
 
     def progressed(self, block: dict[str, str]) -> None:
         """One `-progress` block (key -> value): the last progress line; the window restarts when
@@ -377,7 +378,10 @@ class ToolWatch:
     def state(self, stderr_tail: "deque[str] | list[str]" = ()) -> ToolState:
         """The `ToolState` now: CPU seconds and CPU-wait seconds over the window (from the oldest
         sample at or after both the window's start and the counters' last move, to the newest), the
-        last progress line and the last stderr lines (at most 5 lines, 500 characters)."""
+        last progress line and the last stderr lines (at most 5 lines, 500 characters). Read again
+        at most every `SAMPLE_S` seconds (the threads' files are many); between, the last answer."""
+        if self.last_state is not None and time.monotonic() - self.last_state[0] < self.SAMPLE_S:
+            return self.last_state[1]
         self.sample()
         cpu_s = wait_s = window_s = None
         if self.samples:
@@ -388,9 +392,11 @@ class ToolWatch:
             if newest[2] is not None and first[2] is not None:
                 wait_s = round(max(0.0, newest[2] - first[2]), 3)
         lines = [line for line in list(stderr_tail)[-5:] if line]
-        return ToolState(tool=self.tool, process_state=self.process_state(), cpu_s=cpu_s, window_s=window_s,
-                         last_progress=self.last_line, stderr_tail="\n".join(lines)[-500:] or None,
-                         cpu_wait_s=wait_s)
+        found = ToolState(tool=self.tool, process_state=self.process_state(), cpu_s=cpu_s, window_s=window_s,
+                          last_progress=self.last_line, stderr_tail="\n".join(lines)[-500:] or None,
+                          cpu_wait_s=wait_s)
+        self.last_state = (time.monotonic(), found)
+        return found
 
 
 class _Usage:
