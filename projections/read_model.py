@@ -158,7 +158,7 @@ def suspect_attempts(conn: psycopg.Connection, job_id: str | None = None) -> lis
     last_progress_at (ISO), progress_frames, since_s (seconds still, log clock), `suspect_of`
     (`no_progress`: counters still; `lease`: no heartbeat), `allowance_s`, `remaining_s` (seconds
     before the verdict), `reason` (e.g. "no progress for 95 s of the 120 s allowance", then what
-    the tool's state says), `tool_state` (the last heartbeat's `ToolState`, None without one) and
+    the tool's state says; for a silent worker, what it said at its last heartbeat), `tool_state` (the last heartbeat's `ToolState`, None without one) and
     `tool` (`explain_tool_state` of it)."""
     found = []
     for row in conn.execute(q("suspect_attempts")).fetchall():
@@ -172,6 +172,8 @@ def suspect_attempts(conn: psycopg.Connection, job_id: str | None = None) -> lis
         if suspicion is None:
             continue
         tool = explain_tool_state(row["tool_state"])
+        if tool and suspicion.kind == "lease":  # the worker went silent: its tool's state is as old as its last word
+            tool = f"at its last heartbeat {tool}"
         found.append({"kind": "suspect", "job_id": row["job_id"], "stage": row["stage"], "attempt": row["attempt"],
                       "worker": row["worker"], "last_progress_at": _iso(row["last_progress_at"]),
                       "progress_frames": row["progress_frames"], "since_s": round(suspicion.still_s, 3),

@@ -76,28 +76,36 @@ def test_sigstop_ffmpeg_is_caught_by_progress_not_liveness(fault_settings, long_
     diagnosis and `tapeline status` say "ffmpeg was stopped by a signal", and after the retry the
     stall stays listed with its outcome (issue 45 items 1 and 2). The no-progress timeout is 30 s
     here (8 s in the other fault tests) so the suspect stretch, past half of it, outlasts two CLI calls."""
+    from fastapi.testclient import TestClient
+
+    from cli.wiring import build_app
     from projections import read_model as read
     from tests.conftest import Pipeline, tapeline_cli
 
     settings = fault_settings.model_copy(update={"no_progress_timeout_s": 30.0})
     pipeline = Pipeline(settings, tmp_path / "run.log").start()
+    client = TestClient(build_app(settings), base_url="http://localhost")  # the read API and dashboard, in-process
+    entered = False
     try:
         job_id = submit(settings, long_video)
-        wait_transcoding(settings, job_id)
+        wait_transcoding(settings, job_id, timeout_s=150)  # (a loaded 2-core host starts a pipeline slowly)
+        client.__enter__()  # (the projections exist now)
+        entered = True
         ffmpeg = ffmpeg_of(pipeline.children()["transcode"])
         os.kill(ffmpeg, signal.SIGSTOP)
         try:
-            # (a) suspect before the verdict: in the read model the API and the pages share (polled:
-            # fast), then in `tapeline stalled --json` and `tapeline status JOB --json`.
-            seen: list = []
-
+            # (a) suspect before the verdict: in the read API (polled: fast), on the dashboard's job
+            # page and in the metric at the same moment, then in `tapeline stalled --json` and
+            # `tapeline status JOB --json`.
             def suspect_listed():
-                with read.open_reader(settings) as conn:
-                    rows = [r for r in read.stall_list(conn, settings.recent_stalls_s) if r["job_id"] == job_id]
-                seen[:] = rows
-                return next((r for r in rows if r["kind"] == "suspect" and r["tool_state"]
-                             and r["tool_state"]["process_state"] == "T"), None)
-            wait_for(suspect_listed, 40, f"the attempt listed as suspect, ffmpeg seen stopped (last seen: {seen})")
+                rows = [r for r in client.get("/api/stalled").json() if r["job_id"] == job_id]
+                found = next((r for r in rows if r["kind"] == "suspect" and r["tool_state"]
+                              and r["tool_state"]["process_state"] == "T"), None)
+                return found and (found, client.get(f"/jobs/{job_id}").text, client.get("/metrics").text)
+            api, page, metrics = wait_for(suspect_listed, 40, "the attempt listed as suspect, ffmpeg seen stopped")
+            assert api["reason"].startswith("no progress for ") and api["allowance_s"] == 30.0
+            assert 'id="suspect"' in page and "ffmpeg was stopped by a signal" in page
+            assert 'tapeline_attempts_suspect{suspect_of="no_progress"} 1.0' in metrics
             rows = json.loads(tapeline_cli(settings, "stalled", "--json").stdout)
             status = json.loads(tapeline_cli(settings, "status", job_id, "--json").stdout)
             suspect = next(r for r in rows if r["job_id"] == job_id and r["kind"] == "suspect")
@@ -136,7 +144,13 @@ def test_sigstop_ffmpeg_is_caught_by_progress_not_liveness(fault_settings, long_
         assert [(r["kind"], r["stall_kind"], r["attempt"], r["outcome"], r["job_state"]) for r in recent] == [
             ("recent_stall", "no_progress", 1, "retried as attempt 2", "completed")]
         assert "ffmpeg was stopped by a signal" in recent[0]["reason"]
+        detail = client.get(f"/api/jobs/{job_id}").json()
+        assert detail["stall_evidence"]["lines"] == status["stall_evidence"]["lines"] and detail["suspect"] is None
+        listed = [r for r in client.get("/api/stalled").json() if r["job_id"] == job_id]
+        assert [(r["kind"], r["outcome"]) for r in listed] == [("recent_stall", "retried as attempt 2")]
     finally:
+        if entered:
+            client.__exit__(None, None, None)
         pipeline.stop()
         print(pipeline.log_text()[-6000:])
 
