@@ -271,11 +271,24 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
                 summary = presenter.job_summary(row)
                 summary["attempt_history"] = read.attempt_history(conn, job)  # view attempts (migration 023)
                 summary["diagnosis"] = read.job_diagnosis(conn, row)  # domain/diagnosis.py
+                suspect = read.suspect_attempts(conn, job)  # not stalled yet, on its way (issue 45)
+                summary["suspect"] = suspect[0] if suspect else None
+                summary["stall_evidence"] = read.job_stall_evidence(conn, job)  # what the tool was doing at the verdict
                 if as_json:
                     out.print_json(json.dumps(summary))
                     return
                 _print_summary(summary)
                 _print_diagnosis(summary["diagnosis"])
+                if summary["suspect"]:
+                    out.print(f"  suspect: {summary['suspect']['stage']} attempt {summary['suspect']['attempt']}, "
+                              f"{summary['suspect']['reason']} ({summary['suspect']['remaining_s']:.0f} s before the "
+                              "watchdog's verdict)", highlight=False)
+                if summary["stall_evidence"]:
+                    found = summary["stall_evidence"]
+                    out.print(f"  at the {found['kind']} stall of {found['stage']} attempt {found['attempt']}:",
+                              highlight=False)
+                    for line in found["lines"]:
+                        out.print(f"    {line}", highlight=False)
                 out.print(_progress_line(summary), highlight=False)
                 for a in summary["attempt_history"]:
                     out.print(f"  {a['stage']} attempt {a['attempt']} by {a['worker']}: {a['outcome']}"
@@ -316,20 +329,25 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
 def stalled(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
     """Attempts, handoffs and uploads that stopped moving, retries still waiting for their backoff or a
     worker, and jobs waiting for review, with kind, job, stage, attempt and for how long (seconds on the
-    log clock)."""
+    log clock); then attempts suspect before the watchdog's verdict (kind `suspect`: "no progress for
+    95 s of the 120 s allowance") and the attempt stalls judged in the last TAPELINE_RECENT_STALLS_S
+    seconds with what was done about them (kind `recent_stall`)."""
     from projections import read_model as read
 
+    settings = load_settings()
     try:
-        with read.open_reader(load_settings()) as conn:
-            rows = read.stalls(conn)
+        with read.open_reader(settings) as conn:
+            rows = read.stall_list(conn, settings.recent_stalls_s)
     except TapelineError as exc:
         fail(exc)
     if as_json:
         out.print_json(json.dumps(rows))
         return
     if not rows:
-        out.print("nothing is stalled")
+        out.print(f"nothing is stalled, suspect, or was judged stalled in the last {settings.recent_stalls_s:.0f} s")
         return
+    if all(r["kind"] == "recent_stall" for r in rows):
+        out.print("nothing is stalled now; judged recently:")
     table = Table("kind", "job", "stage", "attempt", "worker", "last progress (UTC)", "frames", "for (s)", "why")
     for r in rows:
         table.add_row(r["kind"], r["job_id"], r["stage"], str(r["attempt"]), r["worker"] or "-",

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any, Mapping, Sequence
 
 from domain.error_classes import ErrorClass, error_class as error_class_row
+from domain.policy.tool_state import explain_tool_state
 
 STALL_WORDS: dict[str, str] = {
     "no_progress": "ffmpeg stopped advancing while its worker was alive",
@@ -69,8 +70,9 @@ def _incidents(events: Sequence[Mapping[str, Any]]) -> list[tuple[int, str, int,
     for i, e in enumerate(events):
         payload = e.get("payload") or {}
         if e["event_type"] == "StallDetected" and payload.get("kind") in ("no_progress", "lease_expired", "worker_exited"):
-            found.append((i, e["stage"], e["attempt"], "stalled: " + stall_words(payload["kind"], payload.get("detail", "")),
-                          None))
+            tool = explain_tool_state(payload.get("tool_state"))  # what the worker last saw of ffmpeg (issue 45)
+            found.append((i, e["stage"], e["attempt"], "stalled: " + stall_words(payload["kind"], payload.get("detail", ""))
+                          + (f": {tool}" if tool else ""), None))
         elif e["event_type"] == "AttemptFailed":
             found.append((i, e["stage"], e["attempt"], f"failed: {payload.get('error_class')} ({payload.get('reason')})",
                           payload.get("error_class")))

@@ -88,6 +88,25 @@ class SourceMedia(_Frozen):
     (`media.source_handling`); None when nothing is."""
 
 
+class ToolState(_Frozen):
+    """What a worker saw of its tool's process (ffmpeg) while heartbeating, from `/proc/<pid>/stat`
+    (`processors/media.py` `ToolWatch`): `tool` (its name), `process_state` (the kernel's letter: R
+    running, S sleeping, D waiting on I/O, T stopped by a signal, Z exited), `cpu_s` (user + system
+    CPU seconds, every thread, used over the last `window_s` wall seconds: the last minute at most,
+    and not before its progress counters last moved), `last_progress` (its last `-progress` block,
+    one line), `stderr_tail` (its last stderr lines, at most 500 characters) and `cpu_wait_s`
+    (seconds its threads were runnable but waited for a CPU over the same window: a busy host).
+    Interpreted by `domain/policy/tool_state.py` `explain_tool_state`."""
+
+    tool: str
+    process_state: str | None = None
+    cpu_s: float | None = None
+    window_s: float | None = None
+    last_progress: str | None = None
+    stderr_tail: str | None = None
+    cpu_wait_s: float | None = None
+
+
 class Event(_Frozen):
     """The envelope every event starts with (see `avro/Envelope.avsc` for each field's meaning)."""
 
@@ -310,6 +329,8 @@ class Heartbeat(Event):
     speed: float | None = None
     progress_grace_s: float | None = None
     """Seconds added to the no-progress timeout while ffmpeg decodes silently up to a resume point."""
+    tool_state: ToolState | None = None
+    """The tool's process as the worker saw it at this heartbeat (None: no tool running, or an older worker)."""
 
 
 class CheckpointRecorded(Event):
@@ -363,6 +384,8 @@ class StallDetected(Event):
     last_progress_at: datetime | None = None
     since_s: float
     detail: str = ""
+    tool_state: ToolState | None = None
+    """A no_progress stall: the stalled attempt's last heartbeat's `tool_state` (None: none was seen)."""
 
 
 class RetryScheduled(Event):

@@ -185,10 +185,12 @@ class Attempt:
         return self.identity.event(cls, **fields)
 
     def heartbeat(self, frames_done: int, out_time_s: float, speed: float | None, frames_total: int | None,
-                  progress_grace_s: float | None = None, point: str | None = None) -> None:
+                  progress_grace_s: float | None = None, point: str | None = None,
+                  tool_state: ev.ToolState | None = None) -> None:
         """Emit a `Heartbeat` if the heartbeat interval has passed (monotonic clock). `progress_grace_s`:
         seconds the no-progress timeout is extended by while ffmpeg seeks silently (`Heartbeat`);
-        `point`: the transaction's crash-point name (`send`)."""
+        `point`: the transaction's crash-point name (`send`); `tool_state`: what the worker last saw
+        of its tool's process (`processors/media.py` `ToolWatch`), carried by the heartbeat."""
         if time.monotonic() - self.last_heartbeat < self.runtime.settings.heartbeat_s:
             return
         self.heartbeats += 1
@@ -196,7 +198,8 @@ class Attempt:
         try:
             self.send([(self.runtime.settings.jobs_topic, self.identity.event(
                 ev.Heartbeat, sequence=self.heartbeats, frames_done=frames_done, frames_total=frames_total,
-                out_time_s=out_time_s, speed=speed, progress_grace_s=progress_grace_s))], point=point)
+                out_time_s=out_time_s, speed=speed, progress_grace_s=progress_grace_s, tool_state=tool_state))],
+                point=point)
         except WriterFenced:
             raise
         except EventLogError as exc:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from domain.events import Rendition, SourceMedia
+from domain.events import Rendition, SourceMedia, ToolState
 from domain.policy.ffmpeg_limits import FfmpegLimits, FfmpegMeasures, crossed_limit, rlimits, temp_disk_crossed
 from domain.errors import (InvalidInput, LimitsExceeded, OutputMismatch, TapelineError, TranscodeFailed, TranscodeTimeout,
                              UnsupportedMedia)
@@ -35,7 +35,7 @@ from domain.policy.source_probe import (ALLOWED_CONTAINERS, INTERLACED_FIELD_ORD
 
 __all__ = [  # this module's own names and the pure ones it re-exports
     "ALLOWED_CONTAINERS", "AUDIO_BITRATE_KBPS", "INTERLACED_FIELD_ORDERS", "MAX_AUDIO_RATE_HZ", "PLAYLIST_SIGNATURES",
-    "STREAM_LENGTH_NOTE_S", "UNSUPPORTED_MARKERS", "VIDEO_BITRATE_KBPS", "FfmpegResult", "Probe", "Progress",
+    "STREAM_LENGTH_NOTE_S", "UNSUPPORTED_MARKERS", "VIDEO_BITRATE_KBPS", "FfmpegResult", "Probe", "Progress", "ToolWatch",
     "build_hls_command", "check_limits", "choose_audio", "encoder_frame_rate_of", "ffmpeg_failure", "ffmpeg_limits",
     "inspect_source",
     "interpret_probe", "keyframe_before", "plan_ladder", "probe_duration", "probe_source", "run_ffmpeg",
@@ -89,10 +89,10 @@ class FfmpegTool:
     def run_ffmpeg(self, args: list[str], *, on_progress: Callable[[Progress], None] | None = None,
                    on_tick: Callable[[], None] | None = None, should_stop: Callable[[], bool] | None = None,
                    tick_s: float = 1.0, timeout_s: float | None = None, limits: FfmpegLimits | None = None,
-                   temp_dir: Path | None = None) -> FfmpegResult:
+                   temp_dir: Path | None = None, on_sample: Callable[[ToolState], None] | None = None) -> FfmpegResult:
         """`run_ffmpeg`."""
         return run_ffmpeg(args, on_progress=on_progress, on_tick=on_tick, should_stop=should_stop, tick_s=tick_s,
-                          timeout_s=timeout_s, limits=limits, temp_dir=temp_dir)
+                          timeout_s=timeout_s, limits=limits, temp_dir=temp_dir, on_sample=on_sample)
 
     def verify_outputs(self, out_dir: Path, ladder: list[Rendition], media: SourceMedia, has_audio: bool,
                        tolerance_s: float) -> None:
@@ -174,11 +174,14 @@ def keyframe_before(path: Path, time_s: float, stream: int | None = None, timeou
 def run_ffmpeg(args: list[str], *, on_progress: Callable[[Progress], None] | None = None,
                on_tick: Callable[[], None] | None = None, should_stop: Callable[[], bool] | None = None,
                tick_s: float = 1.0, timeout_s: float | None = None, limits: FfmpegLimits | None = None,
-               temp_dir: Path | None = None) -> FfmpegResult:
+               temp_dir: Path | None = None, on_sample: Callable[[ToolState], None] | None = None) -> FfmpegResult:
     """Run ffmpeg, reading `-progress` from stdout and draining stderr in a thread.
 
     `on_tick` runs about every `tick_s` seconds on this thread, whether or not ffmpeg advances (the
-    caller heartbeats there); `should_stop()` returning True terminates ffmpeg. After `timeout_s`
+    caller heartbeats there); just before it, `on_sample` gets what `ToolWatch` sees of the process
+    (its state, its CPU time since its counters last moved, at most the last minute, its last
+    progress line and stderr lines): the tool state the caller's heartbeats carry. `should_stop()`
+    returning True terminates ffmpeg. After `timeout_s`
     seconds of wall-clock time ffmpeg is terminated and the result says `timed_out` (stalls without
     progress are the watchdog's business; this bounds a run that progresses too slowly). Returns the
     exit code, the last lines of stderr and the last progress block; raises only what the callbacks raise.
@@ -210,6 +213,7 @@ def run_ffmpeg(args: list[str], *, on_progress: Callable[[Progress], None] | Non
     buffer = b""
     next_tick = time.monotonic() + tick_s
     watch = _Usage(proc.pid, temp_dir, before) if limits is not None else None
+    tool = ToolWatch(proc.pid, os.path.basename(args[0]) if args else "ffmpeg") if on_sample is not None else None
     next_disk = time.monotonic()
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
@@ -230,6 +234,8 @@ def run_ffmpeg(args: list[str], *, on_progress: Callable[[Progress], None] | Non
                     block[key] = value
                     if key == "progress":
                         last = _parse_progress(block)
+                        if tool is not None:
+                            tool.progressed(block)
                         block = {}
                         if on_progress:
                             on_progress(last)
@@ -240,9 +246,14 @@ def run_ffmpeg(args: list[str], *, on_progress: Callable[[Progress], None] | Non
                     if limits is not None and temp_disk_crossed(watch.measure_disk(), limits):
                         _kill(proc)  # not SIGTERM: a clean stop flushes every output, writing more
                         break
-            if on_tick and time.monotonic() >= next_tick:
+            if tool is not None:
+                tool.sample()
+            if time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + tick_s
-                on_tick()
+                if on_sample is not None and tool is not None:
+                    on_sample(tool.state(tail))
+                if on_tick:
+                    on_tick()
             if should_stop and should_stop():
                 _stop(proc)
                 break
@@ -278,6 +289,114 @@ MALLOC_ARENAS = 2
 arena per thread, up to 8 per CPU, which counts against RLIMIT_AS without being used (measured:
 1011 MiB of address space for a four-rung 720p encode with the default, 884 MiB with 2, the same
 CPU time)."""
+
+
+class ToolWatch:
+    """What one tool process (`pid`, named `tool`) is doing, for the heartbeats' `ToolState`
+    (issue 45 item 2): its state letter from `/proc/<pid>/stat` (field 3; of all its threads, the
+    stopped state first, then running, then waiting on I/O: `process_state`), its CPU time (utime +
+    stime, every thread) and the time its threads waited for a CPU while runnable (field 2 of each
+    `/proc/<pid>/task/<tid>/schedstat`), sampled at most every `SAMPLE_S` seconds over the last
+    `WINDOW_S` seconds. The window starts when its progress counters last moved (`progressed`), so
+    a stall's figures are what it used without output. A read that fails (the process is gone)
+    keeps the last values."""
+
+    WINDOW_S = 60.0
+    SAMPLE_S = 1.0
+    TICKS = os.sysconf("SC_CLK_TCK")
+
+    def __init__(self, pid: int, tool: str = "ffmpeg") -> None:
+        self.pid, self.tool = pid, tool
+        self.samples: deque[tuple[float, float, float | None]] = deque()  # (monotonic s, CPU s, CPU wait s)
+        self.moved_at = time.monotonic()  # when the progress counters last moved
+        self.counters: tuple[str | None, str | None] | None = None
+        self.last_line: str | None = None
+        self.letter: str | None = None
+        self.last_state: tuple[float, ToolState] | None = None  # (monotonic s, what `state` gave)
+
+    def progressed(self, block: dict[str, str]) -> None:
+        """One `-progress` block (key -> value): the last progress line; the window restarts when
+        its counters (frame, out_time_us) moved."""
+        counters = (block.get("frame"), block.get("out_time_us") or block.get("out_time_ms"))
+        if counters != self.counters:
+            self.counters, self.moved_at = counters, time.monotonic()
+        shown = ("frame", "fps", "out_time", "speed", "total_size", "progress")
+        self.last_line = " ".join(f"{k}={block[k].strip()}" for k in shown if k in block)
+
+    @staticmethod
+    def _stat(path: str) -> list[str] | None:
+        try:
+            return Path(path).read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+
+    def _tasks(self) -> list[str]:
+        try:
+            return os.listdir(f"/proc/{self.pid}/task")
+        except OSError:
+            return []
+
+    def _cpu_wait_s(self) -> float | None:
+        """Seconds all its threads spent runnable but waiting for a CPU (schedstat), None when unknown."""
+        total, read = 0, False
+        for task in self._tasks():
+            try:
+                total += int(Path(f"/proc/{self.pid}/task/{task}/schedstat").read_text().split()[1])
+                read = True
+            except (OSError, IndexError, ValueError):
+                continue
+        return total / 1e9 if read else None
+
+    def sample(self) -> None:
+        """Read the CPU times, at most every `SAMPLE_S` seconds; samples older than the window go."""
+        now = time.monotonic()
+        if self.samples and now - self.samples[-1][0] < self.SAMPLE_S:
+            return
+        fields = self._stat(f"/proc/{self.pid}/stat")
+        if fields is None:
+            return
+        self.letter = fields[0]
+        self.samples.append((now, (int(fields[11]) + int(fields[12])) / self.TICKS, self._cpu_wait_s()))
+        while len(self.samples) > 2 and self.samples[1][0] <= now - self.WINDOW_S:
+            self.samples.popleft()
+
+    def process_state(self) -> str | None:
+        """The process's state letter: T when it is stopped, else R when any thread runs, else D when
+        any waits on I/O, else the main thread's (None: never read)."""
+        main = self._stat(f"/proc/{self.pid}/stat")
+        if main is None:
+            return self.letter
+        letters = {main[0]}
+        if main[0] not in ("T", "t", "Z", "X"):
+            for task in self._tasks():
+                fields = self._stat(f"/proc/{self.pid}/task/{task}/stat")
+                if fields is not None:
+                    letters.add(fields[0])
+        self.letter = next((letter for letter in ("T", "t", "Z", "X", "R", "D") if letter in letters), main[0])
+        return self.letter
+
+    def state(self, stderr_tail: "deque[str] | list[str]" = ()) -> ToolState:
+        """The `ToolState` now: CPU seconds and CPU-wait seconds over the window (from the oldest
+        sample at or after both the window's start and the counters' last move, to the newest), the
+        last progress line and the last stderr lines (at most 5 lines, 500 characters). Read again
+        at most every `SAMPLE_S` seconds (the threads' files are many); between, the last answer."""
+        if self.last_state is not None and time.monotonic() - self.last_state[0] < self.SAMPLE_S:
+            return self.last_state[1]
+        self.sample()
+        cpu_s = wait_s = window_s = None
+        if self.samples:
+            newest = self.samples[-1]
+            start = max(newest[0] - self.WINDOW_S, self.moved_at)
+            first = next((s for s in self.samples if s[0] >= start), newest)
+            cpu_s, window_s = round(newest[1] - first[1], 3), round(newest[0] - first[0], 3)
+            if newest[2] is not None and first[2] is not None:
+                wait_s = round(max(0.0, newest[2] - first[2]), 3)
+        lines = [line for line in list(stderr_tail)[-5:] if line]
+        found = ToolState(tool=self.tool, process_state=self.process_state(), cpu_s=cpu_s, window_s=window_s,
+                          last_progress=self.last_line, stderr_tail="\n".join(lines)[-500:] or None,
+                          cpu_wait_s=wait_s)
+        self.last_state = (time.monotonic(), found)
+        return found
 
 
 class _Usage:

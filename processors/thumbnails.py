@@ -219,11 +219,12 @@ class ThumbnailsWorker(StageWorker):
         `Yielded` on SIGTERM, the classified ffmpeg failure otherwise (`media.ffmpeg_failure`:
         `LimitsExceeded` past a limit)."""
         latest: list[media.Progress | None] = [None]
+        tool: list = [None]  # what the worker last saw of its ffmpeg (`media.ToolWatch`): heartbeats carry it
 
         def tick() -> None:
             p = latest[0]
             attempt.heartbeat(p.frames if p else 0, min(duration_s, p.out_time_s) if p else 0.0,
-                              p.speed if p else None, frames_total)
+                              p.speed if p else None, frames_total, tool_state=tool[0])
 
         def progressed(p: media.Progress) -> None:
             latest[0] = p
@@ -232,7 +233,7 @@ class ThumbnailsWorker(StageWorker):
         limit_s = max(60.0, duration_s * 4)
         result = self.media.run_ffmpeg(command, on_progress=progressed, on_tick=tick, should_stop=self.stop.is_set,
                                        tick_s=min(0.25, self.settings.heartbeat_s / 4), timeout_s=limit_s,
-                                       limits=limits, temp_dir=temp_dir)
+                                       limits=limits, temp_dir=temp_dir, on_sample=lambda state: tool.__setitem__(0, state))
         if self.stop.is_set() and result.returncode != 0:
             raise Yielded("worker shutting down (SIGTERM) while making thumbnails")
         failure = media.ffmpeg_failure(result, limit_s)

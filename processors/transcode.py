@@ -236,6 +236,7 @@ class TranscodeWorker(StageWorker):
         watcher = segments.SegmentWatcher(out_dir, names, plan.start_index)
         reused_frames = sum(c.frames for c in plan.video.get(item.renditions[0].name, []))
         latest = [media.Progress(0, 0.0, None, False)]
+        tool: list[ev.ToolState | None] = [None]  # what the worker last saw of its ffmpeg (`media.ToolWatch`)
         grace_s = self.seek_grace_s(source, plan.start_index if ladder else 0, frame_rate, streams[0])
 
         def record(done: list[LocalSegment]) -> None:
@@ -274,7 +275,10 @@ class TranscodeWorker(StageWorker):
             record(watcher.poll())
             p = latest[0]
             attempt.heartbeat(reused_frames + p.frames, min(probe.duration_s, plan.start_s + p.out_time_s), p.speed,
-                              probe.frames, progress_grace_s=grace_s if p.frames == 0 else None)
+                              probe.frames, progress_grace_s=grace_s if p.frames == 0 else None, tool_state=tool[0])
+
+        def sampled(state: ev.ToolState) -> None:
+            tool[0] = state
 
         def progressed(p: media.Progress) -> None:
             latest[0] = p
@@ -284,7 +288,7 @@ class TranscodeWorker(StageWorker):
         # detection is at most the timeout plus one heartbeat interval late).
         result = self.media.run_ffmpeg(command, on_progress=progressed, on_tick=tick,
                                   should_stop=self.stop.is_set, tick_s=min(0.25, self.settings.heartbeat_s / 4),
-                                  timeout_s=limit_s, limits=limits, temp_dir=temp_dir)
+                                  timeout_s=limit_s, limits=limits, temp_dir=temp_dir, on_sample=sampled)
         ended = result.returncode == 0 and latest[0].ended
         if self.stop.is_set() and not ended:
             record(watcher.poll())  # what finished before the stop is kept for the successor

@@ -111,6 +111,14 @@ def _work_item(job: dict[str, Any], stage: str, attempt: int, common: dict[str, 
                            degraded=bool(job.get("degraded")), pipeline_stages=job.get("pipeline_stages") or [], **common)
 
 
+def _tool_state(seen: dict[str, Any] | None) -> ev.ToolState | None:
+    """The `ToolState` of a stalled row's `tool_state` (its JSON), fields it does not know left out;
+    None without one."""
+    if not seen or not seen.get("tool"):
+        return None
+    return ev.ToolState(**{k: v for k, v in seen.items() if k in ev.ToolState.model_fields})
+
+
 def queue_attempt(job: dict[str, Any], stage: str, attempt: int, common: dict[str, Any],
                   settings: Settings, *, clock: Clock) -> list[Outgoing]:
     """`StageQueued` + `WorkItem` of `stage` attempt `attempt` on the job's tier (the watchdog's
@@ -133,7 +141,8 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
     stalled (a heartbeat arrived meanwhile) is ignored.
 
     - a stalled attempt (lease_expired | no_progress | worker_exited, from `processors/rescue.py` |
-      region_lost, from `regions/failover.py`, which gives its attempt back): `StallDetected` then, within the attempt
+      region_lost, from `regions/failover.py`, which gives its attempt back): `StallDetected` (with the
+      `tool_state` of the attempt's last heartbeat, when the row has one) then, within the attempt
       budget (yields do not count), `RetryScheduled` + `StageQueued` + `WorkItem` for the next
       attempt at once (error class by the stall's kind: `stall_error_class`, worker_lost or
       progress_stalled); out of budget, `JobDeadLettered` on the lifecycle log
@@ -175,9 +184,11 @@ def run_once(stalled: list[dict[str, Any]], handoffs: list[dict[str, Any]], miss
         common = dict(job_id=row["job_id"], recorded_by=recorded_by, correlation_id=job["upload_id"])
         detail = row.get("detail") or (f"lease ended {row['leased_until']:%H:%M:%S.%f}" if kind == "lease_expired"
                                        else f"frames stuck at {row['progress_frames']}")
-        result.outgoing.append((jobs_topic, ev.StallDetected.new(clock.stamp(), 
+        seen = row.get("tool_state")  # the last heartbeat's ToolState (view stalled_attempts, migration 032)
+        result.outgoing.append((jobs_topic, ev.StallDetected.new(clock.stamp(),
             stage=stage, attempt=attempt, kind=kind, stalled_attempt=attempt,
-            last_progress_at=row["last_progress_at"], since_s=since_s, detail=detail, **common)))
+            last_progress_at=row["last_progress_at"], since_s=since_s, detail=detail,
+            tool_state=_tool_state(seen), **common)))
         used = attempts_used(job, attempt) - (1 if kind in FREE_STALL_KINDS else 0)  # given back: no budget used
         error_class = stall_error_class(kind)
         decision = retry_decision(error_class, used, settings.retry_policy())
@@ -277,7 +288,8 @@ class Watchdog:
             producer = self.events.transactional_producer(writer_id)
             self.jobs.run("set_stall_policy", {
                 "no_progress_timeout_s": settings.no_progress_timeout_s,
-                "handoff_timeout_s": settings.handoff_timeout_s, "intake_timeout_s": settings.intake_timeout_s})
+                "handoff_timeout_s": settings.handoff_timeout_s, "intake_timeout_s": settings.intake_timeout_s,
+                "suspect_fraction": settings.suspect_fraction})
             declared = pipeline.declared_no_progress()
             self.jobs.run("set_stage_stall_policy", {"stages": list(declared), "no_progress_s": list(declared.values())})
             try:

@@ -188,6 +188,10 @@ class ApiMetrics:
         stalls = GaugeMetricFamily("tapeline_stalls", "Stalled attempts, handoffs, missing work, waiting "
                                    "retries and jobs in needs_review, by kind (projection)", labels=["kind"])
         letters = GaugeMetricFamily("tapeline_dead_letters_pending", "Dead letters neither replayed nor dismissed (projection)")
+        suspect = GaugeMetricFamily("tapeline_attempts_suspect", "Running attempts not stalled yet whose progress "
+                                    "counters (suspect_of=no_progress) or heartbeats (lease) have been still for more "
+                                    "than TAPELINE_SUSPECT_FRACTION of their allowance (projection)",
+                                    labels=["suspect_of"])
         breakers = GaugeMetricFamily("tapeline_provider_breaker_open", "1 while a publish provider's circuit breaker "
                                      "is open or half-open, 0 when closed (projection)", labels=["provider", "state"])
         try:
@@ -200,6 +204,9 @@ class ApiMetrics:
                 for kind in (*STALL_KINDS, "needs_review"):
                     stalls.add_metric([kind], kinds.get(kind, 0))
                 letters.add_metric([], read.dead_letter_counts(conn)["pending"])
+                suspects = [s["suspect_of"] for s in read.suspect_attempts(conn)]
+                for kind in ("no_progress", "lease"):
+                    suspect.add_metric([kind], suspects.count(kind))
                 for provider in (self._providers(conn) if self._providers is not None else []):
                     breakers.add_metric([provider["provider"], provider["state"]],
                                         0.0 if provider["state"] == "closed" else 1.0)
@@ -214,6 +221,7 @@ class ApiMetrics:
         yield jobs
         yield stalls
         yield letters
+        yield suspect
         yield breakers
         if lag is not None:
             yield GaugeMetricFamily("tapeline_api_projection_lag_events", "Committed events the projection has not "

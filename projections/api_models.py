@@ -116,6 +116,13 @@ class JobDetail(BaseModel):
     diagnosis: DiagnosisOut | None = Field(None, description="What happened and what to do, in plain words: "
                                              "summary, stall, permanent, why, action, same_source "
                                              "(`domain.diagnosis.diagnose`)")
+    suspect: dict[str, Any] | None = Field(None, description="The running attempt when it is suspect before the "
+                                           "watchdog's verdict: `reason` (\"no progress for 95 s of the 120 s "
+                                           "allowance\"), `remaining_s`, the tool's state "
+                                           "(`projections.read_model.suspect_attempts`)")
+    stall_evidence: dict[str, Any] | None = Field(None, description="What the tool was doing at the job's last "
+                                                  "stall that recorded it: `tool_state` and `lines` "
+                                                  "(`projections.read_model.job_stall_evidence`)")
 
 
 class Problem(BaseModel):

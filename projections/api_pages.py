@@ -62,13 +62,17 @@ def job_page(request: Request, job_id: str, conn: psycopg.Connection = Depends(d
     return page(request, "job.html", job=job_json(row), attempts=read.attempt_history(conn, job_id),
                 events=[event_json(r) for r in read.timeline(conn, job_id)],
                 checkpoints=read.checkpoints(conn, job_id), source=source,
-                diagnosis=read.job_diagnosis(conn, row, source), dead_letter_id=f"{job_id}/{row['attempt']}")
+                diagnosis=read.job_diagnosis(conn, row, source), dead_letter_id=f"{job_id}/{row['attempt']}",
+                suspect=next(iter(read.suspect_attempts(conn, job_id)), None),
+                stall_evidence=read.job_stall_evidence(conn, job_id))
 
 
 @router.get("/stalled", response_class=HTMLResponse, include_in_schema=False)
-def stalled_page(request: Request, conn: psycopg.Connection = Depends(db)) -> HTMLResponse:
-    """Stalls (`read.stalls`)."""
-    return page(request, "stalled.html", stalls=read.stalls(conn))
+def stalled_page(request: Request, conn: psycopg.Connection = Depends(db),
+                 context: Web = Depends(web)) -> HTMLResponse:
+    """Stalls, suspect attempts and recent stalls with their outcome (`read.stall_list`)."""
+    return page(request, "stalled.html", stalls=read.stall_list(conn, context.settings.recent_stalls_s),
+                recent_s=context.settings.recent_stalls_s)
 
 
 @router.get("/dead-letters", response_class=HTMLResponse, include_in_schema=False)

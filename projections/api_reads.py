@@ -61,7 +61,9 @@ def get_job(job_id: str, request: Request, conn: psycopg.Connection = Depends(db
     return JobDetail(job=job_json(row), attempts=read.attempt_history(conn, job_id),
                      stage_durations=[plain(r) for r in read.stage_durations(conn, job_id)],
                      checkpoints=shown(request, read.checkpoints(conn, job_id)), source=source,
-                     diagnosis=read.job_diagnosis(conn, row, source))
+                     diagnosis=read.job_diagnosis(conn, row, source),
+                     suspect=next(iter(read.suspect_attempts(conn, job_id)), None),
+                     stall_evidence=read.job_stall_evidence(conn, job_id))
 
 
 @router.get("/api/jobs/{job_id}/timeline", tags=["jobs"], responses=ONE,
@@ -94,11 +96,15 @@ def get_checkpoints(job_id: str, request: Request, conn: psycopg.Connection = De
 
 
 @router.get("/api/stalled", tags=["operations"], responses=answers(503))
-def get_stalled(request: Request, conn: psycopg.Connection = Depends(db)) -> list[dict[str, Any]]:
+def get_stalled(request: Request, conn: psycopg.Connection = Depends(db),
+                context: Web = Depends(web)) -> list[dict[str, Any]]:
     """Stalled attempts (lease_expired, no_progress, worker_exited), stalled handoffs, expected work
     missing, retries and hand-overs still waiting (`waiting`) and jobs in needs_review, each with
-    `kind` and `since_s` (seconds; log clock, wall clock for reviews)."""
-    return shown(request, read.stalls(conn))
+    `kind` and `since_s` (seconds; log clock, wall clock for reviews); then attempts suspect before
+    the verdict (`suspect`, with `allowance_s`, `remaining_s` and the tool's state) and attempt stalls
+    judged in the last `TAPELINE_RECENT_STALLS_S` seconds with their `outcome` (`recent_stall`):
+    `read.stall_list`."""
+    return shown(request, read.stall_list(conn, context.settings.recent_stalls_s))
 
 
 @router.get("/api/dead-letters", tags=["operations"], responses=READS)
@@ -154,7 +160,8 @@ def get_overview(conn: psycopg.Connection = Depends(db), context: Web = Depends(
 
 
 def overview(conn: psycopg.Connection, context: Web) -> dict[str, Any]:
-    """The overview (`GET /api/overview`, the dashboard's first page) read over `conn`; the lag from
+    """The overview (`GET /api/overview`, the dashboard's first page) read over `conn` (`suspect`: how
+    many attempts `read.suspect_attempts` lists); the lag from
     `context.lag`, `{"error": ...}` in its place when it cannot be measured; `region_replication`,
     the Region replication panel (`projections/region_panel.py` `panel`), None when there is none."""
     by_state = {s: 0 for s in STATES}
@@ -171,6 +178,7 @@ def overview(conn: psycopg.Connection, context: Web) -> dict[str, Any]:
         lag_doc = {"error": str(exc)}
     return {"jobs_by_state": by_state, "jobs_by_stage": by_stage,
             "throughput": read.throughput(conn, read.database_now(conn)), "stalls": stalls,
+            "suspect": len(read.suspect_attempts(conn)),  # before the verdict (issue 45)
             "dead_letters": read.dead_letter_counts(conn), "projection_lag": lag_doc,
             "recent_jobs": [job_json(r) for r in read.recent_jobs(conn, 20)],
             "region_replication": context.region.get() if context.region is not None else None}

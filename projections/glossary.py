@@ -34,6 +34,10 @@ STALL_KINDS: dict[str, str] = {
     **{kind: f"{STALL_WORDS[kind]}: {detail}" for kind, detail in _STALL_DETAIL.items()},
     "waiting": "a retry waiting for its backoff, or a retry, hand-over or replay queued for a free worker; listed "
                "until a worker claims it",
+    "suspect": "a running attempt not judged yet whose progress (or heartbeats) stood still for more than part of "
+               "its allowance; the watchdog judges it when the allowance ends unless it moves",
+    "recent_stall": "an attempt stall judged within TAPELINE_RECENT_STALLS_S, with what was done about it (retried, "
+                    "dead-lettered) and the job's state now",
 }
 """What each kind in `tapeline stalled`, /api/stalled and the Stalled page means (`needs_review` is a state)."""
 

@@ -14,6 +14,8 @@ import psycopg
 
 from domain import pipeline
 from domain.diagnosis import diagnose
+from domain.policy.stall import StallThresholds, attempt_suspect
+from domain.policy.tool_state import explain_tool_state, tool_evidence
 from tapeline.postgres import connect, q
 from domain.errors import ConfigurationError
 from tapeline.rows import TierBacklog, letter_attempts, tier_backlogs  # noqa: F401 (pure; re-exported)
@@ -163,6 +165,100 @@ def stalls(conn: psycopg.Connection) -> list[dict[str, Any]]:
                       "progress_frames": None, "since_s": round((now - since).total_seconds(), 3),
                       "redrives": None, "reason": row["reason"]})
     return found
+
+
+def suspect_attempts(conn: psycopg.Connection, job_id: str | None = None) -> list[dict[str, Any]]:
+    """Running attempts not stalled yet but on their way (issue 45 item 1): the view
+    `suspect_attempts` pre-selects, `domain/policy/stall.py` `attempt_suspect` decides with the
+    thresholds the view carries (the stage's no-progress timeout, `stall_policy.suspect_fraction`).
+    `job_id`: that job's only.
+
+    Each entry, in `stalls`' shape: kind `suspect`, job_id, stage, attempt, worker,
+    last_progress_at (ISO), progress_frames, since_s (seconds still, log clock), `suspect_of`
+    (`no_progress`: counters still; `lease`: no heartbeat), `allowance_s`, `remaining_s` (seconds
+    before the verdict), `reason` (e.g. "no progress for 95 s of the 120 s allowance", then what
+    the tool's state says; for a silent worker, what it said at its last heartbeat), `tool_state` (the last heartbeat's `ToolState`, None without one) and
+    `tool` (`explain_tool_state` of it)."""
+    found = []
+    for row in conn.execute(q("suspect_attempts")).fetchall():
+        if job_id is not None and row["job_id"] != job_id:
+            continue
+        thresholds = StallThresholds(no_progress_timeout_s=row["no_progress_timeout_s"],
+                                     suspect_fraction=row["suspect_fraction"])
+        suspicion = attempt_suspect(leased_until=row["leased_until"], last_heartbeat_at=row["last_heartbeat_at"],
+                                    progress_at=row["last_progress_at"], progress_grace_s=row["progress_grace_s"],
+                                    now=row["log_now"], thresholds=thresholds)
+        if suspicion is None:
+            continue
+        tool = explain_tool_state(row["tool_state"])
+        if tool and suspicion.kind == "lease":  # the worker went silent: its tool's state is as old as its last word
+            tool = f"at its last heartbeat {tool}"
+        found.append({"kind": "suspect", "job_id": row["job_id"], "stage": row["stage"], "attempt": row["attempt"],
+                      "worker": row["worker"], "last_progress_at": _iso(row["last_progress_at"]),
+                      "progress_frames": row["progress_frames"], "since_s": round(suspicion.still_s, 3),
+                      "redrives": None, "suspect_of": suspicion.kind, "allowance_s": round(suspicion.allowance_s, 3),
+                      "remaining_s": round(suspicion.remaining_s, 3),
+                      "reason": suspicion.words() + (f"; {tool}" if tool else ""),
+                      "tool_state": row["tool_state"], "tool": tool})
+    return found
+
+
+def recent_stalls(conn: psycopg.Connection, window_s: float, job_id: str | None = None) -> list[dict[str, Any]]:
+    """Attempt stalls the watchdog (or a rescuer, a failover) judged at most `window_s` seconds ago
+    on the log clock (`TAPELINE_RECENT_STALLS_S`), newest first, so an operator arriving after the
+    verdict still sees it (view `recent_attempt_stalls`). `job_id`: that job's only.
+
+    Each entry, in `stalls`' shape: kind `recent_stall`, `stall_kind` (lease_expired, no_progress,
+    worker_exited, region_lost), job_id, stage, attempt (the stalled one), `detected_at` (ISO: the
+    verdict), since_s (seconds since the verdict), `still_s` (seconds still at the verdict),
+    `outcome` ("retried as attempt 2", "dead-lettered: no attempts left"), `job_state`, `reason` (the
+    stall, the outcome, the job now and what the tool's state says in one line), `tool_state` and
+    `evidence` (`tool_evidence` lines)."""
+    found = []
+    for row in conn.execute(q("recent_attempt_stalls"), {"window_s": window_s}).fetchall():
+        if job_id is not None and row["job_id"] != job_id:
+            continue
+        outcome = _stall_outcome(row)
+        tool = explain_tool_state(row["tool_state"])
+        reason = (f"{row['kind']} after {row['since_s'] or 0:.0f} s still: {outcome}; job now {row['job_state']}"
+                  f" ({row['job_stage']} attempt {row['job_attempt']})" + (f"; {tool}" if tool else ""))
+        found.append({"kind": "recent_stall", "stall_kind": row["kind"], "job_id": row["job_id"],
+                      "stage": row["stage"], "attempt": row["attempt"], "worker": None,
+                      "last_progress_at": None, "progress_frames": None, "detected_at": _iso(row["detected_at"]),
+                      "since_s": round(row["age_s"] or 0.0, 3), "still_s": round(row["since_s"] or 0.0, 3),
+                      "redrives": None, "outcome": outcome, "job_state": row["job_state"], "reason": reason,
+                      "detail": row["detail"], "tool_state": row["tool_state"],
+                      "evidence": tool_evidence(row["tool_state"])})
+    return found
+
+
+def _stall_outcome(row: dict[str, Any]) -> str:
+    """What was done about a judged stall (a `recent_attempt_stalls` row), in words."""
+    if row["acted_by"] == "RetryScheduled":
+        return f"retried as attempt {row['next_attempt']}"
+    if row["acted_by"] == "JobDeadLettered":
+        return "dead-lettered: no attempts left"
+    return "no retry recorded"
+
+
+def stall_list(conn: psycopg.Connection, recent_s: float) -> list[dict[str, Any]]:
+    """What `tapeline stalled`, `/api/stalled` and the Stalled page list: `stalls` (what is stalled
+    or waiting now), then `suspect_attempts` (what the watchdog will judge next), then
+    `recent_stalls` of the last `recent_s` seconds (what was judged, and done)."""
+    return stalls(conn) + suspect_attempts(conn) + recent_stalls(conn, recent_s)
+
+
+def job_stall_evidence(conn: psycopg.Connection, job_id: str) -> dict[str, Any] | None:
+    """The evidence of the job's last attempt stall that carried a tool state (issue 45 item 2):
+    stage, attempt, kind, detected_at (ISO), tool_state and `lines` (`tool_evidence`: what the
+    state says, the last progress line, the last stderr lines); None when no stall carried one."""
+    for row in reversed(timeline(conn, job_id)):
+        payload = row.get("payload") or {}
+        if row["event_type"] == "StallDetected" and row["applied"] and payload.get("tool_state"):
+            return {"stage": row["stage"], "attempt": row["attempt"], "kind": payload.get("kind"),
+                    "detected_at": _iso(row.get("broker_ts")), "tool_state": payload["tool_state"],
+                    "lines": tool_evidence(payload["tool_state"])}
+    return None
 
 
 def _waiting_reason(row: dict[str, Any]) -> str:

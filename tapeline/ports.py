@@ -482,9 +482,10 @@ class MediaTool(Protocol):
     def run_ffmpeg(self, args: list[str], *, on_progress: Callable[[Any], None] | None = None,
                    on_tick: Callable[[], None] | None = None, should_stop: Callable[[], bool] | None = None,
                    tick_s: float = 1.0, timeout_s: float | None = None, limits: Any = None,
-                   temp_dir: Path | None = None) -> Any:
+                   temp_dir: Path | None = None, on_sample: Callable[[Any], None] | None = None) -> Any:
         """Run ffmpeg with `args` (a `-progress pipe:1` command): `on_progress` gets each
-        `processors.media.Progress`, `on_tick` runs every `tick_s` seconds, `should_stop` or
+        `processors.media.Progress`, `on_tick` runs every `tick_s` seconds (just before it,
+        `on_sample` gets the process's `domain.events.ToolState`), `should_stop` or
         `timeout_s` seconds of wall clock stop it. With `limits` (a
         `domain.policy.ffmpeg_limits.FfmpegLimits`) ffmpeg runs under them, `temp_dir` (the
         attempt's temp directory) measured against the temp-disk limit. Returns a

@@ -180,6 +180,13 @@ class Settings(BaseSettings):
         20 * 1024**2, gt=0, description="Slowest source download (bytes per second) a transcode attempt is allowed "
                                         "before ffmpeg starts: the no-progress timeout grows by the source's size "
                                         "divided by this while it downloads (20 GiB: about 17 minutes)")
+    suspect_fraction: float = Field(
+        0.5, gt=0, lt=1, description="A running attempt is shown as suspect (before the watchdog's verdict) once its "
+                                     "progress counters or heartbeats have been still for more than this fraction "
+                                     "of their allowance (domain/policy/stall.py attempt_suspect)")
+    recent_stalls_s: float = Field(
+        3600.0, ge=0, description="Seconds a judged attempt stall stays listed (tapeline stalled, /api/stalled, the "
+                                  "Stalled page) with what was done about it, after the verdict (log clock)")
     handoff_timeout_s: float = Field(120.0, description="A queued stage nobody claims this long is a stalled handoff")
     intake_timeout_s: float = Field(120.0, description="An upload with no job this long is expected work missing")
     tick_interval_s: float | None = Field(None, description="Watchdog tick period, seconds (default: lease / 8, at most 5)")
@@ -598,7 +605,8 @@ class Settings(BaseSettings):
         from domain.policy.stall import StallThresholds
 
         return StallThresholds(no_progress_timeout_s=pipeline.no_progress_timeout(stage, self.no_progress_timeout_s),
-                               handoff_timeout_s=self.handoff_timeout_s, intake_timeout_s=self.intake_timeout_s)
+                               handoff_timeout_s=self.handoff_timeout_s, intake_timeout_s=self.intake_timeout_s,
+                               suspect_fraction=self.suspect_fraction)
 
     @property
     def tick_s(self) -> float:

@@ -21,8 +21,13 @@ the lifecycle log; never a machine's clock):
   refused the watchdog's ticks: a broker outage) is not judged until one lease after the log
   accepted writes again (`excused_by_outage`): its heartbeats could not be written either.
 
-The SQL views `stalled_attempts`, `stalled_handoffs` and `expected_work_missing` (migrations 016,
-019, 020) select the candidates with the same comparisons, so the watchdog reads few rows; the
+Before the verdict, a running attempt is **suspect** (`attempt_suspect`, issue 45) once its progress
+counters, or its heartbeats, have been still for more than `suspect_fraction` of their allowance:
+the views and the dashboard show "no progress for 95 s of the 120 s allowance" while the watchdog
+has yet to act.
+
+The SQL views `stalled_attempts`, `stalled_handoffs`, `expected_work_missing` and `suspect_attempts`
+(migrations 016, 019, 020, 032) select the candidates with the same comparisons, so the watchdog reads few rows; the
 watchdog decides with the functions below (`processors/watchdog.py` `run_once`), and
 `tests/integration/test_stall_rule.py` checks the views select exactly what these functions call
 stalled.
@@ -54,6 +59,9 @@ class StallThresholds:
     no_progress_timeout_s: float = 120.0
     handoff_timeout_s: float = 120.0
     intake_timeout_s: float = 120.0
+    suspect_fraction: float = 0.5
+    """An attempt is suspect once its progress counters (or its heartbeats) have been still for more
+    than this fraction of their allowance (`attempt_suspect`; setting `TAPELINE_SUSPECT_FRACTION`)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,57 @@ def attempt_stall(*, leased_until: datetime | None, last_heartbeat_at: datetime 
         if progress_at + allowed < now:
             return AttemptStall("no_progress", (now - progress_at).total_seconds())
     return None
+
+
+@dataclass(frozen=True)
+class AttemptSuspicion:
+    """A running attempt not judged stalled yet but on its way: `kind` is what is running out
+    (`no_progress`: its progress counters have not moved; `lease`: no heartbeat arrived),
+    `still_s` seconds on the log clock since they last moved (or since the last heartbeat), of
+    `allowance_s` seconds allowed before the watchdog's verdict (the no-progress timeout plus the
+    attempt's grace; the lease)."""
+
+    kind: Literal["no_progress", "lease"]
+    still_s: float
+    allowance_s: float
+
+    @property
+    def remaining_s(self) -> float:
+        """Seconds left before the verdict, at least 0."""
+        return max(0.0, self.allowance_s - self.still_s)
+
+    def words(self) -> str:
+        """e.g. "no progress for 95 s of the 120 s allowance", "no heartbeat for 70 s of the 120 s lease"."""
+        if self.kind == "lease":
+            return f"no heartbeat for {self.still_s:.0f} s of the {self.allowance_s:.0f} s lease"
+        return f"no progress for {self.still_s:.0f} s of the {self.allowance_s:.0f} s allowance"
+
+
+def attempt_suspect(*, leased_until: datetime | None, last_heartbeat_at: datetime | None,
+                    progress_at: datetime | None, progress_grace_s: float | None, now: datetime,
+                    thresholds: StallThresholds) -> AttemptSuspicion | None:
+    """Whether a running attempt is suspect at log-clock time `now` (aware datetimes, broker time):
+    not stalled yet (`attempt_stall` says None), but its progress counters have been still for more
+    than `thresholds.suspect_fraction` of the no-progress allowance (`no_progress_timeout_s` + the
+    attempt's `progress_grace_s`), or no heartbeat arrived for more than that fraction of its lease
+    (`leased_until` - `last_heartbeat_at`). Of both, the one nearer its verdict (the least time
+    left). The view `suspect_attempts` (migration 032) pre-selects the same rows. None when the
+    attempt moves, or is stalled already (the watchdog's business)."""
+    if attempt_stall(leased_until=leased_until, last_heartbeat_at=last_heartbeat_at, progress_at=progress_at,
+                     progress_grace_s=progress_grace_s, now=now, thresholds=thresholds) is not None:
+        return None
+    found = []
+    if progress_at is not None:
+        allowance = thresholds.no_progress_timeout_s + (progress_grace_s or 0.0)
+        still = (now - progress_at).total_seconds()
+        if still > thresholds.suspect_fraction * allowance:
+            found.append(AttemptSuspicion("no_progress", still, allowance))
+    if leased_until is not None and last_heartbeat_at is not None:
+        lease = (leased_until - last_heartbeat_at).total_seconds()
+        silent = (now - last_heartbeat_at).total_seconds()
+        if lease > 0 and silent > thresholds.suspect_fraction * lease:
+            found.append(AttemptSuspicion("lease", silent, lease))
+    return min(found, key=lambda s: s.remaining_s) if found else None
 
 
 def handoff_redrive_due(*, queued_at: datetime | None, now: datetime, thresholds: StallThresholds) -> bool:

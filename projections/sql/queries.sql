@@ -160,6 +160,17 @@ ON CONFLICT (partition) DO UPDATE SET now = GREATEST(log_clock.now, EXCLUDED.now
 -- Running attempts that stopped moving (lease_expired or no_progress), oldest first.
 SELECT * FROM stalled_attempts ORDER BY since_s DESC;
 
+-- name: suspect_attempts
+-- Running attempts still for more than the suspect fraction of their allowance, not stalled yet (migration 032).
+SELECT * FROM suspect_attempts ORDER BY last_progress_at;
+
+-- name: recent_attempt_stalls
+-- Attempt stalls judged at most %(window_s)s seconds ago (log clock), newest first, with what was done (migration 032).
+SELECT * FROM recent_attempt_stalls
+WHERE detected_at >= (SELECT max(now) FROM log_clock) - make_interval(secs => %(window_s)s)
+  AND age_s <= %(window_s)s
+ORDER BY detected_at DESC;
+
 -- name: stalled_handoffs
 -- Queued stages nobody claimed in time (re-driven or due for it).
 SELECT * FROM stalled_handoffs ORDER BY since_s DESC;
@@ -183,7 +194,7 @@ SELECT * FROM expected_work_missing WHERE NOT reported ORDER BY since_s DESC;
 -- name: set_stall_policy
 -- The watchdog's thresholds, seconds.
 UPDATE stall_policy SET no_progress_timeout_s = %(no_progress_timeout_s)s, handoff_timeout_s = %(handoff_timeout_s)s,
-    intake_timeout_s = %(intake_timeout_s)s, updated_at = now();
+    intake_timeout_s = %(intake_timeout_s)s, suspect_fraction = %(suspect_fraction)s, updated_at = now();
 
 -- name: log_clock
 -- The log clock of every partition.

@@ -616,6 +616,7 @@ CREATE TABLE public.stall_policy (
     handoff_timeout_s double precision DEFAULT 120 NOT NULL,
     intake_timeout_s double precision DEFAULT 120 NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    suspect_fraction double precision DEFAULT 0.5 NOT NULL,
     CONSTRAINT stall_policy_id_check CHECK (id)
 );
 
@@ -630,6 +631,8 @@ COMMENT ON COLUMN public.stall_policy.handoff_timeout_s IS 'Seconds a queued sta
 COMMENT ON COLUMN public.stall_policy.intake_timeout_s IS 'Seconds an upload may stay without a job before it is reported (expected_work_missing)';
 
 COMMENT ON COLUMN public.stall_policy.updated_at IS 'When the policy was last written (PostgreSQL clock, UTC)';
+
+COMMENT ON COLUMN public.stall_policy.suspect_fraction IS 'Fraction of an attempt''s no-progress allowance (or lease) after which a still attempt is suspect (view suspect_attempts), before the verdict';
 
 CREATE TABLE public.uploads (
     upload_id text NOT NULL,
@@ -898,6 +901,62 @@ COMMENT ON COLUMN public.provider_waits.broker_ts IS 'When it was recorded (LogA
 
 COMMENT ON COLUMN public.provider_waits.deferrals IS 'PublishDeferred events of this provider in the log';
 
+CREATE VIEW public.recent_attempt_stalls AS
+ SELECT s.job_id,
+    s.stage,
+    s.attempt,
+    (s.payload ->> 'kind'::text) AS kind,
+    s.broker_ts AS detected_at,
+    ((s.payload ->> 'since_s'::text))::double precision AS since_s,
+    (s.payload ->> 'detail'::text) AS detail,
+    (s.payload -> 'tool_state'::text) AS tool_state,
+    a.event_type AS acted_by,
+    ((a.payload ->> 'next_attempt'::text))::integer AS next_attempt,
+    j.state AS job_state,
+    j.stage AS job_stage,
+    j.attempt AS job_attempt,
+    (EXTRACT(epoch FROM (c.now - s.broker_ts)))::double precision AS age_s
+   FROM (((public.lifecycle_evidence s
+     JOIN public.job_state j ON ((j.job_id = s.job_id)))
+     JOIN public.log_clock c ON ((c.partition = s.partition)))
+     LEFT JOIN LATERAL ( SELECT x.event_type,
+            x.payload
+           FROM public.lifecycle_evidence x
+          WHERE ((x.job_id = s.job_id) AND (x.topic = s.topic) AND (x.partition = s.partition) AND (x."offset" > s."offset") AND (x.stage = s.stage) AND (x.attempt = s.attempt) AND x.applied AND (x.event_type = ANY (ARRAY['RetryScheduled'::text, 'JobDeadLettered'::text])))
+          ORDER BY x."offset"
+         LIMIT 1) a ON (true))
+  WHERE ((s.event_type = 'StallDetected'::text) AND s.applied AND ((s.payload ->> 'kind'::text) = ANY (ARRAY['lease_expired'::text, 'no_progress'::text, 'worker_exited'::text, 'region_lost'::text])));
+
+COMMENT ON VIEW public.recent_attempt_stalls IS 'Every judged attempt stall (StallDetected of an attempt kind) with what was done about it and the job''s state now; the readers list those younger than TAPELINE_RECENT_STALLS_S on the log clock';
+
+COMMENT ON COLUMN public.recent_attempt_stalls.job_id IS 'Job id';
+
+COMMENT ON COLUMN public.recent_attempt_stalls.stage IS 'Stage of the stalled attempt';
+
+COMMENT ON COLUMN public.recent_attempt_stalls.attempt IS 'The stalled attempt';
+
+COMMENT ON COLUMN public.recent_attempt_stalls.kind IS 'lease_expired, no_progress, worker_exited or region_lost';
+
+COMMENT ON COLUMN public.recent_attempt_stalls.detected_at IS 'Broker time (UTC) of the StallDetected: the verdict';
+
+COMMENT ON COLUMN public.recent_attempt_stalls.since_s IS 'Seconds the attempt had been still at the verdict (StallDetected.since_s)';
+
+COMMENT ON COLUMN public.recent_attempt_stalls.detail IS 'StallDetected.detail';
+
+COMMENT ON COLUMN public.recent_attempt_stalls.tool_state IS 'StallDetected.tool_state: what the worker last saw of its tool (ToolState); NULL when none was seen';
+
+COMMENT ON COLUMN public.recent_attempt_stalls.acted_by IS 'RetryScheduled (retried) or JobDeadLettered (out of attempts), recorded with the verdict; NULL when neither';
+
+COMMENT ON COLUMN public.recent_attempt_stalls.next_attempt IS 'The attempt the retry runs (RetryScheduled.next_attempt)';
+
+COMMENT ON COLUMN public.recent_attempt_stalls.job_state IS 'The job''s state now';
+
+COMMENT ON COLUMN public.recent_attempt_stalls.job_stage IS 'The job''s stage now';
+
+COMMENT ON COLUMN public.recent_attempt_stalls.job_attempt IS 'The job''s attempt now';
+
+COMMENT ON COLUMN public.recent_attempt_stalls.age_s IS 'Seconds on the log clock of the job''s partition since the verdict';
+
 CREATE TABLE public.region_objects (
     object_key text NOT NULL,
     state text NOT NULL,
@@ -1077,11 +1136,17 @@ CREATE VIEW public.stalled_attempts AS
         CASE
             WHEN (j.leased_until < c.now) THEN j.last_heartbeat_at
             ELSE j.progress_at
-        END)))::double precision AS since_s
-   FROM (((public.job_state j
+        END)))::double precision AS since_s,
+    h.tool_state
+   FROM ((((public.job_state j
      JOIN public.log_clock c ON ((c.partition = j.log_partition)))
      CROSS JOIN public.stall_policy p)
      LEFT JOIN public.stage_stall_policy s ON ((s.stage = j.stage)))
+     LEFT JOIN LATERAL ( SELECT (x.payload -> 'tool_state'::text) AS tool_state
+           FROM public.lifecycle_evidence x
+          WHERE ((x.job_id = j.job_id) AND (x.claim_token = j.claim_token) AND (x.stage = j.stage) AND (x.attempt = j.attempt) AND (x.event_type = 'Heartbeat'::text) AND x.applied)
+          ORDER BY x.broker_ts DESC, x."offset" DESC
+         LIMIT 1) h ON (true))
   WHERE ((j.state = 'running'::text) AND ((j.leased_until < c.now) OR ((j.progress_at + make_interval(secs => (COALESCE(s.no_progress_timeout_s, p.no_progress_timeout_s) + COALESCE(j.progress_grace_s, (0)::double precision)))) < c.now)));
 
 COMMENT ON VIEW public.stalled_attempts IS 'Running attempts that stopped moving, judged on the log clock: lease expired, or progress counters frozen past their stage''s no-progress timeout (stage_stall_policy, else stall_policy.no_progress_timeout_s) plus the attempt''s progress grace';
@@ -1115,6 +1180,8 @@ COMMENT ON COLUMN public.stalled_attempts.progress_frames IS 'Frames done at the
 COMMENT ON COLUMN public.stalled_attempts.progress_out_time_s IS 'Seconds of output encoded at the last heartbeat';
 
 COMMENT ON COLUMN public.stalled_attempts.since_s IS 'Seconds on the log clock since the last heartbeat (lease_expired) or the last progress (no_progress)';
+
+COMMENT ON COLUMN public.stalled_attempts.tool_state IS 'The tool_state (ToolState: process state, CPU seconds over a window, last progress line, last stderr lines) of the attempt''s last heartbeat; NULL when none carried one';
 
 CREATE VIEW public.stalled_handoffs AS
  SELECT j.job_id,
@@ -1153,6 +1220,65 @@ COMMENT ON COLUMN public.stalled_handoffs.queued_at IS 'Broker time (UTC) the st
 COMMENT ON COLUMN public.stalled_handoffs.since_s IS 'Seconds on the log clock since queued_at';
 
 COMMENT ON COLUMN public.stalled_handoffs.redrive_due IS 'handoff_timeout_s has passed since queued_at: the watchdog re-drives it on its next tick';
+
+CREATE VIEW public.suspect_attempts AS
+ SELECT j.job_id,
+    j.stage,
+    j.attempt,
+    j.worker,
+    j.log_partition,
+    c.now AS log_now,
+    j.leased_until,
+    j.last_heartbeat_at,
+    j.progress_at AS last_progress_at,
+    j.progress_frames,
+    j.progress_out_time_s,
+    j.progress_grace_s,
+    COALESCE(s.no_progress_timeout_s, p.no_progress_timeout_s) AS no_progress_timeout_s,
+    p.suspect_fraction,
+    h.tool_state
+   FROM ((((public.job_state j
+     JOIN public.log_clock c ON ((c.partition = j.log_partition)))
+     CROSS JOIN public.stall_policy p)
+     LEFT JOIN public.stage_stall_policy s ON ((s.stage = j.stage)))
+     LEFT JOIN LATERAL ( SELECT (x.payload -> 'tool_state'::text) AS tool_state
+           FROM public.lifecycle_evidence x
+          WHERE ((x.job_id = j.job_id) AND (x.claim_token = j.claim_token) AND (x.stage = j.stage) AND (x.attempt = j.attempt) AND (x.event_type = 'Heartbeat'::text) AND x.applied)
+          ORDER BY x.broker_ts DESC, x."offset" DESC
+         LIMIT 1) h ON (true))
+  WHERE ((j.state = 'running'::text) AND (NOT COALESCE((j.leased_until < c.now), false)) AND (NOT COALESCE(((j.progress_at + make_interval(secs => (COALESCE(s.no_progress_timeout_s, p.no_progress_timeout_s) + COALESCE(j.progress_grace_s, (0)::double precision)))) < c.now), false)) AND (((j.progress_at + make_interval(secs => (p.suspect_fraction * (COALESCE(s.no_progress_timeout_s, p.no_progress_timeout_s) + COALESCE(j.progress_grace_s, (0)::double precision))))) < c.now) OR ((j.last_heartbeat_at + ((j.leased_until - j.last_heartbeat_at) * p.suspect_fraction)) < c.now)));
+
+COMMENT ON VIEW public.suspect_attempts IS 'Running attempts not stalled yet whose progress counters, or heartbeats, have been still for more than stall_policy.suspect_fraction of their allowance (log clock): what the watchdog will judge next (domain/policy/stall.py attempt_suspect)';
+
+COMMENT ON COLUMN public.suspect_attempts.job_id IS 'Job id';
+
+COMMENT ON COLUMN public.suspect_attempts.stage IS 'Stage of the attempt';
+
+COMMENT ON COLUMN public.suspect_attempts.attempt IS 'Attempt number (1-based)';
+
+COMMENT ON COLUMN public.suspect_attempts.worker IS 'Process that holds the claim (role@instance:pid)';
+
+COMMENT ON COLUMN public.suspect_attempts.log_partition IS 'Partition of the lifecycle log holding the job (its log clock)';
+
+COMMENT ON COLUMN public.suspect_attempts.log_now IS 'The log clock of that partition: broker time (UTC) of its newest record';
+
+COMMENT ON COLUMN public.suspect_attempts.leased_until IS 'Broker time (UTC) the lease ends: last claim or heartbeat + lease_s';
+
+COMMENT ON COLUMN public.suspect_attempts.last_heartbeat_at IS 'Broker time (UTC) of the last claim or heartbeat';
+
+COMMENT ON COLUMN public.suspect_attempts.last_progress_at IS 'Broker time (UTC) the progress counters last moved';
+
+COMMENT ON COLUMN public.suspect_attempts.progress_frames IS 'Frames done at the last heartbeat';
+
+COMMENT ON COLUMN public.suspect_attempts.progress_out_time_s IS 'Seconds of output encoded at the last heartbeat';
+
+COMMENT ON COLUMN public.suspect_attempts.progress_grace_s IS 'Seconds the attempt''s no-progress allowance grows by (a download, a silent seek)';
+
+COMMENT ON COLUMN public.suspect_attempts.no_progress_timeout_s IS 'The stage''s no-progress timeout (stage_stall_policy, else stall_policy), seconds';
+
+COMMENT ON COLUMN public.suspect_attempts.suspect_fraction IS 'stall_policy.suspect_fraction';
+
+COMMENT ON COLUMN public.suspect_attempts.tool_state IS 'The tool_state (ToolState) of the attempt''s last heartbeat; NULL when none carried one';
 
 CREATE VIEW public.waiting_jobs AS
  SELECT j.job_id,
@@ -1381,6 +1507,8 @@ CREATE INDEX lifecycle_evidence_job ON public.lifecycle_evidence USING btree (jo
 CREATE INDEX lifecycle_evidence_notifiable ON public.lifecycle_evidence USING btree (broker_ts) WHERE ((event_type = ANY (ARRAY['JobCompleted'::text, 'JobRejected'::text, 'JobFailed'::text, 'JobDeadLettered'::text, 'NeedsReview'::text, 'JobReplayed'::text, 'JobCancelled'::text, 'JobDelayed'::text])) AND applied);
 
 CREATE INDEX lifecycle_evidence_provider_events ON public.lifecycle_evidence USING btree (event_type, broker_ts) WHERE (event_type = ANY (ARRAY['Published'::text, 'PublishDeferred'::text, 'ProviderBreakerChanged'::text]));
+
+CREATE INDEX lifecycle_evidence_stalls ON public.lifecycle_evidence USING btree (broker_ts) WHERE ((event_type = 'StallDetected'::text) AND applied);
 
 CREATE INDEX provider_calls_window ON public.provider_calls USING btree (provider, reserved_at);
 

@@ -166,6 +166,7 @@ const pages = {
     document.getElementById("stalled-count").textContent =
       String(Object.values(doc.stalls).reduce((a, b) => a + b, 0) - waiting);
     document.getElementById("waiting-count").textContent = String(waiting);
+    document.getElementById("suspect-count").textContent = String(doc.suspect);
     document.getElementById("dead-pending").textContent = String(doc.dead_letters.pending);
     const lag = doc.projection_lag;
     document.getElementById("lag").textContent = lag.error ? "unknown" : lag.events + " events, " + lag.seconds + " s";
@@ -190,7 +191,7 @@ const pages = {
     fillRows(document.querySelector("#stalls tbody"), rows, s => el("tr", {"data-job-id": s.job_id, "data-kind": s.kind},
       el("td", {class: "kind"}, s.kind), el("td", {}, jobLink(s.job_id)), ...cells(s.stage, s.attempt, s.worker || "",
       (s.last_progress_at || "").slice(0, 19)), num(s.since_s.toFixed(1)), el("td", {}, s.reason || "")),
-      "nothing is stalled", 8);
+      "nothing is stalled, suspect, or judged stalled recently", 8);
   },
 
   async "dead-letters"() {

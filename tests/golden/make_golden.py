@@ -36,7 +36,7 @@ from tapeline.clock import system_clock
 GOLDEN_DIR = Path(__file__).resolve().parent
 RECORDS = GOLDEN_DIR / "lifecycle-v1.records.jsonl"
 EXPECTED = GOLDEN_DIR / "lifecycle-v1.expected.jsonl"
-FIELDS_ADDED_AFTER_V1 = {"Heartbeat": ("speed", "progress_grace_s"), "JobCompleted": ("media_duration_s",)}
+FIELDS_ADDED_AFTER_V1 = {"Heartbeat": ("speed", "progress_grace_s", "tool_state"), "JobCompleted": ("media_duration_s",)}
 """Fields each evolved event type gained after the v1 writer schema of the golden records, in order."""
 UPLOAD_ID = "golden-upload-v1"
 T0 = datetime(2024, 6, 1, 12, 0, tzinfo=timezone.utc)

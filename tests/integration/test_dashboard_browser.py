@@ -171,9 +171,13 @@ def test_the_dashboard_shows_each_job_where_it_belongs_and_replays_the_dead_lett
     expect(page.locator("#source-sha256")).to_have_text(re.compile(r"^[0-9a-f]{64}$"))
     expect(page.locator(f'#same-source tr[data-job-id="{jobs["dead"]}"] td.state')).to_have_text("dead_lettered")
 
-    # Nothing is stalled any more (the stall was retried); the completed clip has no stall.
+    # Nothing is stalled any more (the stall was retried), but the verdict stays listed with what was
+    # done about it (TAPELINE_RECENT_STALLS_S, issue 45): an operator arriving late sees what happened.
     page.goto(f"{server}/stalled")
-    expect(page.locator("#stalls tbody tr.empty")).to_have_text("nothing is stalled")
+    recent = page.locator(f'#stalls tbody tr[data-job-id="{jobs["stalled"]}"][data-kind="recent_stall"]')
+    expect(recent).to_contain_text("worker_exited after")
+    expect(recent).to_contain_text("retried as attempt 2; job now completed")
+    expect(page.locator("#stalls tbody tr")).to_have_count(1)
 
     # The dead job's page: why it stopped, that a replay may pass once storage works, and a replay form
     # without a warning (a permanent failure would get one; tests/unit/test_diagnosis.py has those texts).

@@ -123,3 +123,33 @@ def test_the_stall_views_select_what_the_stall_rule_calls_stalled(isolated) -> N
     assert attempts == expected_attempts, (sorted(attempts - expected_attempts), sorted(expected_attempts - attempts))
     assert handoffs == expected_handoffs, (sorted(handoffs - expected_handoffs), sorted(expected_handoffs - handoffs))
     assert missing == expected_missing, (sorted(missing - expected_missing), sorted(expected_missing - missing))
+
+
+def test_the_suspect_view_selects_what_the_rule_calls_suspect(isolated) -> None:
+    """Issue 45 item 1: `suspect_attempts` pre-selects the running attempts `attempt_suspect` calls
+    suspect (still for more than the fraction of their allowance or lease, not stalled yet); the
+    reader (`read_model.suspect_attempts`) then decides with the rule and the view's thresholds."""
+    from domain.policy.stall import attempt_suspect
+    from projections import read_model as read
+
+    jobs, uploads = generated()
+    fraction = 0.6
+    with psycopg.connect(isolated.database_url, row_factory=dict_row, autocommit=True) as conn:
+        load(conn, jobs, uploads)
+        conn.execute("UPDATE stall_policy SET suspect_fraction = %s", (fraction,))
+        viewed = {r["job_id"] for r in conn.execute(q("suspect_attempts")).fetchall()}
+        decided = {(s["job_id"], s["suspect_of"], s["since_s"], s["allowance_s"]) for s in read.suspect_attempts(conn)}
+    expected = set()
+    for job in jobs:
+        if job["state"] != "running":
+            continue
+        found = attempt_suspect(leased_until=job["leased_until"], last_heartbeat_at=job["last_heartbeat_at"],
+                                progress_at=job["progress_at"], progress_grace_s=job["progress_grace_s"],
+                                now=CLOCKS[job["log_partition"]],
+                                thresholds=dataclasses.replace(thresholds_of(job["stage"]), suspect_fraction=fraction))
+        if found is not None:
+            expected.add((job["job_id"], found.kind, round(found.still_s, 3), round(found.allowance_s, 3)))
+    assert {kind for _, kind, _, _ in expected} == {"no_progress", "lease"}  # both branches reached
+    assert 5 < len(expected) < sum(j["state"] == "running" for j in jobs)
+    assert viewed == {job_id for job_id, _, _, _ in expected}, (sorted(viewed ^ {e[0] for e in expected}))
+    assert decided == expected

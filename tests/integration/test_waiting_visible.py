@@ -62,7 +62,13 @@ def test_a_retry_stays_listed_as_waiting_until_a_worker_claims_it(world):
     listed = json.loads(tapeline_cli(settings, "stalled", "--json").stdout)
     waiting = {s["job_id"]: s for s in listed if s["kind"] == "waiting"}
     assert set(waiting) == {jobs["backoff"].job_id, jobs["queued"].job_id}, listed
-    assert not any(s["job_id"] == jobs["claimed"].job_id for s in listed), "a claimed retry is no longer waiting"
+    assert not any(s["job_id"] == jobs["claimed"].job_id for s in listed if s["kind"] != "recent_stall"), \
+        "a claimed retry is no longer waiting"
+    # Each stall stays listed after its verdict with what was done (issue 45, TAPELINE_RECENT_STALLS_S).
+    recent = {s["job_id"]: s for s in listed if s["kind"] == "recent_stall"}
+    assert set(recent) >= {job.job_id for job in jobs.values()}
+    assert recent[jobs["claimed"].job_id]["outcome"] == "retried as attempt 2"
+    assert recent[jobs["claimed"].job_id]["stall_kind"] == "no_progress"
 
     backoff = waiting[jobs["backoff"].job_id]
     assert (backoff["stage"], backoff["attempt"]) == ("transcode", 2)

@@ -33,6 +33,7 @@ def projection_reads(monkeypatch):
     monkeypatch.setattr(api.read, "jobs_by_state_and_stage", lambda conn: [{"state": "running", "stage": "transcode",
                                                                             "n": 2}])
     monkeypatch.setattr(api.read, "stalls", lambda conn: [{"kind": "no_progress"}])
+    monkeypatch.setattr(api.read, "suspect_attempts", lambda conn: [{"kind": "suspect", "suspect_of": "no_progress"}])
     monkeypatch.setattr(api.read, "dead_letter_counts", lambda conn: {"pending": 1})
 
 
@@ -43,6 +44,8 @@ def test_the_scrape_reports_the_projection_lag():
     assert "tapeline_api_projection_lag_seconds 1.5" in text
     assert 'tapeline_jobs{stage="transcode",state="running"} 2.0' in text
     assert 'tapeline_stalls{kind="no_progress"} 1.0' in text and "tapeline_dead_letters_pending 1.0" in text
+    assert 'tapeline_attempts_suspect{suspect_of="no_progress"} 1.0' in text  # issue 45: before the verdict
+    assert 'tapeline_attempts_suspect{suspect_of="lease"} 0.0' in text
 
 
 def test_without_kafka_the_other_gauges_still_answer():

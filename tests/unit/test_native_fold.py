@@ -181,3 +181,26 @@ def test_a_build_from_another_lifecycle_file_is_refused(monkeypatch):
         native.check_build()
     with pytest.raises(NativeUnsupported, match="built from another lifecycle.json"):
         NativeFoldState(JOBS, DLQ)
+
+
+def test_heartbeats_and_stalls_with_a_tool_state_fold_equal() -> None:
+    """Issue 45: `Heartbeat.tool_state` and `StallDetected.tool_state` (a nullable nested record)
+    come out of both engines as the same evidence payload, whole and with nulls."""
+    codec = default_codec()
+    events = [e for e in next(iter(lifecycles.jobs(7, 1, heartbeats=2, checkpoints=1)))
+              if not isinstance(e, ev.UploadCompleted)]
+    state = ev.ToolState(tool="ffmpeg", process_state="T", cpu_s=0.0, window_s=59.75, cpu_wait_s=1.5,
+                         last_progress="frame=392 out_time=00:00:15.680000 progress=continue",
+                         stderr_tail='error "one"\nerror two')
+    bare = ev.ToolState(tool="ffmpeg")
+    beats = [e for e in events if isinstance(e, ev.Heartbeat)]
+    events = [e.model_copy(update={"tool_state": state if e is beats[0] else bare}) if isinstance(e, ev.Heartbeat)
+              else e for e in events]
+    stall = ev.StallDetected.new(system_clock.stamp(), job_id=events[0].job_id, stage="transcode", attempt=1,
+                                 recorded_by="watchdog", correlation_id="c", kind="no_progress", stalled_attempt=1,
+                                 since_s=121.0, detail="frames stuck at 392", tool_state=state)
+    messages = [message(JOBS, 0, i, i * 2.0, codec.encode(e.to_record())) for i, e in enumerate(events + [stall])]
+    python, native = fold_both(messages, slice_size=4)
+    payloads = [json.loads(row[17]) for row in python["evidence"]]
+    assert [p["tool_state"]["process_state"] for p in payloads if p.get("tool_state")] == ["T", None, "T"]
+    assert_same(python, native)

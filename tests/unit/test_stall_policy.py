@@ -119,3 +119,55 @@ def test_a_stage_that_declares_a_no_progress_timeout_is_judged_by_it(monkeypatch
     assert attempt_stall(leased_until=lease, last_heartbeat_at=now, progress_at=progress_at, progress_grace_s=None,
                          now=now, thresholds=settings.stall_thresholds("transcode")).kind == "no_progress"
 
+
+
+# Suspect before judged (issue 45 item 1): `attempt_suspect`.
+
+def suspect(heartbeat_s: float, lease_s: float, progress_s: float | None, grace_s: float | None = None,
+            thresholds: StallThresholds = T):
+    from domain.policy.stall import attempt_suspect
+
+    return attempt_suspect(leased_until=ago(heartbeat_s - lease_s), last_heartbeat_at=ago(heartbeat_s),
+                           progress_at=None if progress_s is None else ago(progress_s), progress_grace_s=grace_s,
+                           now=NOW, thresholds=thresholds)
+
+
+def test_counters_still_past_half_the_allowance_make_a_suspect_in_words():
+    found = suspect(heartbeat_s=1, lease_s=120, progress_s=23.6)  # T: 30 s allowance, fraction 0.5
+    assert (found.kind, found.still_s, found.allowance_s) == ("no_progress", 23.6, 30.0)
+    assert found.remaining_s == 30.0 - 23.6
+    assert found.words() == "no progress for 24 s of the 30 s allowance"
+
+
+def test_counters_still_for_less_than_the_fraction_are_no_suspect():
+    assert suspect(heartbeat_s=1, lease_s=120, progress_s=15) is None  # exactly half: not more than it
+    assert suspect(heartbeat_s=1, lease_s=120, progress_s=14) is None
+
+
+def test_the_issue_example_95_of_120():
+    found = suspect(heartbeat_s=5, lease_s=120, progress_s=95, thresholds=StallThresholds())
+    assert found.words() == "no progress for 95 s of the 120 s allowance" and found.remaining_s == 25
+
+
+def test_a_grace_widens_the_allowance_of_a_suspect():
+    assert suspect(heartbeat_s=1, lease_s=120, progress_s=20, grace_s=30) is None  # 20 of 60: not yet
+    assert suspect(heartbeat_s=1, lease_s=120, progress_s=31, grace_s=30).allowance_s == 60
+
+
+def test_a_stalled_attempt_is_no_longer_a_suspect_but_the_watchdogs():
+    assert judge(heartbeat_s=1, lease_s=120, progress_s=31) is not None
+    assert suspect(heartbeat_s=1, lease_s=120, progress_s=31) is None
+
+
+def test_silent_heartbeats_make_a_lease_suspect_and_the_nearer_verdict_wins():
+    found = suspect(heartbeat_s=7, lease_s=10, progress_s=7)  # 7 of a 10 s lease; 7 of 30 s progress: no
+    assert (found.kind, found.words()) == ("lease", "no heartbeat for 7 s of the 10 s lease")
+    both = suspect(heartbeat_s=16, lease_s=20, progress_s=20)  # lease: 4 s left; progress: 10 s left
+    assert both.kind == "lease" and both.remaining_s == 4
+
+
+def test_the_suspect_fraction_comes_from_the_settings():
+    thresholds = Settings(suspect_fraction=0.8).stall_thresholds()
+    assert thresholds.suspect_fraction == 0.8
+    assert suspect(heartbeat_s=1, lease_s=120, progress_s=95, thresholds=thresholds) is None  # 95 of 120 < 0.8
+    assert suspect(heartbeat_s=1, lease_s=120, progress_s=97, thresholds=thresholds).still_s == 97

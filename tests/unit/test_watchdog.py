@@ -188,3 +188,19 @@ def test_frozen_progress_during_a_log_outage_waits_too():
     outage = LogOutage(began_at=NOW - timedelta(seconds=30), ended_at=NOW - timedelta(seconds=2))
     assert run_once([frozen], [], [], {"j1": job()}, SETTINGS, "w", clock=CLOCK).counts["retry"] == 1
     assert run_once([frozen], [], [], {"j1": job()}, SETTINGS, "w", clock=CLOCK, outage=outage).outgoing == []
+
+
+def test_a_no_progress_stall_carries_the_last_heartbeats_tool_state():
+    """Issue 45 item 2: the view gives the attempt's last heartbeat's `tool_state` (JSON); the stall
+    event carries it, fields it does not know left out; a row without one gives a stall without."""
+    seen = {"tool": "ffmpeg", "process_state": "T", "cpu_s": 0.0, "window_s": 9.5,
+            "last_progress": "frame=392 out_time=00:00:15.68", "stderr_tail": None, "from_a_newer_worker": 1}
+    frozen = {**stalled(kind="no_progress"), "leased_until": NOW + timedelta(seconds=3),
+              "last_heartbeat_at": NOW - timedelta(seconds=1),
+              "last_progress_at": NOW - timedelta(seconds=SETTINGS.no_progress_timeout_s + 1), "tool_state": seen}
+    stall = run_once([frozen], [], [], {"j1": job()}, SETTINGS, "w", clock=CLOCK).outgoing[0][1]
+    assert stall.kind == "no_progress"
+    assert (stall.tool_state.process_state, stall.tool_state.window_s, stall.tool_state.last_progress) == (
+        "T", 9.5, "frame=392 out_time=00:00:15.68")
+    plain = run_once([{**frozen, "tool_state": None}], [], [], {"j1": job()}, SETTINGS, "w", clock=CLOCK)
+    assert plain.outgoing[0][1].tool_state is None
