@@ -222,7 +222,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
     for rendition in summary.get("outputs", []):
         out.print(f"  {rendition['name']:>6} {rendition['width']}x{rendition['height']}  {rendition['url']}")
     for artifact in summary.get("artifacts", []):  # other stages' published files (thumbnails: poster, storyboard, VTT)
-        out.print(f"  {artifact['stage']}: {artifact['name']}  {artifact['url'] or '(not published yet)'}",
+        out.print(f"  {artifact['stage']}: {artifact['name']}  {artifact['where']}",
                   highlight=False)
     for kept in summary.get("archived", []):  # the archive stage's private copy of the source
         out.print(f"  archived: {kept['key']}  sha256 {kept['sha256']}", highlight=False)
@@ -269,16 +269,18 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id; without it, t
                 if row is None:
                     fail(TapelineError(f"no job {job} in the projections (not submitted, or intake not caught up)"), 2)
                 summary = presenter.job_summary(row)
-                summary["attempt_history"] = read.attempt_history(conn, job)  # view attempts (migration 023)
-                summary["diagnosis"] = read.job_diagnosis(conn, row)  # domain/diagnosis.py
-                suspect = read.suspect_attempts(conn, job)  # not stalled yet, on its way (issue 45)
-                summary["suspect"] = suspect[0] if suspect else None
-                summary["stall_evidence"] = read.job_stall_evidence(conn, job)  # what the tool was doing at the verdict
+                # The job page's facts (read_model.job_facts): attempts (view attempts), source and its
+                # handling note, diagnosis, suspect (issue 45), the tool's state at a stall, checkpoints.
+                facts = read.job_facts(conn, row)
+                summary["attempt_history"] = facts.pop("attempts")
+                summary.update(facts)
                 if as_json:
                     out.print_json(json.dumps(summary))
                     return
                 _print_summary(summary)
                 _print_diagnosis(summary["diagnosis"])
+                if summary["source"] and summary["source"]["handling"]:  # the job page's "handling" row
+                    out.print(f"  source handling: {summary['source']['handling']}", highlight=False)
                 if summary["suspect"]:
                     out.print(f"  suspect: {summary['suspect']['stage']} attempt {summary['suspect']['attempt']}, "
                               f"{summary['suspect']['reason']} ({summary['suspect']['remaining_s']:.0f} s before the "

@@ -58,13 +58,8 @@ def job_page(request: Request, job_id: str, conn: psycopg.Connection = Depends(d
     row = read.job_row(conn, job_id)
     if row is None:
         return page(request, "not_found.html", 404, what=f"no job {job_id!r} in the projections")
-    source = read.job_source(conn, job_id)
-    return page(request, "job.html", job=job_json(row), attempts=read.attempt_history(conn, job_id),
-                events=[event_json(r) for r in read.timeline(conn, job_id)],
-                checkpoints=read.checkpoints(conn, job_id), source=source,
-                diagnosis=read.job_diagnosis(conn, row, source), dead_letter_id=f"{job_id}/{row['attempt']}",
-                suspect=next(iter(read.suspect_attempts(conn, job_id)), None),
-                stall_evidence=read.job_stall_evidence(conn, job_id))
+    return page(request, "job.html", job=job_json(row), events=[event_json(r) for r in read.timeline(conn, job_id)],
+                dead_letter_id=f"{job_id}/{row['attempt']}", **read.job_facts(conn, row))
 
 
 @router.get("/stalled", response_class=HTMLResponse, include_in_schema=False)

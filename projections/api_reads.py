@@ -16,6 +16,7 @@ from domain.policy.disclosure import public_dead_letter, public_view
 from projections.api_deps import Web, bearer, db, job_or_404, token_ok, web
 from projections.api_models import (ONE, PG_BIGINT_MAX, READS, STATES, JobDetail, JobPage, Priority, Stage, State,
                                     answers, as_utc, event_json, job_json, letter_json, plain)
+from projections import presenter
 from projections.provider_status import provider_overview
 from projections import read_model as read
 
@@ -57,13 +58,9 @@ def list_jobs(state_: State | None = Query(None, alias="state", description="Onl
 def get_job(job_id: str, request: Request, conn: psycopg.Connection = Depends(db)) -> JobDetail:
     """One job with its attempts, stage durations and checkpoints; 404 for an unknown job."""
     row = job_or_404(conn, job_id)
-    source = read.job_source(conn, job_id)
-    return JobDetail(job=job_json(row), attempts=read.attempt_history(conn, job_id),
-                     stage_durations=[plain(r) for r in read.stage_durations(conn, job_id)],
-                     checkpoints=shown(request, read.checkpoints(conn, job_id)), source=source,
-                     diagnosis=read.job_diagnosis(conn, row, source),
-                     suspect=next(iter(read.suspect_attempts(conn, job_id)), None),
-                     stall_evidence=read.job_stall_evidence(conn, job_id))
+    facts = read.job_facts(conn, row)  # the same facts as the job page and `tapeline status --json`
+    return JobDetail(job=job_json(row), stage_durations=[plain(r) for r in read.stage_durations(conn, job_id)],
+                     **{**facts, "checkpoints": shown(request, facts["checkpoints"])})
 
 
 @router.get("/api/jobs/{job_id}/timeline", tags=["jobs"], responses=ONE,
@@ -79,11 +76,13 @@ def get_timeline(job_id: str, request: Request, conn: psycopg.Connection = Depen
 
 @router.get("/api/jobs/{job_id}/progress", tags=["jobs"], responses=ONE)
 def get_progress(job_id: str, request: Request, conn: psycopg.Connection = Depends(db)) -> dict[str, Any]:
-    """Heartbeat progress per attempt (`read.progress_series`) and the source's duration in
-    seconds of media (the 100 % line of the chart)."""
+    """Heartbeat progress per attempt (`read.progress_series`, each point with `media_s`: the media
+    seconds it says are done, `presenter.heartbeat_media_s`) and the source's duration in seconds of
+    media (the 100 % line of the chart)."""
     row = job_or_404(conn, job_id)
+    series = presenter.with_media_s(read.progress_series(conn, job_id), row["source_duration_s"])
     return shown(request, {"job_id": job_id, "state": row["state"], "source_duration_s": row["source_duration_s"],
-                           "series": read.progress_series(conn, job_id)})
+                           "series": series})
 
 
 @router.get("/api/jobs/{job_id}/checkpoints", tags=["jobs"], responses=ONE,

@@ -145,6 +145,19 @@ TERMS: dict[str, str] = {
     "segment": "index of a checkpointed media segment (about 4 s each)",
     "object": "the object-store key the checkpoint wrote",
     "media start (s)": "where the segment starts in the source, seconds",
+    "media duration (s)": "how many seconds of the source the segment holds",
+    "frames": "video frames encoded so far by the running attempt (its last heartbeat); in a checkpoint, the "
+              "segment's frames",
+    "pipeline": "the job's profile: which stages it runs, in order (default: transcode, thumbnails, publish)",
+    "attempts started": "the most attempts any one stage of the job started (each stage counts from 1)",
+    "lease until (UTC)": "when the running attempt's claim runs out unless a heartbeat renews it",
+    "checkpointed": "seconds of media in applied checkpoints: a retry reuses them instead of encoding again",
+    "degraded ladder": "the job was given fewer renditions than asked, and why (the degradation ladder)",
+    "reused from": "the job whose published outputs this one reused (same source and profile; no transcode)",
+    "output": "a published file of the job: a rendition, another stage's file (poster, storyboard, WebVTT) or "
+              "an archived object",
+    "what": "a rendition's size, the stage that made the file, or archived",
+    "where": "the file's public URL; without one recorded, the key publish copies it to",
     "broker time (UTC)": "the time Kafka stamped on the event when it was appended (LogAppendTime); one "
                          "clock for every machine",
     "event": "the lifecycle fact the event records (hover an event type for its meaning)",

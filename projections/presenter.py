@@ -73,11 +73,38 @@ def percent_text(percent: float) -> str:
     return f"{percent:.1f} %"
 
 
+def heartbeat_media_s(point: dict[str, Any], source_duration_s: float | None) -> float:
+    """Seconds of media one heartbeat says are done (`Heartbeat` as `read_model.progress_series` gives
+    it: `out_time_s`, `frames_done`, `frames_total`): its `out_time_s` when ffmpeg stated one; when
+    it stated none (0: ffmpeg prints `out_time=N/A` until its muxers write, and a tool stopped early
+    never does) but counted frames, that share of the source (`frames_done / frames_total` of
+    `source_duration_s`, seconds), so a hung attempt whose heartbeats said 392 frames is not drawn
+    at 0; else 0. Pure."""
+    out_time = point.get("out_time_s") or 0.0
+    if out_time > 0:
+        return float(out_time)
+    done, total = point.get("frames_done") or 0, point.get("frames_total") or 0
+    if done > 0 and total > 0 and source_duration_s:
+        return round(min(1.0, done / total) * source_duration_s, 3)
+    return 0.0
+
+
+def with_media_s(series: list[dict[str, Any]], source_duration_s: float | None) -> list[dict[str, Any]]:
+    """`series` (`read_model.progress_series`) with `media_s` (`heartbeat_media_s`) on every point: what
+    the job page's progress chart draws. Pure (returns new dicts)."""
+    return [{**s, "points": [{**p, "media_s": heartbeat_media_s(p, source_duration_s)} for p in s["points"]]}
+            for s in series]
+
+
 def published_artifacts(row: dict[str, Any]) -> list[dict[str, Any]]:
     """The job's outputs that are not a rendition's (`job_state.outputs` beyond the renditions' and
     the audio's folders: the poster, storyboard and WebVTT track of `thumbnails`, or any other
     stage's), each `{"name": path beside the master playlist, "stage", "content_type", "sha256",
-    "size_bytes", "url"}`; `url` is where publish put it (beside `master_url`), None until then. Pure."""
+    "size_bytes", "url", "published_key", "where"}`; `url` is where publish put it (beside `master_url`),
+    None until a `Published` recorded the job's URLs; `published_key` the object key publish copies it
+    to (`published/{job}/{name}`); `where` what a view prints: the URL, else that no URL is recorded and
+    the key. ("not published yet" was said of thumbnails a stopped publish had already made public: the
+    copy happens before `Published` is recorded, issue 45.) Pure."""
     folders = {r["name"] for r in (row.get("ladder") or []) + (row.get("renditions") or [])} | {"audio"}
     master = web_url(row.get("master_url"))  # an http(s) URL or None (domain/links.py)
     base = master.rsplit("/", 1)[0] + "/" if master and not row.get("reused_from") else None
@@ -87,9 +114,11 @@ def published_artifacts(row: dict[str, Any]) -> list[dict[str, Any]]:
         if scoped is None or scoped[1].split("/", 1)[0] in folders:
             continue
         stage, path = scoped
+        url = base + path if base else None
+        key = f"published/{row['job_id']}/{path}"
         found.append({"name": path, "stage": stage, "content_type": output["content_type"],
-                      "sha256": output["sha256"], "size_bytes": output["size_bytes"],
-                      "url": base + path if base else None})
+                      "sha256": output["sha256"], "size_bytes": output["size_bytes"], "url": url,
+                      "published_key": key, "where": url or f"(no public URL recorded; publish copies it to {key})"})
     return found
 
 

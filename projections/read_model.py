@@ -419,6 +419,21 @@ def progress_series(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any
     return list(series.values())
 
 
+def job_facts(conn: psycopg.Connection, row: dict[str, Any]) -> dict[str, Any]:
+    """Everything the job page, `GET /api/jobs/{id}` and `tapeline status JOB --json` show about one job
+    beside its summary (`presenter.job_summary`), read once in one place so no view holds a fact the
+    others lack (issue 45 item 3; tests/integration/test_read_api.py compares the page and the JSON):
+    `attempts` (`attempt_history`), `source` (`job_source`, with its `handling` note), `diagnosis`
+    (`job_diagnosis`), `suspect` (the first of `suspect_attempts`, or None), `stall_evidence`
+    (`job_stall_evidence`) and `checkpoints` (`checkpoints`, with each segment's `media_duration_s`)."""
+    job_id = row["job_id"]
+    source = job_source(conn, job_id)
+    return {"attempts": attempt_history(conn, job_id), "source": source,
+            "diagnosis": job_diagnosis(conn, row, source),
+            "suspect": next(iter(suspect_attempts(conn, job_id)), None),
+            "stall_evidence": job_stall_evidence(conn, job_id), "checkpoints": checkpoints(conn, job_id)}
+
+
 def checkpoints(conn: psycopg.Connection, job_id: str) -> list[dict[str, Any]]:
     """A job's `CheckpointRecorded` evidence in log order: stage, attempt, broker_ts (ISO), applied,
     superseded, segment_index, rendition, object_key, sha256, frames, media_start_s and

@@ -9,7 +9,10 @@ alerts see, and a page costs one small HTTP GET on the loopback (cached `CACHE_S
 `FETCH_TIMEOUT_S`), never a scan of region A's log (which `tapeline region status` does, seconds
 long) nor a connection to region B's PostgreSQL. What it cannot say: anything while the replicator
 is down. Then the panel says region B is not running (or its replicator is not), which is what an
-operator needs to know first.
+operator needs to know first, when region B is set up (`region_b_set_up`: a `region_b_*` address is
+configured, or region B's local stack home holds a `stack.json`). A one-region install (nothing of
+region B set up, nothing answering) is no alarm: the panel says so in one neutral line
+(`one_region`).
 
 `panel` (pure) turns the section into what the template and static/dashboard.js show: a state, one
 sentence and rows, each marked `over` past the threshold of its alert in compose/alerts.yml (the same
@@ -26,8 +29,10 @@ import time
 import urllib.error
 import urllib.request
 from datetime import datetime, timezone
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
+from tapeline.home import HomePaths
 from tapeline.settings import Settings
 
 LAG_S = 300.0
@@ -59,15 +64,33 @@ def _row(name: str, value: str, over: bool = False) -> dict[str, Any]:
     return {"name": name, "value": value, "over": over}
 
 
-def panel(section: dict[str, Any] | None, error: str | None, address: str, now: datetime) -> dict[str, Any]:
-    """The panel from the replicator's `region_replication` section (None with `error` when it did not
-    answer at `address`), ages at `now` (UTC). Pure.
+def region_b_set_up(settings: Settings) -> bool:
+    """Whether `settings` (region A's) say a region B exists: one of its addresses or its home is
+    configured (`region_b_kafka_bootstrap`, `region_b_database_url`, `region_b_s3_endpoint`,
+    `region_b_home`), or region B's local stack home (`Settings.for_region("b").home`) holds a
+    `stack.json` (`tapeline stack up --region b` ran there). Reads one file's existence."""
+    if any((settings.region_b_kafka_bootstrap, settings.region_b_database_url, settings.region_b_s3_endpoint,
+            settings.region_b_home)):
+        return True
+    return HomePaths(Path(settings.for_region("b").home)).state.exists()
 
-    Returns `{"state", "text", "rows", "address"}`: `state` is `not_running` (the replicator does not
-    answer), `not_measured` (it answers, no measurement yet) or `measured`; `rows` are
+
+def panel(section: dict[str, Any] | None, error: str | None, address: str, now: datetime,
+          set_up: bool = True) -> dict[str, Any]:
+    """The panel from the replicator's `region_replication` section (None with `error` when it did not
+    answer at `address`), ages at `now` (UTC); `set_up`: whether region B is set up at all
+    (`region_b_set_up`). Pure.
+
+    Returns `{"state", "text", "rows", "address"}`: `state` is `one_region` (nothing answers and no
+    region B is set up: a neutral line, no alarm), `not_running` (region B is set up, its replicator
+    does not answer), `not_measured` (it answers, no measurement yet) or `measured`; `rows` are
     `{"name", "value", "over"}` (`over`: past its alert's threshold), empty unless measured.
     """
     base = {"address": address, "rows": []}
+    if section is None and not set_up:
+        return {**base, "state": "one_region",
+                "text": "one region: no region B is set up (no region_b_* address, no region B stack home), so "
+                        "nothing is replicated; `tapeline stack up --region b` adds one"}
     if section is None:
         return {**base, "state": "not_running",
                 "text": f"region B is not running (or its media replicator is not): no replicator answers at "
@@ -115,17 +138,19 @@ class RegionPanelSource:
     """Fetches the replicator's `region_replication` section and builds the `panel`, reusing one
     answer (or failure) for `cache_s` seconds; thread-safe. `get()` never raises."""
 
-    def __init__(self, address: str, cache_s: float = CACHE_S, timeout_s: float = FETCH_TIMEOUT_S) -> None:
-        self.address, self.cache_s, self.timeout_s = address, cache_s, timeout_s
+    def __init__(self, address: str, cache_s: float = CACHE_S, timeout_s: float = FETCH_TIMEOUT_S,
+                 set_up: Callable[[], bool] = lambda: True) -> None:
+        self.address, self.cache_s, self.timeout_s, self.set_up = address, cache_s, timeout_s, set_up
         self._lock = threading.Lock()
-        self._fetched: tuple[dict[str, Any] | None, str | None] = (None, None)
+        self._fetched: tuple[dict[str, Any] | None, str | None, bool] = (None, None, True)
         self._at = -float("inf")
 
     @classmethod
     def for_settings(cls, settings: Settings) -> "RegionPanelSource | None":
         """The source for `settings` (region A's), None when there is no panel (module docstring)."""
         address = settings.replicator_health_address
-        return cls(address) if address and settings.region_b_mirror else None
+        return (cls(address, set_up=lambda: region_b_set_up(settings))
+                if address and settings.region_b_mirror else None)
 
     def _fetch(self) -> tuple[dict[str, Any] | None, str | None]:
         try:
@@ -142,6 +167,6 @@ class RegionPanelSource:
         """The panel (`panel`), from an answer at most `cache_s` seconds old."""
         with self._lock:
             if time.monotonic() - self._at >= self.cache_s:
-                self._fetched, self._at = self._fetch(), time.monotonic()
-            section, error = self._fetched
-        return panel(section, error, self.address, now or datetime.now(timezone.utc))
+                self._fetched, self._at = (*self._fetch(), self.set_up()), time.monotonic()
+            section, error, set_up = self._fetched
+        return panel(section, error, self.address, now or datetime.now(timezone.utc), set_up)

@@ -102,7 +102,7 @@ function progressChart(target, legend, doc) {
   const W = 720, H = 240, left = 48, right = 16, top = 12, bottom = 28;
   const series = doc.series.filter(s => s.stage === "transcode" && s.points.some(p => p.t_s !== null));
   const maxT = Math.max(1, ...series.flatMap(s => s.points.map(p => p.t_s || 0)));
-  const maxY = Math.max(1, doc.source_duration_s || 0, ...series.flatMap(s => s.points.map(p => p.out_time_s || 0)));
+  const maxY = Math.max(1, doc.source_duration_s || 0, ...series.flatMap(s => s.points.map(p => p.media_s || 0)));
   const x = t => left + (W - left - right) * t / maxT;
   const y = v => H - bottom - (H - top - bottom) * v / maxY;
   const nodes = [svg("line", {x1: left, y1: H - bottom, x2: W - right, y2: H - bottom, class: "axis"}),
@@ -117,14 +117,14 @@ function progressChart(target, legend, doc) {
   const keys = [];
   series.forEach((s, i) => {
     const color = COLORS[i % COLORS.length];
-    const points = s.points.filter(p => p.t_s !== null).map(p => x(p.t_s).toFixed(1) + "," + y(p.out_time_s || 0).toFixed(1));
+    const points = s.points.filter(p => p.t_s !== null).map(p => x(p.t_s).toFixed(1) + "," + y(p.media_s || 0).toFixed(1));
     const line = svg("polyline", {points: points.join(" "), fill: "none", stroke: color, "stroke-width": 2,
                                   class: "series", "data-attempt": s.attempt});
     line.append(svg("title", {}, "attempt " + s.attempt + ": " + (s.outcome || "?")));
     nodes.push(line);
     // A dot per heartbeat, so an attempt with a single heartbeat is drawn too.
     for (const p of s.points.filter(p => p.t_s !== null)) {
-      nodes.push(svg("circle", {cx: x(p.t_s).toFixed(1), cy: y(p.out_time_s || 0).toFixed(1), r: 2.5, fill: color,
+      nodes.push(svg("circle", {cx: x(p.t_s).toFixed(1), cy: y(p.media_s || 0).toFixed(1), r: 2.5, fill: color,
                                 class: "point" + (p.superseded ? " superseded" : ""), "data-attempt": s.attempt}));
     }
     // The attempts table's count (applied heartbeats); a fenced zombie's late ones are named apart.
@@ -227,13 +227,10 @@ const pages = {
       el("td", {class: "error-class"}, a.error_class || ""), ...cells((a.started_at || "").slice(11, 23)),
       num(a.duration_s), num(a.wasted_s),
       num(a.heartbeats)), "no attempts yet", 9);
-    const detailKeys = ["operator", "reason", "error_class", "kind", "detail", "frames_done", "out_time_s", "worker",
-                        "master_url", "dead_letter_id"];
     fillRows(document.querySelector("#timeline tbody"), events, e => el("tr", {"data-event": e.event_type},
       ...cells(e.broker_ts.slice(11, 23)), el("td", {class: "event"}, e.event_type), ...cells(e.stage, e.attempt),
       el("td", {class: "flags"}, e.flags.join(",")),
-      el("td", {class: "detail"}, detailKeys.filter(k => e.payload[k] !== null && e.payload[k] !== undefined
-        && e.payload[k] !== "").map(k => k + "=" + e.payload[k] + " ").join(""))), "no events", 6);
+      el("td", {class: "detail"}, e.detail || "")), "no events", 6);
     progressChart(document.getElementById("progress-chart"), document.getElementById("progress-legend"), progress);
   },
 };

@@ -4,9 +4,10 @@ Hand-made lifecycles with the real event models are committed to the module's ow
 in one Kafka transaction, and the real projector (`tapeline run --role projector`) projects them:
 
 - DONE: transcode 1 (three heartbeats, one checkpoint) and publish 1 succeed, the job completes;
-- DEAD: an archive job whose attempt 1 fails (storage_transient) and is dead-lettered;
+- DEAD: an archive job whose attempt 1 heartbeats frames without a media time, fails (storage_transient)
+  and is dead-lettered;
 - WAITING: an index job queued for transcode, nobody claims it (it gets cancelled);
-- REVIEW: a job in needs_review after its publish attempt.
+- REVIEW: a job in needs_review after its publish attempt; its source's audio outlasts its video.
 
 The app runs in-process (FastAPI's TestClient); its actions go through `processors/operator.py`
 to Kafka, and the projector's rows show what they did.
@@ -25,6 +26,7 @@ import sys
 import time
 import uuid
 from datetime import datetime, timezone
+from html.parser import HTMLParser
 from typing import Iterator
 
 import httpx
@@ -46,6 +48,9 @@ TOKEN = "s3cret-admin-token"
 HOSTILE = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
 MEDIA = ev.SourceMedia(format_name="mov", duration_s=5.28, width=1280, height=720, display_width=1280,
                        display_height=720, rotation=0, fps=25.0, frames=132, video_codec="h264")
+ODD = MEDIA.model_copy(update={"audio_codec": "aac", "audio_duration_s": 6.5, "handling": (
+    "streams differ in length (video 5.280 s, audio 6.500 s): kept both as they are, the audio plays on alone")})
+"""The review job's source: its audio outlasts its video (`SourceMedia.handling`, as intake notes it)."""
 LADDER = [ev.Rendition(name="720p", width=1280, height=720, video_bitrate_kbps=2800)]
 
 
@@ -61,10 +66,10 @@ class Job:
     def event(self, cls, stage, attempt, token=None, **fields):
         return cls.new(system_clock.stamp(), stage=stage, attempt=attempt, claim_token=token, **fields, **self.common)
 
-    def accepted(self):
+    def accepted(self, media=MEDIA):
         return self.event(ev.JobAccepted, "intake", 0, upload_id=self.upload_id, source_key="k",
                           source_sha256="0" * 64, source_size_bytes=1, priority=self.priority, profile="default",
-                          media=MEDIA, ladder=LADDER)
+                          media=media, ladder=LADDER)
 
     def queued(self, stage, attempt):
         return self.event(ev.StageQueued, stage, attempt, tier=self.priority, work_topic="unused")
@@ -92,12 +97,13 @@ def lifecycles() -> tuple[dict[str, Job], list[ev.Event]]:
             ev.OutputFile(key="published/x/master.m3u8", sha256="3" * 64, size_bytes=333, content_type="x")]),
         done.event(ev.JobCompleted, "publish", 1, "p1", master_url="http://example.invalid/master.m3u8"),
         dead.accepted(), dead.queued("transcode", 1), dead.started("transcode", 1, "d1"),
+        dead.heartbeat("d1", 1, 40, 0.0),  # frames counted, no out_time stated (ffmpeg's out_time=N/A)
         dead.event(ev.AttemptFailed, "transcode", 1, "d1", error_class="storage_transient", retryable=True,
                    reason="S3 answered 503"),
         dead.event(ev.JobDeadLettered, "transcode", 1, "d1", error_class="storage_transient",
                    reason="out of attempts: S3 answered 503", attempts=1, evidence="test"),
         waiting.accepted(), waiting.queued("transcode", 1),
-        review.accepted(), review.queued("transcode", 1), review.started("transcode", 1, "r1"),
+        review.accepted(ODD), review.queued("transcode", 1), review.started("transcode", 1, "r1"),
         review.event(ev.AttemptSucceeded, "transcode", 1, "r1", outputs=[], renditions=LADDER, elapsed_s=1.0),
         review.queued("publish", 1), review.started("publish", 1, "r2"),
         review.event(ev.NeedsReview, "publish", 1, "r2", reason="a claim marker of attempt 0 and no post found"),
@@ -240,10 +246,237 @@ def test_one_job_with_attempts_checkpoints_timeline_and_progress(client, world):
     assert (series["stage"], series["attempt"], series["outcome"]) == ("transcode", 1, "succeeded")
     assert [(p["frames_done"], p["out_time_s"]) for p in series["points"]] == [(40, 1.6), (80, 3.2), (132, 5.28)]
     assert all(p["t_s"] >= 0 for p in series["points"])
+    assert [p["media_s"] for p in series["points"]] == [1.6, 3.2, 5.28]  # what the chart draws: the stated times
+    # Issue 45: a heartbeat that counted frames but stated no media time (ffmpeg's out_time=N/A, a tool
+    # stopped early) is drawn where its frames are (40 of 132 frames of 5.28 s), not flat at 0.
+    [hung] = client.get(f"/api/jobs/{jobs['dead'].job_id}/progress").json()["series"]
+    assert [(p["frames_done"], p["out_time_s"], p["media_s"]) for p in hung["points"]] == [(40, 0.0, 1.6)]
 
     for path in ("", "/timeline", "/progress", "/checkpoints"):
         response = client.get(f"/api/jobs/no-such-job{path}")
         assert response.status_code == 404 and "no job 'no-such-job'" in response.json()["detail"], path
+
+
+class _Tree(HTMLParser):
+    """The job page as a light tree: every element `[tag, attrs, children]` (children: elements and text)."""
+
+    VOID = {"br", "img", "input", "meta", "link", "hr", "circle", "line", "polyline", "rect"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.root: list = ["root", {}, []]
+        self.stack = [self.root]
+
+    def handle_starttag(self, tag, attrs):
+        node = [tag, dict(attrs), []]
+        self.stack[-1][2].append(node)
+        if tag not in self.VOID:
+            self.stack.append(node)
+
+    def handle_endtag(self, tag):
+        for depth in range(len(self.stack) - 1, 0, -1):
+            if self.stack[depth][0] == tag:
+                del self.stack[depth:]
+                return
+
+    def handle_data(self, data):
+        self.stack[-1][2].append(data)
+
+
+def _walk(node):
+    yield node
+    for child in node[2]:
+        if isinstance(child, list):
+            yield from _walk(child)
+
+
+def _text(node) -> str:
+    parts = [c if isinstance(c, str) else _text(c) for c in node[2]]
+    return " ".join("".join(parts).split())
+
+
+def _by_id(root, ident):
+    return next((n for n in _walk(root) if n[1].get("id") == ident), None)
+
+
+def _kv(table) -> dict[str, str]:
+    """A two-column table's `{th text: td text}`."""
+    found = {}
+    for row in _walk(table):
+        cells = [c for c in row[2] if isinstance(c, list)]
+        if row[0] == "tr" and len(cells) == 2:
+            found[_text(cells[0])] = _text(cells[1])
+    return found
+
+
+def _rows(node) -> list[list[str]]:
+    if node is None:
+        return None
+    body = next(n for n in _walk(node) if n[0] == "tbody")
+    return [[_text(c) for c in row[2] if isinstance(c, list)] for row in body[2]
+            if isinstance(row, list) and "empty" not in row[1].get("class", "")]
+
+
+PAGE_IDS = {"diagnosis", "diagnosis-summary", "diagnosis-why", "diagnosis-action", "suspect", "suspect-reason",
+            "suspect-remaining", "stall-evidence", "summary", "job-state", "job-stage", "job-percent", "job-pipeline",
+            "job-attempts", "job-lease", "job-frames", "job-checkpointed", "job-degraded", "job-reused-from",
+            "job-reason", "job-error-class", "job-master", "job-updated", "outputs", "source", "source-filename",
+            "source-size", "source-sha256", "source-container", "source-video", "source-audio", "source-handling",
+            "same-source", "progress-chart", "progress-legend", "attempts", "checkpoints", "timeline", "actions",
+            "problems", "flash", "flash-error"}  # the last three: every page's strip and messages, not the job's
+"""Every element id the job page's content may carry: a fact shown under a new id fails the comparison
+until the test says where `status --json` holds it."""
+
+STATUS_NOT_ON_PAGE = {"percent": "the number behind percent_text, which the page shows"}
+"""`tapeline status JOB --json` keys the page shows in another form (the rest are compared one by one)."""
+
+
+def page_facts(markup: str) -> dict:
+    """What the job page shows about its job, read from its HTML (the server-rendered page)."""
+    tree = _Tree()
+    tree.feed(markup)
+    root = tree.root
+    main = next(n for n in _walk(root) if n[0] == "main")
+    actions = {id(n) for n in _walk(_by_id(main, "actions") or ["none", {}, []])} - {id(_by_id(main, "actions"))}
+    ids = {n[1]["id"] for n in _walk(main) if n[1].get("id") and id(n) not in actions}  # forms: not facts
+    source = _by_id(root, "source")
+    evidence = _by_id(root, "stall-evidence")
+    return {
+        "ids": ids,
+        "job_id": _text(next(n for n in _walk(main) if n[0] == "h1")).removeprefix("Job "),
+        "summary": _kv(_by_id(root, "summary")),
+        "diagnosis": [_text(p) for p in _walk(_by_id(root, "diagnosis")) if p[0] == "p"]
+        if _by_id(root, "diagnosis") else None,
+        "suspect": _text(_by_id(root, "suspect")) if _by_id(root, "suspect") else None,
+        "stall_evidence": [_text(n) for n in _walk(evidence) if n[0] in ("p", "li")] if evidence else None,
+        "outputs": _rows(_by_id(root, "outputs")),
+        "source": _kv(next(n for n in _walk(source) if n[0] == "table")) if source else None,
+        "same_source": _rows(_by_id(root, "same-source")),
+        "attempts": _rows(_by_id(root, "attempts")),
+        "checkpoints": _rows(_by_id(root, "checkpoints")),
+    }
+
+
+def _num(value) -> str:
+    return "" if value is None else str(value)
+
+
+def expected_facts(j: dict) -> dict:
+    """What the page must show, from `tapeline status JOB --json` alone (the template's own forms)."""
+    running = j["state"] == "running"
+    summary = {"state": j["state"], "stage / attempt": f"{j['stage']} / {j['attempt']}", "done": j["percent_text"],
+               "priority": j["priority"] or "", "pipeline": j["pipeline"] or "",
+               "attempts started": f"{j['attempts']} (the most any stage started)"}
+    if running and j["leased_until"]:
+        summary["lease until (UTC)"] = j["leased_until"][:19]
+    if running and j["progress_frames"]:
+        summary["frames"] = str(j["progress_frames"])
+    if j["checkpointed_s"]:
+        summary["checkpointed"] = f"{j['checkpointed_s']:.1f} s of media (a retry reuses it)"
+    if j["degraded"]:
+        summary["degraded ladder"] = j["degraded_reason"] or ""
+    if j["reused_from"]:
+        summary["reused from"] = j["reused_from"]
+    summary.update({"source": f"{j['source_duration_s']:.1f} s of media" if j["source_duration_s"] else "",
+                    "reason": j.get("reason") or "", "error class": j.get("error_class") or "",
+                    "master playlist": j["master_url"] or "", "updated (UTC)": j["updated_at"][:23]})
+    d = j["diagnosis"]
+    outputs = ([[r["name"], f"{r['width']}x{r['height']}", r["url"] or ""] for r in j["outputs"]]
+               + [[a["name"], a["stage"], a["where"]] for a in j["artifacts"]]
+               + [[k["key"], "archived", f"sha256 {k['sha256']}"] for k in j["archived"]])
+    src, source = j["source"], None
+    if src:
+        source = {"filename": src["filename"] or "",
+                  "size": "" if src["size_bytes"] is None else f"{src['size_bytes']:,} bytes",
+                  "sha256": src["sha256"] or "", "uploaded (UTC)": (src["uploaded_at"] or "")[:19]}
+        if src["container"]:
+            shown = f" (shown {src['display']})" if src["display"] and src["display"] != f"{src['width']}x{src['height']}" else ""
+            source["container"] = src["container"] + (f", {round(src['bit_rate_bps'] / 1000)} kb/s"
+                                                      if src["bit_rate_bps"] else "")
+            source["video"] = (f"{src['video_codec']} {src['width']}x{src['height']}{shown}"
+                               f"{', rotated ' + str(src['rotation']) + '°' if src['rotation'] else ''}, "
+                               f"{src['fps']:.3f} fps{', ' + str(src['frames']) + ' frames' if src['frames'] else ''}, "
+                               f"{src['video_duration_s']:.3f} s")
+            source["audio"] = (src["audio_codec"] + (f", {src['audio_duration_s']:.3f} s"
+                                                     if src["audio_duration_s"] is not None else "")
+                               if src["audio_codec"] else "none")
+            if src["handling"]:
+                source["handling"] = src["handling"]
+    suspect = j["suspect"]
+    evidence = j["stall_evidence"]
+    return {
+        "job_id": j["job_id"], "summary": summary,
+        "diagnosis": [f"What happened: {d['summary']}"] + ([f"{d['verdict']}: {d['why']}"] if d["why"] else [])
+        + [f"What to do: {d['action']}"],
+        "suspect": (f"Suspect: {suspect['stage']} attempt {suspect['attempt']}: {suspect['reason']}; the watchdog "
+                    f"judges it in {suspect['remaining_s']:.0f} s unless it moves.") if suspect else None,
+        "stall_evidence": [f"At the {evidence['kind']} stall of {evidence['stage']} attempt {evidence['attempt']}:",
+                           *evidence["lines"]] if evidence else None,
+        "outputs": outputs or None,
+        "source": source,
+        "same_source": [[o["job_id"], o["state"], o["stage"], str(o["attempts"]), o["error_class"] or "",
+                         o["reason"] or "", (o["created_at"] or "")[:19]] for o in src["same_source"]] if src else None,
+        "attempts": [[a["stage"], str(a["attempt"]), a["worker"] or "", a["outcome"], a["error_class"] or "",
+                      (a["started_at"] or "")[11:23], _num(a["duration_s"]), _num(a["wasted_s"]), str(a["heartbeats"])]
+                     for a in j["attempt_history"]],
+        "checkpoints": [[c["stage"], str(c["attempt"]), c["rendition"], str(c["segment_index"]), c["object_key"],
+                         _num(c["media_start_s"]), _num(c["media_duration_s"]), _num(c["frames"])]
+                        for c in j["checkpoints"]],
+    }
+
+
+COMPARED = {"job_id", "state", "stage", "attempt", "attempts", "source_duration_s", "error_class", "reason",
+            "master_url", "outputs", "artifacts", "archived", "pipeline", "percent_text", "priority", "degraded",
+            "degraded_reason", "reused_from", "leased_until", "progress_frames", "checkpointed_s", "updated_at",
+            "attempt_history", "diagnosis", "source", "suspect", "stall_evidence", "checkpoints"}
+"""The `status --json` keys `expected_facts` turns into what the page must show."""
+
+
+def _timeless(facts: dict) -> dict:
+    """`facts` with the seconds that grow while a job waits ("has waited for 22 s", a suspect's seconds
+    left) written `N s` in the diagnosis and the suspect line: two reads a second apart say the same."""
+    return {k: json.loads(re.sub(r"\b\d+(\.\d+)? s\b", "N s", json.dumps(v)))
+            if k in ("diagnosis", "suspect") else v for k, v in facts.items()}
+
+
+def status_json(settings, job_id: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "cli.main", "status", job_id, "--json"], env=settings_env(settings),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_the_job_page_and_status_json_show_the_same_facts(client, world):
+    """Issue 45 item 3: every fact the job page shows about a job is in `tapeline status JOB --json` with
+    the same value and words, and every key of the JSON is on the page (`COMPARED`, or named in
+    `STATUS_NOT_ON_PAGE` with the form the page shows it in), for each seeded job (completed, dead-lettered
+    after a heartbeat, queued, needs_review with a source-handling note). The timeline is compared by
+    tests/unit/test_presenter.py; the progress chart draws `/api/jobs/{id}/progress`."""
+    settings, jobs = world
+    for name, job in jobs.items():
+        for _ in range(3):  # read both views between two equal JSON reads (an action may still be projected)
+            before = status_json(settings, job.job_id)
+            page = client.get(f"/jobs/{job.job_id}")
+            after = status_json(settings, job.job_id)
+            if _timeless(before) == _timeless(after):
+                break
+        assert _timeless(before) == _timeless(after), name
+        assert page.status_code == 200
+        keys = COMPARED | set(STATUS_NOT_ON_PAGE)
+        if after["state"] == "completed":  # no error words for a completed job; the page's rows are then empty
+            keys -= {"error_class", "reason"}
+        assert set(after) == keys, (name, set(after) ^ keys)
+        shown, expected = _timeless(page_facts(page.text)), _timeless(expected_facts(after))
+        assert shown.pop("ids") <= PAGE_IDS, name
+        for fact in expected:
+            assert shown[fact] == expected[fact], (name, fact)
+        assert set(shown) == set(expected)
+    review = status_json(settings, jobs["review"].job_id)
+    assert review["source"]["handling"].endswith("the audio plays on alone")  # the note is compared above
+    text = subprocess.run([sys.executable, "-m", "cli.main", "status", jobs["review"].job_id],
+                          env={**settings_env(settings), "COLUMNS": "300"}, capture_output=True, text=True, timeout=120)
+    assert f"source handling: {review['source']['handling']}" in text.stdout, text.stdout  # and in its text
+    assert page_facts(client.get(f"/jobs/{jobs['done'].job_id}").text)["checkpoints"][0][6] == "4.0"  # its duration
 
 
 def test_fencing_tokens_and_unpublished_digests_are_for_the_admin_token_only(client, world):
@@ -666,9 +899,10 @@ def test_the_webhooks_page_needs_the_admin_token_like_the_api(client):
         client.delete(f"/api/webhooks/{endpoint['endpoint_id']}", headers=ADMIN)
 
 
-def test_the_overview_shows_region_b_not_running_then_its_replicators_figures(world):
-    """The Region replication panel (projections/region_panel.py): absent without a replicator port; "not
-    running" while nothing answers there; the figures a replicator's health server publishes (its
+def test_the_overview_shows_region_b_not_running_then_its_replicators_figures(world, tmp_path):
+    """The Region replication panel (projections/region_panel.py): absent without a replicator port; a
+    neutral "one region" line when no region B is set up and nothing answers; "not
+    running" while nothing answers there and region B is set up; the figures a replicator's health server publishes (its
     `region_replication` section, as `tapeline region replicate` serves it) once one answers."""
     from tapeline.health import HealthServer, HealthState
     from regions.monitor import RegionSample, region_section
@@ -682,7 +916,14 @@ def test_the_overview_shows_region_b_not_running_then_its_replicators_figures(wo
     with socket.socket() as s:  # a port nobody listens on once closed
         s.bind(("127.0.0.1", 0))
         free = s.getsockname()[1]
-    with TestClient(create_app(settings.model_copy(update={"replicate_health_port": free})),
+    one_region = {"replicate_health_port": free, "home": tmp_path / "a", "region_b_home": None,
+                  "region_b_kafka_bootstrap": None, "region_b_database_url": None, "region_b_s3_endpoint": None}
+    with TestClient(create_app(settings.model_copy(update=one_region)), base_url="http://localhost") as alone:
+        assert alone.get("/api/overview").json()["region_replication"]["state"] == "one_region"  # no alarm
+        page = alone.get("/")
+        assert 'data-state="one_region"' in page.text and "region B is not running" not in page.text
+    with TestClient(create_app(settings.model_copy(update={"replicate_health_port": free,
+                                                           "region_b_home": tmp_path / "b"})),
                     base_url="http://localhost") as down:
         assert down.get("/api/overview").json()["region_replication"]["state"] == "not_running"
         page = down.get("/")

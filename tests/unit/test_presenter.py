@@ -94,3 +94,59 @@ def test_a_conflicts_timeline_row_names_the_object_in_the_way():
            "payload": {"error_class": "output_conflict", "reason": "exists", "in_the_way": found}}
     assert timeline_detail(row) == ("error_class=output_conflict reason=exists in_the_way=`published/j/master.m3u8` "
                                     f"(41 bytes, sha256 {'c' * 64}, written 2026-12-07 11:00:05 UTC)")
+
+
+def test_the_cli_timeline_table_shows_who_replayed_a_job_on_a_narrow_terminal(monkeypatch):
+    """Issue 45: the CLI timeline hid who replayed a job; the page shows the operator. The text table
+    (80 columns, as in a pipe) keeps `operator=` and the dead letter, wrapped but not cut."""
+    event = ev.JobReplayed.new(ev.Stamp(datetime(2026, 12, 7, tzinfo=timezone.utc), "e1"), job_id="job-1",
+                               stage="transcode", attempt=2, claim_token=None, recorded_by="operator@h1",
+                               correlation_id="c", operator="alice.on-call", reason="S3 is back after the outage",
+                               dead_letter_id="job-1/1")
+    rows = [timeline_row(event, 1)]
+
+    @contextmanager
+    def no_database(_settings):
+        yield None
+
+    monkeypatch.setattr(read, "open_reader", no_database)
+    monkeypatch.setattr(read, "timeline", lambda _conn, _job: rows)
+    result = CliRunner().invoke(app, ["timeline", "job-1"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    flat = "".join(result.output.split())  # the table wraps long cells over lines and borders
+    cells = "".join("".join(line.split("│")[-2].split()) for line in result.output.splitlines() if line.count("│") > 2)
+    assert "operator=alice.on-call" in cells and "dead_letter_id=job-1/1" in cells, result.output
+    assert "JobReplayed" in flat and "…" not in result.output
+
+
+def test_a_heartbeat_that_counted_frames_but_stated_no_time_is_drawn_where_its_frames_are():
+    """Issue 45: the progress chart drew a hung attempt flat at 0 although its heartbeats said 392 frames
+    were done: ffmpeg had stated no out_time. The chart's value (`media_s`) is the frames' share."""
+    from projections.presenter import heartbeat_media_s, with_media_s
+
+    assert heartbeat_media_s({"frames_done": 392, "frames_total": 1000, "out_time_s": 0.0}, 40.0) == 15.68
+    assert heartbeat_media_s({"frames_done": 392, "frames_total": 1000, "out_time_s": None}, 40.0) == 15.68
+    assert heartbeat_media_s({"frames_done": 392, "frames_total": 1000, "out_time_s": 12.5}, 40.0) == 12.5
+    assert heartbeat_media_s({"frames_done": 0, "frames_total": 1000, "out_time_s": 0.0}, 40.0) == 0.0
+    assert heartbeat_media_s({"frames_done": 392, "frames_total": None, "out_time_s": 0.0}, 40.0) == 0.0
+    assert heartbeat_media_s({"frames_done": 2000, "frames_total": 1000, "out_time_s": 0.0}, 40.0) == 40.0
+    series = [{"stage": "transcode", "attempt": 1, "points": [{"frames_done": 392, "frames_total": 1000,
+                                                               "out_time_s": 0.0, "t_s": 5.0}]}]
+    [drawn] = with_media_s(series, 40.0)
+    assert drawn["points"][0]["media_s"] == 15.68 and "media_s" not in series[0]["points"][0]
+
+
+def test_a_thumbnail_without_a_recorded_url_is_not_called_unpublished():
+    """Issue 45: the CLI said thumbnails were "not published yet" while they were publicly readable (publish
+    copies them before `Published` records the URLs). Without a URL the words say what is known."""
+    from projections.presenter import published_artifacts
+
+    row = {"job_id": "j", "master_url": None, "reused_from": None, "ladder": [], "renditions": [],
+           "outputs": [{"key": "work/j/thumbnails/1/thumbnails/poster.jpg", "content_type": "image/jpeg",
+                        "sha256": "0" * 64, "size_bytes": 10}]}
+    [poster] = published_artifacts(row)
+    assert poster["url"] is None and poster["published_key"] == "published/j/thumbnails/poster.jpg"
+    assert poster["where"] == "(no public URL recorded; publish copies it to published/j/thumbnails/poster.jpg)"
+    assert "not published" not in poster["where"]
+    [shown] = published_artifacts({**row, "master_url": "http://cdn.example/published/j/master.m3u8"})
+    assert shown["where"] == shown["url"] == "http://cdn.example/published/j/thumbnails/poster.jpg"

@@ -100,3 +100,25 @@ def test_the_source_reads_a_replicator_health_server_and_says_when_none_answers(
         assert rows(source.get(NOW))["events behind"] == ("2", False)
     finally:
         server.stop()
+
+
+def test_a_one_region_install_is_no_alarm(tmp_path):
+    """Issue 45: the overview of a one-region install showed "region B is not running" in red on every
+    visit. With nothing of region B set up and nothing answering, the panel is one neutral line."""
+    view = panel(None, "Connection refused", "127.0.0.1:9490", NOW, set_up=False)
+    assert view["state"] == "one_region" and view["rows"] == []
+    assert view["text"].startswith("one region: no region B is set up") and "not running" not in view["text"]
+    assert panel(section(), None, "a:1", NOW, set_up=False)["state"] == "measured"  # an answer is shown all the same
+    alone = Settings(home=tmp_path / "a")
+    assert not region_panel.region_b_set_up(alone)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    source = RegionPanelSource.for_settings(alone.model_copy(update={"replicate_health_port": port}))
+    assert source.get(NOW)["state"] == "one_region"
+    (tmp_path / "a" / "region-b").mkdir(parents=True)
+    (tmp_path / "a" / "region-b" / "stack.json").write_text("{}")  # `tapeline stack up --region b` ran here
+    assert region_panel.region_b_set_up(alone)
+    assert RegionPanelSource.for_settings(alone.model_copy(update={"replicate_health_port": port})).get(NOW)["state"] \
+        == "not_running"
+    assert region_panel.region_b_set_up(Settings(home=tmp_path / "c", region_b_database_url="postgresql://b:5433/x"))
