@@ -38,7 +38,8 @@ def wrong_password_env(settings) -> dict[str, str]:
 
 
 def held_refusal(env: dict[str, str], role: str, log_path) -> tuple[str, int]:
-    """Run `tapeline run --role ROLE` with `env`; once its /health/ready answers 503, check it is held
+    """Run `tapeline run --role ROLE` with `env`; once its /health/ready answers 503 with a reason other
+    than "warming up" (a loaded machine answers that before the refusal is known), check it is held
     (alive, logging nothing more for 3 s), stop it; (the 503 body, its exit code)."""
     port = free_port()
     env = {**env, "TAPELINE_HEALTH_PORT": str(port)}
@@ -50,12 +51,13 @@ def held_refusal(env: dict[str, str], role: str, log_path) -> tuple[str, int]:
                 try:
                     urllib.request.urlopen(f"http://127.0.0.1:{port}/health/ready", timeout=2)
                 except urllib.error.HTTPError as exc:
-                    return exc.read().decode()
+                    answer = exc.read().decode()
+                    return None if "warming up" in answer else answer  # not the refusal yet: still starting
                 except OSError:
                     return None
                 return None
 
-            body = wait_for(ready_body, 60, f"the {role}'s /health/ready to answer 503")
+            body = wait_for(ready_body, 90, f"the {role}'s /health/ready to answer 503 with its refusal")
             size = log_path.stat().st_size
             time.sleep(3)  # held, not retried: nothing more is logged and the process is still there
             assert process.poll() is None
