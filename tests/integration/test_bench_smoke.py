@@ -53,9 +53,15 @@ def test_a_benchmark_smoked_elsewhere_is_run_there():
         assert f"from bench.{name} import" in text or f'BENCH / "{name}.py"' in text, (name, where)
 
 
+SMOKE_TIMEOUT_S = {"partitions": 480.0}
+"""Smoke rounds that need more than `TIMEOUT_S["smoke"]` on a loaded CI machine: the partitions round
+resumes a 32 s 1280x720 transcode on the other worker host after its cut and then publishes it (about
+90 s on an idle machine; over 240 s once while the other test process ran a pipeline beside it)."""
+
+
 @pytest.mark.parametrize("name", [n for n in BENCHMARKS if n not in SMOKED_ELSEWHERE])
 def test_benchmark_smoke_ends_with_a_result_line(name: str, base_settings: Settings):
-    outcome = run_benchmark(BENCH / f"{name}.py", smoke=True, timeout_s=TIMEOUT_S["smoke"])
+    outcome = run_benchmark(BENCH / f"{name}.py", smoke=True, timeout_s=SMOKE_TIMEOUT_S.get(name, TIMEOUT_S["smoke"]))
     print(f"{name}: {outcome.seconds:.1f} s: {outcome.line}")
     assert outcome.error is None, f"{name} --smoke: {outcome.error}; last lines:\n{outcome.tail()}"
     assert KEYS[name] <= set(outcome.figures), outcome.line
