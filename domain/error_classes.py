@@ -74,6 +74,12 @@ class ErrorClass:
         return f"`{self.terminal_event}` when out of attempts"
 
 
+def fixable(name: str, retried: str, terminal_event: str, from_the_file: bool, meaning: str, on_retry: str,
+            cause: str) -> ErrorClass:
+    """A class a replay may pass once `cause` is fixed: not permanent, and what to do is `_fix(cause)`."""
+    return ErrorClass(name, retried, terminal_event, from_the_file, meaning, on_retry, False, _fix(cause), cause)
+
+
 def _fix(cause: str) -> str:
     """The "what to do" of a retryable class: fix `cause`, then replay (`{still}`: a note the
     diagnosis adds when it failed the same way after a replay)."""
@@ -95,13 +101,11 @@ ERROR_CLASSES: dict[str, ErrorClass] = {c.name: c for c in (
                "the submitter's own quota was used up at intake",
                "a retry would be refused the same way until the submitter's quota allows it", True,
                "Nothing to do: resubmit once the submitter's quota allows it."),
-    ErrorClass("provider_throttled", COOLDOWN, "JobDeadLettered", False,
-               "the publish provider answered 429 or 5xx, or did not answer",
-               "a retry may pass once the provider answers again", False,
-               _fix("the publish provider"), "the publish provider"),
-    ErrorClass("storage_transient", BACKOFF, "JobDeadLettered", False, "the object store failed for a while",
-               "a retry may pass once the object store works again", False,
-               _fix("the object store"), "the object store"),
+    fixable("provider_throttled", COOLDOWN, "JobDeadLettered", False,
+            "the publish provider answered 429 or 5xx, or did not answer",
+            "a retry may pass once the provider answers again", "the publish provider"),
+    fixable("storage_transient", BACKOFF, "JobDeadLettered", False, "the object store failed for a while",
+            "a retry may pass once the object store works again", "the object store"),
     # A published key holds other bytes (another deployment's job, or a stale object in a shared
     # bucket): a retry writes to the same key and meets the same object, so it goes to an operator
     # at once, reopenable once the object is dealt with.
@@ -111,33 +115,27 @@ ERROR_CLASSES: dict[str, ErrorClass] = {c.name: c for c in (
                "Either remove the object in the way (if nothing should be serving it), then replay: "
                '`tapeline dlq replay {letter} --why "..."`; or end the job and refund the submitter: '
                '`tapeline dlq fail {letter} --refund --why "..."`.', "the object in the way"),
-    ErrorClass("broker_transient", BACKOFF, "JobDeadLettered", False, "Kafka failed for a while",
-               "a retry may pass once Kafka works again", False, _fix("Kafka"), "Kafka"),
-    ErrorClass("timeout", BACKOFF, "JobDeadLettered", True, "the work ran past its time limit",
-               "a retry may pass on a less loaded worker", False,
-               _fix("what made the work slow (load, or a time limit too short for the source)"),
-               "what made the work slow (load, or a time limit too short for the source)"),
-    ErrorClass("out_of_memory", BACKOFF, "JobDeadLettered", True, "the work ran out of memory",
-               "a retry may pass on a worker with more memory free", False,
-               _fix("the memory limit"), "the memory limit"),
-    ErrorClass("worker_lost", AT_ONCE, "JobDeadLettered", True,
-               "the worker was lost: it stopped heartbeating or its process exited",
-               "a retry may pass on another worker", False,
-               _fix("the workers (their hosts, their logs)"), "the workers (their hosts, their logs)"),
-    ErrorClass("progress_stalled", AT_ONCE, "JobDeadLettered", True,
-               "the worker was alive but its ffmpeg stopped advancing (a no-progress stall)",
-               "a retry may pass unless the source itself freezes ffmpeg", False,
-               _fix("what froze ffmpeg (the source, or the worker's host)"),
-               "what froze ffmpeg (the source, or the worker's host)"),
+    fixable("broker_transient", BACKOFF, "JobDeadLettered", False, "Kafka failed for a while",
+            "a retry may pass once Kafka works again", "Kafka"),
+    fixable("timeout", BACKOFF, "JobDeadLettered", True, "the work ran past its time limit",
+            "a retry may pass on a less loaded worker",
+            "what made the work slow (load, or a time limit too short for the source)"),
+    fixable("out_of_memory", BACKOFF, "JobDeadLettered", True, "the work ran out of memory",
+            "a retry may pass on a worker with more memory free", "the memory limit"),
+    fixable("worker_lost", AT_ONCE, "JobDeadLettered", True,
+            "the worker was lost: it stopped heartbeating or its process exited",
+            "a retry may pass on another worker", "the workers (their hosts, their logs)"),
+    fixable("progress_stalled", AT_ONCE, "JobDeadLettered", True,
+            "the worker was alive but its ffmpeg stopped advancing (a no-progress stall)",
+            "a retry may pass unless the source itself freezes ffmpeg",
+            "what froze ffmpeg (the source, or the worker's host)"),
     # An attempt lost with its region (a failover): retried at once in the region that took over,
     # and its attempt is given back (domain/lifecycle.py FREE_STALL_KINDS).
-    ErrorClass("region_lost", AT_ONCE_FREE, "JobDeadLettered", False,
-               "the attempt's region was lost and another took over",
-               "a retry may pass in the region that took over", False,
-               _fix("the region the job runs in"), "the region the job runs in"),
-    ErrorClass("unknown", BACKOFF, "JobDeadLettered", True, "an error not classified",
-               "a retry may pass: the error is not classified", False,
-               _fix("the error shown in the timeline"), "the error shown in the timeline"),
+    fixable("region_lost", AT_ONCE_FREE, "JobDeadLettered", False,
+            "the attempt's region was lost and another took over",
+            "a retry may pass in the region that took over", "the region the job runs in"),
+    fixable("unknown", BACKOFF, "JobDeadLettered", True, "an error not classified",
+            "a retry may pass: the error is not classified", "the error shown in the timeline"),
 )}
 """Every error class by name. An unknown name counts as `unknown` (`error_class`)."""
 

@@ -267,29 +267,43 @@ def _wait_caught_up(settings: Settings, timeout_s: float) -> None:
                         + (f" ({last.events} events behind)" if last is not None else ""))
 
 
-def _requeue_lost_attempts(processes: Processes, target: Settings, record: ev.RegionFailedOver) -> list[dict[str, Any]]:
-    """`StallDetected(region_lost)` and the retry for every job running in `target`'s projection, in
-    one transaction; returns `[{job_id, stage, attempt}]` of the attempts lost."""
-    from processors.runtime import transact
-    from processors.watchdog import run_once
+def _jobs_in(target: Settings, states: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The jobs of `target`'s projection in any of `states`."""
     from projections.read_model import jobs_in_state
-
     from psycopg.rows import dict_row
 
     with psycopg.connect(target.database_url, autocommit=True, row_factory=dict_row) as conn:
-        running = jobs_in_state(conn, "running", limit=1_000_000)
-    now = system_clock.now()
-    rows = [row for job in running if (row := region_lost_row(job, record, now)) is not None]
-    if not rows:
-        return []
+        return [job for state in states for job in jobs_in_state(conn, state, limit=1_000_000)]
+
+
+def _commit(processes: Processes, target: Settings, name: str,
+            outgoing_of: Callable[[str], list[tuple[str, ev.Event]]]) -> int:
+    """Write what `outgoing_of(recorded_by)` returns (`(topic, event)` pairs) to `target`'s log in
+    one transaction of the failover's producer (crash points `<name>.*`); returns how many events."""
+    from processors.runtime import transact
+
     runtime = processes.build_runtime(target, "failover")
     try:
-        result = run_once(rows, [], [], {job["job_id"]: job for job in running}, target, runtime.recorded_by,
-                          clock=system_clock)
-        producer = runtime.events.transactional_producer(f"{target.app_name}.failover")
-        transact(producer, lambda: runtime.produce(producer, result.outgoing), name="failover")
+        outgoing = outgoing_of(runtime.recorded_by)
+        if outgoing:
+            producer = runtime.events.transactional_producer(f"{target.app_name}.failover")
+            transact(producer, lambda: runtime.produce(producer, outgoing), name=name)
     finally:
         runtime.close()
+    return len(outgoing)
+
+
+def _requeue_lost_attempts(processes: Processes, target: Settings, record: ev.RegionFailedOver) -> list[dict[str, Any]]:
+    """`StallDetected(region_lost)` and the retry for every job running in `target`'s projection, in
+    one transaction; returns `[{job_id, stage, attempt}]` of the attempts lost."""
+    from processors.watchdog import run_once
+
+    running = _jobs_in(target, ("running",))
+    now = system_clock.now()
+    rows = [row for job in running if (row := region_lost_row(job, record, now)) is not None]
+    if rows:
+        _commit(processes, target, "failover", lambda recorded_by: list(run_once(
+            rows, [], [], {job["job_id"]: job for job in running}, target, recorded_by, clock=system_clock).outgoing))
     return [{"job_id": r["job_id"], "stage": r["stage"], "attempt": r["attempt"]} for r in rows]
 
 
@@ -297,24 +311,10 @@ def _tell_delayed(processes: Processes, target: Settings, record: ev.RegionFaile
     """A `JobDelayed` for every job in flight in `target`'s projection, in one transaction (the
     notifier of `target` sends each as `job.delayed`); returns how many were written. Written again
     by a second run of the same failover, each is a duplicate of its dedup key and is dropped."""
-    from processors.runtime import transact
-    from projections.read_model import jobs_in_state
-    from psycopg.rows import dict_row
-
-    with psycopg.connect(target.database_url, autocommit=True, row_factory=dict_row) as conn:
-        in_flight = [job for state in DELAYED_STATES for job in jobs_in_state(conn, state, limit=1_000_000)]
-    runtime = processes.build_runtime(target, "failover")
-    try:
-        events = [event for job in in_flight
-                  if (event := delayed_event(job, record, recorded_by=runtime.recorded_by,
-                                             stamp=system_clock.stamp())) is not None]
-        if events:
-            producer = runtime.events.transactional_producer(f"{target.app_name}.failover")
-            transact(producer, lambda: runtime.produce(producer, [(target.jobs_topic, e) for e in events]),
-                     name="failover.delayed")
-    finally:
-        runtime.close()
-    return len(events)
+    in_flight = _jobs_in(target, DELAYED_STATES)
+    return _commit(processes, target, "failover.delayed", lambda recorded_by: [
+        (target.jobs_topic, event) for job in in_flight
+        if (event := delayed_event(job, record, recorded_by=recorded_by, stamp=system_clock.stamp())) is not None])
 
 
 def start_region_processors(processes: Processes, target: Settings) -> int:
